@@ -1,0 +1,9 @@
+"""microgpt: the FP32 CUDA engine microgpt_cuda.cu, compiled and launched from Python through PyCUDA,
+with a NumPy reference engine that computes every operation the same way on the CPU."""
+__version__ = "0.1.0"
+
+from .config import GPTConfig, PRESETS
+from .model import GPT
+from .tokenizer import ByteTokenizer
+
+__all__ = ["GPTConfig", "PRESETS", "GPT", "ByteTokenizer", "__version__"]

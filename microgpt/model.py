@@ -1,0 +1,196 @@
+"""GPT: the ANDREA model behind one API, on the numpy backend (CPU) or the cuda backend (the kernels).
+
+    model = GPT(GPTConfig.preset("andrea-12m"), backend="cuda")
+    logits, loss = model.forward(idx, targets)   # idx, targets: int (B, T)
+    model.zero_grad(); model.backward(); model.step(lr=3e-4, grad_clip=1.0)
+
+Every argument is checked here, before a backend (and so before any kernel) sees it.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .config import GPTConfig
+from .params import init_params, num_params, param_table, views
+
+BACKENDS = ("numpy", "cuda")
+
+
+def _check_tokens(name, a, config, max_T=None):
+    """An integer (B, T) array of ids in [0, vocab), T <= max_T (block_size by default); returned as
+    C-contiguous int32."""
+    if not isinstance(a, np.ndarray):
+        try:
+            a = np.asarray(a)
+        except Exception as e:  # ragged lists and the like
+            raise TypeError(f"{name} must be an integer array of shape (B, T): {e}") from None
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be an integer array of token ids, got dtype {a.dtype}")
+    if a.ndim != 2:
+        raise ValueError(f"{name} must have shape (B, T), got shape {a.shape}")
+    if a.shape[0] == 0 or a.shape[1] == 0:
+        raise ValueError(f"{name} must have B >= 1 and T >= 1, got shape {a.shape}")
+    if a.shape[1] > (config.block_size if max_T is None else max_T):
+        raise ValueError(f"{name} has T={a.shape[1]} positions, above block_size={config.block_size}")
+    lo, hi = int(a.min()), int(a.max())
+    if lo < 0 or hi >= config.vocab_size:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"{name} holds token id {bad}, outside [0, vocab_size={config.vocab_size})")
+    return np.ascontiguousarray(a, dtype=np.int32)
+
+
+def _make_backend(name, config, dtype):
+    if name == "numpy":
+        from .backend_numpy import NumpyBackend
+        return NumpyBackend(config, dtype=dtype)
+    if name == "cuda":
+        if np.dtype(dtype) != np.float32:
+            raise ValueError(f"dtype: the cuda backend is float32 only, got {np.dtype(dtype)}")
+        from .backend_cuda import CudaBackend
+        return CudaBackend(config)
+    raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
+
+
+class GPT:
+    def __init__(self, config: GPTConfig, backend: str = "numpy", seed: int = 0, dtype=np.float32):
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
+        self.config = config
+        self.table = param_table(config)
+        self.backend = _make_backend(backend, config, dtype)
+        self.step_count = 0  # AdamW steps taken, the t of its bias correction
+        self._can_backward = False
+        init = np.empty(num_params(config), dtype=self.backend.dtype)
+        init_params(config, init, seed)
+        self.backend.push("params", init)
+
+    @property
+    def num_params(self) -> int:
+        return num_params(self.config)
+
+    # -- forward / backward -----------------------------------------------------------------------
+    def forward(self, idx, targets=None, *, return_logits=True):
+        """logits (B, T, V) float32 as NumPy, and the mean cross-entropy against targets (None without).
+        return_logits=False skips bringing the logits back (a training step needs only the loss)."""
+        idx = _check_tokens("idx", idx, self.config)
+        if targets is not None:
+            targets = _check_tokens("targets", targets, self.config)
+            if targets.shape != idx.shape:
+                raise ValueError(f"targets must have the shape of idx {idx.shape}, got {targets.shape}")
+        logits, losses = self.backend.forward(idx, targets, logits="all" if return_logits else None)
+        self._can_backward = targets is not None
+        loss = None if losses is None else float(np.mean(losses, dtype=np.float64))
+        return logits, loss
+
+    def backward(self) -> None:
+        """Adds the gradients of the last forward's mean loss to the gradients (zero_grad clears them)."""
+        if not self._can_backward:
+            raise RuntimeError("backward() needs a forward(idx, targets) with targets first")
+        self.backend.backward()
+        self._can_backward = False  # the saved activations belong to one backward
+
+    def zero_grad(self) -> None:
+        self.backend.zero_grad()
+
+    def step(self, lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0, grad_clip=None) -> None:
+        """Optional global-norm clipping (as torch.nn.utils.clip_grad_norm_), then AdamW (as
+        torch.optim.AdamW, weight decay on 2-D tensors only)."""
+        lr, eps, weight_decay = float(lr), float(eps), float(weight_decay)
+        try:
+            beta1, beta2 = (float(b) for b in betas)
+        except (TypeError, ValueError):
+            raise TypeError(f"betas must be a pair of floats, got {betas!r}") from None
+        if not lr >= 0:
+            raise ValueError(f"lr must be >= 0, got {lr}")
+        for name, b in (("betas[0]", beta1), ("betas[1]", beta2)):
+            if not 0.0 <= b < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {b}")
+        if not eps > 0:
+            raise ValueError(f"eps must be > 0, got {eps}")
+        if not weight_decay >= 0:
+            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+        if grad_clip is not None:
+            grad_clip = float(grad_clip)
+            if not grad_clip > 0:
+                raise ValueError(f"grad_clip must be > 0 or None, got {grad_clip}")
+        self.step_count += 1
+        self.backend.step(self.step_count, lr, beta1, beta2, eps, weight_decay, grad_clip)
+
+    @property
+    def last_grad_norm(self):
+        """The global gradient norm before clipping, of the last step()."""
+        return self.backend.last_grad_norm
+
+    # -- sampling ---------------------------------------------------------------------------------
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, seed=None):
+        """Extends idx (B, T) by max_new_tokens sampled tokens; temperature 0 takes the most likely one."""
+        cfg = self.config
+        if isinstance(idx, np.ndarray) and idx.ndim == 1:
+            idx = idx[None]
+        # a prompt longer than block_size is fine: the model sees its last block_size tokens
+        idx = _check_tokens("idx", idx, cfg, max_T=np.inf)
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) \
+                or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        temperature = float(temperature)
+        if not temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer))
+                                  or not 1 <= top_k <= cfg.vocab_size):
+            raise ValueError(f"top_k must be None or an int in [1, vocab_size={cfg.vocab_size}], got {top_k!r}")
+        rng = np.random.default_rng(seed)
+        for _ in range(max_new_tokens):
+            context = np.ascontiguousarray(idx[:, -cfg.block_size:])
+            last, _ = self.backend.forward(context, None, logits="last")
+            logits = last[:, -1, :].astype(np.float64)
+            if temperature == 0:
+                nxt = logits.argmax(axis=-1)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    kth = np.sort(logits, axis=-1)[:, -top_k][:, None]
+                    logits = np.where(logits < kth, -np.inf, logits)
+                p = np.exp(logits - logits.max(axis=-1, keepdims=True))
+                p /= p.sum(axis=-1, keepdims=True)
+                u = rng.random((p.shape[0], 1))
+                nxt = np.minimum((p.cumsum(axis=-1) < u).sum(axis=-1), cfg.vocab_size - 1)
+            idx = np.concatenate([idx, nxt[:, None].astype(np.int32)], axis=1)
+        self._can_backward = False
+        return idx
+
+    # -- state ------------------------------------------------------------------------------------
+    def _named(self, which):
+        return {k: v.astype(np.float32, copy=True) for k, v in views(self.table, self.backend.pull(which)).items()}
+
+    def state_dict(self) -> dict:
+        """name -> float32 NumPy copy of every weight (names of microgpt.params)."""
+        return self._named("params")
+
+    def grad_dict(self) -> dict:
+        """name -> float32 NumPy copy of the gradient accumulated by backward()."""
+        return self._named("grads")
+
+    def load_state_dict(self, state: dict) -> None:
+        """Loads every weight; refuses, loading nothing, a dict with a missing, extra or misshaped tensor."""
+        if not isinstance(state, dict):
+            raise TypeError(f"state must be a dict of name -> array, got {type(state).__name__}")
+        expected = {s.name: s.shape for s in self.table}
+        missing = [n for n in expected if n not in state]
+        extra = [n for n in state if n not in expected]
+        if missing or extra:
+            parts = []
+            if missing:
+                parts.append(f"missing {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
+            if extra:
+                parts.append(f"unexpected {', '.join(map(str, extra[:8]))}{' ...' if len(extra) > 8 else ''}")
+            raise ValueError(f"state_dict does not match the config: {'; '.join(parts)}")
+        flat = np.array(self.backend.pull("params"), copy=True)
+        named = views(self.table, flat)
+        for name, shape in expected.items():
+            value = np.asarray(state[name])
+            if value.dtype.kind not in "fiu":
+                raise TypeError(f"state_dict[{name!r}] must be a float array, got dtype {value.dtype}")
+            if value.shape != shape:
+                raise ValueError(f"state_dict[{name!r}] has shape {value.shape}, expected {shape}")
+            named[name][...] = value
+        self.backend.push("params", flat)
