@@ -21,3 +21,30 @@ def rng(request):
     request.node.user_properties.append(("seed", seed))
     print(f"seed={seed}")
     return np.random.default_rng(seed)
+
+
+def _gpu_unavailable_reason():
+    """None where PyCUDA and a CUDA device are there, else why not."""
+    try:
+        import pycuda.driver as cuda
+    except Exception as e:
+        return f"PyCUDA is not installed ({e}); pip install 'microgpt[cuda]'"
+    try:
+        cuda.init()
+        if cuda.Device.count() == 0:
+            return "no CUDA device"
+    except Exception as e:
+        return f"no usable CUDA device ({e})"
+    return None
+
+
+GPU_REASON = _gpu_unavailable_reason()
+
+
+def pytest_collection_modifyitems(config, items):
+    if GPU_REASON is None:
+        return
+    skip = pytest.mark.skip(reason=GPU_REASON)
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

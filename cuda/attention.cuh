@@ -1,0 +1,175 @@
+// The attention pipeline, one stage a kernel, as the seed engine spells it:
+//   qkv (B, T, 3C) -> split into heads q, k, v (B, NH, T, d_k)
+//   scores[i][j] = dot(Q[i], K[j]) * (1.0f / sqrtf(d_k))      (B, NH, T, T)
+//   causal mask: scores[i][j] = -1e9 where j > i
+//   row softmax -> probabilities A
+//   out[i] = sum_j A[i][j] * V[j]                             (B, NH, T, d_k)
+//   heads concatenated -> (B, T, C), then W_O (a matmul).
+// BH = B * NH: the kernels index heads by bh = b * NH + h.
+#pragma once
+#include "common.cuh"
+
+// one thread per element of q (B, NH, T, d_k), writing q, k and v. Head h of Q is columns
+// h*d_k : (h+1)*d_k of the first C columns of qkv; K and V follow at C and 2C.
+extern "C" __global__ void k_split_heads_fwd(float* q, float* k, float* v, const float* qkv,
+                                             int B, int T, int NH, int d_k) {
+    long long i = thread_index();
+    if (i >= (long long)B * NH * T * d_k) return;
+    int d = i % d_k;
+    int t = (i / d_k) % T;
+    int h = (i / ((long long)d_k * T)) % NH;
+    int b = i / ((long long)d_k * T * NH);
+    int C = NH * d_k;
+    const float* row = qkv + ((long long)b * T + t) * 3 * C + h * d_k + d;
+    q[i] = row[0];
+    k[i] = row[C];
+    v[i] = row[2 * C];
+}
+
+// one thread per element of dqkv (B, T, 3C)
+extern "C" __global__ void k_split_heads_bwd(float* dqkv, const float* dq, const float* dk, const float* dv,
+                                             int B, int T, int NH, int d_k) {
+    long long i = thread_index();
+    int C = NH * d_k;
+    if (i >= (long long)B * T * 3 * C) return;
+    int col = i % (3 * C);
+    long long bt = i / (3 * C);
+    int b = bt / T, t = bt % T;
+    int which = col / C, h = (col % C) / d_k, d = col % d_k;
+    long long src = (((long long)b * NH + h) * T + t) * d_k + d;
+    dqkv[i] = which == 0 ? dq[src] : which == 1 ? dk[src] : dv[src];
+}
+
+// one thread per score (bh, i, j)
+extern "C" __global__ void k_attn_scores_fwd(float* s, const float* q, const float* k,
+                                             int BH, int T, int d_k) {
+    long long idx = thread_index();
+    if (idx >= (long long)BH * T * T) return;
+    int j = idx % T;
+    int i = (idx / T) % T;
+    long long bh = idx / ((long long)T * T);
+    Matrix Q{q + bh * T * d_k, d_k}, K{k + bh * T * d_k, d_k};
+    MutMatrix scores{s + bh * T * T, T};
+    scores[i][j] = dot(Q[i], K[j]) * (1.0f / sqrtf(d_k));
+}
+
+// blockIdx.y == 0: dq (bh, i, d) = scale * sum_j dS[i][j] K[j][d];
+// blockIdx.y == 1: dk (bh, j, d) = scale * sum_i dS[i][j] Q[i][d]. Both written.
+extern "C" __global__ void k_attn_scores_bwd(float* dq, float* dk, const float* dscores, const float* q,
+                                             const float* k, int BH, int T, int d_k) {
+    long long idx = thread_index();
+    if (idx >= (long long)BH * T * d_k) return;
+    int d = idx % d_k;
+    int r = (idx / d_k) % T;  // i for dq, j for dk
+    long long bh = idx / ((long long)T * d_k);
+    const float scale = 1.0f / sqrtf(d_k);
+    const float* dS = dscores + bh * T * T;
+    float s = 0.0f;
+    if (blockIdx.y == 0) {
+        const float* K = k + bh * T * d_k;
+        for (int j = 0; j < T; j++) s += dS[(long long)r * T + j] * K[(long long)j * d_k + d];
+        dq[idx] = s * scale;
+    } else {
+        const float* Q = q + bh * T * d_k;
+        for (int i = 0; i < T; i++) s += dS[(long long)i * T + r] * Q[(long long)i * d_k + d];
+        dk[idx] = s * scale;
+    }
+}
+
+// one thread per score; out may be the scores themselves (masking in place)
+extern "C" __global__ void k_causal_mask_fwd(float* out, const float* scores, int BH, int T) {
+    long long idx = thread_index();
+    if (idx >= (long long)BH * T * T) return;
+    int j = idx % T, i = (idx / T) % T;
+    out[idx] = j > i ? MASK_VALUE : scores[idx];
+}
+
+// the masked positions were constants: no gradient flows through them
+extern "C" __global__ void k_causal_mask_bwd(float* dscores, const float* dout, int BH, int T) {
+    long long idx = thread_index();
+    if (idx >= (long long)BH * T * T) return;
+    int j = idx % T, i = (idx / T) % T;
+    dscores[idx] = j > i ? 0.0f : dout[idx];
+}
+
+// one thread per row of x (rows, cols): probs = exp(x - max) / sum
+extern "C" __global__ void k_softmax_fwd(float* probs, const float* x, int rows, int cols) {
+    long long r = thread_index();
+    if (r >= rows) return;
+    const float* xr = x + r * cols;
+    float* pr = probs + r * cols;
+    float m = xr[0];
+    for (int j = 1; j < cols; j++) m = fmaxf(m, xr[j]);
+    float sum = 0.0f;
+    for (int j = 0; j < cols; j++) sum += expf(xr[j] - m);
+    for (int j = 0; j < cols; j++) pr[j] = expf(xr[j] - m) / sum;
+}
+
+// one thread per row: dx = probs * (dprobs - sum_j dprobs[j] * probs[j])
+extern "C" __global__ void k_softmax_bwd(float* dx, const float* dprobs, const float* probs, int rows, int cols) {
+    long long r = thread_index();
+    if (r >= rows) return;
+    const float* dp = dprobs + r * cols;
+    const float* p = probs + r * cols;
+    float dot_dp_p = 0.0f;
+    for (int j = 0; j < cols; j++) dot_dp_p += dp[j] * p[j];
+    for (int j = 0; j < cols; j++) dx[r * cols + j] = p[j] * (dp[j] - dot_dp_p);
+}
+
+// one thread per element of out (bh, i, d): out[i] = sum_j A[i][j] * V[j]
+extern "C" __global__ void k_attn_values_fwd(float* out, const float* probs, const float* v,
+                                             int BH, int T, int d_k) {
+    long long idx = thread_index();
+    if (idx >= (long long)BH * T * d_k) return;
+    int d = idx % d_k;
+    int i = (idx / d_k) % T;
+    long long bh = idx / ((long long)T * d_k);
+    Matrix A{probs + bh * T * T, T}, V{v + bh * T * d_k, d_k};
+    float s = 0.0f;
+    for (int j = 0; j < T; j++) s += A[i][j] * V[j][d];
+    out[idx] = s;
+}
+
+// blockIdx.y == 0: dprobs (bh, i, j) = dot(dout[i], V[j]), one thread per element;
+// blockIdx.y == 1: dv (bh, j, d) = sum_i A[i][j] * dout[i][d], one thread per element. Both written.
+extern "C" __global__ void k_attn_values_bwd(float* dprobs, float* dv, const float* dout, const float* probs,
+                                             const float* v, int BH, int T, int d_k) {
+    long long idx = thread_index();
+    if (blockIdx.y == 0) {
+        if (idx >= (long long)BH * T * T) return;
+        int j = idx % T, i = (idx / T) % T;
+        long long bh = idx / ((long long)T * T);
+        Matrix dO{dout + bh * T * d_k, d_k}, V{v + bh * T * d_k, d_k};
+        dprobs[idx] = dot(dO[i], V[j]);
+    } else {
+        if (idx >= (long long)BH * T * d_k) return;
+        int d = idx % d_k, j = (idx / d_k) % T;
+        long long bh = idx / ((long long)T * d_k);
+        Matrix A{probs + bh * T * T, T}, dO{dout + bh * T * d_k, d_k};
+        float s = 0.0f;
+        for (int i = 0; i < T; i++) s += A[i][j] * dO[i][d];
+        dv[idx] = s;
+    }
+}
+
+// one thread per element of y (B, T, C): heads side by side, head h at columns h*d_k : (h+1)*d_k
+extern "C" __global__ void k_merge_heads_fwd(float* y, const float* heads, int B, int T, int NH, int d_k) {
+    long long i = thread_index();
+    int C = NH * d_k;
+    if (i >= (long long)B * T * C) return;
+    int c = i % C;
+    long long bt = i / C;
+    int b = bt / T, t = bt % T, h = c / d_k, d = c % d_k;
+    y[i] = heads[(((long long)b * NH + h) * T + t) * d_k + d];
+}
+
+// one thread per element of dheads (B, NH, T, d_k)
+extern "C" __global__ void k_merge_heads_bwd(float* dheads, const float* dy, int B, int T, int NH, int d_k) {
+    long long i = thread_index();
+    if (i >= (long long)B * NH * T * d_k) return;
+    int d = i % d_k;
+    int t = (i / d_k) % T;
+    int h = (i / ((long long)d_k * T)) % NH;
+    int b = i / ((long long)d_k * T * NH);
+    dheads[i] = dy[((long long)b * T + t) * NH * d_k + h * d_k + d];
+}

@@ -1,0 +1,35 @@
+// Shared by every layer: thread indexing and the small row/matrix views the attention kernels read like
+// the seed engine's text, scores[i][j] = dot(Q[i], K[j]) * (1.0f / sqrtf(d_k)).
+#pragma once
+
+#define MASK_VALUE (-1e9f)   // what the causal mask writes where j > i, as the seed engine does
+#define LN_EPS 1e-5f
+
+// Global index of this thread in a 1-D launch; 64-bit so that B*NH*T*T never wraps.
+__device__ __forceinline__ long long thread_index() {
+    return (long long)blockIdx.x * blockDim.x + threadIdx.x;
+}
+
+// A read-only row of n floats, and a row-major matrix whose [i] is such a row.
+struct Row {
+    const float* p;
+    int n;
+    __device__ float operator[](int j) const { return p[j]; }
+};
+struct Matrix {
+    const float* p;
+    int cols;
+    __device__ Row operator[](int i) const { return Row{p + (long long)i * cols, cols}; }
+};
+// A writable row-major matrix: M[i][j] is a float lvalue.
+struct MutMatrix {
+    float* p;
+    int cols;
+    __device__ float* operator[](int i) const { return p + (long long)i * cols; }
+};
+
+__device__ __forceinline__ float dot(Row a, Row b) {
+    float s = 0.0f;
+    for (int d = 0; d < a.n; d++) s += a.p[d] * b.p[d];
+    return s;
+}

@@ -1,0 +1,392 @@
+"""Every kernel against the reference engine on the GPU.
+
+Fresh random float32 inputs each run; outputs poisoned with NaN before the launch (so an element the
+kernel forgets fails); weight gradients, which kernels add into, start from random values instead and
+are compared with start + reference. The reference runs in float64 on the same float32 inputs; the
+tolerance of each comparison is written beside it: 1e-6 for elementwise kernels, 1e-5 for reductions
+and matmuls (relative error ||out - ref|| / ||ref||).
+"""
+import numpy as np
+import pytest
+
+from microgpt import reference as R
+
+from conftest import rel_err
+
+pytestmark = pytest.mark.gpu
+
+ELEMENTWISE = 1e-6
+REDUCTION = 1e-5
+
+# (B, T, C, NH, V): T=1, T=7, small odd widths, and andrea-120m widths at T=1024
+SHAPES = {
+    "B1-T1": (1, 1, 20, 4, 37),
+    "B2-T7-odd": (2, 7, 20, 4, 37),
+    "B3-T33-odd": (3, 33, 36, 3, 101),
+    "andrea-120m-T1024": (1, 1024, 768, 12, 8449),
+}
+WORST = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def report():
+    yield
+    if WORST:
+        print("\nworst relative error per kernel: " + ", ".join(f"{k} {v:.1e}" for k, v in sorted(WORST.items())))
+
+
+def close(kernel, out, ref, tol):
+    err = rel_err(out, ref)
+    WORST[kernel] = max(WORST.get(kernel, 0.0), err)
+    assert err < tol, f"{kernel}: relative error {err:.2e} >= {tol:.0e}"
+
+
+@pytest.fixture(scope="module")
+def K():
+    from microgpt import kernels
+    kernels.engine()
+    return kernels
+
+
+@pytest.fixture(scope="module")
+def ga():
+    import pycuda.gpuarray as ga
+    return ga
+
+
+@pytest.fixture(params=list(SHAPES), ids=list(SHAPES))
+def shape(request):
+    return SHAPES[request.param]
+
+
+class Dev:
+    """Device arrays for one test: inputs uploaded as float32, outputs poisoned."""
+
+    def __init__(self, ga, rng):
+        self.ga, self.rng = ga, rng
+
+    def randn(self, *shape, scale=1.0):
+        host = (self.rng.standard_normal(shape) * scale).astype(np.float32)
+        return host, self.ga.to_gpu(host)
+
+    def ints(self, high, *shape):
+        host = self.rng.integers(0, high, size=shape).astype(np.int32)
+        return host, self.ga.to_gpu(host)
+
+    def poisoned(self, *shape, dtype=np.float32):
+        a = self.ga.empty(shape, dtype)
+        a.fill(np.nan)
+        return a
+
+
+@pytest.fixture
+def dev(ga, rng):
+    return Dev(ga, rng)
+
+
+def f64(*arrays):
+    return [a.astype(np.float64) for a in arrays]
+
+
+# ---------------------------------------------------------------------------------------------- embedding
+def test_embed(K, dev, shape):
+    B, T, C, NH, V = shape
+    idx_h, idx = dev.ints(V, B, T)
+    idx_h[0, : min(T, 3)] = 5  # repeated tokens scatter into one row
+    idx.set(idx_h)
+    wte_h, wte = dev.randn(V, C)
+    wpe_h, wpe = dev.randn(T + 3, C)  # wpe longer than T, as block_size is
+    x = dev.poisoned(B, T, C)
+    K.embed_fwd(x, idx, wte, wpe)
+    close("k_embed_fwd", x.get(), R.embed_fwd(idx_h, *f64(wte_h, wpe_h)), ELEMENTWISE)
+
+    dx_h, dx = dev.randn(B, T, C)
+    dwte0, dwte = dev.randn(V, C)
+    dwpe0, dwpe = dev.randn(T + 3, C)
+    K.embed_bwd(dwte, dwpe, dx, idx)
+    ref_dwte, ref_dwpe = R.embed_bwd(dx_h.astype(np.float64), idx_h, V, T + 3)
+    close("k_embed_bwd", dwte.get(), dwte0 + ref_dwte, REDUCTION)
+    close("k_embed_bwd", dwpe.get(), dwpe0 + ref_dwpe, REDUCTION)
+
+
+def test_token_ids_outside_the_vocabulary_are_refused_before_launch(K, dev):
+    idx_h, idx = dev.ints(10, 2, 3)
+    idx_h[1, 2] = 10
+    idx.set(idx_h)
+    _, wte = dev.randn(10, 4)
+    _, wpe = dev.randn(3, 4)
+    x = dev.poisoned(2, 3, 4)
+    with pytest.raises(ValueError, match=r"idx holds token id 10, outside \[0, 10\)"):
+        K.embed_fwd(x, idx, wte, wpe)
+    assert np.isnan(x.get()).all()  # nothing ran
+    idx_h[1, 2] = -3
+    idx.set(idx_h)
+    losses, probs = dev.poisoned(2, 3), dev.poisoned(2, 3, 10)
+    _, logits = dev.randn(2, 3, 10)
+    with pytest.raises(ValueError, match="targets holds token id -3"):
+        K.crossentropy_fwd(losses, probs, logits, idx)
+    assert np.isnan(probs.get()).all()
+
+
+# ---------------------------------------------------------------------------------------------- layernorm
+def test_layernorm(K, dev, shape):
+    B, T, C, NH, V = shape
+    x_h, x = dev.randn(B, T, C, scale=2.0)
+    x_h += 1.5
+    x.set(x_h)
+    w_h, w = dev.randn(C)
+    b_h, b = dev.randn(C)
+    out, mean, rstd = dev.poisoned(B, T, C), dev.poisoned(B, T), dev.poisoned(B, T)
+    K.layernorm_fwd(out, mean, rstd, x, w, b)
+    ref, ref_mean, ref_rstd = R.layernorm_fwd(*f64(x_h, w_h, b_h))
+    close("k_layernorm_fwd", out.get(), ref, REDUCTION)
+    close("k_layernorm_fwd", mean.get(), ref_mean, REDUCTION)
+    close("k_layernorm_fwd", rstd.get(), ref_rstd, REDUCTION)
+
+    dout_h, dout = dev.randn(B, T, C)
+    dx = dev.poisoned(B, T, C)
+    dw0, dw = dev.randn(C)
+    db0, db = dev.randn(C)
+    K.layernorm_bwd(dx, dw, db, dout, x, w, mean, rstd)
+    rdx, rdw, rdb = R.layernorm_bwd(*f64(dout_h, x_h, w_h), ref_mean, ref_rstd)
+    close("k_layernorm_bwd", dx.get(), rdx, REDUCTION)
+    close("k_layernorm_bwd", dw.get(), dw0 + rdw, REDUCTION)
+    close("k_layernorm_bwd", db.get(), db0 + rdb, REDUCTION)
+
+
+# ---------------------------------------------------------------------------------------------- matmul
+@pytest.mark.parametrize("layer", ["qkv", "fc", "proj", "lm_head"])
+def test_matmul(K, dev, shape, layer):
+    B, T, C, NH, V = shape
+    IN, OUT = {"qkv": (C, 3 * C), "fc": (C, 4 * C), "proj": (4 * C, C), "lm_head": (C, V)}[layer]
+    has_bias = layer != "lm_head"  # the tied output projection has no bias
+    x_h, x = dev.randn(B, T, IN)
+    w_h, w = dev.randn(OUT, IN, scale=0.05)
+    b_h, b = dev.randn(OUT) if has_bias else (None, None)
+    out = dev.poisoned(B, T, OUT)
+    K.matmul_fwd(out, x, w, b)
+    ref = R.linear_fwd(*f64(x_h, w_h), None if b_h is None else b_h.astype(np.float64))
+    close("k_matmul_fwd", out.get(), ref, REDUCTION)
+
+    dout_h, dout = dev.randn(B, T, OUT)
+    dx = dev.poisoned(B, T, IN)
+    dw0, dw = dev.randn(OUT, IN)
+    db0, db = dev.randn(OUT) if has_bias else (None, None)
+    K.matmul_bwd(dx, dw, db, dout, x, w)
+    rdx, rdw, rdb = R.linear_bwd(*f64(dout_h, x_h, w_h))
+    close("k_matmul_bwd", dx.get(), rdx, REDUCTION)
+    close("k_matmul_bwd", dw.get(), dw0 + rdw, REDUCTION)
+    if has_bias:
+        close("k_matmul_bwd", db.get(), db0 + rdb, REDUCTION)
+
+
+# ---------------------------------------------------------------------------------------------- attention
+def test_split_and_merge_heads(K, dev, shape):
+    B, T, C, NH, V = shape
+    d_k = C // NH
+    qkv_h, qkv = dev.randn(B, T, 3 * C)
+    q, k, v = (dev.poisoned(B, NH, T, d_k) for _ in range(3))
+    K.split_heads_fwd(q, k, v, qkv, NH)
+    for got, want in zip((q, k, v), R.split_heads_fwd(qkv_h.astype(np.float64), NH)):
+        close("k_split_heads_fwd", got.get(), want, ELEMENTWISE)
+
+    dq_h, dq = dev.randn(B, NH, T, d_k)
+    dk_h, dk = dev.randn(B, NH, T, d_k)
+    dv_h, dv = dev.randn(B, NH, T, d_k)
+    dqkv = dev.poisoned(B, T, 3 * C)
+    K.split_heads_bwd(dqkv, dq, dk, dv)
+    close("k_split_heads_bwd", dqkv.get(), R.split_heads_bwd(*f64(dq_h, dk_h, dv_h)), ELEMENTWISE)
+
+    heads_h, heads = dev.randn(B, NH, T, d_k)
+    y = dev.poisoned(B, T, C)
+    K.merge_heads_fwd(y, heads)
+    close("k_merge_heads_fwd", y.get(), R.merge_heads_fwd(heads_h.astype(np.float64)), ELEMENTWISE)
+    dy_h, dy = dev.randn(B, T, C)
+    dheads = dev.poisoned(B, NH, T, d_k)
+    K.merge_heads_bwd(dheads, dy, NH)
+    close("k_merge_heads_bwd", dheads.get(), R.merge_heads_bwd(dy_h.astype(np.float64), NH), ELEMENTWISE)
+
+
+def test_attn_scores(K, dev, shape):
+    B, T, C, NH, V = shape
+    d_k = C // NH
+    q_h, q = dev.randn(B, NH, T, d_k)
+    k_h, k = dev.randn(B, NH, T, d_k)
+    scores = dev.poisoned(B, NH, T, T)
+    K.attn_scores_fwd(scores, q, k)
+    close("k_attn_scores_fwd", scores.get(), R.attn_scores_fwd(*f64(q_h, k_h)), REDUCTION)
+
+    ds_h, ds = dev.randn(B, NH, T, T)
+    dq, dk = dev.poisoned(B, NH, T, d_k), dev.poisoned(B, NH, T, d_k)
+    K.attn_scores_bwd(dq, dk, ds, q, k)
+    rdq, rdk = R.attn_scores_bwd(*f64(ds_h, q_h, k_h))
+    close("k_attn_scores_bwd", dq.get(), rdq, REDUCTION)
+    close("k_attn_scores_bwd", dk.get(), rdk, REDUCTION)
+
+
+def test_causal_mask(K, dev, shape, ga):
+    B, T, C, NH, V = shape
+    s_h, s = dev.randn(B, NH, T, T)
+    out = dev.poisoned(B, NH, T, T)
+    K.causal_mask_fwd(out, s)
+    close("k_causal_mask_fwd", out.get(), R.causal_mask_fwd(s_h.astype(np.float64)), ELEMENTWISE)
+    K.causal_mask_fwd(s, s)  # in place, as the engine masks
+    np.testing.assert_array_equal(s.get(), out.get())
+
+    d_h, d = dev.randn(B, NH, T, T)
+    ds = dev.poisoned(B, NH, T, T)
+    K.causal_mask_bwd(ds, d)
+    close("k_causal_mask_bwd", ds.get(), R.causal_mask_bwd(d_h.astype(np.float64)), ELEMENTWISE)
+
+
+def test_softmax(K, dev, shape):
+    B, T, C, NH, V = shape
+    x_h, x = dev.randn(B, NH, T, T, scale=3.0)
+    x_h = R.causal_mask_fwd(x_h)  # the rows the engine feeds it: masked scores
+    x.set(x_h)
+    p = dev.poisoned(B, NH, T, T)
+    K.softmax_fwd(p, x)
+    ref = R.softmax_fwd(x_h.astype(np.float64))
+    close("k_softmax_fwd", p.get(), ref, REDUCTION)
+    np.testing.assert_allclose(p.get().sum(-1), 1.0, atol=1e-5)
+
+    dp_h, dp = dev.randn(B, NH, T, T)
+    dx = dev.poisoned(B, NH, T, T)
+    K.softmax_bwd(dx, dp, p)
+    close("k_softmax_bwd", dx.get(), R.softmax_bwd(dp_h.astype(np.float64), p.get().astype(np.float64)),
+          REDUCTION)
+
+
+def test_attn_values(K, dev, shape, rng):
+    B, T, C, NH, V = shape
+    d_k = C // NH
+    p_h = R.softmax_fwd(R.causal_mask_fwd(rng.standard_normal((B, NH, T, T)))).astype(np.float32)
+    p = dev.ga.to_gpu(p_h)
+    v_h, v = dev.randn(B, NH, T, d_k)
+    out = dev.poisoned(B, NH, T, d_k)
+    K.attn_values_fwd(out, p, v)
+    close("k_attn_values_fwd", out.get(), R.attn_values_fwd(*f64(p_h, v_h)), REDUCTION)
+
+    do_h, do = dev.randn(B, NH, T, d_k)
+    dp, dv = dev.poisoned(B, NH, T, T), dev.poisoned(B, NH, T, d_k)
+    K.attn_values_bwd(dp, dv, do, p, v)
+    rdp, rdv = R.attn_values_bwd(*f64(do_h, p_h, v_h))
+    close("k_attn_values_bwd", dp.get(), rdp, REDUCTION)
+    close("k_attn_values_bwd", dv.get(), rdv, REDUCTION)
+
+
+# ---------------------------------------------------------------------------------------------- pointwise
+def test_gelu_and_residual(K, dev, shape):
+    B, T, C, NH, V = shape
+    x_h, x = dev.randn(B, T, 4 * C, scale=2.0)
+    out = dev.poisoned(B, T, 4 * C)
+    K.gelu_fwd(out, x)
+    close("k_gelu_fwd", out.get(), R.gelu_fwd(x_h.astype(np.float64)), ELEMENTWISE)
+    d_h, d = dev.randn(B, T, 4 * C)
+    dx = dev.poisoned(B, T, 4 * C)
+    K.gelu_bwd(dx, d, x)
+    close("k_gelu_bwd", dx.get(), R.gelu_bwd(*f64(d_h, x_h)), ELEMENTWISE)
+
+    a_h, a = dev.randn(B, T, C)
+    b_h, b = dev.randn(B, T, C)
+    s = dev.poisoned(B, T, C)
+    K.residual_fwd(s, a, b)
+    close("k_residual_fwd", s.get(), R.residual_fwd(*f64(a_h, b_h)), ELEMENTWISE)
+    da, db = dev.poisoned(B, T, C), dev.poisoned(B, T, C)
+    K.residual_bwd(da, db, a)
+    rda, rdb = R.residual_bwd(a_h.astype(np.float64))
+    close("k_residual_bwd", da.get(), rda, ELEMENTWISE)
+    close("k_residual_bwd", db.get(), rdb, ELEMENTWISE)
+
+
+# ---------------------------------------------------------------------------------------------- cross-entropy
+def test_crossentropy(K, dev, shape):
+    B, T, C, NH, V = shape
+    lg_h, lg = dev.randn(B, T, V, scale=3.0)
+    tg_h, tg = dev.ints(V, B, T)
+    losses, probs = dev.poisoned(B, T), dev.poisoned(B, T, V)
+    K.crossentropy_fwd(losses, probs, lg, tg)
+    rl, rp = R.crossentropy_fwd(lg_h.astype(np.float64), tg_h)
+    close("k_crossentropy_fwd", losses.get(), rl, REDUCTION)
+    close("k_crossentropy_fwd", probs.get(), rp, REDUCTION)
+
+    dl_h = np.full((B, T), 1.0 / (B * T), np.float32) * dev.rng.uniform(0.5, 2.0, (B, T)).astype(np.float32)
+    dl = dev.ga.to_gpu(dl_h)
+    dlogits = dev.poisoned(B, T, V)
+    K.crossentropy_bwd(dlogits, probs, tg, dl)
+    close("k_crossentropy_bwd", dlogits.get(),
+          R.crossentropy_bwd(dl_h.astype(np.float64), probs.get().astype(np.float64), tg_h), ELEMENTWISE)
+
+
+# ---------------------------------------------------------------------------------------------- optimiser
+@pytest.mark.parametrize("n", [1, 1000, 7_087_872])  # 7.09M: one andrea-120m layer
+def test_global_norm(K, dev, ga, n):
+    g_h, g = dev.randn(n)
+    sumsq = ga.empty(1, np.float64)
+    sumsq.fill(np.nan)
+    K.global_norm(sumsq, g)
+    ref = float(np.sum(g_h.astype(np.float64) ** 2))
+    close("k_global_norm", sumsq.get()[0], ref, REDUCTION)
+    K.global_norm(sumsq, g, accumulate=True)
+    close("k_global_norm", sumsq.get()[0], 2 * ref, REDUCTION)
+
+
+@pytest.mark.parametrize("clip", [None, 0.5, 1e9])
+def test_adamw(K, dev, ga, clip):
+    n = 100_003
+    p_h, p = dev.randn(n)
+    g_h, g = dev.randn(n, scale=0.01)
+    m_h, m = dev.randn(n, scale=0.001)
+    v_h = np.abs(dev.rng.standard_normal(n) * 1e-5).astype(np.float32)
+    v = ga.to_gpu(v_h)
+    sumsq = None
+    gg = g_h.astype(np.float64)
+    if clip is not None:
+        sumsq = ga.empty(1, np.float64)
+        K.global_norm(sumsq, g)
+        gg = gg * R.clip_coef(np.sqrt(np.sum(gg ** 2)), clip)
+    hp = dict(lr=3e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
+    K.adamw(p, g, m, v, step=3, sumsq=sumsq, max_norm=clip, **hp)
+    rp, rm, rv = R.adamw(*f64(p_h), gg, *f64(m_h, v_h), 3, hp["lr"], hp["beta1"], hp["beta2"], hp["eps"],
+                         hp["weight_decay"])
+    close("k_adamw", p.get(), rp, ELEMENTWISE)
+    close("k_adamw", m.get(), rm, ELEMENTWISE)
+    close("k_adamw", v.get(), rv, ELEMENTWISE)
+    close("k_adamw", g.get(), gg, ELEMENTWISE)  # clipped gradients written back, as torch does
+
+
+# ---------------------------------------------------------------------------------------------- the launch layer
+def test_bad_arguments_are_refused_naming_them(K, dev, ga):
+    _, x = dev.randn(2, 3, 8)
+    _, w = dev.randn(8)
+    out, mean, rstd = dev.poisoned(2, 3, 8), dev.poisoned(2, 3), dev.poisoned(2, 3)
+    with pytest.raises(TypeError, match="b must be float32, got float64"):
+        K.layernorm_fwd(out, mean, rstd, x, w, ga.zeros(8, np.float64))
+    with pytest.raises(ValueError, match=r"w must have shape \(8,\), got \(7,\)"):
+        K.layernorm_fwd(out, mean, rstd, x, ga.zeros(7, np.float32), w)
+    with pytest.raises(ValueError, match=r"mean must have shape \(2, 3\)"):
+        K.layernorm_fwd(out, dev.poisoned(3, 2), rstd, x, w, w)
+    with pytest.raises(TypeError, match="x must be a device array, got a NumPy array"):
+        K.gelu_fwd(out, np.zeros((2, 3, 8), np.float32))
+    with pytest.raises(ValueError, match="step must be an int >= 1"):
+        K.adamw(w, w, w, w, lr=1e-3, beta1=0.9, beta2=0.9, eps=1e-8, weight_decay=0, step=0)
+    assert np.isnan(out.get()).all()
+
+
+def test_torch_tensors_go_straight_in_and_strided_ones_are_refused(K):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch has no CUDA here")
+    x = torch.randn(5, 16, device="cuda")
+    out = torch.full_like(x, float("nan"))
+    K.gelu_fwd(out, x)
+    ref = R.gelu_fwd(x.cpu().numpy().astype(np.float64))
+    close("k_gelu_fwd", out.cpu().numpy(), ref, ELEMENTWISE)
+    with pytest.raises(ValueError, match="x must be C-contiguous"):
+        K.gelu_fwd(out.t(), x.t())
+
+
+def test_a_failed_launch_names_the_kernel(K):
+    # a grid too large is a launch error that leaves the context usable
+    with pytest.raises(K.KernelError, match="k_gelu_fwd"):
+        K._launch("k_gelu_fwd", 1, [0, 0, 1], grid_x=2 ** 31)

@@ -1,0 +1,198 @@
+"""One ready launch of every kernel at a chosen model shape, with the bytes and FLOPs it must move and do.
+
+Shared by tools/sanitize_kernels.py (one launch each under compute-sanitizer) and
+tools/profile_kernels.py (timed launches against the GPU's measured ceilings). The byte counts are the
+fewest a kernel can move (every input read once, every output written once, accumulated outputs read
+and written); FLOPs count multiply-adds as two and each exp/tanh as one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+F = 4  # bytes per float32 / int32
+
+
+@dataclass
+class Case:
+    kernel: str           # the CUDA kernel's name
+    launch: Callable      # launches it once (synchronously unless given a stream)
+    bytes: int
+    flops: int
+    rotate: Callable = None  # switches to another set of inputs, so repeated timing is not a cache test
+
+
+@dataclass(frozen=True)
+class Shape:
+    B: int
+    T: int
+    C: int
+    NH: int
+    V: int
+
+    @property
+    def N(self):
+        return self.B * self.T
+
+    @property
+    def d_k(self):
+        return self.C // self.NH
+
+    @property
+    def BH(self):
+        return self.B * self.NH
+
+
+def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: int = 1) -> list[Case]:
+    """Allocates inputs (random, `sets` copies of the large read-only ones) and returns one Case per
+    kernel, in the order of a training step."""
+    import pycuda.gpuarray as ga
+
+    from microgpt import kernels as K
+
+    rng = np.random.default_rng(seed)
+    B, T, C, NH, V, N, d_k, BH = shape.B, shape.T, shape.C, shape.NH, shape.V, shape.N, shape.d_k, shape.BH
+
+    def randn(*s, scale=1.0):
+        return ga.to_gpu((rng.standard_normal(s) * scale).astype(np.float32))
+
+    def ints(high, *s):
+        return ga.to_gpu(rng.integers(0, high, size=s).astype(np.int32))
+
+    def empty(*s, dtype=np.float32):
+        return ga.empty(s, dtype)
+
+    def probs_like(*s):
+        x = rng.standard_normal(s).astype(np.float32)
+        x = np.exp(x - x.max(-1, keepdims=True))
+        return ga.to_gpu((x / x.sum(-1, keepdims=True)).astype(np.float32))
+
+    cases: list[Case] = []
+
+    def add(kernel, launch, nbytes, flops, inputs=None):
+        """inputs: a list of `sets` tuples of arrays; rotate() makes launch use the next tuple."""
+        state = {"i": 0}
+        if inputs is None:
+            cases.append(Case(kernel, lambda stream=None: launch(stream), int(nbytes), int(flops)))
+            return
+
+        def run(stream=None):
+            launch(stream, *inputs[state["i"]])
+
+        def rotate():
+            state["i"] = (state["i"] + 1) % len(inputs)
+        cases.append(Case(kernel, run, int(nbytes), int(flops), rotate))
+
+    idx = [(ints(V, B, T),) for _ in range(sets)]
+    wte, wpe = randn(V, C, scale=0.02), randn(T, C, scale=0.02)
+    x, dx = empty(B, T, C), empty(B, T, C)
+    add("k_embed_fwd", lambda s, i: K.embed_fwd(x, i, wte, wpe, check_token_ids=False, stream=s),
+        F * (N + 2 * N * C + T * C), N * C, idx)
+    dwte, dwpe = randn(V, C), randn(T, C)
+    dx_in = [(randn(B, T, C), i) for (i,) in idx]
+    add("k_embed_bwd", lambda s, d, i: K.embed_bwd(dwte, dwpe, d, i, check_token_ids=False, stream=s),
+        F * (N + N * C + 2 * N * C + 2 * T * C), N * C + T * C * B, dx_in)
+
+    xs = [(randn(B, T, C),) for _ in range(sets)]
+    w, b = randn(C), randn(C)
+    ln, mean, rstd = empty(B, T, C), empty(B, T), empty(B, T)
+    add("k_layernorm_fwd", lambda s, xi: K.layernorm_fwd(ln, mean, rstd, xi, w, b, stream=s),
+        F * (2 * N * C + 2 * C + 2 * N), 8 * N * C, xs)
+    K.layernorm_fwd(ln, mean, rstd, xs[0][0], w, b)
+    dw, db = randn(C), randn(C)
+    douts = [(randn(B, T, C),) for _ in range(sets)]
+    add("k_layernorm_bwd",
+        lambda s, d: K.layernorm_bwd(dx, dw, db, d, xs[0][0], w, mean, rstd, stream=s),
+        F * (3 * N * C + 5 * C + 2 * N), 14 * N * C, douts)
+
+    for layer, (IN, OUT) in {"qkv": (C, 3 * C), "attn.proj": (C, C), "mlp.fc": (C, 4 * C),
+                             "mlp.proj": (4 * C, C), "lm_head": (C, V)}.items():
+        bias = None if layer == "lm_head" else randn(OUT)
+        wts = [(randn(OUT, IN, scale=0.02), randn(B, T, IN)) for _ in range(sets)]
+        out = empty(B, T, OUT)
+        add("k_matmul_fwd", lambda s, wt, inp, out=out, bias=bias: K.matmul_fwd(out, inp, wt, bias, stream=s),
+            F * (N * IN + OUT * IN + N * OUT + OUT), 2 * N * IN * OUT, wts)
+        cases[-1].kernel += f" ({layer})"
+        dinp, dwt = empty(B, T, IN), randn(OUT, IN)
+        dbias = None if bias is None else randn(OUT)
+        douts = [(randn(B, T, OUT), wt, inp) for (wt, inp) in wts]
+        add("k_matmul_bwd",
+            lambda s, d, wt, inp, dinp=dinp, dwt=dwt, dbias=dbias: K.matmul_bwd(dinp, dwt, dbias, d, inp, wt, stream=s),
+            F * (N * OUT + N * IN + OUT * IN + N * IN + 2 * OUT * IN + 2 * OUT), 4 * N * IN * OUT + N * OUT, douts)
+        cases[-1].kernel += f" ({layer})"
+
+    qkvs = [(randn(B, T, 3 * C),) for _ in range(sets)]
+    q, k, v = (empty(B, NH, T, d_k) for _ in range(3))
+    add("k_split_heads_fwd", lambda s, qkv: K.split_heads_fwd(q, k, v, qkv, NH, stream=s), F * 6 * N * C, 0, qkvs)
+    K.split_heads_fwd(q, k, v, qkvs[0][0], NH)
+    dqkv = empty(B, T, 3 * C)
+    dq, dk, dv = (randn(B, NH, T, d_k) for _ in range(3))
+    add("k_split_heads_bwd", lambda s: K.split_heads_bwd(dqkv, dq, dk, dv, stream=s), F * 6 * N * C, 0)
+
+    att = BH * T * T
+    scores = empty(B, NH, T, T)
+    qks = [(randn(B, NH, T, d_k), randn(B, NH, T, d_k)) for _ in range(sets)]
+    add("k_attn_scores_fwd", lambda s, qi, ki: K.attn_scores_fwd(scores, qi, ki, stream=s),
+        F * (att + 2 * BH * T * d_k), 2 * att * d_k, qks)
+    dss = [(randn(B, NH, T, T),) for _ in range(sets)]
+    add("k_attn_scores_bwd", lambda s, d: K.attn_scores_bwd(dq, dk, d, q, k, stream=s),
+        F * (att + 4 * BH * T * d_k), 4 * att * d_k, dss)
+    masked = empty(B, NH, T, T)
+    add("k_causal_mask_fwd", lambda s, sc: K.causal_mask_fwd(masked, sc, stream=s), F * 2 * att, 0, dss)
+    add("k_causal_mask_bwd", lambda s, d: K.causal_mask_bwd(masked, d, stream=s), F * 2 * att, 0, dss)
+    probs = empty(B, NH, T, T)
+    add("k_softmax_fwd", lambda s, sc: K.softmax_fwd(probs, sc, stream=s), F * 2 * att, 5 * att, dss)
+    ps = [(probs_like(B, NH, T, T),) for _ in range(sets)]
+    dscores = empty(B, NH, T, T)
+    add("k_softmax_bwd", lambda s, p: K.softmax_bwd(dscores, dss[0][0], p, stream=s), F * 3 * att, 4 * att, ps)
+    heads = empty(B, NH, T, d_k)
+    add("k_attn_values_fwd", lambda s, p: K.attn_values_fwd(heads, p, v, stream=s),
+        F * (att + 2 * BH * T * d_k), 2 * att * d_k, ps)
+    dprobs = empty(B, NH, T, T)
+    add("k_attn_values_bwd", lambda s, p: K.attn_values_bwd(dprobs, dv, dq, p, v, stream=s),
+        F * (2 * att + 4 * BH * T * d_k), 4 * att * d_k, ps)
+    y = empty(B, T, C)
+    add("k_merge_heads_fwd", lambda s: K.merge_heads_fwd(y, heads, stream=s), F * 2 * N * C, 0)
+    add("k_merge_heads_bwd", lambda s: K.merge_heads_bwd(heads, y, NH, stream=s), F * 2 * N * C, 0)
+
+    hs = [(randn(B, T, 4 * C),) for _ in range(sets)]
+    h_out = empty(B, T, 4 * C)
+    add("k_gelu_fwd", lambda s, h: K.gelu_fwd(h_out, h, stream=s), F * 8 * N * C, 10 * 4 * N * C, hs)
+    add("k_gelu_bwd", lambda s, h: K.gelu_bwd(h_out, hs[0][0], h, stream=s), F * 12 * N * C, 16 * 4 * N * C, hs)
+    res = empty(B, T, C)
+    add("k_residual_fwd", lambda s, xi: K.residual_fwd(res, xi, x, stream=s), F * 3 * N * C, N * C, xs)
+    add("k_residual_bwd", lambda s, xi: K.residual_bwd(res, dx, xi, stream=s), F * 3 * N * C, 0, xs)
+
+    logits = [(randn(B, T, V, scale=2.0), ints(V, B, T)) for _ in range(sets)]
+    losses, lprobs = empty(B, T), empty(B, T, V)
+    add("k_crossentropy_fwd",
+        lambda s, lg, tg: K.crossentropy_fwd(losses, lprobs, lg, tg, check_token_ids=False, stream=s),
+        F * (2 * N * V + 2 * N), 4 * N * V, logits)
+    dlosses = ga.to_gpu(np.full((B, T), 1.0 / N, np.float32))
+    dlogits = empty(B, T, V)
+    add("k_crossentropy_bwd",
+        lambda s, lg, tg: K.crossentropy_bwd(dlogits, lg, tg, dlosses, check_token_ids=False, stream=s),
+        F * (2 * N * V + 2 * N), 2 * N * V, logits)
+
+    P = n_params or (V * C + T * C + 12 * C * C + 13 * C)
+    params, grads, m, vv = randn(P, scale=0.02), randn(P, scale=1e-3), randn(P, scale=1e-4), randn(P, scale=1e-4)
+    vv = abs(vv)
+    sumsq = ga.empty(1, np.float64)
+    add("k_global_norm", lambda s: K.global_norm(sumsq, grads, stream=s), F * P, 2 * P)
+    K.global_norm(sumsq, grads)
+    add("k_adamw", lambda s: K.adamw(params, grads, m, vv, lr=1e-4, beta1=0.9, beta2=0.95, eps=1e-8,
+                                      weight_decay=0.1, step=1, sumsq=sumsq, max_norm=1.0, stream=s),
+        F * 8 * P, 14 * P)
+    return cases
+
+
+def kernel_of(case_name: str) -> str:
+    """'k_matmul_fwd (qkv)' -> 'k_matmul_fwd'."""
+    return case_name.split(" ")[0]
+
+
+def model_params(shape: Shape, n_layer: int) -> int:
+    C, V, T = shape.C, shape.V, shape.T
+    return V * C + T * C + n_layer * (12 * C * C + 13 * C) + 2 * C
