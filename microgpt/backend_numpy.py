@@ -1,15 +1,20 @@
 """The numpy backend: the whole GPT composed of the reference operations, on the CPU.
 
 Every backend holds four flat vectors laid out by microgpt.params (weights, gradients, Adam m and v) and
-answers the same calls; microgpt.model.GPT validates arguments before any of them runs.
+answers the same calls; microgpt.model.GPT validates arguments before any of them runs. Here the four are
+microgpt._host.FlatBuffer's (aligned, zeroed), in float32 or, for gradient checks, float64.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from . import reference as R
+from ._host import FlatBuffer
 from .config import GPTConfig
-from .params import decays, num_params, param_table, views
+from .params import decays, num_params, param_table
+
+
+FLAT_VECTORS = ("params", "grads", "m", "v")
 
 
 class NumpyBackend:
@@ -22,21 +27,24 @@ class NumpyBackend:
             raise TypeError(f"dtype must be float32 or float64, got {self.dtype}")
         self.table = param_table(config)
         n = num_params(config)
-        self.flat = {which: np.zeros(n, dtype=self.dtype) for which in ("params", "grads", "m", "v")}
-        self.P = views(self.table, self.flat["params"])
-        self.G = views(self.table, self.flat["grads"])
+        self.buffers = {which: FlatBuffer(n, dtype=self.dtype) for which in FLAT_VECTORS}
+        self.flat = {which: buf.array for which, buf in self.buffers.items()}
+        self.P = self.buffers["params"].views(self.table)
+        self.G = self.buffers["grads"].views(self.table)
         self._saved = None
         self.last_grad_norm = None
 
     # -- state ------------------------------------------------------------------------------------
     def pull(self, which: str) -> np.ndarray:
-        return self.flat[which]
+        """The live flat vector (no copy): weights, gradients, Adam m or v."""
+        return self.flat[_check_which(which)]
 
     def push(self, which: str, values: np.ndarray) -> None:
-        self.flat[which][...] = values
+        """Copies n_params numbers into one flat vector."""
+        self.buffers[_check_which(which)].copy_from(values)
 
     def zero_grad(self) -> None:
-        self.flat["grads"].fill(0)
+        self.buffers["grads"].fill(0)
 
     # -- forward / backward ---------------------------------------------------------------------------
     def forward(self, idx, targets=None, logits="all"):
@@ -124,3 +132,9 @@ class NumpyBackend:
             wd = weight_decay if decays(spec.name, spec.shape) else 0.0
             params[sl], m[sl], v[sl] = R.adamw(params[sl], grads[sl], m[sl], v[sl], t, lr,
                                                beta1, beta2, eps, wd)
+
+
+def _check_which(which):
+    if which not in FLAT_VECTORS:
+        raise ValueError(f"which must be one of {FLAT_VECTORS}, got {which!r}")
+    return which

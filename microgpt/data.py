@@ -1,10 +1,21 @@
-"""Training data: text -> tokens -> train/validation split -> seeded (B, T+1) batches."""
+"""Training data: text -> tokens -> train/validation split -> seeded (B, T+1) batches.
+
+    train, val = split(load_tokens())                # Python's pydoc topics, or load_tokens("file.txt")
+    sampler = BatchSampler(train, B=8, T=1024, seed=0)
+    batch = sampler.fill(pinned)                     # any C-contiguous int32 (B, T+1) buffer, e.g. page-locked
+    inputs, targets = batch[:, :-1], batch[:, 1:]
+
+The sampling loop is Cython (microgpt._host.WindowSampler) with the GIL released and its own generator
+(xoshiro256**, seeded by splitmix64), so the batches depend on the seed alone: not on NumPy's version,
+not on other draws. `state` is a JSON-able dict; a resumed run that assigns it continues the sequence.
+"""
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
 
+from . import _host
 from .tokenizer import ByteTokenizer
 
 
@@ -15,38 +26,93 @@ def builtin_corpus() -> str:
 
 
 def load_tokens(path: str | None = None, tokenizer: ByteTokenizer | None = None) -> np.ndarray:
+    """The tokens of a UTF-8 text file (bytes that are not UTF-8 read as U+FFFD), or of builtin_corpus()."""
     tokenizer = tokenizer or ByteTokenizer()
     if path is None:
         text = builtin_corpus()
     else:
         p = Path(path)
         if not p.is_file():
-            raise FileNotFoundError(f"data file {path!r} does not exist")
+            raise FileNotFoundError(f"data file {str(path)!r} does not exist")
         text = p.read_text(encoding="utf-8", errors="replace")
     return tokenizer.encode(text)
 
 
 def split(tokens: np.ndarray, val_fraction: float = 0.1) -> tuple[np.ndarray, np.ndarray]:
+    """(train, validation): the last val_fraction of the stream is validation, so no window of one
+    overlaps the other."""
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
     n_val = int(len(tokens) * val_fraction)
     return tokens[:len(tokens) - n_val], tokens[len(tokens) - n_val:]
 
 
+def _positive_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return int(value)
+
+
 class BatchSampler:
-    """Random windows of T+1 tokens; row b of a batch is inputs batch[b, :T] and targets batch[b, 1:]."""
+    """Random windows of T+1 tokens; row b of a batch is inputs batch[b, :T] and targets batch[b, 1:].
+
+    Window starts are uniform over [0, len(tokens) - T). One sampler belongs to one thread.
+    """
 
     def __init__(self, tokens: np.ndarray, B: int, T: int, seed: int = 0):
-        tokens = np.ascontiguousarray(tokens, dtype=np.int32)
-        if len(tokens) < T + 1:
-            raise ValueError(f"tokens: {len(tokens)} tokens are too few for windows of T+1={T + 1}")
-        self.tokens, self.B, self.T = tokens, B, T
-        self.rng = np.random.default_rng(seed)
+        self.B = _positive_int("B", B)
+        self.T = _positive_int("T", T)
+        tokens = np.asarray(tokens)
+        if tokens.ndim != 1 or (tokens.size and tokens.dtype.kind not in "iu"):
+            raise TypeError(f"tokens must be a 1-D integer array, got dtype {tokens.dtype}, shape {tokens.shape}")
+        self.tokens = np.ascontiguousarray(tokens, dtype=np.int32)
+        self._windows = _host.WindowSampler(self.tokens, self.T, seed)
+        self.batches_drawn = 0
 
     def fill(self, out: np.ndarray) -> np.ndarray:
-        starts = self.rng.integers(0, len(self.tokens) - self.T, size=self.B)
-        out[...] = self.tokens[starts[:, None] + np.arange(self.T + 1)]
+        """Writes the next batch into out, a C-contiguous writeable int32 array of shape (B, T+1)."""
+        want = (self.B, self.T + 1)
+        if not isinstance(out, np.ndarray):
+            raise TypeError(f"out must be a NumPy int32 array of shape {want}, got {type(out).__name__}")
+        if out.dtype != np.int32:
+            raise TypeError(f"out must have dtype int32, got {out.dtype}")
+        if out.shape != want:
+            raise ValueError(f"out must have shape (B, T+1) = {want}, got {out.shape}")
+        if not out.flags.c_contiguous:
+            raise ValueError("out must be C-contiguous")
+        if not out.flags.writeable:
+            raise ValueError("out must be writeable")
+        self._windows.fill(out)
+        self.batches_drawn += 1
         return out
 
     def next(self) -> np.ndarray:
         return self.fill(np.empty((self.B, self.T + 1), dtype=np.int32))
+
+    @property
+    def state(self) -> dict:
+        """Where the sequence stands, as plain ints (JSON and pickle both keep it)."""
+        return {"rng": _host.RNG_NAME, "words": self._windows.rng_state, "batches_drawn": self.batches_drawn,
+                "B": self.B, "T": self.T, "n_tokens": len(self.tokens)}
+
+    @state.setter
+    def state(self, state: dict) -> None:
+        if not isinstance(state, dict):
+            raise TypeError(f"state must be a dict from BatchSampler.state, got {type(state).__name__}")
+        missing = [k for k in ("rng", "words", "batches_drawn", "B", "T", "n_tokens") if k not in state]
+        if missing:
+            raise ValueError(f"state is missing {', '.join(missing)}")
+        if state["rng"] != _host.RNG_NAME:
+            raise ValueError(f"state['rng'] is {state['rng']!r}, this sampler uses {_host.RNG_NAME!r}")
+        # the same generator state over other tokens or another shape would give other windows, silently
+        for key, mine in (("B", self.B), ("T", self.T), ("n_tokens", len(self.tokens))):
+            if state[key] != mine:
+                raise ValueError(f"state['{key}'] is {state[key]!r}, this sampler has {key}={mine}")
+        drawn = state["batches_drawn"]
+        if isinstance(drawn, bool) or not isinstance(drawn, int) or drawn < 0:
+            raise ValueError(f"state['batches_drawn'] must be an int >= 0, got {drawn!r}")
+        try:
+            self._windows.rng_state = state["words"]
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"state['words']: {e}") from None
+        self.batches_drawn = drawn

@@ -194,3 +194,40 @@ class GPT:
                 raise ValueError(f"state_dict[{name!r}] has shape {value.shape}, expected {shape}")
             named[name][...] = value
         self.backend.push("params", flat)
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    # Only backend.pull/push, step_count and config: every backend checkpoints the same way.
+    def save(self, path, extra: dict | None = None) -> None:
+        """Writes the ANDREA checkpoint (step, weights, Adam m and v) at path and the config beside it at
+        path + '.json' (microgpt.checkpoint documents both). Each file is written to a temporary file and
+        renamed into place, so a crash or an error mid-save leaves the previous checkpoint whole.
+        extra: JSON values kept with it (a BatchSampler's state, say); checkpoint.read_meta returns them."""
+        from . import checkpoint
+        checkpoint.save(path, self.config, self.step_count, self.backend.pull("params"),
+                        self.backend.pull("m"), self.backend.pull("v"), extra=extra)
+
+    @classmethod
+    def load(cls, path, backend: str = "numpy") -> "GPT":
+        """The model of the checkpoint at path, on backend, ready to continue training: weights, Adam m and
+        v and the step are those saved, bit for bit; gradients are zero."""
+        from . import checkpoint
+        ckpt = checkpoint.read(path)
+        model = cls(ckpt.config, backend=backend)
+        model._restore(ckpt)
+        return model
+
+    def load_checkpoint(self, path) -> dict:
+        """Restores weights, Adam m and v and the step from a checkpoint of this model's config, and returns
+        its extra. The file is read and checked whole first: one that is refused leaves the model as it was."""
+        from . import checkpoint
+        ckpt = checkpoint.read(path, expect_config=self.config)
+        self._restore(ckpt)
+        return ckpt.extra
+
+    def _restore(self, ckpt) -> None:
+        self.backend.push("params", ckpt.weights)
+        self.backend.push("m", ckpt.m)
+        self.backend.push("v", ckpt.v)
+        self.backend.push("grads", np.zeros_like(ckpt.weights))
+        self.step_count = ckpt.step
+        self._can_backward = False  # the last forward's activations belong to the old weights
