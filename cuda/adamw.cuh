@@ -2,21 +2,36 @@
 #pragma once
 #include "common.cuh"
 
-// Adds the sum of squares of g (n) into *sumsq (a double, zeroed by the caller). Each thread sums a
-// grid-stride slice, each warp and then each block reduce, and one atomic per block adds in double.
-extern "C" __global__ void k_global_norm(double* sumsq, const float* g, long long n) {
+// Blocks of k_global_norm that have finished; the last one resets it for the next launch.
+__device__ unsigned int norm_blocks_done = 0;
+
+// Adds the sum of squares of g (n) into *sumsq (a double the caller zeroes first, or not, to
+// accumulate over several tensors). Deterministic: each thread sums a grid-stride slice in order, each
+// block reduces its threads into partials[blockIdx.x], and the last block to finish adds the partials
+// in block order, so a run repeats bit for bit.
+extern "C" __global__ void k_global_norm(double* sumsq, double* partials, const float* g, long long n) {
     __shared__ float warp_sums[32];
+    __shared__ bool last_block;
     float s = 0.0f;
     for (long long i = thread_index(); i < n; i += (long long)gridDim.x * blockDim.x) s += g[i] * g[i];
     for (int off = 16; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffff, s, off);
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     if (lane == 0) warp_sums[warp] = s;
     __syncthreads();
-    if (warp == 0) {
-        int n_warps = (blockDim.x + 31) / 32;
-        s = lane < n_warps ? warp_sums[lane] : 0.0f;
-        for (int off = 16; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffff, s, off);
-        if (lane == 0) atomicAdd(sumsq, (double)s);
+    if (threadIdx.x == 0) {
+        double block_sum = 0.0;
+        for (int w = 0; w < (blockDim.x + 31) / 32; w++) block_sum += warp_sums[w];
+        partials[blockIdx.x] = block_sum;
+        __threadfence();  // the partial is visible to every block before this block counts as done
+        last_block = atomicAdd(&norm_blocks_done, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (last_block && threadIdx.x == 0) {
+        __threadfence();
+        double total = 0.0;
+        for (unsigned int b = 0; b < gridDim.x; b++) total += ((volatile double*)partials)[b];
+        *sumsq += total;
+        norm_blocks_done = 0;
     }
 }
 

@@ -16,3 +16,6 @@
 #include "pointwise.cuh"
 #include "crossentropy.cuh"
 #include "adamw.cuh"
+// the fast variants, beside the reference kernels they are tested against
+#include "matmul_fast.cuh"
+#include "rows_fast.cuh"

@@ -2,8 +2,9 @@
 with a NumPy reference engine that computes every operation the same way on the CPU."""
 __version__ = "0.1.0"
 
+from .attention import MultiHeadAttention
 from .config import GPTConfig, PRESETS
 from .model import GPT
 from .tokenizer import ByteTokenizer
 
-__all__ = ["GPTConfig", "PRESETS", "GPT", "ByteTokenizer", "__version__"]
+__all__ = ["GPTConfig", "PRESETS", "GPT", "MultiHeadAttention", "ByteTokenizer", "__version__"]

@@ -51,7 +51,7 @@ def kernel_signatures(source: str) -> dict[str, str]:
     """name -> PyCUDA argument format ('P' pointer, 'i' int, 'q' long long, 'f' float) of every
     extern "C" kernel, read from the source so the two cannot drift apart."""
     sigs = {}
-    for name, params in re.findall(r'extern "C" __global__ void (\w+)\(([^)]*)\)', source):
+    for name, params in re.findall(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)\(([^)]*)\)', source):
         fmt = ""
         for p in (p.strip() for p in params.split(",")):
             if "*" in p:
@@ -124,7 +124,12 @@ def kernel_names() -> list[str]:
 
 
 class Plan(list):
-    """Launches recorded with their checked arguments, to be replayed on a stream (see recording())."""
+    """Launches recorded with their checked arguments, to be replayed on a stream (see recording()).
+    `keep` holds the scratch buffers the launches point into, alive as long as the plan."""
+
+    def __init__(self):
+        super().__init__()
+        self.keep = []
 
 
 _recording: Plan | None = None
@@ -169,9 +174,9 @@ def synchronize(stream, phase: str) -> None:
                           f"it)") from None
 
 
-def _launch(name, n_threads, args, parts=1, stream=None, grid_x=None):
+def _launch(name, n_threads, args, parts=1, stream=None, grid_x=None, grid=None):
     e = engine()
-    grid = (grid_x or max(1, math.ceil(n_threads / BLOCK)), parts)
+    grid = grid or (grid_x or max(1, math.ceil(n_threads / BLOCK)), parts)
     if _recording is not None:
         _recording.append((name, e.function(name), grid, args))
         return
@@ -271,16 +276,33 @@ def embed_fwd(x, idx, wte, wpe, *, check_token_ids=True, stream=None):
     _launch("k_embed_fwd", B * T * C, args, stream=stream)
 
 
-def embed_bwd(dwte, dwpe, dx, idx, *, check_token_ids=True, stream=None):
-    """dwte (V, C) += scatter of dx by token; dwpe (T_max, C)[:T] += dx summed over the batch."""
+def token_order(idx: np.ndarray) -> np.ndarray:
+    """The positions of idx (B, T) sorted by token id, stably: what embed_bwd reads as `order`."""
+    return np.argsort(np.asarray(idx).reshape(-1), kind="stable").astype(np.int32).reshape(np.shape(idx))
+
+
+def embed_bwd(dwte, dwpe, dx, idx, order=None, *, check_token_ids=True, stream=None):
+    """dwte (V, C) += dx gathered by token; dwpe (T_max, C)[:T] += dx summed over the batch.
+    order (B, T) int32 is token_order(idx); without it, it is computed here from idx (a read-back)."""
     B, T, C = shape_of("dx", dx, 3)
     V = shape_of("dwte", dwte, 2)[0]
     T_max = shape_of("dwpe", dwpe, 2)[0]
     if T > T_max:
         raise ValueError(f"dx has T={T} positions, above dwpe's {T_max}")
-    args = [ptr("dwte", dwte, (V, C)), ptr("dwpe", dwpe, (T_max, C)), ptr("dx", dx, (B, T, C)),
-            check_ids("idx", idx, (B, T), V) if check_token_ids else ptr("idx", idx, (B, T), np.int32),
-            B, T, C]
+    idx_ptr = check_ids("idx", idx, (B, T), V) if check_token_ids else ptr("idx", idx, (B, T), np.int32)
+    if order is None:
+        import pycuda.gpuarray as ga
+        host = np.empty((B, T), np.int32)
+        engine().cuda.memcpy_dtoh(host, idx_ptr)
+        order = ga.to_gpu(token_order(host))
+    elif check_token_ids:
+        host_idx, host_order = np.empty((B, T), np.int32), np.empty((B, T), np.int32)
+        engine().cuda.memcpy_dtoh(host_idx, idx_ptr)
+        engine().cuda.memcpy_dtoh(host_order, ptr("order", order, (B, T), np.int32))
+        if not np.array_equal(host_order, token_order(host_idx)):
+            raise ValueError("order must be token_order(idx): the positions sorted stably by token id")
+    args = [ptr("dwte", dwte, (V, C)), ptr("dwpe", dwpe, (T_max, C)), ptr("dx", dx, (B, T, C)), idx_ptr,
+            ptr("order", order, (B, T), np.int32), B, T, C]
     _launch("k_embed_bwd", B * T * C, args, parts=2, stream=stream)
 
 
@@ -482,20 +504,25 @@ def crossentropy_bwd(dlogits, probs, targets, dlosses, *, check_token_ids=True, 
 
 # -------------------------------------------------------------------------------------------- optimiser
 NORM_GRID = 1024  # blocks of the grid-stride norm reduction: enough to fill any current GPU
+_norm_partials = None
 
 
 def global_norm(sumsq, g, *, accumulate=False, stream=None):
-    """sumsq (1,) float64 (+)= sum of g**2; zeroed first unless accumulate."""
+    """sumsq (1,) float64 (+)= sum of g**2; zeroed first unless accumulate. Deterministic. Calls on
+    several streams at once would share the kernel's scratch: keep them on one stream."""
+    global _norm_partials
     shape = shape_of("g", g)
     n = math.prod(shape)
     p = ptr("sumsq", sumsq, (1,), np.float64)
+    if _norm_partials is None:
+        _norm_partials = engine().cuda.mem_alloc(NORM_GRID * 8)
     if not accumulate:
         cuda = engine().cuda
         if stream is None:
             cuda.memset_d32(p, 0, 2)
         else:
             cuda.memset_d32_async(p, 0, 2, stream)
-    _launch("k_global_norm", n, [p, ptr("g", g, shape), n], stream=stream,
+    _launch("k_global_norm", n, [p, int(_norm_partials), ptr("g", g, shape), n], stream=stream,
             grid_x=min(NORM_GRID, max(1, math.ceil(n / BLOCK))))
 
 
@@ -517,3 +544,188 @@ def adamw(params, grads, m, v, *, lr, beta1, beta2, eps, weight_decay, step, dec
             opt_ptr("decay_mask", decay_mask, shape, np.uint8), float(1.0 - beta1 ** step), float(1.0 - beta2 ** step),
             opt_ptr("sumsq", sumsq, (1,), np.float64), float(max_norm or 0.0)]
     _launch("k_adamw", n, args, stream=stream)
+
+
+# ============================================================================================ fast variants
+# Beside the reference kernels, with the same arguments; tests/test_kernels_gpu.py checks each against
+# its reference. The model uses them unless asked for kernels="reference".
+GEMM_TILE = 128  # the M and N of one SGEMM block (cuda/matmul_fast.cuh)
+CAUSAL_OUT_LOWER, CAUSAL_A_LOWER, CAUSAL_A_UPPER = 1, 2, 3
+
+
+def _gemm(kernel, c, a, b, bias, M, N, K, lda, ldb, ldc, batch=1, strides=(0, 0, 0), alpha=1.0, beta=0.0,
+          causal=0, fill=0.0, stream=None):
+    grid = (math.ceil(N / GEMM_TILE), math.ceil(M / GEMM_TILE), batch)
+    _launch(kernel, 0, [c, a, b, bias, M, N, K, lda, ldb, ldc, *strides, float(alpha), float(beta), causal,
+                        float(fill)], grid=grid, stream=stream)
+
+
+def sgemm(c, a, b, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, bias=None, stream=None):
+    """c = alpha * op(a) @ op(b) + bias + beta * c, op(x) = x.T (the last two axes) where trans_x.
+    a, b, c are 2-D, or 3-D with a leading batch axis (all three)."""
+    sa, sb = shape_of("a", a), shape_of("b", b)
+    if len(sa) != len(sb) or len(sa) not in (2, 3):
+        raise ValueError(f"a and b must both be 2-D or both 3-D (batched), got shapes {sa} and {sb}")
+    batch = sa[0] if len(sa) == 3 else 1
+    if len(sa) == 3 and sb[0] != batch:
+        raise ValueError(f"b must have a's batch size {batch}, got {sb[0]}")
+    M, K = (sa[-1], sa[-2]) if trans_a else (sa[-2], sa[-1])
+    Kb, N = (sb[-1], sb[-2]) if trans_b else (sb[-2], sb[-1])
+    if Kb != K:
+        raise ValueError(f"op(a) is {M}x{K} but op(b) is {Kb}x{N}: inner dimensions differ")
+    lead = (batch,) if len(sa) == 3 else ()
+    args = [ptr("c", c, lead + (M, N)), ptr("a", a, sa), ptr("b", b, sb), opt_ptr("bias", bias, (N,))]
+    kernel = "k_sgemm_" + ("t" if trans_a else "n") + ("t" if trans_b else "n")
+    _gemm(kernel, *args, M, N, K, sa[-1], sb[-1], N, batch, (M * K, K * N, M * N), alpha, beta, stream=stream)
+
+
+def _chunks(N):
+    """Row chunks of the deterministic column sums: enough blocks to fill the GPU, in a fixed order."""
+    rows_per_chunk = max(8, math.ceil(N / 64))
+    return rows_per_chunk, math.ceil(N / rows_per_chunk)
+
+
+def _scratch(n):
+    """A float32 device buffer of n elements for partial sums, kept alive by the plan being recorded."""
+    import pycuda.gpuarray as ga
+    buf = ga.empty(n, np.float32)
+    if _recording is not None:
+        _recording.keep.append(buf)
+    return buf
+
+
+def _colsum(out_ptr, x_ptr, N, C, stream):
+    """out (C,) += column sums of x (N, C), deterministically."""
+    rows_per_chunk, chunks = _chunks(N)
+    part = _scratch(chunks * C)
+    _launch("k_colsum_partial", 0, [int(part.gpudata), x_ptr, N, C, rows_per_chunk],
+            grid=(math.ceil(C / 32), chunks, 1), stream=stream)
+    _launch("k_colsum_reduce", C, [out_ptr, int(part.gpudata), chunks, C], stream=stream)
+
+
+def matmul_fwd_fast(out, inp, weight, bias=None, *, stream=None):
+    """As matmul_fwd, through the tiled SGEMM."""
+    shape = shape_of("inp", inp)
+    N, IN = _rows(shape)
+    OUT = shape_of("weight", weight, 2)[0]
+    _gemm("k_sgemm_nt", ptr("out", out, shape[:-1] + (OUT,)), ptr("inp", inp, shape),
+          ptr("weight", weight, (OUT, IN)), opt_ptr("bias", bias, (OUT,)), N, OUT, IN, IN, IN, OUT, stream=stream)
+
+
+def matmul_bwd_fast(dinp, dweight, dbias, dout, inp, weight, *, stream=None):
+    """As matmul_bwd: dinp = dout @ W (written), dW += dout^T @ inp, dbias += column sums of dout."""
+    shape = shape_of("inp", inp)
+    N, IN = _rows(shape)
+    OUT = shape_of("weight", weight, 2)[0]
+    p_dinp, p_dw, p_db = ptr("dinp", dinp, shape), ptr("dweight", dweight, (OUT, IN)), opt_ptr("dbias", dbias, (OUT,))
+    p_dout, p_inp, p_w = ptr("dout", dout, shape[:-1] + (OUT,)), ptr("inp", inp, shape), ptr("weight", weight, (OUT, IN))
+    _gemm("k_sgemm_nn", p_dinp, p_dout, p_w, 0, N, IN, OUT, OUT, IN, IN, stream=stream)
+    _gemm("k_sgemm_tn", p_dw, p_dout, p_inp, 0, OUT, IN, N, OUT, IN, IN, beta=1.0, stream=stream)
+    if p_db:
+        _colsum(p_db, p_dout, N, OUT, stream)
+
+
+def _attn_dims(q_name, q):
+    B, NH, T, d_k = _heads(q_name, q)
+    scale = float(np.float32(1.0) / np.sqrt(np.float32(d_k)))  # 1.0f / sqrtf(d_k), as the literal kernel
+    return B, NH, T, d_k, scale
+
+
+def attn_scores_fwd_fast(masked, q, k, *, stream=None):
+    """The scores with the causal mask applied, in one pass: masked[i][j] = dot(Q[i], K[j]) * (1/sqrt(d_k))
+    for j <= i and -1e9 above the diagonal, whose tiles are never computed."""
+    B, NH, T, d_k, scale = _attn_dims("q", q)
+    hs = (B, NH, T, d_k)
+    _gemm("k_sgemm_nt", ptr("masked", masked, (B, NH, T, T)), ptr("q", q, hs), ptr("k", k, hs), 0,
+          T, T, d_k, d_k, d_k, T, B * NH, (T * d_k, T * d_k, T * T), alpha=scale, causal=CAUSAL_OUT_LOWER,
+          fill=-1e9, stream=stream)
+
+
+def attn_scores_bwd_fast(dq, dk, dscores, q, k, *, stream=None):
+    """As attn_scores_bwd, for causal dscores (zero above the diagonal, as the pipeline makes them)."""
+    B, NH, T, d_k, scale = _attn_dims("q", q)
+    hs, st = (B, NH, T, d_k), (T * T, T * d_k, T * d_k)
+    p_ds = ptr("dscores", dscores, (B, NH, T, T))
+    _gemm("k_sgemm_nn", ptr("dq", dq, hs), p_ds, ptr("k", k, hs), 0, T, d_k, T, T, d_k, d_k, B * NH, st,
+          alpha=scale, causal=CAUSAL_A_LOWER, stream=stream)
+    _gemm("k_sgemm_tn", ptr("dk", dk, hs), p_ds, ptr("q", q, hs), 0, T, d_k, T, T, d_k, d_k, B * NH, st,
+          alpha=scale, causal=CAUSAL_A_UPPER, stream=stream)
+
+
+def attn_values_fwd_fast(out, probs, v, *, stream=None):
+    """As attn_values_fwd, for causal probs: row i stops at j = i."""
+    B, NH, T, d_k, _ = _attn_dims("v", v)
+    hs = (B, NH, T, d_k)
+    _gemm("k_sgemm_nn", ptr("out", out, hs), ptr("probs", probs, (B, NH, T, T)), ptr("v", v, hs), 0,
+          T, d_k, T, T, d_k, d_k, B * NH, (T * T, T * d_k, T * d_k), causal=CAUSAL_A_LOWER, stream=stream)
+
+
+def attn_values_bwd_fast(dprobs, dv, dout, probs, v, *, stream=None):
+    """As attn_values_bwd for causal probs; dprobs is written 0 above the diagonal, where the softmax
+    backward multiplies it by a probability of 0 anyway."""
+    B, NH, T, d_k, _ = _attn_dims("v", v)
+    hs = (B, NH, T, d_k)
+    p_do = ptr("dout", dout, hs)
+    _gemm("k_sgemm_nt", ptr("dprobs", dprobs, (B, NH, T, T)), p_do, ptr("v", v, hs), 0, T, T, d_k, d_k, d_k, T,
+          B * NH, (T * d_k, T * d_k, T * T), causal=CAUSAL_OUT_LOWER, fill=0.0, stream=stream)
+    _gemm("k_sgemm_tn", ptr("dv", dv, hs), ptr("probs", probs, (B, NH, T, T)), p_do, 0, T, d_k, T, T, d_k, d_k,
+          B * NH, (T * T, T * d_k, T * d_k), causal=CAUSAL_A_UPPER, stream=stream)
+
+
+def softmax_fwd_fast(probs, x, *, stream=None):
+    shape = shape_of("x", x)
+    rows, cols = _rows(shape)
+    _launch("k_softmax_fwd_fast", rows * 32, [ptr("probs", probs, shape), ptr("x", x, shape), rows, cols],
+            stream=stream)
+
+
+def softmax_bwd_fast(dx, dprobs, probs, *, stream=None):
+    shape = shape_of("probs", probs)
+    rows, cols = _rows(shape)
+    args = [ptr("dx", dx, shape), ptr("dprobs", dprobs, shape), ptr("probs", probs, shape), rows, cols]
+    _launch("k_softmax_bwd_fast", rows * 32, args, stream=stream)
+
+
+def layernorm_fwd_fast(out, mean, rstd, x, w, b, *, stream=None):
+    shape = shape_of("x", x)
+    N, C = _rows(shape)
+    args = [ptr("out", out, shape), ptr("mean", mean, shape[:-1]), ptr("rstd", rstd, shape[:-1]),
+            ptr("x", x, shape), ptr("w", w, (C,)), ptr("b", b, (C,)), N, C]
+    _launch("k_layernorm_fwd_fast", N * 32, args, stream=stream)
+
+
+def layernorm_bwd_fast(dx, dw, db, dout, x, w, mean, rstd, *, stream=None):
+    shape = shape_of("x", x)
+    N, C = _rows(shape)
+    p_dout, p_x = ptr("dout", dout, shape), ptr("x", x, shape)
+    p_mean, p_rstd = ptr("mean", mean, shape[:-1]), ptr("rstd", rstd, shape[:-1])
+    p_dw, p_db = ptr("dw", dw, (C,)), ptr("db", db, (C,))
+    _launch("k_layernorm_bwd_fast", N * 32, [ptr("dx", dx, shape), p_dout, p_x, ptr("w", w, (C,)), p_mean, p_rstd,
+                                             N, C], stream=stream)
+    rows_per_chunk, chunks = _chunks(N)
+    pw, pb = _scratch(chunks * C), _scratch(chunks * C)
+    _launch("k_layernorm_bwd_fast_wb", 0, [int(pw.gpudata), int(pb.gpudata), p_dout, p_x, p_mean, p_rstd, N, C,
+                                           rows_per_chunk], grid=(math.ceil(C / 32), chunks, 1), stream=stream)
+    _launch("k_colsum_reduce", C, [p_dw, int(pw.gpudata), chunks, C], stream=stream)
+    _launch("k_colsum_reduce", C, [p_db, int(pb.gpudata), chunks, C], stream=stream)
+
+
+def crossentropy_fwd_fast(losses, probs, logits, targets, *, check_token_ids=True, stream=None):
+    shape = shape_of("logits", logits)
+    N, V = _rows(shape)
+    args = [ptr("losses", losses, shape[:-1]), ptr("probs", probs, shape), ptr("logits", logits, shape),
+            check_ids("targets", targets, shape[:-1], V) if check_token_ids
+            else ptr("targets", targets, shape[:-1], np.int32), N, V]
+    _launch("k_crossentropy_fwd_fast", N * BLOCK, args, stream=stream)
+
+
+VARIANTS = ("reference", "fast")
+
+
+def variant(op: str, which: str):
+    """The launch function of `op` ('matmul_fwd', ...) in variant `which`; ops without a fast variant
+    use their reference kernel in both."""
+    if which not in VARIANTS:
+        raise ValueError(f"kernels must be one of {VARIANTS}, got {which!r}")
+    fast = globals().get(op + "_fast")
+    return fast if which == "fast" and fast is not None else globals()[op]

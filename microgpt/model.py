@@ -39,7 +39,7 @@ def _check_tokens(name, a, config, max_T=None):
     return np.ascontiguousarray(a, dtype=np.int32)
 
 
-def _make_backend(name, config, dtype):
+def _make_backend(name, config, dtype, kernels):
     if name == "numpy":
         from .backend_numpy import NumpyBackend
         return NumpyBackend(config, dtype=dtype)
@@ -47,17 +47,22 @@ def _make_backend(name, config, dtype):
         if np.dtype(dtype) != np.float32:
             raise ValueError(f"dtype: the cuda backend is float32 only, got {np.dtype(dtype)}")
         from .backend_cuda import CudaBackend
-        return CudaBackend(config)
+        return CudaBackend(config, kernels=kernels)
     raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
 
 
 class GPT:
-    def __init__(self, config: GPTConfig, backend: str = "numpy", seed: int = 0, dtype=np.float32):
+    def __init__(self, config: GPTConfig, backend: str = "numpy", seed: int = 0, dtype=np.float32,
+                 kernels: str = "fast"):
+        """kernels: on the cuda backend, "fast" (the fast variants where there is one) or "reference"
+        (the readable kernels only); the numpy backend has one set."""
         if not isinstance(config, GPTConfig):
             raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
         self.config = config
         self.table = param_table(config)
-        self.backend = _make_backend(backend, config, dtype)
+        if kernels not in ("fast", "reference"):
+            raise ValueError(f"kernels must be 'fast' or 'reference', got {kernels!r}")
+        self.backend = _make_backend(backend, config, dtype, kernels)
         self.step_count = 0  # AdamW steps taken, the t of its bias correction
         self._can_backward = False
         init = np.empty(num_params(config), dtype=self.backend.dtype)
@@ -207,12 +212,12 @@ class GPT:
                         self.backend.pull("m"), self.backend.pull("v"), extra=extra)
 
     @classmethod
-    def load(cls, path, backend: str = "numpy") -> "GPT":
+    def load(cls, path, backend: str = "numpy", kernels: str = "fast") -> "GPT":
         """The model of the checkpoint at path, on backend, ready to continue training: weights, Adam m and
         v and the step are those saved, bit for bit; gradients are zero."""
         from . import checkpoint
         ckpt = checkpoint.read(path)
-        model = cls(ckpt.config, backend=backend)
+        model = cls(ckpt.config, backend=backend, kernels=kernels)
         model._restore(ckpt)
         return model
 

@@ -14,6 +14,22 @@ def rel_err(a, b):
     return float(np.linalg.norm(a - b) / (denom if denom > 0 else 1.0))
 
 
+# group -> name -> worst relative error seen this session; printed at the end of the run
+WORST: dict = {}
+
+
+def record(group, name, err):
+    g = WORST.setdefault(group, {})
+    g[name] = max(g.get(name, 0.0), err)
+    return err
+
+
+def pytest_terminal_summary(terminalreporter):
+    for group, errs in WORST.items():
+        terminalreporter.write_line(f"worst relative error, {group}: "
+                                    + ", ".join(f"{k} {v:.1e}" for k, v in sorted(errs.items())))
+
+
 @pytest.fixture
 def rng(request):
     # fresh inputs on every run, but reproducible from the printed seed when a test fails

@@ -38,16 +38,24 @@ def test_every_reference_op_has_a_forward_and_a_backward_kernel():
 
 def test_every_kernel_is_extern_c_with_a_mappable_signature():
     sigs = kernels.kernel_signatures(kernels.full_source())
-    declared = re.findall(r"__global__ void (\w+)", kernels.full_source())
+    declared = re.findall(r"__global__ void (?:__launch_bounds__\(\w+\) )?(\w+)", kernels.full_source())
     assert sorted(sigs) == sorted(declared)
     assert sigs["k_attn_scores_fwd"] == "PPPiii"
     assert sigs["k_adamw"] == "PPPPqfffffPffPf"
 
 
-def test_every_kernel_has_a_launch_function():
+def test_every_kernel_is_launched_by_the_launch_layer():
+    launch_layer = open(kernels.__file__).read()
     for name in kernels.kernel_names():
-        fn = name[2:]  # k_embed_fwd -> embed_fwd
-        assert callable(getattr(kernels, fn, None)), fn
+        if name.startswith("k_sgemm_"):  # sgemm() composes the name from its transposes
+            assert '"k_sgemm_" + ' in launch_layer
+        else:
+            assert f'"{name}"' in launch_layer, name
+    for name in kernels.kernel_names():
+        if name.endswith(("_fwd", "_bwd")) and not name.startswith("k_sgemm"):
+            assert callable(getattr(kernels, name[2:], None)), name  # k_embed_fwd -> kernels.embed_fwd
+        if name.endswith(("_fwd_fast", "_bwd_fast")):
+            assert callable(getattr(kernels, name[2:], None)), name
 
 
 def test_launch_layer_refuses_host_arrays_before_touching_cuda():

@@ -11,7 +11,7 @@ import pytest
 
 from microgpt import reference as R
 
-from conftest import rel_err
+from conftest import record, rel_err
 
 pytestmark = pytest.mark.gpu
 
@@ -25,19 +25,12 @@ SHAPES = {
     "B3-T33-odd": (3, 33, 36, 3, 101),
     "andrea-120m-T1024": (1, 1024, 768, 12, 8449),
 }
-WORST = {}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def report():
-    yield
-    if WORST:
-        print("\nworst relative error per kernel: " + ", ".join(f"{k} {v:.1e}" for k, v in sorted(WORST.items())))
-
-
-def close(kernel, out, ref, tol):
+def close(kernel, out, ref, tol, variant="reference"):
+    kernel = kernel if variant == "reference" else kernel + "_fast"
     err = rel_err(out, ref)
-    WORST[kernel] = max(WORST.get(kernel, 0.0), err)
+    record("kernels vs reference (float64)", kernel, err)
     assert err < tol, f"{kernel}: relative error {err:.2e} >= {tol:.0e}"
 
 
@@ -108,6 +101,17 @@ def test_embed(K, dev, shape):
     close("k_embed_bwd", dwte.get(), dwte0 + ref_dwte, REDUCTION)
     close("k_embed_bwd", dwpe.get(), dwpe0 + ref_dwpe, REDUCTION)
 
+    # with the order given, as the model passes it; and deterministic: the same sums bit for bit
+    once_wte, once_wpe = dwte.get() - dwte0, dwpe.get() - dwpe0
+    dwte.set(dwte0)
+    dwpe.set(dwpe0)
+    K.embed_bwd(dwte, dwpe, dx, idx, dev.ga.to_gpu(K.token_order(idx_h)))
+    np.testing.assert_array_equal(dwte.get() - dwte0, once_wte)
+    np.testing.assert_array_equal(dwpe.get() - dwpe0, once_wpe)
+    if B * T > 1:
+        with pytest.raises(ValueError, match="order must be token_order"):
+            K.embed_bwd(dwte, dwpe, dx, idx, dev.ga.to_gpu(K.token_order(idx_h).ravel()[::-1].reshape(B, T).copy()))
+
 
 def test_token_ids_outside_the_vocabulary_are_refused_before_launch(K, dev):
     idx_h, idx = dev.ints(10, 2, 3)
@@ -129,7 +133,11 @@ def test_token_ids_outside_the_vocabulary_are_refused_before_launch(K, dev):
 
 
 # ---------------------------------------------------------------------------------------------- layernorm
-def test_layernorm(K, dev, shape):
+VARIANT = pytest.mark.parametrize("variant", ["reference", "fast"])
+
+
+@VARIANT
+def test_layernorm(K, dev, shape, variant):
     B, T, C, NH, V = shape
     x_h, x = dev.randn(B, T, C, scale=2.0)
     x_h += 1.5
@@ -137,26 +145,27 @@ def test_layernorm(K, dev, shape):
     w_h, w = dev.randn(C)
     b_h, b = dev.randn(C)
     out, mean, rstd = dev.poisoned(B, T, C), dev.poisoned(B, T), dev.poisoned(B, T)
-    K.layernorm_fwd(out, mean, rstd, x, w, b)
+    K.variant("layernorm_fwd", variant)(out, mean, rstd, x, w, b)
     ref, ref_mean, ref_rstd = R.layernorm_fwd(*f64(x_h, w_h, b_h))
-    close("k_layernorm_fwd", out.get(), ref, REDUCTION)
-    close("k_layernorm_fwd", mean.get(), ref_mean, REDUCTION)
-    close("k_layernorm_fwd", rstd.get(), ref_rstd, REDUCTION)
+    close("k_layernorm_fwd", out.get(), ref, REDUCTION, variant)
+    close("k_layernorm_fwd", mean.get(), ref_mean, REDUCTION, variant)
+    close("k_layernorm_fwd", rstd.get(), ref_rstd, REDUCTION, variant)
 
     dout_h, dout = dev.randn(B, T, C)
     dx = dev.poisoned(B, T, C)
     dw0, dw = dev.randn(C)
     db0, db = dev.randn(C)
-    K.layernorm_bwd(dx, dw, db, dout, x, w, mean, rstd)
+    K.variant("layernorm_bwd", variant)(dx, dw, db, dout, x, w, mean, rstd)
     rdx, rdw, rdb = R.layernorm_bwd(*f64(dout_h, x_h, w_h), ref_mean, ref_rstd)
-    close("k_layernorm_bwd", dx.get(), rdx, REDUCTION)
-    close("k_layernorm_bwd", dw.get(), dw0 + rdw, REDUCTION)
-    close("k_layernorm_bwd", db.get(), db0 + rdb, REDUCTION)
+    close("k_layernorm_bwd", dx.get(), rdx, REDUCTION, variant)
+    close("k_layernorm_bwd", dw.get(), dw0 + rdw, REDUCTION, variant)
+    close("k_layernorm_bwd", db.get(), db0 + rdb, REDUCTION, variant)
 
 
 # ---------------------------------------------------------------------------------------------- matmul
+@VARIANT
 @pytest.mark.parametrize("layer", ["qkv", "fc", "proj", "lm_head"])
-def test_matmul(K, dev, shape, layer):
+def test_matmul(K, dev, shape, layer, variant):
     B, T, C, NH, V = shape
     IN, OUT = {"qkv": (C, 3 * C), "fc": (C, 4 * C), "proj": (4 * C, C), "lm_head": (C, V)}[layer]
     has_bias = layer != "lm_head"  # the tied output projection has no bias
@@ -164,20 +173,20 @@ def test_matmul(K, dev, shape, layer):
     w_h, w = dev.randn(OUT, IN, scale=0.05)
     b_h, b = dev.randn(OUT) if has_bias else (None, None)
     out = dev.poisoned(B, T, OUT)
-    K.matmul_fwd(out, x, w, b)
+    K.variant("matmul_fwd", variant)(out, x, w, b)
     ref = R.linear_fwd(*f64(x_h, w_h), None if b_h is None else b_h.astype(np.float64))
-    close("k_matmul_fwd", out.get(), ref, REDUCTION)
+    close("k_matmul_fwd", out.get(), ref, REDUCTION, variant)
 
     dout_h, dout = dev.randn(B, T, OUT)
     dx = dev.poisoned(B, T, IN)
     dw0, dw = dev.randn(OUT, IN)
     db0, db = dev.randn(OUT) if has_bias else (None, None)
-    K.matmul_bwd(dx, dw, db, dout, x, w)
+    K.variant("matmul_bwd", variant)(dx, dw, db, dout, x, w)
     rdx, rdw, rdb = R.linear_bwd(*f64(dout_h, x_h, w_h))
-    close("k_matmul_bwd", dx.get(), rdx, REDUCTION)
-    close("k_matmul_bwd", dw.get(), dw0 + rdw, REDUCTION)
+    close("k_matmul_bwd", dx.get(), rdx, REDUCTION, variant)
+    close("k_matmul_bwd", dw.get(), dw0 + rdw, REDUCTION, variant)
     if has_bias:
-        close("k_matmul_bwd", db.get(), db0 + rdb, REDUCTION)
+        close("k_matmul_bwd", db.get(), db0 + rdb, REDUCTION, variant)
 
 
 # ---------------------------------------------------------------------------------------------- attention
@@ -239,22 +248,23 @@ def test_causal_mask(K, dev, shape, ga):
     close("k_causal_mask_bwd", ds.get(), R.causal_mask_bwd(d_h.astype(np.float64)), ELEMENTWISE)
 
 
-def test_softmax(K, dev, shape):
+@VARIANT
+def test_softmax(K, dev, shape, variant):
     B, T, C, NH, V = shape
     x_h, x = dev.randn(B, NH, T, T, scale=3.0)
     x_h = R.causal_mask_fwd(x_h)  # the rows the engine feeds it: masked scores
     x.set(x_h)
     p = dev.poisoned(B, NH, T, T)
-    K.softmax_fwd(p, x)
+    K.variant("softmax_fwd", variant)(p, x)
     ref = R.softmax_fwd(x_h.astype(np.float64))
-    close("k_softmax_fwd", p.get(), ref, REDUCTION)
+    close("k_softmax_fwd", p.get(), ref, REDUCTION, variant)
     np.testing.assert_allclose(p.get().sum(-1), 1.0, atol=1e-5)
 
     dp_h, dp = dev.randn(B, NH, T, T)
     dx = dev.poisoned(B, NH, T, T)
-    K.softmax_bwd(dx, dp, p)
+    K.variant("softmax_bwd", variant)(dx, dp, p)
     close("k_softmax_bwd", dx.get(), R.softmax_bwd(dp_h.astype(np.float64), p.get().astype(np.float64)),
-          REDUCTION)
+          REDUCTION, variant)
 
 
 def test_attn_values(K, dev, shape, rng):
@@ -273,6 +283,77 @@ def test_attn_values(K, dev, shape, rng):
     rdp, rdv = R.attn_values_bwd(*f64(do_h, p_h, v_h))
     close("k_attn_values_bwd", dp.get(), rdp, REDUCTION)
     close("k_attn_values_bwd", dv.get(), rdv, REDUCTION)
+
+
+# ---------------------------------------------------------------------------------------------- fast attention
+def causal_probs(rng, B, NH, T):
+    return R.softmax_fwd(R.causal_mask_fwd(rng.standard_normal((B, NH, T, T)) * 2)).astype(np.float32)
+
+
+def test_attention_fast_variants_match_the_reference_kernels(K, dev, shape, rng):
+    """Each fast attention stage against the reference kernel(s) it replaces, on the same inputs, and
+    both against the float64 reference."""
+    B, T, C, NH, V = shape
+    d_k = C // NH
+    q_h, q = dev.randn(B, NH, T, d_k)
+    k_h, k = dev.randn(B, NH, T, d_k)
+    fast, ref = dev.poisoned(B, NH, T, T), dev.poisoned(B, NH, T, T)
+    K.attn_scores_fwd_fast(fast, q, k)  # scores and mask in one
+    K.attn_scores_fwd(ref, q, k)
+    K.causal_mask_fwd(ref, ref)
+    want = R.causal_mask_fwd(R.attn_scores_fwd(*f64(q_h, k_h)))
+    close("k_attn_scores_fwd_fast vs reference kernels", fast.get(), ref.get(), REDUCTION)
+    close("k_attn_scores_fwd_fast", fast.get(), want, REDUCTION)
+
+    p_h = causal_probs(rng, B, NH, T)
+    p = dev.ga.to_gpu(p_h)
+    v_h, v = dev.randn(B, NH, T, d_k)
+    out_f, out_r = dev.poisoned(B, NH, T, d_k), dev.poisoned(B, NH, T, d_k)
+    K.attn_values_fwd_fast(out_f, p, v)
+    K.attn_values_fwd(out_r, p, v)
+    close("k_attn_values_fwd_fast vs reference kernel", out_f.get(), out_r.get(), REDUCTION)
+    close("k_attn_values_fwd_fast", out_f.get(), R.attn_values_fwd(*f64(p_h, v_h)), REDUCTION)
+
+    do_h, do = dev.randn(B, NH, T, d_k)
+    dp_f, dv_f = dev.poisoned(B, NH, T, T), dev.poisoned(B, NH, T, d_k)
+    dp_r, dv_r = dev.poisoned(B, NH, T, T), dev.poisoned(B, NH, T, d_k)
+    K.attn_values_bwd_fast(dp_f, dv_f, do, p, v)
+    K.attn_values_bwd(dp_r, dv_r, do, p, v)
+    rdp, rdv = R.attn_values_bwd(*f64(do_h, p_h, v_h))
+    lower = ~R.causal_mask(T)
+    close("k_attn_values_bwd_fast vs reference kernel", dp_f.get()[..., lower], dp_r.get()[..., lower], REDUCTION)
+    assert np.all(dp_f.get()[..., ~lower] == 0)  # the masked half is written 0, not computed
+    close("k_attn_values_bwd_fast", dv_f.get(), rdv, REDUCTION)
+    close("k_attn_values_bwd_fast vs reference kernel", dv_f.get(), dv_r.get(), REDUCTION)
+
+    ds_h = R.causal_mask_bwd(rng.standard_normal((B, NH, T, T))).astype(np.float32)  # causal, as the pipeline's
+    ds = dev.ga.to_gpu(ds_h)
+    dq_f, dk_f = dev.poisoned(B, NH, T, d_k), dev.poisoned(B, NH, T, d_k)
+    dq_r, dk_r = dev.poisoned(B, NH, T, d_k), dev.poisoned(B, NH, T, d_k)
+    K.attn_scores_bwd_fast(dq_f, dk_f, ds, q, k)
+    K.attn_scores_bwd(dq_r, dk_r, ds, q, k)
+    rdq, rdk = R.attn_scores_bwd(*f64(ds_h, q_h, k_h))
+    close("k_attn_scores_bwd_fast", dq_f.get(), rdq, REDUCTION)
+    close("k_attn_scores_bwd_fast", dk_f.get(), rdk, REDUCTION)
+    close("k_attn_scores_bwd_fast vs reference kernel", dq_f.get(), dq_r.get(), REDUCTION)
+    close("k_attn_scores_bwd_fast vs reference kernel", dk_f.get(), dk_r.get(), REDUCTION)
+
+
+@pytest.mark.parametrize("M,N,K_,batch", [(1, 1, 1, 1), (7, 5, 3, 2), (129, 131, 9, 1), (300, 257, 64, 3),
+                                          (1024, 768, 768, 1)])
+@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
+def test_sgemm(K, dev, M, N, K_, batch, ta, tb):
+    a_h, a = dev.randn(batch, *((K_, M) if ta else (M, K_)))
+    b_h, b = dev.randn(batch, *((N, K_) if tb else (K_, N)))
+    bias_h, bias = dev.randn(N)
+    c0, c = dev.randn(batch, M, N)
+    K.sgemm(c, a, b, trans_a=ta, trans_b=tb, alpha=0.5, beta=1.0, bias=bias)
+    A = a_h.astype(np.float64).swapaxes(-1, -2) if ta else a_h.astype(np.float64)
+    Bm = b_h.astype(np.float64).swapaxes(-1, -2) if tb else b_h.astype(np.float64)
+    close("k_sgemm", c.get(), 0.5 * (A @ Bm) + bias_h + c0, REDUCTION)
+    out = dev.poisoned(batch, M, N)  # beta 0: c is never read, so NaN there does not leak
+    K.sgemm(out, a, b, trans_a=ta, trans_b=tb)
+    close("k_sgemm", out.get(), A @ Bm, REDUCTION)
 
 
 # ---------------------------------------------------------------------------------------------- pointwise
@@ -300,15 +381,16 @@ def test_gelu_and_residual(K, dev, shape):
 
 
 # ---------------------------------------------------------------------------------------------- cross-entropy
-def test_crossentropy(K, dev, shape):
+@VARIANT
+def test_crossentropy(K, dev, shape, variant):
     B, T, C, NH, V = shape
     lg_h, lg = dev.randn(B, T, V, scale=3.0)
     tg_h, tg = dev.ints(V, B, T)
     losses, probs = dev.poisoned(B, T), dev.poisoned(B, T, V)
-    K.crossentropy_fwd(losses, probs, lg, tg)
+    K.variant("crossentropy_fwd", variant)(losses, probs, lg, tg)
     rl, rp = R.crossentropy_fwd(lg_h.astype(np.float64), tg_h)
-    close("k_crossentropy_fwd", losses.get(), rl, REDUCTION)
-    close("k_crossentropy_fwd", probs.get(), rp, REDUCTION)
+    close("k_crossentropy_fwd", losses.get(), rl, REDUCTION, variant)
+    close("k_crossentropy_fwd", probs.get(), rp, REDUCTION, variant)
 
     dl_h = np.full((B, T), 1.0 / (B * T), np.float32) * dev.rng.uniform(0.5, 2.0, (B, T)).astype(np.float32)
     dl = dev.ga.to_gpu(dl_h)
@@ -327,6 +409,9 @@ def test_global_norm(K, dev, ga, n):
     K.global_norm(sumsq, g)
     ref = float(np.sum(g_h.astype(np.float64) ** 2))
     close("k_global_norm", sumsq.get()[0], ref, REDUCTION)
+    first = sumsq.get()[0]
+    K.global_norm(sumsq, g)
+    assert sumsq.get()[0] == first  # deterministic, bit for bit
     K.global_norm(sumsq, g, accumulate=True)
     close("k_global_norm", sumsq.get()[0], 2 * ref, REDUCTION)
 
@@ -382,7 +467,7 @@ def test_torch_tensors_go_straight_in_and_strided_ones_are_refused(K):
     K.gelu_fwd(out, x)
     ref = R.gelu_fwd(x.cpu().numpy().astype(np.float64))
     close("k_gelu_fwd", out.cpu().numpy(), ref, ELEMENTWISE)
-    with pytest.raises(ValueError, match="x must be C-contiguous"):
+    with pytest.raises(ValueError, match="out must be C-contiguous"):
         K.gelu_fwd(out.t(), x.t())
 
 

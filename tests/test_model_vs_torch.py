@@ -4,24 +4,12 @@ import pytest
 
 from microgpt import GPT, GPTConfig
 
-from conftest import rel_err
+from conftest import record, rel_err
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed: pip install 'microgpt[test]'")
 from microgpt.torch_gpt import TorchGPT  # noqa: E402
 
 CFG = GPTConfig(n_layer=2, n_head=4, d_model=64, block_size=19, vocab_size=97)
-WORST = {}  # worst relative error seen per quantity, printed at the end (pytest -s)
-
-
-def record(name, err):
-    WORST[name] = max(WORST.get(name, 0.0), err)
-    return err
-
-
-@pytest.fixture(scope="module", autouse=True)
-def report():
-    yield
-    print("\nworst relative error vs PyTorch: " + ", ".join(f"{k} {v:.1e}" for k, v in sorted(WORST.items())))
 
 
 def pair(rng, B, T, seed):
@@ -47,11 +35,11 @@ def test_logits_loss_and_every_gradient(rng, B, T):
     t_logits, t_loss = peer(torch.from_numpy(idx), torch.from_numpy(targets))
     t_loss.backward()
     assert logits.dtype == np.float32 and logits.shape == (B, T, CFG.vocab_size)
-    assert record("logits", rel_err(logits, t_logits.detach().numpy())) < 1e-4
-    assert record("loss", rel_err(loss, t_loss.item())) < 1e-5
+    assert record("numpy backend vs PyTorch", "logits", rel_err(logits, t_logits.detach().numpy())) < 1e-4
+    assert record("numpy backend vs PyTorch", "loss", rel_err(loss, t_loss.item())) < 1e-5
     grads, t_grads = model.grad_dict(), peer.numpy_grads()
     for name in grads:
-        assert record("gradient", rel_err(grads[name], t_grads[name])) < 1e-3, name
+        assert record("numpy backend vs PyTorch", "gradient", rel_err(grads[name], t_grads[name])) < 1e-3, name
 
 
 def test_two_steps_of_clipping_and_adamw(rng):
@@ -68,10 +56,10 @@ def test_two_steps_of_clipping_and_adamw(rng):
         t_norm = torch.nn.utils.clip_grad_norm_(peer.parameters(), 0.5)
         opt.step()
         assert t_norm.item() > 0.5  # clipping was active
-        assert record("grad norm", rel_err(model.last_grad_norm, t_norm.item())) < 1e-4
+        assert record("numpy backend vs PyTorch", "grad norm", rel_err(model.last_grad_norm, t_norm.item())) < 1e-4
     ours, theirs = model.state_dict(), peer.numpy_state()
     for name in ours:
-        assert record("weights after 2 steps", rel_err(ours[name], theirs[name])) < 1e-4, name
+        assert record("numpy backend vs PyTorch", "weights after 2 steps", rel_err(ours[name], theirs[name])) < 1e-4, name
 
 
 def test_float64_backend_matches_torch_float64(rng):

@@ -45,13 +45,16 @@ class Shape:
         return self.B * self.NH
 
 
-def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: int = 1) -> list[Case]:
+def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: int = 1,
+                variants=("reference", "fast")) -> list[Case]:
     """Allocates inputs (random, `sets` copies of the large read-only ones) and returns one Case per
-    kernel, in the order of a training step."""
+    kernel and variant, in the order of a training step. A fast variant's case is named after its
+    launch function (`matmul_fwd_fast`), which may run several kernels."""
     import pycuda.gpuarray as ga
 
     from microgpt import kernels as K
 
+    K.engine()  # compiles the module and makes the primary context current before any allocation
     rng = np.random.default_rng(seed)
     B, T, C, NH, V, N, d_k, BH = shape.B, shape.T, shape.C, shape.NH, shape.V, shape.N, shape.d_k, shape.BH
 
@@ -70,6 +73,9 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
         return ga.to_gpu((x / x.sum(-1, keepdims=True)).astype(np.float32))
 
     cases: list[Case] = []
+
+    def name(op, var):
+        return f"k_{op}" if var == "reference" else f"{op}_fast"
 
     def add(kernel, launch, nbytes, flops, inputs=None):
         """inputs: a list of `sets` tuples of arrays; rotate() makes launch use the next tuple."""
@@ -91,37 +97,42 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
     add("k_embed_fwd", lambda s, i: K.embed_fwd(x, i, wte, wpe, check_token_ids=False, stream=s),
         F * (N + 2 * N * C + T * C), N * C, idx)
     dwte, dwpe = randn(V, C), randn(T, C)
-    dx_in = [(randn(B, T, C), i) for (i,) in idx]
-    add("k_embed_bwd", lambda s, d, i: K.embed_bwd(dwte, dwpe, d, i, check_token_ids=False, stream=s),
+    dx_in = [(randn(B, T, C), i, ga.to_gpu(K.token_order(i.get()))) for (i,) in idx]
+    add("k_embed_bwd", lambda s, d, i, o: K.embed_bwd(dwte, dwpe, d, i, o, check_token_ids=False, stream=s),
         F * (N + N * C + 2 * N * C + 2 * T * C), N * C + T * C * B, dx_in)
 
     xs = [(randn(B, T, C),) for _ in range(sets)]
     w, b = randn(C), randn(C)
     ln, mean, rstd = empty(B, T, C), empty(B, T), empty(B, T)
-    add("k_layernorm_fwd", lambda s, xi: K.layernorm_fwd(ln, mean, rstd, xi, w, b, stream=s),
-        F * (2 * N * C + 2 * C + 2 * N), 8 * N * C, xs)
     K.layernorm_fwd(ln, mean, rstd, xs[0][0], w, b)
     dw, db = randn(C), randn(C)
     douts = [(randn(B, T, C),) for _ in range(sets)]
-    add("k_layernorm_bwd",
-        lambda s, d: K.layernorm_bwd(dx, dw, db, d, xs[0][0], w, mean, rstd, stream=s),
-        F * (3 * N * C + 5 * C + 2 * N), 14 * N * C, douts)
+    for var in variants:
+        fwd, bwd = K.variant("layernorm_fwd", var), K.variant("layernorm_bwd", var)
+        add(name("layernorm_fwd", var), lambda s, xi, fwd=fwd: fwd(ln, mean, rstd, xi, w, b, stream=s),
+            F * (2 * N * C + 2 * C + 2 * N), 8 * N * C, xs)
+        add(name("layernorm_bwd", var),
+            lambda s, d, bwd=bwd: bwd(dx, dw, db, d, xs[0][0], w, mean, rstd, stream=s),
+            F * (3 * N * C + 5 * C + 2 * N), 14 * N * C, douts)
 
     for layer, (IN, OUT) in {"qkv": (C, 3 * C), "attn.proj": (C, C), "mlp.fc": (C, 4 * C),
                              "mlp.proj": (4 * C, C), "lm_head": (C, V)}.items():
         bias = None if layer == "lm_head" else randn(OUT)
         wts = [(randn(OUT, IN, scale=0.02), randn(B, T, IN)) for _ in range(sets)]
         out = empty(B, T, OUT)
-        add("k_matmul_fwd", lambda s, wt, inp, out=out, bias=bias: K.matmul_fwd(out, inp, wt, bias, stream=s),
-            F * (N * IN + OUT * IN + N * OUT + OUT), 2 * N * IN * OUT, wts)
-        cases[-1].kernel += f" ({layer})"
         dinp, dwt = empty(B, T, IN), randn(OUT, IN)
         dbias = None if bias is None else randn(OUT)
         douts = [(randn(B, T, OUT), wt, inp) for (wt, inp) in wts]
-        add("k_matmul_bwd",
-            lambda s, d, wt, inp, dinp=dinp, dwt=dwt, dbias=dbias: K.matmul_bwd(dinp, dwt, dbias, d, inp, wt, stream=s),
-            F * (N * OUT + N * IN + OUT * IN + N * IN + 2 * OUT * IN + 2 * OUT), 4 * N * IN * OUT + N * OUT, douts)
-        cases[-1].kernel += f" ({layer})"
+        for var in variants:
+            fwd, bwd = K.variant("matmul_fwd", var), K.variant("matmul_bwd", var)
+            add(name("matmul_fwd", var) + f" ({layer})",
+                lambda s, wt, inp, out=out, bias=bias, fwd=fwd: fwd(out, inp, wt, bias, stream=s),
+                F * (N * IN + OUT * IN + N * OUT + OUT), 2 * N * IN * OUT, wts)
+            add(name("matmul_bwd", var) + f" ({layer})",
+                lambda s, d, wt, inp, dinp=dinp, dwt=dwt, dbias=dbias, bwd=bwd: bwd(dinp, dwt, dbias, d, inp, wt,
+                                                                                    stream=s),
+                F * (N * OUT + N * IN + OUT * IN + N * IN + 2 * OUT * IN + 2 * OUT), 4 * N * IN * OUT + N * OUT,
+                douts)
 
     qkvs = [(randn(B, T, 3 * C),) for _ in range(sets)]
     q, k, v = (empty(B, NH, T, d_k) for _ in range(3))
@@ -143,16 +154,30 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
     add("k_causal_mask_fwd", lambda s, sc: K.causal_mask_fwd(masked, sc, stream=s), F * 2 * att, 0, dss)
     add("k_causal_mask_bwd", lambda s, d: K.causal_mask_bwd(masked, d, stream=s), F * 2 * att, 0, dss)
     probs = empty(B, NH, T, T)
-    add("k_softmax_fwd", lambda s, sc: K.softmax_fwd(probs, sc, stream=s), F * 2 * att, 5 * att, dss)
     ps = [(probs_like(B, NH, T, T),) for _ in range(sets)]
     dscores = empty(B, NH, T, T)
-    add("k_softmax_bwd", lambda s, p: K.softmax_bwd(dscores, dss[0][0], p, stream=s), F * 3 * att, 4 * att, ps)
+    for var in variants:
+        fwd, bwd = K.variant("softmax_fwd", var), K.variant("softmax_bwd", var)
+        add(name("softmax_fwd", var), lambda s, sc, fwd=fwd: fwd(probs, sc, stream=s), F * 2 * att, 5 * att, dss)
+        add(name("softmax_bwd", var), lambda s, p, bwd=bwd: bwd(dscores, dss[0][0], p, stream=s), F * 3 * att,
+            4 * att, ps)
     heads = empty(B, NH, T, d_k)
     add("k_attn_values_fwd", lambda s, p: K.attn_values_fwd(heads, p, v, stream=s),
         F * (att + 2 * BH * T * d_k), 2 * att * d_k, ps)
     dprobs = empty(B, NH, T, T)
     add("k_attn_values_bwd", lambda s, p: K.attn_values_bwd(dprobs, dv, dq, p, v, stream=s),
         F * (2 * att + 4 * BH * T * d_k), 4 * att * d_k, ps)
+    if "fast" in variants:  # the causal products: half the scores are the mask's constants
+        causal = BH * T * (T + 1) // 2
+        add("attn_scores_fwd_fast", lambda s, qi, ki: K.attn_scores_fwd_fast(scores, qi, ki, stream=s),
+            F * (att + 2 * BH * T * d_k), 2 * causal * d_k, qks)
+        causal_ps = [(ga.to_gpu(np.tril(p.get())),) for (p,) in ps]
+        add("attn_values_fwd_fast", lambda s, p: K.attn_values_fwd_fast(heads, p, v, stream=s),
+            F * (att + 2 * BH * T * d_k), 2 * causal * d_k, causal_ps)
+        add("attn_values_bwd_fast", lambda s, p: K.attn_values_bwd_fast(dprobs, dv, dq, p, v, stream=s),
+            F * (2 * att + 4 * BH * T * d_k), 4 * causal * d_k, causal_ps)
+        add("attn_scores_bwd_fast", lambda s, p: K.attn_scores_bwd_fast(dq, dk, p, q, k, stream=s),
+            F * (att + 4 * BH * T * d_k), 4 * causal * d_k, causal_ps)
     y = empty(B, T, C)
     add("k_merge_heads_fwd", lambda s: K.merge_heads_fwd(y, heads, stream=s), F * 2 * N * C, 0)
     add("k_merge_heads_bwd", lambda s: K.merge_heads_bwd(heads, y, NH, stream=s), F * 2 * N * C, 0)
@@ -167,9 +192,11 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
 
     logits = [(randn(B, T, V, scale=2.0), ints(V, B, T)) for _ in range(sets)]
     losses, lprobs = empty(B, T), empty(B, T, V)
-    add("k_crossentropy_fwd",
-        lambda s, lg, tg: K.crossentropy_fwd(losses, lprobs, lg, tg, check_token_ids=False, stream=s),
-        F * (2 * N * V + 2 * N), 4 * N * V, logits)
+    for var in variants:
+        fwd = K.variant("crossentropy_fwd", var)
+        add(name("crossentropy_fwd", var),
+            lambda s, lg, tg, fwd=fwd: fwd(losses, lprobs, lg, tg, check_token_ids=False, stream=s),
+            F * (2 * N * V + 2 * N), 4 * N * V, logits)
     dlosses = ga.to_gpu(np.full((B, T), 1.0 / N, np.float32))
     dlogits = empty(B, T, V)
     add("k_crossentropy_bwd",

@@ -1,0 +1,278 @@
+"""The cuda backend: the whole GPT on the GPU through the kernels of cuda/microgpt_cuda.cu.
+
+Weights, gradients, Adam m and v live on the device as four flat float32 vectors laid out by
+microgpt.params; activations are allocated once per (B, T) and reused. A forward or backward pass is a
+fixed sequence of launches, so it is planned once per (B, T): every launch's arguments are checked by the
+launch layer when the plan is made, and later passes replay it on one stream. In a training step the
+only transfers are the batch in (from page-locked memory) and the per-position losses out.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from . import kernels as K
+from .config import GPTConfig
+from .params import decays, num_params, param_table
+
+
+def device_views(table, flat):
+    """Zero-copy named GPUArray views into a flat device vector."""
+    return {s.name: flat[s.offset:s.offset + s.size].reshape(s.shape) for s in table}
+
+
+# ---------------------------------------------------------------------------------------------- attention
+# One attention sublayer, stage by stage, on buffers the caller owns (a SimpleNamespace `a`): shared by
+# the GPT below and by microgpt.attention.MultiHeadAttention. kernels="fast" runs the fast variants: the
+# scores kernel applies the mask as it writes (so there are no unmasked scores), the causal products skip
+# the masked half, and the mask's backward is a no-op (the softmax backward already leaves zeros there).
+def attention_fwd(x, w, a, n_head, kernels="reference", stream=None):
+    """x (B, T, C) -> a.out; keeps a.q, a.k, a.v, a.probs and a.y for backward. a.masked may be a.scores
+    (mask in place) when the raw scores need not be kept."""
+    op = lambda name: K.variant(name, kernels)  # noqa: E731
+    op("matmul_fwd")(a.qkv, x, w["qkv.w"], w["qkv.b"], stream=stream)
+    K.split_heads_fwd(a.q, a.k, a.v, a.qkv, n_head, stream=stream)
+    if kernels == "fast":
+        K.attn_scores_fwd_fast(a.masked, a.q, a.k, stream=stream)
+    else:
+        K.attn_scores_fwd(a.scores, a.q, a.k, stream=stream)
+        K.causal_mask_fwd(a.masked, a.scores, stream=stream)
+    op("softmax_fwd")(a.probs, a.masked, stream=stream)
+    op("attn_values_fwd")(a.heads, a.probs, a.v, stream=stream)
+    K.merge_heads_fwd(a.y, a.heads, stream=stream)
+    op("matmul_fwd")(a.out, a.y, w["proj.w"], w["proj.b"], stream=stream)
+
+
+def attention_bwd(dout, x, w, g, a, d, n_head, kernels="reference", stream=None):
+    """dout (B, T, C) -> d.dx written; g (the weights' gradients) added into. d holds the scratch."""
+    op = lambda name: K.variant(name, kernels)  # noqa: E731
+    op("matmul_bwd")(d.dy, g["proj.w"], g["proj.b"], dout, a.y, w["proj.w"], stream=stream)
+    K.merge_heads_bwd(d.dheads, d.dy, n_head, stream=stream)
+    op("attn_values_bwd")(d.dprobs, d.dv, d.dheads, a.probs, a.v, stream=stream)
+    op("softmax_bwd")(d.dscores, d.dprobs, a.probs, stream=stream)
+    if kernels != "fast":
+        K.causal_mask_bwd(d.dscores, d.dscores, stream=stream)
+    op("attn_scores_bwd")(d.dq, d.dk, d.dscores, a.q, a.k, stream=stream)
+    K.split_heads_bwd(d.dqkv, d.dq, d.dk, d.dv, stream=stream)
+    op("matmul_bwd")(d.dx, g["qkv.w"], g["qkv.b"], d.dqkv, x, w["qkv.w"], stream=stream)
+
+
+def attention_buffers(new, B, T, C, n_head, keep_scores=False):
+    d_k = C // n_head
+    a = SimpleNamespace(qkv=new(B, T, 3 * C), q=new(B, n_head, T, d_k), k=new(B, n_head, T, d_k),
+                        v=new(B, n_head, T, d_k), scores=new(B, n_head, T, T), probs=new(B, n_head, T, T),
+                        heads=new(B, n_head, T, d_k), y=new(B, T, C), out=new(B, T, C))
+    a.masked = new(B, n_head, T, T) if keep_scores else a.scores
+    return a
+
+
+def attention_grad_buffers(new, B, T, C, n_head):
+    d_k = C // n_head
+    return SimpleNamespace(dy=new(B, T, C), dheads=new(B, n_head, T, d_k), dprobs=new(B, n_head, T, T),
+                           dscores=new(B, n_head, T, T), dq=new(B, n_head, T, d_k), dk=new(B, n_head, T, d_k),
+                           dv=new(B, n_head, T, d_k), dqkv=new(B, T, 3 * C), dx=new(B, T, C))
+
+
+# ---------------------------------------------------------------------------------------------- the model
+def _attn(layer_tensors):
+    """{'attn.qkv.w': ...} -> {'qkv.w': ...}: a layer's attention weights (or gradients) by sublayer name."""
+    return {k[5:]: v for k, v in layer_tensors.items() if k.startswith("attn.")}
+
+
+class CudaBackend:
+    name = "cuda"
+    dtype = np.dtype(np.float32)
+
+    def __init__(self, config: GPTConfig, kernels: str = "fast"):
+        import pycuda.driver as cuda
+        import pycuda.gpuarray as ga
+        from pycuda.tools import DeviceMemoryPool
+
+        K.variant("matmul_fwd", kernels)  # refuses an unknown variant before anything is allocated
+        K.engine()
+        self.kernels = kernels
+        self.cuda, self.ga = cuda, ga
+        self.config = config
+        self.table = param_table(config)
+        self.stream = cuda.Stream()
+        self.pool = DeviceMemoryPool()  # activations come and go with (B, T): reuse their memory
+        n = num_params(config)
+        self.flat = {which: ga.zeros(n, np.float32) for which in ("params", "grads", "m", "v")}
+        self.P = device_views(self.table, self.flat["params"])
+        self.G = device_views(self.table, self.flat["grads"])
+        mask = np.zeros(n, np.uint8)
+        for s in self.table:
+            mask[s.offset:s.offset + s.size] = decays(s.name, s.shape)
+        self.decay_mask = ga.to_gpu(mask)  # one AdamW launch covers every tensor
+        self.sumsq = ga.zeros(1, np.float64)
+        self._bufs = None   # activations of the current (B, T)
+        self._plans = {}    # (B, T, with_targets) -> recorded forward plan; "bwd" -> backward plan
+        self._saved = None
+        self._has_norm = False
+
+    # -- state ------------------------------------------------------------------------------------
+    def pull(self, which: str) -> np.ndarray:
+        self.stream.synchronize()
+        return self.flat[which].get()
+
+    def push(self, which: str, values: np.ndarray) -> None:
+        self.stream.synchronize()
+        self.flat[which].set(np.ascontiguousarray(values, dtype=np.float32))
+
+    def zero_grad(self) -> None:
+        self.cuda.memset_d32_async(self.flat["grads"].gpudata, 0, self.flat["grads"].size, self.stream)
+
+    # -- buffers ------------------------------------------------------------------------------------
+    def _new(self, *shape, dtype=np.float32):
+        return self.ga.empty(shape, dtype, allocator=self.pool.allocate)
+
+    def _buffers(self, B, T):
+        if self._bufs is not None and self._bufs.shape == (B, T):
+            return self._bufs
+        self._bufs = None
+        self._plans = {}
+        self.pool.free_held()
+        cfg, new = self.config, self._new
+        C, NH, V, L = cfg.d_model, cfg.n_head, cfg.vocab_size, cfg.n_layer
+        b = SimpleNamespace(shape=(B, T))
+        # the batch travels in one copy: token ids, targets, and the positions sorted by token that the
+        # embedding backward reads
+        b.batch_host = self.cuda.pagelocked_empty((3, B, T), np.int32)
+        b.losses_host = self.cuda.pagelocked_empty((B, T), np.float32)
+        b.batch = new(3, B, T, dtype=np.int32)
+        b.idx, b.tgt, b.order = b.batch[0], b.batch[1], b.batch[2]
+        b.resid = [new(B, T, C) for _ in range(L + 1)]  # the residual stream entering each layer, and out
+        b.layers = []
+        for _ in range(L):
+            # saved for backward, per layer; the attention scores are scratch shared by all layers
+            a = SimpleNamespace(ln1=new(B, T, C), mean1=new(B, T), rstd1=new(B, T), x1=new(B, T, C),
+                                ln2=new(B, T, C), mean2=new(B, T), rstd2=new(B, T), fc=new(B, T, 4 * C),
+                                act=new(B, T, 4 * C), mlp=None)
+            a.att = SimpleNamespace(q=new(B, NH, T, C // NH), k=new(B, NH, T, C // NH),
+                                    v=new(B, NH, T, C // NH), probs=new(B, NH, T, T), y=new(B, T, C))
+            b.layers.append(a)
+        b.scratch = SimpleNamespace(qkv=new(B, T, 3 * C), scores=new(B, NH, T, T),
+                                    heads=new(B, NH, T, C // NH), out=new(B, T, C), mlp=new(B, T, C))
+        b.lnf, b.meanf, b.rstdf = new(B, T, C), new(B, T), new(B, T)
+        b.logits, b.probs, b.losses = new(B, T, V), new(B, T, V), new(B, T)
+        b.dlosses = self.ga.to_gpu(np.full((B, T), 1.0 / (B * T), np.float32))
+        self._bufs = b
+        return b
+
+    def _grad_buffers(self, b):
+        if not hasattr(b, "d"):
+            B, T = b.shape
+            C, NH = self.config.d_model, self.config.n_head
+            new = self._new
+            b.d = attention_grad_buffers(new, B, T, C, NH)
+            b.d.resid, b.d.branch, b.d.ln = new(B, T, C), new(B, T, C), new(B, T, C)
+            b.d.act, b.d.fc = new(B, T, 4 * C), new(B, T, 4 * C)
+            b.d.logits = new(B, T, self.config.vocab_size)
+        return b.d
+
+    def _layer_weights(self, params, l):
+        prefix = f"h.{l}."
+        return {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)}
+
+    # -- forward / backward ---------------------------------------------------------------------------
+    def _op(self, name):
+        return K.variant(name, self.kernels)
+
+    def _plan_forward(self, b, with_targets):
+        cfg, P, NH, op = self.config, self.P, self.config.n_head, self._op
+        with K.recording() as plan:
+            K.embed_fwd(b.resid[0], b.idx, P["wte"], P["wpe"], check_token_ids=False)
+            for l, s in enumerate(b.layers):
+                w = self._layer_weights(P, l)
+                op("layernorm_fwd")(s.ln1, s.mean1, s.rstd1, b.resid[l], w["ln1.w"], w["ln1.b"])
+                a = SimpleNamespace(**vars(s.att), qkv=b.scratch.qkv, scores=b.scratch.scores,
+                                    masked=b.scratch.scores, heads=b.scratch.heads, out=b.scratch.out)
+                attention_fwd(s.ln1, _attn(w), a, NH, self.kernels)
+                K.residual_fwd(s.x1, b.resid[l], b.scratch.out)
+                op("layernorm_fwd")(s.ln2, s.mean2, s.rstd2, s.x1, w["ln2.w"], w["ln2.b"])
+                op("matmul_fwd")(s.fc, s.ln2, w["mlp.fc.w"], w["mlp.fc.b"])
+                K.gelu_fwd(s.act, s.fc)
+                op("matmul_fwd")(b.scratch.mlp, s.act, w["mlp.proj.w"], w["mlp.proj.b"])
+                K.residual_fwd(b.resid[l + 1], s.x1, b.scratch.mlp)
+            op("layernorm_fwd")(b.lnf, b.meanf, b.rstdf, b.resid[cfg.n_layer], P["lnf.w"], P["lnf.b"])
+            op("matmul_fwd")(b.logits, b.lnf, P["wte"], None)  # tied output projection, no bias
+            if with_targets:
+                op("crossentropy_fwd")(b.losses, b.probs, b.logits, b.tgt, check_token_ids=False)
+        return plan
+
+    def _plan_backward(self, b):
+        cfg, P, G, NH, op = self.config, self.P, self.G, self.config.n_head, self._op
+        d = self._grad_buffers(b)
+        with K.recording() as plan:
+            K.crossentropy_bwd(d.logits, b.probs, b.tgt, b.dlosses, check_token_ids=False)
+            op("matmul_bwd")(d.ln, G["wte"], None, d.logits, b.lnf, P["wte"])
+            op("layernorm_bwd")(d.resid, G["lnf.w"], G["lnf.b"], d.ln, b.resid[cfg.n_layer], P["lnf.w"],
+                                b.meanf, b.rstdf)
+            for l in reversed(range(cfg.n_layer)):
+                s, w, g = b.layers[l], self._layer_weights(P, l), self._layer_weights(G, l)
+                # resid[l+1] = x1 + mlp(ln2(x1)): d.resid is the gradient of resid[l+1]
+                op("matmul_bwd")(d.act, g["mlp.proj.w"], g["mlp.proj.b"], d.resid, s.act, w["mlp.proj.w"])
+                K.gelu_bwd(d.fc, d.act, s.fc)
+                op("matmul_bwd")(d.ln, g["mlp.fc.w"], g["mlp.fc.b"], d.fc, s.ln2, w["mlp.fc.w"])
+                op("layernorm_bwd")(d.branch, g["ln2.w"], g["ln2.b"], d.ln, s.x1, w["ln2.w"], s.mean2, s.rstd2)
+                K.residual_fwd(d.resid, d.resid, d.branch)  # now the gradient of x1
+                # x1 = resid[l] + attn(ln1(resid[l]))
+                attention_bwd(d.resid, s.ln1, _attn(w), _attn(g), s.att, d, NH, self.kernels)
+                op("layernorm_bwd")(d.branch, g["ln1.w"], g["ln1.b"], d.dx, b.resid[l], w["ln1.w"],
+                                    s.mean1, s.rstd1)
+                K.residual_fwd(d.resid, d.resid, d.branch)  # now the gradient of resid[l]
+            K.embed_bwd(G["wte"], G["wpe"], d.resid, b.idx, b.order, check_token_ids=False)
+        return plan
+
+    def forward(self, idx, targets=None, logits="all"):
+        """idx, targets: checked int32 (B, T) host arrays. Returns (logits or None, losses or None)."""
+        B, T = idx.shape
+        b = self._buffers(B, T)
+        key = (B, T, targets is not None)
+        if key not in self._plans:
+            self._plans[key] = self._plan_forward(b, targets is not None)
+        self.stream.synchronize()  # the page-locked batch may still be in flight from the last call
+        b.batch_host[0] = idx
+        b.batch_host[1] = 0 if targets is None else targets
+        b.batch_host[2] = K.token_order(idx)
+        self.cuda.memcpy_htod_async(b.batch.gpudata, b.batch_host, self.stream)
+        K.replay(self._plans[key], self.stream, "forward")
+        losses = out = None
+        if targets is not None:
+            self.cuda.memcpy_dtoh_async(b.losses_host, b.losses.gpudata, self.stream)
+        if logits == "all":
+            out = b.logits.get_async(stream=self.stream)
+        elif logits == "last":  # one row per sequence, for sampling
+            V = self.config.vocab_size
+            out = self.cuda.pagelocked_empty((B, 1, V), np.float32)
+            for i in range(B):
+                row = int(b.logits.gpudata) + ((i * T + T - 1) * V) * 4
+                self.cuda.memcpy_dtoh_async(out[i], row, self.stream)
+        K.synchronize(self.stream, "forward")
+        if targets is not None:
+            losses = b.losses_host.copy()
+        self._saved = key
+        return out, losses
+
+    def backward(self) -> None:
+        b = self._bufs
+        if "bwd" not in self._plans:
+            self._plans["bwd"] = self._plan_backward(b)
+        K.replay(self._plans["bwd"], self.stream, "backward")
+
+    # -- optimiser ----------------------------------------------------------------------------------
+    def step(self, t, lr, beta1, beta2, eps, weight_decay, grad_clip):
+        grads = self.flat["grads"]
+        K.global_norm(self.sumsq, grads, stream=self.stream)
+        self._has_norm = True
+        clip = dict(sumsq=self.sumsq, max_norm=grad_clip) if grad_clip is not None else {}
+        K.adamw(self.flat["params"], grads, self.flat["m"], self.flat["v"], lr=lr, beta1=beta1, beta2=beta2,
+                eps=eps, weight_decay=weight_decay, step=t, decay_mask=self.decay_mask, stream=self.stream, **clip)
+
+    @property
+    def last_grad_norm(self):
+        if not self._has_norm:
+            return None
+        K.synchronize(self.stream, "step")
+        return float(np.sqrt(self.sumsq.get()[0]))

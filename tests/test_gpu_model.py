@@ -1,0 +1,182 @@
+"""The Python API on the GPU: MultiHeadAttention and the whole GPT on the cuda backend agree with the
+numpy backend (the reference engine) on the same weights and inputs."""
+import numpy as np
+import pytest
+
+from microgpt import GPT, GPTConfig, MultiHeadAttention
+
+from conftest import record, rel_err
+
+pytestmark = pytest.mark.gpu
+
+SMALL = GPTConfig(n_layer=2, n_head=4, d_model=64, block_size=19, vocab_size=97)
+ANDREA_12M = GPTConfig.preset("andrea-12m")  # 6 layers, d_model 384, 12 heads, T 1024, byte vocab
+
+
+def close(what, got, want, tol):
+    err = rel_err(got, want)
+    record("cuda vs numpy backend", what, err)
+    assert err < tol, f"{what}: relative error {err:.2e} >= {tol:.0e}"
+
+
+KERNELS = pytest.mark.parametrize("kernels", ["fast", "reference"])
+
+
+def twins(config, seed, kernels="fast"):
+    """A numpy and a cuda model holding the same weights (LN gains and biases perturbed off 1 and 0)."""
+    ref = GPT(config, backend="numpy", seed=seed)
+    rng = np.random.default_rng(seed)
+    sd = ref.state_dict()
+    for k in sd:
+        if sd[k].ndim == 1:
+            sd[k] = sd[k] + rng.normal(0, 0.1, sd[k].shape).astype(np.float32)
+    ref.load_state_dict(sd)
+    gpu = GPT(config, backend="cuda", seed=seed + 1, kernels=kernels)
+    gpu.load_state_dict(sd)
+    return ref, gpu
+
+
+# ---------------------------------------------------------------------------------------------- attention
+@pytest.mark.parametrize("B,T,C,NH", [(1, 1, 20, 4), (2, 7, 64, 4), (1, 1024, 384, 12)],
+                         ids=["B1-T1", "B2-T7", "andrea-12m-T1024"])
+@pytest.mark.parametrize("kernels", ["reference", "fast"])
+def test_multi_head_attention_matches_numpy(rng, B, T, C, NH, kernels):
+    ref = MultiHeadAttention(C, NH, backend="numpy", seed=int(rng.integers(1 << 30)))
+    sd = ref.state_dict()
+    sd["qkv.b"] = rng.normal(0, 0.1, sd["qkv.b"].shape).astype(np.float32)
+    sd["proj.b"] = rng.normal(0, 0.1, sd["proj.b"].shape).astype(np.float32)
+    sd["qkv.w"] *= 10  # scores of order 1, so the softmax is not uniform
+    ref.load_state_dict(sd)
+    gpu = MultiHeadAttention(C, NH, backend="cuda", kernels=kernels)
+    gpu.load_state_dict(sd)
+    x = rng.standard_normal((B, T, C)).astype(np.float32)
+    out_r, inter_r = ref.forward(x, return_intermediates=True)
+    out_g, inter_g = gpu.forward(x, return_intermediates=True)
+    close("attention out", out_g, out_r, 1e-5)
+    assert set(inter_g) == set(inter_r) - ({"scores"} if kernels == "fast" else set())
+    for k in inter_g:
+        assert inter_g[k].shape == inter_r[k].shape, k
+        close(f"attention {k}", inter_g[k], inter_r[k], 1e-5)
+    np.testing.assert_allclose(inter_g["probs"].sum(-1), 1.0, atol=1e-5)
+    assert inter_g["probs"][..., np.triu_indices(T, 1)[0], np.triu_indices(T, 1)[1]].max(initial=0) == 0
+
+    dout = rng.standard_normal((B, T, C)).astype(np.float32)
+    close("attention dx", gpu.backward(dout), ref.backward(dout), 1e-4)
+    for k in ref.grads:
+        close(f"attention d{k}", gpu.grads[k], ref.grads[k], 1e-4)
+
+
+# ---------------------------------------------------------------------------------------------- the whole GPT
+@pytest.mark.parametrize("config,B,T", [(SMALL, 3, 19), (SMALL, 1, 1), (ANDREA_12M, 1, 1024)],
+                         ids=["small", "small-T1", "andrea-12m-T1024"])
+@KERNELS
+def test_gpt_matches_numpy(rng, config, B, T, kernels):
+    ref, gpu = twins(config, seed=int(rng.integers(1 << 30)), kernels=kernels)
+    idx = rng.integers(0, config.vocab_size, size=(B, T))
+    tgt = rng.integers(0, config.vocab_size, size=(B, T))
+    lr, lg = ref.forward(idx, tgt)
+    gl, gg = gpu.forward(idx, tgt)
+    assert gl.dtype == np.float32 and gl.shape == (B, T, config.vocab_size)
+    close("logits", gl, lr, 1e-4)
+    close("loss", gg, lg, 1e-5)
+    for m in (ref, gpu):
+        m.zero_grad()
+        m.backward()
+    gr, gd = ref.grad_dict(), gpu.grad_dict()
+    for k in gr:
+        close("gradients", gd[k], gr[k], 1e-3)
+
+
+@KERNELS
+def test_two_adamw_steps_with_clipping_match_numpy(rng, kernels):
+    ref, gpu = twins(SMALL, seed=5, kernels=kernels)
+    idx = rng.integers(0, SMALL.vocab_size, size=(4, 19))
+    tgt = rng.integers(0, SMALL.vocab_size, size=(4, 19))
+    for _ in range(2):
+        for m in (ref, gpu):
+            m.zero_grad()
+            m.forward(idx, tgt)
+            m.backward()
+            m.step(lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, grad_clip=0.3)
+        assert ref.last_grad_norm > 0.3  # the clipping was active
+        close("grad norm", gpu.last_grad_norm, ref.last_grad_norm, 1e-5)
+    sr, sg = ref.state_dict(), gpu.state_dict()
+    for k in sr:
+        close("weights after 2 steps", sg[k], sr[k], 1e-4)
+    gr, gd = ref.grad_dict(), gpu.grad_dict()  # clipped gradients, as torch leaves them
+    for k in gr:
+        close("clipped gradients", gd[k], gr[k], 1e-3)
+
+
+def test_shapes_change_between_calls(rng):
+    ref, gpu = twins(SMALL, seed=2)
+    for B, T in [(2, 5), (3, 19), (2, 5), (1, 1)]:
+        idx = rng.integers(0, SMALL.vocab_size, size=(B, T))
+        close("logits", gpu.forward(idx)[0], ref.forward(idx)[0], 1e-4)
+
+
+def test_bad_calls_are_refused_before_any_kernel(rng):
+    gpu = GPT(SMALL, backend="cuda")
+    with pytest.raises(ValueError, match="idx holds token id 97"):
+        gpu.forward(np.full((1, 3), 97))
+    with pytest.raises(ValueError, match="above block_size=19"):
+        gpu.forward(np.zeros((1, 20), dtype=np.int64))
+    with pytest.raises(RuntimeError, match="backward"):
+        gpu.backward()
+    with pytest.raises(ValueError, match="float32 only"):
+        GPT(SMALL, backend="cuda", dtype=np.float64)
+
+
+def test_generate_on_the_gpu(rng):
+    gpu = GPT(SMALL, backend="cuda", seed=3)
+    prompt = rng.integers(0, SMALL.vocab_size, size=(2, 4))
+    out = gpu.generate(prompt, 25, temperature=0.9, top_k=10, seed=11)  # runs past block_size
+    assert out.shape == (2, 29) and out.min() >= 0 and out.max() < SMALL.vocab_size
+    np.testing.assert_array_equal(out, gpu.generate(prompt, 25, temperature=0.9, top_k=10, seed=11))
+
+
+# ---------------------------------------------------------------------------------------------- training
+def test_training_on_the_builtin_corpus_lowers_the_validation_loss():
+    from microgpt.data import BatchSampler, load_tokens, split
+    cfg = GPTConfig(n_layer=2, n_head=4, d_model=128, block_size=64, vocab_size=257)
+    train, val = split(load_tokens())
+    model = GPT(cfg, backend="cuda", seed=0)
+    tr, va = BatchSampler(train, 16, 64, seed=0), BatchSampler(val, 16, 64, seed=1)
+    val_batches = [va.next() for _ in range(4)]
+
+    def val_loss():
+        return np.mean([model.forward(b[:, :-1], b[:, 1:], return_logits=False)[1] for b in val_batches])
+    before = val_loss()
+    for _ in range(150):
+        b = tr.next()
+        model.zero_grad()
+        model.forward(b[:, :-1], b[:, 1:], return_logits=False)
+        model.backward()
+        model.step(lr=3e-3, weight_decay=0.1, grad_clip=1.0)
+    after = val_loss()
+    print(f"\nval loss {before:.3f} -> {after:.3f}")
+    assert before > 5.0 and after < 3.0
+
+
+def test_save_load_continue_equals_not_stopping(tmp_path, rng):
+    idx = rng.integers(0, SMALL.vocab_size, size=(4, 19))
+    tgt = rng.integers(0, SMALL.vocab_size, size=(4, 19))
+
+    def train(model, steps):
+        for _ in range(steps):
+            model.zero_grad()
+            model.forward(idx, tgt)
+            model.backward()
+            model.step(lr=1e-2, weight_decay=0.1, grad_clip=1.0)
+
+    straight = GPT(SMALL, backend="cuda", seed=4)
+    train(straight, 4)
+    stopped = GPT(SMALL, backend="cuda", seed=4)
+    train(stopped, 2)
+    stopped.save(tmp_path / "run.ckpt")
+    resumed = GPT.load(tmp_path / "run.ckpt", backend="cuda")
+    assert resumed.step_count == 2
+    train(resumed, 2)
+    assert resumed.step_count == straight.step_count == 4
+    for which in ("params", "m", "v"):
+        np.testing.assert_array_equal(resumed.backend.pull(which), straight.backend.pull(which), err_msg=which)
