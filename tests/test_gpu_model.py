@@ -180,3 +180,24 @@ def test_save_load_continue_equals_not_stopping(tmp_path, rng):
     assert resumed.step_count == straight.step_count == 4
     for which in ("params", "m", "v"):
         np.testing.assert_array_equal(resumed.backend.pull(which), straight.backend.pull(which), err_msg=which)
+
+
+# ---------------------------------------------------------------------------------------------- the command
+def test_the_command_trains_on_the_gpu_and_resumes_exactly(tmp_path, capsys):
+    import re
+
+    from microgpt import checkpoint
+    from microgpt.cli import main
+    small = ["--n-layer", "2", "--n-head", "4", "--d-model", "128", "--block-size", "64", "--batch-size", "16",
+             "--eval-every", "25", "--ckpt-every", "25", "--no-progress", "--sample-tokens", "20"]
+    assert main(["train", *small, "--steps", "100", "--out", str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    assert "on cuda" in out  # auto picked the GPU
+    val = [float(v) for v in re.findall(r"val loss (\d+\.\d+)", out)]
+    assert val[-1] < val[0] - 2.0, out
+    assert main(["train", *small, "--steps", "50", "--out", str(tmp_path / "b")]) == 0
+    assert main(["train", *small, "--steps", "100", "--out", str(tmp_path / "b"), "--resume"]) == 0
+    a, b = checkpoint.read(tmp_path / "a" / "model.ckpt"), checkpoint.read(tmp_path / "b" / "model.ckpt")
+    assert a.step == b.step == 100
+    for x, y in ((a.weights, b.weights), (a.m, b.m), (a.v, b.v)):
+        np.testing.assert_array_equal(x, y)  # the kernels are deterministic: stopping changes nothing

@@ -1,0 +1,301 @@
+#!/usr/bin/env python3
+"""Every kernel at a model's shapes: its median time, the bytes and FLOPs it must move and do, the GB/s
+and TFLOP/s it reached, their share of this GPU's copy bandwidth and FP32 matmul rate (both measured in
+the same run), and PyTorch's time for the same work.
+
+    python tools/profile_kernels.py                          # andrea-120m, B=8, T=1024
+    python tools/profile_kernels.py --quick --json out.json --plot roofline.png
+
+Each kernel is launched `--iters` times after `--warmup` launches, timed one launch at a time with CUDA
+events, rotating among `--sets` copies of its inputs so that repeated launches do not measure the cache.
+"floor" is the least time the kernel could take at those ceilings (max of bytes / bandwidth and
+FLOPs / matmul rate); "of floor" is floor / time, 100% being as fast as this GPU allows.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def gpu_or_exit():
+    try:
+        from microgpt import kernels
+        return kernels.device_summary()
+    except Exception as e:
+        print(f"profile_kernels: no CUDA GPU here ({str(e).splitlines()[0] if str(e) else type(e).__name__})")
+        sys.exit(2)
+
+
+def time_launches(launch, rotate, iters, warmup, stream):
+    """Median milliseconds of one launch, timed with CUDA events on `stream`."""
+    import pycuda.driver as cuda
+    for _ in range(warmup):
+        launch(stream)
+    times = []
+    start, end = cuda.Event(), cuda.Event()
+    for _ in range(iters):
+        if rotate:
+            rotate()
+        start.record(stream)
+        launch(stream)
+        end.record(stream)
+        end.synchronize()
+        times.append(end.time_since(start))
+    return statistics.median(times)
+
+
+def copy_bandwidth(stream, nbytes=2 << 30):
+    """Device-to-device copy, GB/s counting bytes read and written."""
+    import pycuda.driver as cuda
+    src, dst = cuda.mem_alloc(nbytes), cuda.mem_alloc(nbytes)
+    cuda.memset_d32(src, 0x3F800000, nbytes // 4)
+    ms = time_launches(lambda s: cuda.memcpy_dtod_async(dst, src, nbytes, s), None, 10, 3, stream)
+    return 2 * nbytes / ms / 1e6
+
+
+def matmul_rate(n=8192):
+    """FP32 (TF32 off) TFLOP/s of cuBLAS through PyTorch on random n x n x n; None without torch."""
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            return None, "PyTorch has no CUDA"
+    except ImportError:
+        return None, "PyTorch is not installed"
+    torch.backends.cuda.matmul.allow_tf32 = False
+    a, b = torch.randn(n, n, device="cuda"), torch.randn(n, n, device="cuda")
+    for _ in range(2):
+        a @ b
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(5):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        a @ b
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    return 2 * n ** 3 / statistics.median(times) / 1e9, "cuBLAS SGEMM via PyTorch"
+
+
+def torch_peers(shape):
+    """name -> zero-argument callable doing the kernel's work in PyTorch (TF32 off), or {} without it."""
+    try:
+        import torch
+        import torch.nn.functional as F
+        if not torch.cuda.is_available():
+            return {}
+    except ImportError:
+        return {}
+    torch.backends.cuda.matmul.allow_tf32 = False
+    B, T, C, NH, V = shape.B, shape.T, shape.C, shape.NH, shape.V
+    d_k = C // NH
+    dev = "cuda"
+
+    def rnd(*s, grad=False):
+        return torch.randn(*s, device=dev, requires_grad=grad)
+
+    peers = {}
+    idx = torch.randint(0, V, (B, T), device=dev)
+    wte, wpe = rnd(V, C, grad=True), rnd(T, C, grad=True)
+    emb = F.embedding(idx, wte) + wpe
+    g_emb = rnd(B, T, C)
+    peers["embed_fwd"] = lambda: F.embedding(idx, wte) + wpe
+    peers["embed_bwd"] = lambda: torch.autograd.grad(emb, (wte, wpe), g_emb, retain_graph=True)
+    x, w, b = rnd(B, T, C, grad=True), rnd(C, grad=True), rnd(C, grad=True)
+    ln = F.layer_norm(x, (C,), w, b)
+    peers["layernorm_fwd"] = lambda: F.layer_norm(x, (C,), w, b)
+    peers["layernorm_bwd"] = lambda: torch.autograd.grad(ln, (x, w, b), g_emb, retain_graph=True)
+    for layer, (IN, OUT) in {"qkv": (C, 3 * C), "attn.proj": (C, C), "mlp.fc": (C, 4 * C),
+                             "mlp.proj": (4 * C, C), "lm_head": (C, V)}.items():
+        xi, wi = rnd(B, T, IN, grad=True), rnd(OUT, IN, grad=True)
+        bi = None if layer == "lm_head" else rnd(OUT, grad=True)
+        yi, gi = F.linear(xi, wi, bi), rnd(B, T, OUT)
+        params = (xi, wi) if bi is None else (xi, wi, bi)
+        peers[f"matmul_fwd ({layer})"] = lambda xi=xi, wi=wi, bi=bi: F.linear(xi, wi, bi)
+        peers[f"matmul_bwd ({layer})"] = lambda yi=yi, params=params, gi=gi: torch.autograd.grad(
+            yi, params, gi, retain_graph=True)
+    q, k, v = rnd(B, NH, T, d_k, grad=True), rnd(B, NH, T, d_k, grad=True), rnd(B, NH, T, d_k, grad=True)
+    qkv = rnd(B, T, 3 * C)
+    peers["split_heads_fwd"] = lambda: [t.view(B, T, NH, d_k).transpose(1, 2).contiguous()
+                                        for t in qkv.split(C, dim=2)]
+    heads = rnd(B, NH, T, d_k)
+    peers["merge_heads_fwd"] = lambda: heads.transpose(1, 2).reshape(B, T, C).contiguous()
+    s = q @ k.transpose(-1, -2) * (1.0 / d_k ** 0.5)
+    g_att = rnd(B, NH, T, T)
+    peers["attn_scores_fwd"] = lambda: q @ k.transpose(-1, -2) * (1.0 / d_k ** 0.5)
+    peers["attn_scores_bwd"] = lambda: torch.autograd.grad(s, (q, k), g_att, retain_graph=True)
+    mask = torch.triu(torch.ones(T, T, dtype=torch.bool, device=dev), 1)
+    scores = rnd(B, NH, T, T, grad=True)
+    peers["causal_mask_fwd"] = lambda: scores.masked_fill(mask, -1e9)
+    p = torch.softmax(scores, -1)
+    peers["softmax_fwd"] = lambda: torch.softmax(scores, -1)
+    peers["softmax_bwd"] = lambda: torch.autograd.grad(p, scores, g_att, retain_graph=True)
+    pv_in = torch.softmax(rnd(B, NH, T, T), -1).requires_grad_()
+    o = pv_in @ v
+    g_o = rnd(B, NH, T, d_k)
+    peers["attn_values_fwd"] = lambda: pv_in @ v
+    peers["attn_values_bwd"] = lambda: torch.autograd.grad(o, (pv_in, v), g_o, retain_graph=True)
+    h = rnd(B, T, 4 * C, grad=True)
+    gh = F.gelu(h, approximate="tanh")
+    g_h = rnd(B, T, 4 * C)
+    peers["gelu_fwd"] = lambda: F.gelu(h, approximate="tanh")
+    peers["gelu_bwd"] = lambda: torch.autograd.grad(gh, h, g_h, retain_graph=True)
+    a2 = rnd(B, T, C)
+    peers["residual_fwd"] = lambda: x + a2
+    logits, tg = rnd(B * T, V, grad=True), torch.randint(0, V, (B * T,), device=dev)
+    ce = F.cross_entropy(logits, tg, reduction="none")
+    g_ce = torch.full((B * T,), 1.0 / (B * T), device=dev)
+    peers["crossentropy_fwd"] = lambda: F.cross_entropy(logits, tg, reduction="none")
+    peers["crossentropy_bwd"] = lambda: torch.autograd.grad(ce, logits, g_ce, retain_graph=True)
+    return peers
+
+
+def time_torch(fn, iters, warmup):
+    import torch
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    return statistics.median(times)
+
+
+def op_of(case_name):
+    """'k_matmul_fwd (qkv)' / 'matmul_fwd_fast (qkv)' -> 'matmul_fwd (qkv)', the PyTorch peer's key."""
+    base, _, layer = case_name.partition(" ")
+    base = base[2:] if base.startswith("k_") else base
+    base = base[:-5] if base.endswith("_fast") else base
+    return f"{base} {layer}".strip()
+
+
+def roofline(rows, bw, rate, path, title):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install 'microgpt[plot]')"
+    fig, ax = plt.subplots(figsize=(9, 6))
+    xs = [r["flops"] / r["bytes"] for r in rows if r["flops"] and r["bytes"]]
+    lo, hi = min(xs + [0.1]) / 2, max(xs + [100.0]) * 2
+    grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
+    ax.plot(grid, [min(rate, g * bw / 1e3) for g in grid], "k-", lw=1.5,
+            label=f"ceiling: {bw / 1e3:.2f} TB/s copy, {rate:.1f} TFLOP/s FP32 matmul")
+    for r in rows:
+        if not (r["flops"] and r["bytes"]):
+            continue
+        fast = "_fast" in r["kernel"]
+        ax.scatter(r["flops"] / r["bytes"], r["tflops"], marker="o" if fast else "s",
+                   color="tab:blue" if fast else "tab:orange", s=25)
+        ax.annotate(r["kernel"].replace("k_", ""), (r["flops"] / r["bytes"], r["tflops"]), fontsize=6,
+                    xytext=(3, 2), textcoords="offset points")
+    ax.scatter([], [], marker="o", color="tab:blue", label="fast variant")
+    ax.scatter([], [], marker="s", color="tab:orange", label="reference kernel")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP / byte)")
+    ax.set_ylabel("achieved TFLOP/s")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(True, which="both", lw=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    return None
+
+
+def main() -> int:
+    from microgpt import PRESETS, GPTConfig
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", choices=list(PRESETS), default="andrea-120m")
+    ap.add_argument("-B", type=int, default=8)
+    ap.add_argument("-T", type=int, default=None, help="default: the preset's block_size")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--sets", type=int, default=3, help="copies of the inputs to rotate among")
+    ap.add_argument("--kernels", choices=["both", "reference", "fast"], default="both")
+    ap.add_argument("--filter", default="", help="only cases whose name contains this")
+    ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch column and the cuBLAS ceiling")
+    ap.add_argument("--quick", action="store_true", help="andrea-12m, B=2, T=256, 3 iterations")
+    ap.add_argument("--json", metavar="PATH", help="write the results as JSON here ('-': stdout, no table)")
+    ap.add_argument("--plot", metavar="PNG", help="write a roofline plot here")
+    args = ap.parse_args()
+    device = gpu_or_exit()
+    if args.quick:
+        args.preset, args.B, args.T, args.iters, args.warmup, args.sets = "andrea-12m", 2, 256, 3, 1, 2
+    from kernel_cases import Shape, build_cases, model_params
+
+    import pycuda.driver as cuda
+    cfg = GPTConfig.preset(args.preset)
+    shape = Shape(args.B, args.T or cfg.block_size, cfg.d_model, cfg.n_head, cfg.vocab_size)
+    variants = ("reference", "fast") if args.kernels == "both" else (args.kernels,)
+    stream = cuda.Stream()
+    bw = copy_bandwidth(stream)
+    rate, rate_source = (None, "skipped (--no-torch)") if args.no_torch else matmul_rate()
+    peers = {} if args.no_torch else torch_peers(shape)
+    if rate is None:  # no cuBLAS here: our own SGEMM at the same size stands in, and says so
+        import numpy as np
+        import pycuda.gpuarray as ga
+
+        from microgpt import kernels as K
+        a = ga.to_gpu(np.random.default_rng(0).standard_normal((4096, 4096)).astype(np.float32))
+        c = ga.empty_like(a)
+        ms = time_launches(lambda s: K.sgemm(c, a, a, stream=s), None, 5, 2, stream)
+        rate, rate_source = 2 * 4096 ** 3 / ms / 1e9, f"microgpt k_sgemm_nn ({rate_source})"
+    cases = build_cases(shape, n_params=model_params(shape, cfg.n_layer), sets=args.sets, variants=variants)
+    rows = []
+    for case in cases:
+        if args.filter and args.filter not in case.kernel:
+            continue
+        ms = time_launches(case.launch, case.rotate, args.iters, args.warmup, stream)
+        peer = peers.get(op_of(case.kernel))
+        torch_ms = time_torch(peer, args.iters, args.warmup) if peer else None
+        floor = max(case.bytes / (bw * 1e9), case.flops / (rate * 1e12)) * 1e3
+        rows.append(dict(kernel=case.kernel, ms=ms, bytes=case.bytes, flops=case.flops,
+                         gbs=case.bytes / ms / 1e6, tflops=case.flops / ms / 1e9,
+                         pct_bw=100 * case.bytes / ms / 1e6 / bw, pct_matmul=100 * case.flops / ms / 1e9 / rate,
+                         floor_ms=floor, pct_of_floor=100 * floor / ms, torch_ms=torch_ms,
+                         vs_torch=(torch_ms / ms) if torch_ms else None))
+    result = dict(device=device, preset=args.preset, B=shape.B, T=shape.T, copy_gbs=bw, matmul_tflops=rate,
+                  matmul_source=rate_source, iters=args.iters, rows=rows,
+                  torch_note=None if peers else "no PyTorch peer (missing, no CUDA, or --no-torch)")
+    title = (f"{device}: {args.preset} B={shape.B} T={shape.T}; copy {bw / 1e3:.2f} TB/s, "
+             f"FP32 matmul {rate:.1f} TFLOP/s ({rate_source})")
+    if args.plot:
+        why = roofline(rows, bw, rate, args.plot, title)
+        result["plot"] = args.plot if why is None else None
+        result["plot_note"] = why
+    if args.json:
+        text = json.dumps(result, indent=1)
+        if args.json == "-":
+            print(text)
+            return 0
+        with open(args.json, "w") as f:
+            f.write(text)
+    print(title)
+    hdr = f"{'kernel':<34}{'ms':>9}{'GB/s':>9}{'TFLOP/s':>9}{'%copy':>7}{'%mm':>6}{'floor':>8}{'of floor':>9}" \
+          f"{'torch ms':>10}{'x torch':>8}"
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        t = f"{r['torch_ms']:>10.3f}{r['vs_torch']:>8.2f}" if r["torch_ms"] else f"{'-':>10}{'-':>8}"
+        print(f"{r['kernel']:<34}{r['ms']:>9.3f}{r['gbs']:>9.0f}{r['tflops']:>9.2f}{r['pct_bw']:>7.1f}"
+              f"{r['pct_matmul']:>6.1f}{r['floor_ms']:>8.3f}{r['pct_of_floor']:>8.1f}%{t}")
+    if not peers:
+        print(f"torch column: {result['torch_note']}")
+    if args.plot:
+        print(f"roofline: {args.plot}" if result["plot"] else f"roofline: not written ({result['plot_note']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
