@@ -19,62 +19,90 @@
 #include "common.cuh"
 
 #define GEMM_BM 128
-#define GEMM_BN 128
 #define GEMM_BK 8
 #define GEMM_PAD 4  // keeps the transposing shared-memory stores free of bank conflicts
 #define GEMM_THREADS 256
 
-template <bool TA, bool TB>
+// 16-byte loads need a 16-byte aligned base and a leading dimension that keeps every row aligned.
+__device__ __forceinline__ bool aligned16(const float* p, int ld) {
+    return ((reinterpret_cast<unsigned long long>(p) & 15) == 0) && ((ld & 3) == 0);
+}
+
+// A tile of C is BM x BN (BN 128, or 64 for the narrow products of attention, N = d_k); 16 x 16 threads,
+// each computing rows {ty*4 + i, 64 + ty*4 + i} and columns {c*64 + tx*4 + j}: its shared-memory reads
+// are then consecutive float4s across the warp, free of bank conflicts.
+template <bool TA, bool TB, int BN>
 __device__ __forceinline__ void sgemm_tile(float* C, const float* A, const float* B, const float* bias,
                                            int M, int N, int K, int lda, int ldb, int ldc,
                                            long long strideA, long long strideB, long long strideC,
                                            float alpha, float beta, int causal, float fill) {
-    __shared__ __align__(16) float As[2][GEMM_BK][GEMM_BM + GEMM_PAD];
-    __shared__ __align__(16) float Bs[2][GEMM_BK][GEMM_BN + GEMM_PAD];
+    constexpr int BM = GEMM_BM, BK = GEMM_BK, TN = BN / 16;
+    __shared__ __align__(16) float As[2][BK][BM + GEMM_PAD];
+    __shared__ __align__(16) float Bs[2][BK][BN + GEMM_PAD];
     A += blockIdx.z * strideA;
     B += blockIdx.z * strideB;
     C += blockIdx.z * strideC;
-    const int m0 = blockIdx.y * GEMM_BM, n0 = blockIdx.x * GEMM_BN;
+    const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
     const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
 
-    if (causal == 1 && n0 > m0 + GEMM_BM - 1) {  // wholly above the diagonal: constant
-        for (int e = tid; e < GEMM_BM * GEMM_BN; e += GEMM_THREADS) {
-            int m = m0 + e / GEMM_BN, n = n0 + e % GEMM_BN;
+    if (causal == 1 && n0 > m0 + BM - 1) {  // wholly above the diagonal: constant
+        for (int e = tid; e < BM * BN; e += GEMM_THREADS) {
+            int m = m0 + e / BN, n = n0 + e % BN;
             if (m < M && n < N) C[(long long)m * ldc + n] = fill;
         }
         return;
     }
     const int k_begin = causal == 3 ? m0 : 0;
-    const int k_end = causal == 2 ? min(K, m0 + GEMM_BM) : K;
-    const int n_tiles = k_end > k_begin ? (k_end - k_begin + GEMM_BK - 1) / GEMM_BK : 0;
+    const int k_end = causal == 2 ? min(K, m0 + BM) : K;
+    const int n_tiles = k_end > k_begin ? (k_end - k_begin + BK - 1) / BK : 0;
+    const bool vec_a = aligned16(A, lda), vec_b = aligned16(B, ldb);
 
-    float ra[4], rb[4];  // this thread's share of the next A and B tiles, 4 elements each
+    // Each thread moves one float4 of the A tile (128 x 8) and, while e < BK * BN / 4, one of the B tile:
+    // along k for a row-major A (M x K) or a transposed B (N x K), along m / n otherwise.
+    float4 ra, rb;
+    auto load4 = [&](const float* p, long long row, int col, int ld, int row_end, int col_end, bool vec) {
+        // elements (row, col .. col+3) of a row-major matrix, zero outside [0, row_end) x [0, col_end)
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (row >= row_end) return v;
+        const float* q = p + row * ld + col;
+        if (vec && col + 3 < col_end) return *reinterpret_cast<const float4*>(q);
+        if (col < col_end) v.x = q[0];
+        if (col + 1 < col_end) v.y = q[1];
+        if (col + 2 < col_end) v.z = q[2];
+        if (col + 3 < col_end) v.w = q[3];
+        return v;
+    };
+    const int e = tid;
     auto load = [&](int k0) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int e = tid + i * GEMM_THREADS;
-            int m = TA ? e % GEMM_BM : e / GEMM_BK, ka = TA ? e / GEMM_BM : e % GEMM_BK;
-            int gm = m0 + m, gka = k0 + ka;
-            ra[i] = (gm < M && gka < k_end) ? (TA ? A[(long long)gka * lda + gm] : A[(long long)gm * lda + gka]) : 0.0f;
-            int n = TB ? e / GEMM_BK : e % GEMM_BN, kb = TB ? e % GEMM_BK : e / GEMM_BN;
-            int gn = n0 + n, gkb = k0 + kb;
-            rb[i] = (gn < N && gkb < k_end) ? (TB ? B[(long long)gn * ldb + gkb] : B[(long long)gkb * ldb + gn]) : 0.0f;
+        if (TA) ra = load4(A, k0 + e / 32, m0 + (e % 32) * 4, lda, k_end, M, vec_a);  // A stored K x M
+        else ra = load4(A, m0 + e / 2, k0 + (e % 2) * 4, lda, M, k_end, vec_a);       // A stored M x K
+        if (e < BK * BN / 4) {
+            if (TB) rb = load4(B, n0 + e / 2, k0 + (e % 2) * 4, ldb, N, k_end, vec_b);  // B stored N x K
+            else rb = load4(B, k0 + e / (BN / 4), n0 + (e % (BN / 4)) * 4, ldb, k_end, N, vec_b);
         }
     };
     auto store = [&](int buf) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int e = tid + i * GEMM_THREADS;
-            As[buf][TA ? e / GEMM_BM : e % GEMM_BK][TA ? e % GEMM_BM : e / GEMM_BK] = ra[i];
-            Bs[buf][TB ? e % GEMM_BK : e / GEMM_BN][TB ? e / GEMM_BK : e % GEMM_BN] = rb[i];
+        if (TA) {
+            *reinterpret_cast<float4*>(&As[buf][e / 32][(e % 32) * 4]) = ra;
+        } else {
+            int m = e / 2, k = (e % 2) * 4;
+            As[buf][k][m] = ra.x; As[buf][k + 1][m] = ra.y; As[buf][k + 2][m] = ra.z; As[buf][k + 3][m] = ra.w;
+        }
+        if (e < BK * BN / 4) {
+            if (TB) {
+                int n = e / 2, k = (e % 2) * 4;
+                Bs[buf][k][n] = rb.x; Bs[buf][k + 1][n] = rb.y; Bs[buf][k + 2][n] = rb.z; Bs[buf][k + 3][n] = rb.w;
+            } else {
+                *reinterpret_cast<float4*>(&Bs[buf][e / (BN / 4)][(e % (BN / 4)) * 4]) = rb;
+            }
         }
     };
 
-    float acc[8][8];
+    float acc[8][TN];
 #pragma unroll
     for (int i = 0; i < 8; i++)
 #pragma unroll
-        for (int j = 0; j < 8; j++) acc[i][j] = 0.0f;
+        for (int j = 0; j < TN; j++) acc[i][j] = 0.0f;
 
     if (n_tiles > 0) {
         load(k_begin);
@@ -83,18 +111,18 @@ __device__ __forceinline__ void sgemm_tile(float* C, const float* A, const float
     __syncthreads();
     for (int t = 0; t < n_tiles; t++) {
         const int buf = t & 1;
-        if (t + 1 < n_tiles) load(k_begin + (t + 1) * GEMM_BK);
+        if (t + 1 < n_tiles) load(k_begin + (t + 1) * BK);  // in flight while this tile is multiplied
 #pragma unroll
-        for (int k = 0; k < GEMM_BK; k++) {
-            float a[8], b[8];
-            *(float4*)&a[0] = *(const float4*)&As[buf][k][ty * 8];
-            *(float4*)&a[4] = *(const float4*)&As[buf][k][ty * 8 + 4];
-            *(float4*)&b[0] = *(const float4*)&Bs[buf][k][tx * 8];
-            *(float4*)&b[4] = *(const float4*)&Bs[buf][k][tx * 8 + 4];
+        for (int k = 0; k < BK; k++) {
+            float a[8], b[TN];
+            *(float4*)&a[0] = *(const float4*)&As[buf][k][ty * 4];
+            *(float4*)&a[4] = *(const float4*)&As[buf][k][64 + ty * 4];
+#pragma unroll
+            for (int c = 0; c < TN / 4; c++) *(float4*)&b[c * 4] = *(const float4*)&Bs[buf][k][c * 64 + tx * 4];
 #pragma unroll
             for (int i = 0; i < 8; i++)
 #pragma unroll
-                for (int j = 0; j < 8; j++) acc[i][j] += a[i] * b[j];
+                for (int j = 0; j < TN; j++) acc[i][j] += a[i] * b[j];
         }
         if (t + 1 < n_tiles) store(buf ^ 1);
         __syncthreads();
@@ -102,11 +130,11 @@ __device__ __forceinline__ void sgemm_tile(float* C, const float* A, const float
 
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        int m = m0 + ty * 8 + i;
+        int m = m0 + (i / 4) * 64 + ty * 4 + i % 4;
         if (m >= M) continue;
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            int n = n0 + tx * 8 + j;
+        for (int j = 0; j < TN; j++) {
+            int n = n0 + (j / 4) * 64 + tx * 4 + j % 4;
             if (n >= N) continue;
             long long o = (long long)m * ldc + n;
             float v = alpha * acc[i][j];
@@ -119,18 +147,24 @@ __device__ __forceinline__ void sgemm_tile(float* C, const float* A, const float
 }
 
 #define SGEMM_ARGS C, A, B, bias, M, N, K, lda, ldb, ldc, strideA, strideB, strideC, alpha, beta, causal, fill
+// one kernel per (transposes, tile width): k_sgemm_<op(A)><op(B)>, _n64 for the 128 x 64 tile
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 2) k_sgemm_nn(float* C, const float* A, const float* B, const float* bias, int M, int N, int K, int lda, int ldb, int ldc, long long strideA, long long strideB, long long strideC, float alpha, float beta, int causal, float fill) { sgemm_tile<false, false, 128>(SGEMM_ARGS); }
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 2) k_sgemm_nn_n64(float* C, const float* A, const float* B, const float* bias, int M, int N, int K, int lda, int ldb, int ldc, long long strideA, long long strideB, long long strideC, float alpha, float beta, int causal, float fill) { sgemm_tile<false, false, 64>(SGEMM_ARGS); }
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 2) k_sgemm_nt(float* C, const float* A, const float* B, const float* bias, int M, int N, int K, int lda, int ldb, int ldc, long long strideA, long long strideB, long long strideC, float alpha, float beta, int causal, float fill) { sgemm_tile<false, true, 128>(SGEMM_ARGS); }
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 2) k_sgemm_nt_n64(float* C, const float* A, const float* B, const float* bias, int M, int N, int K, int lda, int ldb, int ldc, long long strideA, long long strideB, long long strideC, float alpha, float beta, int causal, float fill) { sgemm_tile<false, true, 64>(SGEMM_ARGS); }
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 2) k_sgemm_tn(float* C, const float* A, const float* B, const float* bias, int M, int N, int K, int lda, int ldb, int ldc, long long strideA, long long strideB, long long strideC, float alpha, float beta, int causal, float fill) { sgemm_tile<true, false, 128>(SGEMM_ARGS); }
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 2) k_sgemm_tn_n64(float* C, const float* A, const float* B, const float* bias, int M, int N, int K, int lda, int ldb, int ldc, long long strideA, long long strideB, long long strideC, float alpha, float beta, int causal, float fill) { sgemm_tile<true, false, 64>(SGEMM_ARGS); }
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 2) k_sgemm_tt(float* C, const float* A, const float* B, const float* bias, int M, int N, int K, int lda, int ldb, int ldc, long long strideA, long long strideB, long long strideC, float alpha, float beta, int causal, float fill) { sgemm_tile<true, true, 128>(SGEMM_ARGS); }
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 2) k_sgemm_tt_n64(float* C, const float* A, const float* B, const float* bias, int M, int N, int K, int lda, int ldb, int ldc, long long strideA, long long strideB, long long strideC, float alpha, float beta, int causal, float fill) { sgemm_tile<true, true, 64>(SGEMM_ARGS); }
 
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS) k_sgemm_nn(float* C, const float* A, const float* B, const float* bias, int M, int N, int K, int lda, int ldb, int ldc, long long strideA, long long strideB, long long strideC, float alpha, float beta, int causal, float fill) {
-    sgemm_tile<false, false>(SGEMM_ARGS);
-}
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS) k_sgemm_nt(float* C, const float* A, const float* B, const float* bias, int M, int N, int K, int lda, int ldb, int ldc, long long strideA, long long strideB, long long strideC, float alpha, float beta, int causal, float fill) {
-    sgemm_tile<false, true>(SGEMM_ARGS);
-}
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS) k_sgemm_tn(float* C, const float* A, const float* B, const float* bias, int M, int N, int K, int lda, int ldb, int ldc, long long strideA, long long strideB, long long strideC, float alpha, float beta, int causal, float fill) {
-    sgemm_tile<true, false>(SGEMM_ARGS);
-}
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS) k_sgemm_tt(float* C, const float* A, const float* B, const float* bias, int M, int N, int K, int lda, int ldb, int ldc, long long strideA, long long strideB, long long strideC, float alpha, float beta, int causal, float fill) {
-    sgemm_tile<true, true>(SGEMM_ARGS);
+// Split-K, for products whose M x N has too few tiles to fill the GPU (the weight gradients): each split
+// wrote its partial product; C = beta * C + the partials added in split order, so it is deterministic.
+extern "C" __global__ void k_splitk_reduce(float* C, const float* partials, int splits, long long MN, float beta) {
+    long long i = thread_index();
+    if (i >= MN) return;
+    float s = 0.0f;
+    for (int k = 0; k < splits; k++) s += partials[k * MN + i];
+    C[i] = (beta != 0.0f ? beta * C[i] : 0.0f) + s;
 }
 
 // Deterministic column sums of x (N, C), in two passes. Pass 1: block (column group of 32, row chunk

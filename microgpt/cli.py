@@ -114,7 +114,13 @@ def cmd_train(args) -> int:
     bar = tqdm(range(first, args.steps), desc="train", unit="step", dynamic_ncols=True, file=sys.stderr,
                disable=args.no_progress, initial=first, total=args.steps)
     t0 = time.perf_counter()
+    last = args.steps if args.stop_after is None else min(args.steps, first + args.stop_after)
     for step in bar:
+        if step >= last:
+            save()
+            bar.close()
+            print(f"stopped after step {step} (--stop-after {args.stop_after}); continue with --resume")
+            return 0
         lr = lr_at(step, args.lr, args.warmup, args.steps, args.min_lr_ratio)
         batch = train.next()
         model.zero_grad()
@@ -207,6 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--ckpt-every", type=int, default=100, help="checkpoint every N steps (and at the end)")
     t.add_argument("--out", default="runs/microgpt", help="folder of the checkpoint (model.ckpt)")
     t.add_argument("--resume", action="store_true", help="continue from --out's checkpoint to --steps")
+    t.add_argument("--stop-after", type=int, default=None,
+                   help="stop after N steps of this run, checkpointing (the schedule still runs to --steps)")
     t.add_argument("--sample-tokens", type=int, default=120)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--no-progress", action="store_true", help="no progress bar")

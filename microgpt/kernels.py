@@ -92,6 +92,7 @@ class _Engine:
                                    include_dirs=[str(src_dir)])
         self.signatures = kernel_signatures(full_source())
         self.functions = {}
+        self.sm_count = self.device.get_attribute(cuda.device_attribute.MULTIPROCESSOR_COUNT)
 
     def function(self, name):
         fn = self.functions.get(name)
@@ -553,9 +554,37 @@ GEMM_TILE = 128  # the M and N of one SGEMM block (cuda/matmul_fast.cuh)
 CAUSAL_OUT_LOWER, CAUSAL_A_LOWER, CAUSAL_A_UPPER = 1, 2, 3
 
 
+def _split_k(M, N, K, tiles):
+    """How many slices to cut K into so that a product of few tiles (a weight gradient: M x N small, K =
+    B*T large) still fills the GPU: the fewest of 2, 4, 8 that give two blocks per SM; 1 if none needed."""
+    target = 2 * engine().sm_count
+    for splits in (1, 2, 4, 8):
+        if tiles * splits >= target or splits == 8:
+            return splits if K % splits == 0 and K // splits >= 128 else 1
+    return 1
+
+
 def _gemm(kernel, c, a, b, bias, M, N, K, lda, ldb, ldc, batch=1, strides=(0, 0, 0), alpha=1.0, beta=0.0,
           causal=0, fill=0.0, stream=None):
-    grid = (math.ceil(N / GEMM_TILE), math.ceil(M / GEMM_TILE), batch)
+    """Launches k_sgemm_<kernel> on pointers: the 128 x 64 tile where N fits in it (attention's d_k),
+    split-K where a single product has too few tiles (the reduction stays deterministic)."""
+    narrow = N <= 64
+    if narrow:
+        kernel += "_n64"
+    tile_n = 64 if narrow else GEMM_TILE
+    tiles = math.ceil(N / tile_n) * math.ceil(M / GEMM_TILE)
+    splits = _split_k(M, N, K, tiles) if batch == 1 and not bias and not causal and ldc == N else 1
+    if splits > 1:
+        part = _scratch(splits * M * N)
+        k_slice = K // splits  # a slice of K is a block of A's and B's rows (or columns, transposed)
+        step_a = k_slice * (lda if kernel.startswith("k_sgemm_t") else 1)
+        step_b = k_slice * (1 if kernel[9] == "t" else ldb)
+        _launch(kernel, 0, [int(part.gpudata), a, b, 0, M, N, k_slice, lda, ldb, N, step_a, step_b, M * N,
+                            float(alpha), 0.0, 0, 0.0], grid=(math.ceil(N / tile_n), math.ceil(M / GEMM_TILE),
+                                                             splits), stream=stream)
+        _launch("k_splitk_reduce", M * N, [c, int(part.gpudata), splits, M * N, float(beta)], stream=stream)
+        return
+    grid = (math.ceil(N / tile_n), math.ceil(M / GEMM_TILE), batch)
     _launch(kernel, 0, [c, a, b, bias, M, N, K, lda, ldb, ldc, *strides, float(alpha), float(beta), causal,
                         float(fill)], grid=grid, stream=stream)
 
@@ -575,7 +604,7 @@ def sgemm(c, a, b, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, bias=No
         raise ValueError(f"op(a) is {M}x{K} but op(b) is {Kb}x{N}: inner dimensions differ")
     lead = (batch,) if len(sa) == 3 else ()
     args = [ptr("c", c, lead + (M, N)), ptr("a", a, sa), ptr("b", b, sb), opt_ptr("bias", bias, (N,))]
-    kernel = "k_sgemm_" + ("t" if trans_a else "n") + ("t" if trans_b else "n")
+    kernel = "k_sgemm_" + ("t" if trans_a else "n") + ("t" if trans_b else "n")  # _gemm may add _n64
     _gemm(kernel, *args, M, N, K, sa[-1], sb[-1], N, batch, (M * K, K * N, M * N), alpha, beta, stream=stream)
 
 

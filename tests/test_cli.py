@@ -37,9 +37,10 @@ def test_train_prints_a_falling_loss_and_writes_a_checkpoint(tmp_path, corpus, c
 
 
 def test_resume_continues_exactly_as_not_stopping(tmp_path, corpus, capsys):
-    common = ["--data", corpus, "--eval-every", "10", "--ckpt-every", "10"]
+    common = ["--data", corpus, "--eval-every", "10", "--ckpt-every", "7", "--warmup", "5"]
     assert train([*common, "--steps", "30", "--out", str(tmp_path / "straight")], capsys)[0] == 0
-    assert train([*common, "--steps", "20", "--out", str(tmp_path / "stopped")], capsys)[0] == 0
+    code, out = train([*common, "--steps", "30", "--stop-after", "20", "--out", str(tmp_path / "stopped")], capsys)
+    assert code == 0 and "stopped after step 20" in out.out
     code, out = train([*common, "--steps", "30", "--out", str(tmp_path / "stopped"), "--resume"], capsys)
     assert code == 0 and "resumed" in out.out and "at step 20" in out.out
     a = checkpoint.read(tmp_path / "straight" / "model.ckpt")

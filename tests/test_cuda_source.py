@@ -38,7 +38,7 @@ def test_every_reference_op_has_a_forward_and_a_backward_kernel():
 
 def test_every_kernel_is_extern_c_with_a_mappable_signature():
     sigs = kernels.kernel_signatures(kernels.full_source())
-    declared = re.findall(r"__global__ void (?:__launch_bounds__\(\w+\) )?(\w+)", kernels.full_source())
+    declared = re.findall(r"__global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)", kernels.full_source())
     assert sorted(sigs) == sorted(declared)
     assert sigs["k_attn_scores_fwd"] == "PPPiii"
     assert sigs["k_adamw"] == "PPPPqfffffPffPf"

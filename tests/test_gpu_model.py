@@ -195,7 +195,7 @@ def test_the_command_trains_on_the_gpu_and_resumes_exactly(tmp_path, capsys):
     assert "on cuda" in out  # auto picked the GPU
     val = [float(v) for v in re.findall(r"val loss (\d+\.\d+)", out)]
     assert val[-1] < val[0] - 2.0, out
-    assert main(["train", *small, "--steps", "50", "--out", str(tmp_path / "b")]) == 0
+    assert main(["train", *small, "--steps", "100", "--stop-after", "50", "--out", str(tmp_path / "b")]) == 0
     assert main(["train", *small, "--steps", "100", "--out", str(tmp_path / "b"), "--resume"]) == 0
     a, b = checkpoint.read(tmp_path / "a" / "model.ckpt"), checkpoint.read(tmp_path / "b" / "model.ckpt")
     assert a.step == b.step == 100

@@ -339,8 +339,10 @@ def test_attention_fast_variants_match_the_reference_kernels(K, dev, shape, rng)
     close("k_attn_scores_bwd_fast vs reference kernel", dk_f.get(), dk_r.get(), REDUCTION)
 
 
+# odd sizes, batches, the 128 x 64 tile (N <= 64), and split-K (few tiles, long K: 256 x 256 x 4096)
 @pytest.mark.parametrize("M,N,K_,batch", [(1, 1, 1, 1), (7, 5, 3, 2), (129, 131, 9, 1), (300, 257, 64, 3),
-                                          (1024, 768, 768, 1)])
+                                          (1024, 768, 768, 1), (130, 64, 77, 2), (256, 256, 4096, 1),
+                                          (200, 130, 2048, 1)])
 @pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
 def test_sgemm(K, dev, M, N, K_, batch, ta, tb):
     a_h, a = dev.randn(batch, *((K_, M) if ta else (M, K_)))
