@@ -13,33 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import os
 import sys
 
 import numpy as np
 
-
-def gpu_or_exit():
-    try:
-        from microgpt import kernels
-        return kernels.device_summary()
-    except Exception as e:
-        print(f"bench_attention: no CUDA GPU here ({str(e).splitlines()[0] if str(e) else type(e).__name__})")
-        sys.exit(2)
-
-
-def median_ms(run, iters, warmup, stream):
-    import pycuda.driver as cuda
-    for _ in range(warmup):
-        run()
-    start, end, times = cuda.Event(), cuda.Event(), []
-    for _ in range(iters):
-        start.record(stream)
-        run()
-        end.record(stream)
-        end.synchronize()
-        times.append(end.time_since(start))
-    return statistics.median(times)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import cuda_median_ms, gpu_or_exit, torch_median_ms  # noqa: E402
 
 
 def ours(B, NH, T, d_k, kernels, iters, warmup):
@@ -80,12 +60,13 @@ def ours(B, NH, T, d_k, kernels, iters, warmup):
         forward()
     with K.recording() as bwd_plan:
         backward()
-    run_fwd = lambda: K.replay(fwd_plan, stream, "forward")  # noqa: E731
+    def run_fwd(s):
+        K.replay(fwd_plan, s, "forward")
 
-    def run_both():
-        K.replay(fwd_plan, stream, "forward")
-        K.replay(bwd_plan, stream, "backward")
-    return median_ms(run_fwd, iters, warmup, stream), median_ms(run_both, iters, warmup, stream)
+    def run_both(s):
+        K.replay(fwd_plan, s, "forward")
+        K.replay(bwd_plan, s, "backward")
+    return cuda_median_ms(run_fwd, iters, warmup, stream), cuda_median_ms(run_both, iters, warmup, stream)
 
 
 def torch_sdpa(B, NH, T, d_k, iters, warmup):
@@ -107,21 +88,9 @@ def torch_sdpa(B, NH, T, d_k, iters, warmup):
     def both():
         torch.autograd.grad(fwd(), (q, k, v), dout)
 
-    def median(fn):
-        for _ in range(warmup):
-            fn()
-        times = []
-        for _ in range(iters):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fn()
-            e.record()
-            e.synchronize()
-            times.append(s.elapsed_time(e))
-        return statistics.median(times)
     with torch.no_grad():
-        f = median(fwd)
-    return f, median(both), None
+        f = torch_median_ms(fwd, iters, warmup)
+    return f, torch_median_ms(both, iters, warmup), None
 
 
 def main() -> int:
@@ -135,7 +104,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="B=2, T=256, 3 iterations")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = ap.parse_args()
-    device = gpu_or_exit()
+    device = gpu_or_exit("bench_attention")
     if args.quick:
         args.B, args.T, args.iters, args.warmup = 2, 256, 3, 1
     shape = (args.B, args.heads, args.T, args.d_k)

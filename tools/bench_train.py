@@ -13,19 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
 import numpy as np
 
-
-def gpu_or_exit():
-    try:
-        from microgpt import kernels
-        return kernels.device_summary()
-    except Exception as e:  # no pycuda, no driver, no device
-        print(f"bench_train: no CUDA GPU here ({str(e).splitlines()[0] if str(e) else type(e).__name__})")
-        sys.exit(2)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import gpu_or_exit  # noqa: E402
 
 
 def batches(cfg, B, T, n, seed=0):
@@ -103,7 +98,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="andrea-12m at B=4, T=256, 3 steps")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = ap.parse_args()
-    device = gpu_or_exit()
+    device = gpu_or_exit("bench_train")
     if args.quick:
         args.preset, args.B, args.T, args.steps, args.warmup = "andrea-12m", 4, 256, 3, 1
     cfg = GPTConfig.preset(args.preset)

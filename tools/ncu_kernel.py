@@ -22,6 +22,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import gpu_or_exit  # noqa: E402
 
 METRICS = {
     "time_us": "gpu__time_duration.sum",
@@ -91,12 +92,7 @@ def main() -> int:
         args.preset, args.B, args.T = QUICK["preset"], QUICK["B"], QUICK["T"]
     if args.child:
         return child(args)
-    try:
-        from microgpt import kernels
-        device = kernels.device_summary()
-    except Exception as e:
-        print(f"ncu_kernel: no CUDA GPU here ({str(e).splitlines()[0] if str(e) else type(e).__name__})")
-        return 2
+    device = gpu_or_exit("ncu_kernel")
     ncu = shutil.which("ncu")
     if ncu is None:
         print("ncu_kernel: ncu (Nsight Compute) is not on PATH")

@@ -16,37 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-
-def gpu_or_exit():
-    try:
-        from microgpt import kernels
-        return kernels.device_summary()
-    except Exception as e:
-        print(f"profile_kernels: no CUDA GPU here ({str(e).splitlines()[0] if str(e) else type(e).__name__})")
-        sys.exit(2)
-
-
-def time_launches(launch, rotate, iters, warmup, stream):
-    """Median milliseconds of one launch, timed with CUDA events on `stream`."""
-    import pycuda.driver as cuda
-    for _ in range(warmup):
-        launch(stream)
-    times = []
-    start, end = cuda.Event(), cuda.Event()
-    for _ in range(iters):
-        if rotate:
-            rotate()
-        start.record(stream)
-        launch(stream)
-        end.record(stream)
-        end.synchronize()
-        times.append(end.time_since(start))
-    return statistics.median(times)
+from timing import cuda_median_ms, gpu_or_exit, torch_median_ms  # noqa: E402
 
 
 def copy_bandwidth(stream, nbytes=2 << 30):
@@ -54,7 +27,7 @@ def copy_bandwidth(stream, nbytes=2 << 30):
     import pycuda.driver as cuda
     src, dst = cuda.mem_alloc(nbytes), cuda.mem_alloc(nbytes)
     cuda.memset_d32(src, 0x3F800000, nbytes // 4)
-    ms = time_launches(lambda s: cuda.memcpy_dtod_async(dst, src, nbytes, s), None, 10, 3, stream)
+    ms = cuda_median_ms(lambda s: cuda.memcpy_dtod_async(dst, src, nbytes, s), 10, 3, stream)
     return 2 * nbytes / ms / 1e6
 
 
@@ -68,18 +41,7 @@ def matmul_rate(n=8192):
         return None, "PyTorch is not installed"
     torch.backends.cuda.matmul.allow_tf32 = False
     a, b = torch.randn(n, n, device="cuda"), torch.randn(n, n, device="cuda")
-    for _ in range(2):
-        a @ b
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(5):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        a @ b
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    return 2 * n ** 3 / statistics.median(times) / 1e9, "cuBLAS SGEMM via PyTorch"
+    return 2 * n ** 3 / torch_median_ms(lambda: a @ b, 5, 2) / 1e9, "cuBLAS SGEMM via PyTorch"
 
 
 def torch_peers(shape):
@@ -155,21 +117,6 @@ def torch_peers(shape):
     return peers
 
 
-def time_torch(fn, iters, warmup):
-    import torch
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times)
-
-
 def op_of(case_name):
     """'k_matmul_fwd (qkv)' / 'matmul_fwd_fast (qkv)' -> 'matmul_fwd (qkv)', the PyTorch peer's key."""
     base, _, layer = case_name.partition(" ")
@@ -229,7 +176,7 @@ def main() -> int:
     ap.add_argument("--json", metavar="PATH", help="write the results as JSON here ('-': stdout, no table)")
     ap.add_argument("--plot", metavar="PNG", help="write a roofline plot here")
     args = ap.parse_args()
-    device = gpu_or_exit()
+    device = gpu_or_exit("profile_kernels")
     if args.quick:
         args.preset, args.B, args.T, args.iters, args.warmup, args.sets = "andrea-12m", 2, 256, 3, 1, 2
     from kernel_cases import Shape, build_cases, model_params
@@ -249,16 +196,16 @@ def main() -> int:
         from microgpt import kernels as K
         a = ga.to_gpu(np.random.default_rng(0).standard_normal((4096, 4096)).astype(np.float32))
         c = ga.empty_like(a)
-        ms = time_launches(lambda s: K.sgemm(c, a, a, stream=s), None, 5, 2, stream)
+        ms = cuda_median_ms(lambda s: K.sgemm(c, a, a, stream=s), 5, 2, stream)
         rate, rate_source = 2 * 4096 ** 3 / ms / 1e9, f"microgpt k_sgemm_nn ({rate_source})"
     cases = build_cases(shape, n_params=model_params(shape, cfg.n_layer), sets=args.sets, variants=variants)
     rows = []
     for case in cases:
         if args.filter and args.filter not in case.kernel:
             continue
-        ms = time_launches(case.launch, case.rotate, args.iters, args.warmup, stream)
+        ms = cuda_median_ms(case.launch, args.iters, args.warmup, stream, case.rotate)
         peer = peers.get(op_of(case.kernel))
-        torch_ms = time_torch(peer, args.iters, args.warmup) if peer else None
+        torch_ms = torch_median_ms(peer, args.iters, args.warmup) if peer else None
         floor = max(case.bytes / (bw * 1e9), case.flops / (rate * 1e12)) * 1e3
         rows.append(dict(kernel=case.kernel, ms=ms, bytes=case.bytes, flops=case.flops,
                          gbs=case.bytes / ms / 1e6, tflops=case.flops / ms / 1e9,
