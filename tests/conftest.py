@@ -25,6 +25,9 @@ def record(group, name, err):
 
 
 def pytest_terminal_summary(terminalreporter):
+    skipped = len(terminalreporter.stats.get("skipped", []))
+    if GPU_REASON is not None and skipped:
+        terminalreporter.write_line(f"{skipped} tests skipped, the GPU tests among them: {GPU_REASON}")
     for group, errs in WORST.items():
         terminalreporter.write_line(f"worst relative error, {group}: "
                                     + ", ".join(f"{k} {v:.1e}" for k, v in sorted(errs.items())))
