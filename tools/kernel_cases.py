@@ -215,11 +215,6 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
     return cases
 
 
-def kernel_of(case_name: str) -> str:
-    """'k_matmul_fwd (qkv)' -> 'k_matmul_fwd'."""
-    return case_name.split(" ")[0]
-
-
 def model_params(shape: Shape, n_layer: int) -> int:
     C, V, T = shape.C, shape.V, shape.T
     return V * C + T * C + n_layer * (12 * C * C + 13 * C) + 2 * C
