@@ -1,4 +1,4 @@
-// The attention pipeline, one stage a kernel, as the seed engine spells it:
+// The attention pipeline, one stage a kernel:
 //   qkv (B, T, 3C) -> split into heads q, k, v (B, NH, T, d_k)
 //   scores[i][j] = dot(Q[i], K[j]) * (1.0f / sqrtf(d_k))      (B, NH, T, T)
 //   causal mask: scores[i][j] = -1e9 where j > i
@@ -53,25 +53,26 @@ extern "C" __global__ void k_attn_scores_fwd(float* s, const float* q, const flo
     scores[i][j] = dot(Q[i], K[j]) * (1.0f / sqrtf(d_k));
 }
 
-// blockIdx.y == 0: dq (bh, i, d) = scale * sum_j dS[i][j] K[j][d];
-// blockIdx.y == 1: dk (bh, j, d) = scale * sum_i dS[i][j] Q[i][d]. Both written.
+// blockIdx.y == 0: dQ[i][d] = sum_j dS[i][j] * K[j][d] * (1.0f / sqrtf(d_k)), one thread per (bh, i, d);
+// blockIdx.y == 1: dK[j][d] = sum_i dS[i][j] * Q[i][d] * (1.0f / sqrtf(d_k)), one thread per (bh, j, d).
+// Both written.
 extern "C" __global__ void k_attn_scores_bwd(float* dq, float* dk, const float* dscores, const float* q,
                                              const float* k, int BH, int T, int d_k) {
     long long idx = thread_index();
     if (idx >= (long long)BH * T * d_k) return;
     int d = idx % d_k;
-    int r = (idx / d_k) % T;  // i for dq, j for dk
+    int r = (idx / d_k) % T;  // i for dQ, j for dK
     long long bh = idx / ((long long)T * d_k);
+    Matrix dS{dscores + bh * T * T, T}, Q{q + bh * T * d_k, d_k}, K{k + bh * T * d_k, d_k};
     const float scale = 1.0f / sqrtf(d_k);
-    const float* dS = dscores + bh * T * T;
     float s = 0.0f;
     if (blockIdx.y == 0) {
-        const float* K = k + bh * T * d_k;
-        for (int j = 0; j < T; j++) s += dS[(long long)r * T + j] * K[(long long)j * d_k + d];
+        int i = r;
+        for (int j = 0; j < T; j++) s += dS[i][j] * K[j][d];
         dq[idx] = s * scale;
     } else {
-        const float* Q = q + bh * T * d_k;
-        for (int i = 0; i < T; i++) s += dS[(long long)i * T + r] * Q[(long long)i * d_k + d];
+        int j = r;
+        for (int i = 0; i < T; i++) s += dS[i][j] * Q[i][d];
         dk[idx] = s * scale;
     }
 }

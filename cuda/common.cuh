@@ -1,8 +1,10 @@
-// Shared by every layer: thread indexing and the small row/matrix views the attention kernels read like
-// the seed engine's text, scores[i][j] = dot(Q[i], K[j]) * (1.0f / sqrtf(d_k)).
+// Shared by every layer: thread indexing, the model's constants, and the small row/matrix views that let
+// the attention kernels read as the maths does: scores[i][j] = dot(Q[i], K[j]) * (1.0f / sqrtf(d_k)).
 #pragma once
 
-#define MASK_VALUE (-1e9f)   // what the causal mask writes where j > i, as the seed engine does
+// Mirrored once in Python (microgpt/reference.py MASK_VALUE, LN_EPS; tests/test_cuda_source.py holds
+// the two equal): the launchers and the reference engine use the same numbers as the kernels.
+#define MASK_VALUE (-1e9f)   // what the causal mask writes where j > i
 #define LN_EPS 1e-5f
 
 // Global index of this thread in a 1-D launch; 64-bit so that B*NH*T*T never wraps.

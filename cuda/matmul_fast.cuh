@@ -1,6 +1,7 @@
 // Fast variants of the matrix kernels: one tiled SGEMM serves every matrix product of the model (the
-// linear layers forward and backward, and the attention products), plus a deterministic column sum for
-// the bias gradients. Tested against the reference kernels in matmul.cuh and attention.cuh.
+// linear layers forward and backward, and the attention products); the bias gradients come from the
+// deterministic column sums of colsum.cuh. Tested against the reference kernels in matmul.cuh and
+// attention.cuh.
 //
 //   C[z] (M x N, ldc) = alpha * op(A[z]) @ op(B[z]) + bias[n] + beta * C[z]     for z < gridDim.z
 //   op(A) is M x K: A stored M x K (lda) or, transposed, K x M; op(B) is K x N: B stored K x N (ldb) or,
@@ -11,12 +12,18 @@
 // registers while the current one is multiplied), stored k-major so that each thread reads its 8 A and
 // 8 B values as float4s.
 //
-// `causal` lets attention skip the half of the work that the mask makes constant:
-//   1: C is lower triangular: C[m][n] = fill for n > m (tiles wholly above the diagonal are not computed)
-//   2: A is lower triangular (A[m][k] = 0 for k > m): K stops at the tile's last row
-//   3: A is upper triangular (A[m][k] = 0 for k < m): K starts at the tile's first row
 #pragma once
 #include "common.cuh"
+
+// `causal` lets attention skip the half of the work that the mask makes constant. Mirrored once in
+// Python (microgpt/kernels/matmul_fast.py, class Causal).
+enum Causal : int {
+    CAUSAL_NONE = 0,
+    CAUSAL_OUT_LOWER = 1,  // C is lower triangular: C[m][n] = fill for n > m (tiles wholly above the
+                           // diagonal are not computed)
+    CAUSAL_A_LOWER = 2,    // A is lower triangular (A[m][k] = 0 for k > m): K stops at the tile's last row
+    CAUSAL_A_UPPER = 3,    // A is upper triangular (A[m][k] = 0 for k < m): K starts at the tile's first row
+};
 
 #define GEMM_BM 128
 #define GEMM_BK 8
@@ -35,7 +42,7 @@ template <bool TA, bool TB, int BN>
 __device__ __forceinline__ void sgemm_tile(float* C, const float* A, const float* B, const float* bias,
                                            int M, int N, int K, int lda, int ldb, int ldc,
                                            long long strideA, long long strideB, long long strideC,
-                                           float alpha, float beta, int causal, float fill) {
+                                           float alpha, float beta, Causal causal, float fill) {
     constexpr int BM = GEMM_BM, BK = GEMM_BK, TN = BN / 16;
     __shared__ __align__(16) float As[2][BK][BM + GEMM_PAD];
     __shared__ __align__(16) float Bs[2][BK][BN + GEMM_PAD];
@@ -45,15 +52,15 @@ __device__ __forceinline__ void sgemm_tile(float* C, const float* A, const float
     const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
     const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
 
-    if (causal == 1 && n0 > m0 + BM - 1) {  // wholly above the diagonal: constant
+    if (causal == CAUSAL_OUT_LOWER && n0 > m0 + BM - 1) {  // wholly above the diagonal: constant
         for (int e = tid; e < BM * BN; e += GEMM_THREADS) {
             int m = m0 + e / BN, n = n0 + e % BN;
             if (m < M && n < N) C[(long long)m * ldc + n] = fill;
         }
         return;
     }
-    const int k_begin = causal == 3 ? m0 : 0;
-    const int k_end = causal == 2 ? min(K, m0 + BM) : K;
+    const int k_begin = causal == CAUSAL_A_UPPER ? m0 : 0;
+    const int k_end = causal == CAUSAL_A_LOWER ? min(K, m0 + BM) : K;
     const int n_tiles = k_end > k_begin ? (k_end - k_begin + BK - 1) / BK : 0;
     const bool vec_a = aligned16(A, lda), vec_b = aligned16(B, ldb);
 
@@ -140,22 +147,30 @@ __device__ __forceinline__ void sgemm_tile(float* C, const float* A, const float
             float v = alpha * acc[i][j];
             if (bias != nullptr) v += bias[n];
             if (beta != 0.0f) v += beta * C[o];
-            if (causal == 1 && n > m) v = fill;
+            if (causal == CAUSAL_OUT_LOWER && n > m) v = fill;
             C[o] = v;
         }
     }
 }
 
-#define SGEMM_ARGS C, A, B, bias, M, N, K, lda, ldb, ldc, strideA, strideB, strideC, alpha, beta, causal, fill
-// one kernel per (transposes, tile width): k_sgemm_<op(A)><op(B)>, _n64 for the 128 x 64 tile
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 2) k_sgemm_nn(float* C, const float* A, const float* B, const float* bias, int M, int N, int K, int lda, int ldb, int ldc, long long strideA, long long strideB, long long strideC, float alpha, float beta, int causal, float fill) { sgemm_tile<false, false, 128>(SGEMM_ARGS); }
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 2) k_sgemm_nn_n64(float* C, const float* A, const float* B, const float* bias, int M, int N, int K, int lda, int ldb, int ldc, long long strideA, long long strideB, long long strideC, float alpha, float beta, int causal, float fill) { sgemm_tile<false, false, 64>(SGEMM_ARGS); }
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 2) k_sgemm_nt(float* C, const float* A, const float* B, const float* bias, int M, int N, int K, int lda, int ldb, int ldc, long long strideA, long long strideB, long long strideC, float alpha, float beta, int causal, float fill) { sgemm_tile<false, true, 128>(SGEMM_ARGS); }
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 2) k_sgemm_nt_n64(float* C, const float* A, const float* B, const float* bias, int M, int N, int K, int lda, int ldb, int ldc, long long strideA, long long strideB, long long strideC, float alpha, float beta, int causal, float fill) { sgemm_tile<false, true, 64>(SGEMM_ARGS); }
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 2) k_sgemm_tn(float* C, const float* A, const float* B, const float* bias, int M, int N, int K, int lda, int ldb, int ldc, long long strideA, long long strideB, long long strideC, float alpha, float beta, int causal, float fill) { sgemm_tile<true, false, 128>(SGEMM_ARGS); }
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 2) k_sgemm_tn_n64(float* C, const float* A, const float* B, const float* bias, int M, int N, int K, int lda, int ldb, int ldc, long long strideA, long long strideB, long long strideC, float alpha, float beta, int causal, float fill) { sgemm_tile<true, false, 64>(SGEMM_ARGS); }
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 2) k_sgemm_tt(float* C, const float* A, const float* B, const float* bias, int M, int N, int K, int lda, int ldb, int ldc, long long strideA, long long strideB, long long strideC, float alpha, float beta, int causal, float fill) { sgemm_tile<true, true, 128>(SGEMM_ARGS); }
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 2) k_sgemm_tt_n64(float* C, const float* A, const float* B, const float* bias, int M, int N, int K, int lda, int ldb, int ldc, long long strideA, long long strideB, long long strideC, float alpha, float beta, int causal, float fill) { sgemm_tile<true, true, 64>(SGEMM_ARGS); }
+// One kernel per (transposes, tile width), named k_sgemm_<op(A)><op(B)>, with _n64 for the 128 x 64 tile.
+#define SGEMM_KERNEL(name, TA, TB, BN)                                                                      \
+    extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 2)                                           \
+    name(float* C, const float* A, const float* B, const float* bias, int M, int N, int K, int lda, int ldb, \
+         int ldc, long long strideA, long long strideB, long long strideC, float alpha, float beta,        \
+         Causal causal, float fill) {                                                                       \
+        sgemm_tile<TA, TB, BN>(C, A, B, bias, M, N, K, lda, ldb, ldc, strideA, strideB, strideC, alpha,     \
+                               beta, causal, fill);                                                         \
+    }
+SGEMM_KERNEL(k_sgemm_nn, false, false, 128)
+SGEMM_KERNEL(k_sgemm_nn_n64, false, false, 64)
+SGEMM_KERNEL(k_sgemm_nt, false, true, 128)
+SGEMM_KERNEL(k_sgemm_nt_n64, false, true, 64)
+SGEMM_KERNEL(k_sgemm_tn, true, false, 128)
+SGEMM_KERNEL(k_sgemm_tn_n64, true, false, 64)
+SGEMM_KERNEL(k_sgemm_tt, true, true, 128)
+SGEMM_KERNEL(k_sgemm_tt_n64, true, true, 64)
+#undef SGEMM_KERNEL
 
 // Split-K, for products whose M x N has too few tiles to fill the GPU (the weight gradients): each split
 // wrote its partial product; C = beta * C + the partials added in split order, so it is deterministic.
@@ -165,31 +180,4 @@ extern "C" __global__ void k_splitk_reduce(float* C, const float* partials, int 
     float s = 0.0f;
     for (int k = 0; k < splits; k++) s += partials[k * MN + i];
     C[i] = (beta != 0.0f ? beta * C[i] : 0.0f) + s;
-}
-
-// Deterministic column sums of x (N, C), in two passes. Pass 1: block (column group of 32, row chunk
-// blockIdx.y) sums its rows; 8 warps take every 8th row, then warp 0 adds the 8 in order into
-// partials[chunk][c]. Pass 2: one thread per column adds the chunks in order into out[c] (+=).
-extern "C" __global__ void k_colsum_partial(float* partials, const float* x, int N, int C, int rows_per_chunk) {
-    __shared__ float part[8][32];
-    int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
-    int c = blockIdx.x * 32 + tx;
-    int r0 = blockIdx.y * rows_per_chunk, r1 = min(N, r0 + rows_per_chunk);
-    float s = 0.0f;
-    if (c < C)
-        for (int r = r0 + ty; r < r1; r += 8) s += x[(long long)r * C + c];
-    part[ty][tx] = s;
-    __syncthreads();
-    if (ty == 0 && c < C) {
-        for (int w = 1; w < 8; w++) s += part[w][tx];
-        partials[(long long)blockIdx.y * C + c] = s;
-    }
-}
-
-extern "C" __global__ void k_colsum_reduce(float* out, const float* partials, int chunks, int C) {
-    long long c = thread_index();
-    if (c >= C) return;
-    float s = 0.0f;
-    for (int k = 0; k < chunks; k++) s += partials[(long long)k * C + c];
-    out[c] += s;
 }

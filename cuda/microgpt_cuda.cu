@@ -1,14 +1,17 @@
 // microgpt_cuda.cu: the FP32 CUDA engine that trains the ANDREA GPT family.
 //
-// The one translation unit PyCUDA compiles (microgpt/kernels.py); the layers live in the headers beside
-// it, as llm.c keeps llmc/*.cuh. Every operation has a forward and a backward kernel, k_<op>_fwd and
-// k_<op>_bwd, all extern "C" so that they are found by name. These are the reference kernels: readable
-// first, one thread per output element where that is the natural reading. Faster variants live beside
-// them in *_fast.cuh and are tested against them.
+// The one translation unit PyCUDA compiles (microgpt/kernels/runtime.py); the layers live in the headers it
+// includes, as llm.c keeps llmc/*.cuh, and each header has one launcher module of the same name in
+// microgpt/kernels/. Every operation has a forward and a backward kernel, k_<op>_fwd and k_<op>_bwd, all
+// extern "C" so that they are found by name. The reference kernels come first: readable, one thread per
+// output element where that is the natural reading. The fast variants follow, each tested against the
+// reference kernels it stands in for.
 //
 // Conventions: row-major float32; activations are written, weight gradients are added into (+=) so
 // that backward accumulates until the gradients are zeroed; B batch, T time, C = d_model, NH heads,
 // d_k = C / NH, V vocabulary, N = B * T rows.
+
+// the reference kernels
 #include "embed.cuh"
 #include "layernorm.cuh"
 #include "matmul.cuh"
@@ -16,6 +19,7 @@
 #include "pointwise.cuh"
 #include "crossentropy.cuh"
 #include "adamw.cuh"
-// the fast variants, beside the reference kernels they are tested against
+// the fast variants
+#include "colsum.cuh"
 #include "matmul_fast.cuh"
 #include "rows_fast.cuh"

@@ -1,7 +1,6 @@
 """microgpt: the FP32 CUDA engine microgpt_cuda.cu, compiled and launched from Python through PyCUDA,
 with a NumPy reference engine that computes every operation the same way on the CPU."""
-__version__ = "0.1.0"
-
+from ._version import __version__
 from .attention import MultiHeadAttention
 from .config import GPTConfig, PRESETS
 from .model import GPT

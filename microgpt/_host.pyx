@@ -576,10 +576,6 @@ cdef class WindowSampler:
             self.s[i] = _splitmix64(&x)
 
     @property
-    def n_tokens(self) -> int:
-        return self.tokens.shape[0]
-
-    @property
     def rng_state(self) -> list:
         """The generator's four 64-bit words; assigning them back replays the same windows."""
         return [int(self.s[i]) for i in range(4)]

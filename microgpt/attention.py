@@ -1,50 +1,167 @@
-"""MultiHeadAttention: one attention sublayer, the 12-head pipeline, on either backend.
+"""One attention sublayer, the 12-head pipeline: on device buffers, as the cuda backend's GPT runs it in
+every layer, and as MultiHeadAttention, the sublayer on its own with its intermediates, on any backend.
 
-    mha = MultiHeadAttention(d_model=768, n_head=12, backend="cuda")
+    mha = MultiHeadAttention(d_model=768, n_head=12, backend="cuda", variant="reference")
     out, inter = mha.forward(x, return_intermediates=True)   # x (B, T, C) float32
     inter["scores"][b, h]                                    # head h's (T, T) scores, before the mask
     dx = mha.backward(dout); mha.grads["qkv.w"]
 
-The stages are those of the seed engine: fused QKV projection, split into heads, scores
-`scores[i][j] = dot(Q[i], K[j]) * (1.0f / sqrtf(d_k))`, causal mask (-1e9 where j > i), row softmax,
-weighted sum of V, concat, W_O. Weights follow torch.nn.Linear: `qkv.w` (3C, C), `qkv.b` (3C,),
-`proj.w` (C, C), `proj.b` (C,); Q, K, V are rows 0:C, C:2C, 2C:3C of `qkv.w`.
+The stages: fused QKV projection, split into heads, scores `scores[i][j] = dot(Q[i], K[j]) * (1.0f /
+sqrtf(d_k))`, causal mask (MASK_VALUE where j > i), row softmax, weighted sum of V, concat, W_O. Weights
+follow torch.nn.Linear: `qkv.w` (3C, C), `qkv.b` (3C,), `proj.w` (C, C), `proj.b` (C,); Q, K, V are rows
+0:C, C:2C, 2C:3C of `qkv.w`.
 """
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import numpy as np
 
 from . import reference as R
+from .backend import AttentionBackend
+from .kernels import Kernels, engine, resolve, select
 
 WEIGHTS = ("qkv.w", "qkv.b", "proj.w", "proj.b")
 INTERMEDIATES = ("q", "k", "v", "scores", "masked", "probs", "heads", "y")
 
 
+# ---------------------------------------------------------------------------------------------- on the GPU
+# The stages on buffers the caller owns (a namespace `a` forward, `d` backward), in one variant's kernels.
+# The fast variant's scores kernel writes the masked scores directly: a.scores is None there.
+def attention_fwd(ops: Kernels, x, w, a, n_head, stream=None):
+    """x (B, T, C) -> a.out; keeps a.q, a.k, a.v, a.probs and a.y for backward, and the scores before the
+    mask in a.scores unless it is None."""
+    ops.matmul_fwd(a.qkv, x, w["qkv.w"], w["qkv.b"], stream=stream)
+    ops.split_heads_fwd(a.q, a.k, a.v, a.qkv, n_head, stream=stream)
+    ops.causal_scores_fwd(a.masked, a.q, a.k, scores=a.scores, stream=stream)
+    ops.softmax_fwd(a.probs, a.masked, stream=stream)
+    ops.attn_values_fwd(a.heads, a.probs, a.v, stream=stream)
+    ops.merge_heads_fwd(a.y, a.heads, stream=stream)
+    ops.matmul_fwd(a.out, a.y, w["proj.w"], w["proj.b"], stream=stream)
+
+
+def attention_bwd(ops: Kernels, dout, x, w, g, a, d, n_head, stream=None):
+    """dout (B, T, C) -> d.dx written; g (the weights' gradients) added into. d holds the scratch."""
+    ops.matmul_bwd(d.dy, g["proj.w"], g["proj.b"], dout, a.y, w["proj.w"], stream=stream)
+    ops.merge_heads_bwd(d.dheads, d.dy, n_head, stream=stream)
+    ops.attn_values_bwd(d.dprobs, d.dv, d.dheads, a.probs, a.v, stream=stream)
+    ops.softmax_bwd(d.dscores, d.dprobs, a.probs, stream=stream)
+    ops.causal_scores_bwd(d.dq, d.dk, d.dscores, a.q, a.k, stream=stream)
+    ops.split_heads_bwd(d.dqkv, d.dq, d.dk, d.dv, stream=stream)
+    ops.matmul_bwd(d.dx, g["qkv.w"], g["qkv.b"], d.dqkv, x, w["qkv.w"], stream=stream)
+
+
+def attention_buffers(new, B, T, C, n_head, keep_scores=False):
+    """The forward's buffers, from new(*shape); a.scores only with keep_scores."""
+    d_k = C // n_head
+    return SimpleNamespace(qkv=new(B, T, 3 * C), q=new(B, n_head, T, d_k), k=new(B, n_head, T, d_k),
+                           v=new(B, n_head, T, d_k), scores=new(B, n_head, T, T) if keep_scores else None,
+                           masked=new(B, n_head, T, T), probs=new(B, n_head, T, T), heads=new(B, n_head, T, d_k),
+                           y=new(B, T, C), out=new(B, T, C))
+
+
+def attention_grad_buffers(new, B, T, C, n_head):
+    d_k = C // n_head
+    return SimpleNamespace(dy=new(B, T, C), dheads=new(B, n_head, T, d_k), dprobs=new(B, n_head, T, T),
+                           dscores=new(B, n_head, T, T), dq=new(B, n_head, T, d_k), dk=new(B, n_head, T, d_k),
+                           dv=new(B, n_head, T, d_k), dqkv=new(B, T, 3 * C), dx=new(B, T, C))
+
+
+# ---------------------------------------------------------------------------------------------- backends
+class NumpyAttention:
+    """The sublayer in the reference engine, on the CPU (one set of operations: any variant is accepted)."""
+
+    def __init__(self, n_head: int, variant: str | None = None):
+        resolve(variant)
+        self.n_head = n_head
+        self.weights = None
+        self._cache = None
+
+    def load(self, weights):
+        self.weights = dict(weights)
+
+    def forward(self, x, keep_intermediates):
+        w = self.weights
+        out, self._cache = R.attention_fwd(x, w["qkv.w"], w["qkv.b"], w["proj.w"], w["proj.b"], self.n_head)
+        return out, ({k: self._cache[k] for k in INTERMEDIATES} if keep_intermediates else None)
+
+    def backward(self, dout):
+        dx, g = R.attention_bwd(dout, self._cache, self.weights["qkv.w"], self.weights["proj.w"], self.n_head)
+        return dx, {"qkv.w": g["w_qkv"], "qkv.b": g["b_qkv"], "proj.w": g["w_o"], "proj.b": g["b_o"]}
+
+
+class CudaAttention:
+    """The sublayer in one variant's kernels, on the GPU; the intermediates are those the variant has (the
+    fast one has no scores before the mask)."""
+
+    def __init__(self, n_head: int, variant: str | None = None):
+        self.n_head = n_head
+        self.ops = select(variant)
+        self.ga = engine().ga  # the primary context, before the first allocation
+        self.weights = None
+        self._a = None
+
+    def _new(self, *shape):
+        return self.ga.empty(shape, np.float32)
+
+    def load(self, weights):
+        self.weights = {k: self.ga.to_gpu(np.ascontiguousarray(v, dtype=np.float32)) for k, v in weights.items()}
+
+    def forward(self, x, keep_intermediates):
+        B, T, C = x.shape
+        a = attention_buffers(self._new, B, T, C, self.n_head, keep_scores=self.ops.variant.keeps_scores)
+        a.x = self.ga.to_gpu(x)
+        attention_fwd(self.ops, a.x, self.weights, a, self.n_head)
+        self._a = a
+        inter = None
+        if keep_intermediates:
+            inter = {k: getattr(a, k).get() for k in INTERMEDIATES if getattr(a, k) is not None}
+        return a.out.get(), inter
+
+    def backward(self, dout):
+        a = self._a
+        B, T, C = a.x.shape
+        d = attention_grad_buffers(self._new, B, T, C, self.n_head)
+        g = {k: self.ga.zeros_like(v) for k, v in self.weights.items()}  # kernels add into weight gradients
+        attention_bwd(self.ops, self.ga.to_gpu(dout), a.x, self.weights, g, a, d, self.n_head)
+        return d.dx.get(), {k: v.get() for k, v in g.items()}
+
+
+ATTENTION_BACKENDS = {"numpy": NumpyAttention, "cuda": CudaAttention}
+
+
+# ---------------------------------------------------------------------------------------------- the API
 class MultiHeadAttention:
-    def __init__(self, d_model: int, n_head: int, backend: str = "numpy", seed: int = 0,
-                 kernels: str = "reference"):
-        """kernels (cuda backend): "reference", the literal stage kernels, or "fast", the variants (whose
-        scores kernel writes the masked scores directly, so that "scores" is not among the
-        intermediates)."""
+    def __init__(self, d_model: int, n_head: int, backend="numpy", seed: int = 0, variant: str | None = None):
+        """backend: "numpy", "cuda", or an AttentionBackend object. variant (a name of
+        microgpt.kernels.VARIANTS, None for the default) picks the cuda backend's kernels; the numpy
+        backend has one set. The fast variant writes the masked scores directly, so that "scores" is not
+        among its intermediates."""
         for name, value in (("d_model", d_model), ("n_head", n_head)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if d_model % n_head:
             raise ValueError(f"n_head={n_head} must divide d_model={d_model}")
-        if backend not in ("numpy", "cuda"):
-            raise ValueError(f"backend must be 'numpy' or 'cuda', got {backend!r}")
-        if kernels not in ("reference", "fast"):
-            raise ValueError(f"kernels must be 'reference' or 'fast', got {kernels!r}")
-        self.kernels = kernels
-        self.d_model, self.n_head, self.d_k, self.backend = int(d_model), int(n_head), d_model // n_head, backend
+        self.d_model, self.n_head, self.d_k = int(d_model), int(n_head), d_model // n_head
+        if isinstance(backend, str):
+            if backend not in ATTENTION_BACKENDS:
+                raise ValueError(f"backend must be one of {tuple(ATTENTION_BACKENDS)} or an AttentionBackend, "
+                                 f"got {backend!r}")
+            backend = ATTENTION_BACKENDS[backend](self.n_head, variant)
+        elif not isinstance(backend, AttentionBackend):
+            raise TypeError(f"backend must be a name or an AttentionBackend, got {type(backend).__name__}")
+        elif variant is not None:
+            raise ValueError("variant: a backend object was given, whose kernels are its own; pass variant "
+                             "to it, not here")
+        self.backend = backend
         C = self.d_model
         rng = np.random.default_rng(seed)
         self.weights = {
             "qkv.w": rng.normal(0, 0.02, (3 * C, C)).astype(np.float32), "qkv.b": np.zeros(3 * C, np.float32),
             "proj.w": rng.normal(0, 0.02, (C, C)).astype(np.float32), "proj.b": np.zeros(C, np.float32)}
+        self.backend.load(self.weights)
         self.grads = None
-        self._saved = None
-        self._dev = None  # the cuda backend's device copies (weights, buffers)
+        self._x_shape = None  # of the last forward, which backward answers
 
     def shapes(self) -> dict:
         C = self.d_model
@@ -65,7 +182,8 @@ class MultiHeadAttention:
                 raise ValueError(f"state_dict[{k!r}] has shape {v.shape}, expected {shape}")
             new[k] = np.ascontiguousarray(v, dtype=np.float32)
         self.weights = new
-        self._dev = None
+        self.backend.load(new)
+        self._x_shape = None  # the last forward's activations belong to the old weights
 
     def _check_x(self, name, x, shape=None):
         if not isinstance(x, np.ndarray):
@@ -78,64 +196,18 @@ class MultiHeadAttention:
             raise ValueError(f"{name} must have shape (B, T, {self.d_model}), got {x.shape}")
         return np.ascontiguousarray(x, dtype=np.float32)
 
-    # -- forward / backward ---------------------------------------------------------------------------
     def forward(self, x, return_intermediates=False):
         """out (B, T, C); with return_intermediates also a dict of every stage per head: q, k, v and
         heads (B, NH, T, d_k), scores (before the mask), masked and probs (B, NH, T, T), y (B, T, C)."""
         x = self._check_x("x", x)
-        if self.backend == "numpy":
-            out, cache = R.attention_fwd(x, self.weights["qkv.w"], self.weights["qkv.b"],
-                                         self.weights["proj.w"], self.weights["proj.b"], self.n_head)
-            self._saved = cache
-            inter = {k: cache[k] for k in INTERMEDIATES} if return_intermediates else None
-        else:
-            out, inter = self._cuda_forward(x, return_intermediates)
+        out, inter = self.backend.forward(x, return_intermediates)
+        self._x_shape = x.shape
         return (out, inter) if return_intermediates else out
 
     def backward(self, dout):
         """dx (B, T, C); the weights' gradients of this backward in self.grads."""
-        if self._saved is None:
+        if self._x_shape is None:
             raise RuntimeError("backward() needs a forward() first")
-        dout = self._check_x("dout", dout, self._saved_shape())
-        if self.backend == "numpy":
-            dx, g = R.attention_bwd(dout, self._saved, self.weights["qkv.w"], self.weights["proj.w"], self.n_head)
-            self.grads = {"qkv.w": g["w_qkv"], "qkv.b": g["b_qkv"], "proj.w": g["w_o"], "proj.b": g["b_o"]}
-            return dx
-        return self._cuda_backward(dout)
-
-    def _saved_shape(self):
-        return self._saved["x"].shape if self.backend == "numpy" else self._saved.shape
-
-    # -- the cuda backend -------------------------------------------------------------------------------
-    def _cuda_forward(self, x, return_intermediates):
-        import pycuda.gpuarray as ga
-
-        from . import backend_cuda as BC
-        from . import kernels
-        kernels.engine()  # the primary context, before the first allocation
-        if self._dev is None:
-            self._dev = {k: ga.to_gpu(v) for k, v in self.weights.items()}
-        B, T, C = x.shape
-        new = lambda *s: ga.empty(s, np.float32)  # noqa: E731
-        fast = self.kernels == "fast"
-        a = BC.attention_buffers(new, B, T, C, self.n_head, keep_scores=not fast)
-        a.x, a.shape = ga.to_gpu(x), x.shape
-        BC.attention_fwd(a.x, self._dev, a, self.n_head, self.kernels)
-        self._saved = a
-        inter = None
-        if return_intermediates:
-            inter = {k: getattr(a, k).get() for k in INTERMEDIATES if not (fast and k == "scores")}
-        return a.out.get(), inter
-
-    def _cuda_backward(self, dout):
-        import pycuda.gpuarray as ga
-
-        from . import backend_cuda as BC
-        a = self._saved
-        B, T, C = a.shape
-        new = lambda *s: ga.empty(s, np.float32)  # noqa: E731
-        d = BC.attention_grad_buffers(new, B, T, C, self.n_head)
-        g = {k: ga.zeros_like(v) for k, v in self._dev.items()}  # kernels add into weight gradients
-        BC.attention_bwd(ga.to_gpu(dout), a.x, self._dev, g, a, d, self.n_head, self.kernels)
-        self.grads = {k: v.get() for k, v in g.items()}
-        return d.dx.get()
+        dout = self._check_x("dout", dout, self._x_shape)
+        dx, self.grads = self.backend.backward(dout)
+        return dx

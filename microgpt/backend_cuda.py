@@ -13,6 +13,8 @@ from types import SimpleNamespace
 import numpy as np
 
 from . import kernels as K
+from .attention import attention_bwd, attention_fwd, attention_grad_buffers
+from .backend import FLAT_VECTORS, check_which
 from .config import GPTConfig
 from .params import decays, num_params, param_table
 
@@ -22,103 +24,43 @@ def device_views(table, flat):
     return {s.name: flat[s.offset:s.offset + s.size].reshape(s.shape) for s in table}
 
 
-# ---------------------------------------------------------------------------------------------- attention
-# One attention sublayer, stage by stage, on buffers the caller owns (a SimpleNamespace `a`): shared by
-# the GPT below and by microgpt.attention.MultiHeadAttention. kernels="fast" runs the fast variants: the
-# scores kernel applies the mask as it writes (so there are no unmasked scores), the causal products skip
-# the masked half, and the mask's backward is a no-op (the softmax backward already leaves zeros there).
-def attention_fwd(x, w, a, n_head, kernels="reference", stream=None):
-    """x (B, T, C) -> a.out; keeps a.q, a.k, a.v, a.probs and a.y for backward. a.masked may be a.scores
-    (mask in place) when the raw scores need not be kept."""
-    op = lambda name: K.variant(name, kernels)  # noqa: E731
-    op("matmul_fwd")(a.qkv, x, w["qkv.w"], w["qkv.b"], stream=stream)
-    K.split_heads_fwd(a.q, a.k, a.v, a.qkv, n_head, stream=stream)
-    if kernels == "fast":
-        K.attn_scores_fwd_fast(a.masked, a.q, a.k, stream=stream)
-    else:
-        K.attn_scores_fwd(a.scores, a.q, a.k, stream=stream)
-        K.causal_mask_fwd(a.masked, a.scores, stream=stream)
-    op("softmax_fwd")(a.probs, a.masked, stream=stream)
-    op("attn_values_fwd")(a.heads, a.probs, a.v, stream=stream)
-    K.merge_heads_fwd(a.y, a.heads, stream=stream)
-    op("matmul_fwd")(a.out, a.y, w["proj.w"], w["proj.b"], stream=stream)
-
-
-def attention_bwd(dout, x, w, g, a, d, n_head, kernels="reference", stream=None):
-    """dout (B, T, C) -> d.dx written; g (the weights' gradients) added into. d holds the scratch."""
-    op = lambda name: K.variant(name, kernels)  # noqa: E731
-    op("matmul_bwd")(d.dy, g["proj.w"], g["proj.b"], dout, a.y, w["proj.w"], stream=stream)
-    K.merge_heads_bwd(d.dheads, d.dy, n_head, stream=stream)
-    op("attn_values_bwd")(d.dprobs, d.dv, d.dheads, a.probs, a.v, stream=stream)
-    op("softmax_bwd")(d.dscores, d.dprobs, a.probs, stream=stream)
-    if kernels != "fast":
-        K.causal_mask_bwd(d.dscores, d.dscores, stream=stream)
-    op("attn_scores_bwd")(d.dq, d.dk, d.dscores, a.q, a.k, stream=stream)
-    K.split_heads_bwd(d.dqkv, d.dq, d.dk, d.dv, stream=stream)
-    op("matmul_bwd")(d.dx, g["qkv.w"], g["qkv.b"], d.dqkv, x, w["qkv.w"], stream=stream)
-
-
-def attention_buffers(new, B, T, C, n_head, keep_scores=False):
-    d_k = C // n_head
-    a = SimpleNamespace(qkv=new(B, T, 3 * C), q=new(B, n_head, T, d_k), k=new(B, n_head, T, d_k),
-                        v=new(B, n_head, T, d_k), scores=new(B, n_head, T, T), probs=new(B, n_head, T, T),
-                        heads=new(B, n_head, T, d_k), y=new(B, T, C), out=new(B, T, C))
-    a.masked = new(B, n_head, T, T) if keep_scores else a.scores
-    return a
-
-
-def attention_grad_buffers(new, B, T, C, n_head):
-    d_k = C // n_head
-    return SimpleNamespace(dy=new(B, T, C), dheads=new(B, n_head, T, d_k), dprobs=new(B, n_head, T, T),
-                           dscores=new(B, n_head, T, T), dq=new(B, n_head, T, d_k), dk=new(B, n_head, T, d_k),
-                           dv=new(B, n_head, T, d_k), dqkv=new(B, T, 3 * C), dx=new(B, T, C))
-
-
-# ---------------------------------------------------------------------------------------------- the model
-def _attn(layer_tensors):
-    """{'attn.qkv.w': ...} -> {'qkv.w': ...}: a layer's attention weights (or gradients) by sublayer name."""
-    return {k[5:]: v for k, v in layer_tensors.items() if k.startswith("attn.")}
+def _sublayer(tensors, prefix):
+    """{'attn.qkv.w': ...} -> {'qkv.w': ...}: the tensors (weights or gradients) under one prefix."""
+    return {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
 
 
 class CudaBackend:
-    name = "cuda"
     dtype = np.dtype(np.float32)
 
-    def __init__(self, config: GPTConfig, kernels: str = "fast"):
-        import pycuda.driver as cuda
-        import pycuda.gpuarray as ga
-        from pycuda.tools import DeviceMemoryPool
-
-        K.variant("matmul_fwd", kernels)  # refuses an unknown variant before anything is allocated
-        K.engine()
-        self.kernels = kernels
-        self.cuda, self.ga = cuda, ga
+    def __init__(self, config: GPTConfig, variant: str | None = None):
+        self.ops = K.select(variant)  # refuses an unknown variant before anything is allocated
+        engine = K.engine()
+        self.cuda, self.ga = engine.cuda, engine.ga
         self.config = config
         self.table = param_table(config)
-        self.stream = cuda.Stream()
-        self.pool = DeviceMemoryPool()  # activations come and go with (B, T): reuse their memory
+        self.stream = engine.cuda.Stream()
+        self.pool = engine.memory_pool()  # activations come and go with (B, T): reuse their memory
         n = num_params(config)
-        self.flat = {which: ga.zeros(n, np.float32) for which in ("params", "grads", "m", "v")}
+        self.flat = {which: self.ga.zeros(n, np.float32) for which in FLAT_VECTORS}
         self.P = device_views(self.table, self.flat["params"])
         self.G = device_views(self.table, self.flat["grads"])
         mask = np.zeros(n, np.uint8)
         for s in self.table:
             mask[s.offset:s.offset + s.size] = decays(s.name, s.shape)
-        self.decay_mask = ga.to_gpu(mask)  # one AdamW launch covers every tensor
-        self.sumsq = ga.zeros(1, np.float64)
+        self.decay_mask = self.ga.to_gpu(mask)  # one AdamW launch covers every tensor
+        self.sumsq = self.ga.zeros(1, np.float64)
         self._bufs = None   # activations of the current (B, T)
         self._plans = {}    # (B, T, with_targets) -> recorded forward plan; "bwd" -> backward plan
-        self._saved = None
         self._has_norm = False
 
     # -- state ------------------------------------------------------------------------------------
     def pull(self, which: str) -> np.ndarray:
         self.stream.synchronize()
-        return self.flat[which].get()
+        return self.flat[check_which(which)].get()
 
     def push(self, which: str, values: np.ndarray) -> None:
         self.stream.synchronize()
-        self.flat[which].set(np.ascontiguousarray(values, dtype=np.float32))
+        self.flat[check_which(which)].set(np.ascontiguousarray(values, dtype=np.float32))
 
     def zero_grad(self) -> None:
         self.cuda.memset_d32_async(self.flat["grads"].gpudata, 0, self.flat["grads"].size, self.stream)
@@ -148,7 +90,7 @@ class CudaBackend:
             # saved for backward, per layer; the attention scores are scratch shared by all layers
             a = SimpleNamespace(ln1=new(B, T, C), mean1=new(B, T), rstd1=new(B, T), x1=new(B, T, C),
                                 ln2=new(B, T, C), mean2=new(B, T), rstd2=new(B, T), fc=new(B, T, 4 * C),
-                                act=new(B, T, 4 * C), mlp=None)
+                                act=new(B, T, 4 * C))
             a.att = SimpleNamespace(q=new(B, NH, T, C // NH), k=new(B, NH, T, C // NH),
                                     v=new(B, NH, T, C // NH), probs=new(B, NH, T, T), y=new(B, T, C))
             b.layers.append(a)
@@ -171,58 +113,50 @@ class CudaBackend:
             b.d.logits = new(B, T, self.config.vocab_size)
         return b.d
 
-    def _layer_weights(self, params, l):
-        prefix = f"h.{l}."
-        return {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)}
-
     # -- forward / backward ---------------------------------------------------------------------------
-    def _op(self, name):
-        return K.variant(name, self.kernels)
-
     def _plan_forward(self, b, with_targets):
-        cfg, P, NH, op = self.config, self.P, self.config.n_head, self._op
+        cfg, P, NH, ops = self.config, self.P, self.config.n_head, self.ops
         with K.recording() as plan:
-            K.embed_fwd(b.resid[0], b.idx, P["wte"], P["wpe"], check_token_ids=False)
+            ops.embed_fwd(b.resid[0], b.idx, P["wte"], P["wpe"], check_token_ids=False)
             for l, s in enumerate(b.layers):
-                w = self._layer_weights(P, l)
-                op("layernorm_fwd")(s.ln1, s.mean1, s.rstd1, b.resid[l], w["ln1.w"], w["ln1.b"])
-                a = SimpleNamespace(**vars(s.att), qkv=b.scratch.qkv, scores=b.scratch.scores,
-                                    masked=b.scratch.scores, heads=b.scratch.heads, out=b.scratch.out)
-                attention_fwd(s.ln1, _attn(w), a, NH, self.kernels)
-                K.residual_fwd(s.x1, b.resid[l], b.scratch.out)
-                op("layernorm_fwd")(s.ln2, s.mean2, s.rstd2, s.x1, w["ln2.w"], w["ln2.b"])
-                op("matmul_fwd")(s.fc, s.ln2, w["mlp.fc.w"], w["mlp.fc.b"])
-                K.gelu_fwd(s.act, s.fc)
-                op("matmul_fwd")(b.scratch.mlp, s.act, w["mlp.proj.w"], w["mlp.proj.b"])
-                K.residual_fwd(b.resid[l + 1], s.x1, b.scratch.mlp)
-            op("layernorm_fwd")(b.lnf, b.meanf, b.rstdf, b.resid[cfg.n_layer], P["lnf.w"], P["lnf.b"])
-            op("matmul_fwd")(b.logits, b.lnf, P["wte"], None)  # tied output projection, no bias
+                w = _sublayer(P, f"h.{l}.")
+                ops.layernorm_fwd(s.ln1, s.mean1, s.rstd1, b.resid[l], w["ln1.w"], w["ln1.b"])
+                a = SimpleNamespace(**vars(s.att), qkv=b.scratch.qkv, scores=None, masked=b.scratch.scores,
+                                    heads=b.scratch.heads, out=b.scratch.out)
+                attention_fwd(ops, s.ln1, _sublayer(w, "attn."), a, NH)
+                ops.residual_fwd(s.x1, b.resid[l], b.scratch.out)
+                ops.layernorm_fwd(s.ln2, s.mean2, s.rstd2, s.x1, w["ln2.w"], w["ln2.b"])
+                ops.matmul_fwd(s.fc, s.ln2, w["mlp.fc.w"], w["mlp.fc.b"])
+                ops.gelu_fwd(s.act, s.fc)
+                ops.matmul_fwd(b.scratch.mlp, s.act, w["mlp.proj.w"], w["mlp.proj.b"])
+                ops.residual_fwd(b.resid[l + 1], s.x1, b.scratch.mlp)
+            ops.layernorm_fwd(b.lnf, b.meanf, b.rstdf, b.resid[cfg.n_layer], P["lnf.w"], P["lnf.b"])
+            ops.matmul_fwd(b.logits, b.lnf, P["wte"], None)  # tied output projection, no bias
             if with_targets:
-                op("crossentropy_fwd")(b.losses, b.probs, b.logits, b.tgt, check_token_ids=False)
+                ops.crossentropy_fwd(b.losses, b.probs, b.logits, b.tgt, check_token_ids=False)
         return plan
 
     def _plan_backward(self, b):
-        cfg, P, G, NH, op = self.config, self.P, self.G, self.config.n_head, self._op
+        cfg, P, G, NH, ops = self.config, self.P, self.G, self.config.n_head, self.ops
         d = self._grad_buffers(b)
         with K.recording() as plan:
-            K.crossentropy_bwd(d.logits, b.probs, b.tgt, b.dlosses, check_token_ids=False)
-            op("matmul_bwd")(d.ln, G["wte"], None, d.logits, b.lnf, P["wte"])
-            op("layernorm_bwd")(d.resid, G["lnf.w"], G["lnf.b"], d.ln, b.resid[cfg.n_layer], P["lnf.w"],
-                                b.meanf, b.rstdf)
+            ops.crossentropy_bwd(d.logits, b.probs, b.tgt, b.dlosses, check_token_ids=False)
+            ops.matmul_bwd(d.ln, G["wte"], None, d.logits, b.lnf, P["wte"])
+            ops.layernorm_bwd(d.resid, G["lnf.w"], G["lnf.b"], d.ln, b.resid[cfg.n_layer], P["lnf.w"], b.meanf,
+                              b.rstdf)
             for l in reversed(range(cfg.n_layer)):
-                s, w, g = b.layers[l], self._layer_weights(P, l), self._layer_weights(G, l)
+                s, w, g = b.layers[l], _sublayer(P, f"h.{l}."), _sublayer(G, f"h.{l}.")
                 # resid[l+1] = x1 + mlp(ln2(x1)): d.resid is the gradient of resid[l+1]
-                op("matmul_bwd")(d.act, g["mlp.proj.w"], g["mlp.proj.b"], d.resid, s.act, w["mlp.proj.w"])
-                K.gelu_bwd(d.fc, d.act, s.fc)
-                op("matmul_bwd")(d.ln, g["mlp.fc.w"], g["mlp.fc.b"], d.fc, s.ln2, w["mlp.fc.w"])
-                op("layernorm_bwd")(d.branch, g["ln2.w"], g["ln2.b"], d.ln, s.x1, w["ln2.w"], s.mean2, s.rstd2)
-                K.residual_fwd(d.resid, d.resid, d.branch)  # now the gradient of x1
+                ops.matmul_bwd(d.act, g["mlp.proj.w"], g["mlp.proj.b"], d.resid, s.act, w["mlp.proj.w"])
+                ops.gelu_bwd(d.fc, d.act, s.fc)
+                ops.matmul_bwd(d.ln, g["mlp.fc.w"], g["mlp.fc.b"], d.fc, s.ln2, w["mlp.fc.w"])
+                ops.layernorm_bwd(d.branch, g["ln2.w"], g["ln2.b"], d.ln, s.x1, w["ln2.w"], s.mean2, s.rstd2)
+                ops.residual_fwd(d.resid, d.resid, d.branch)  # now the gradient of x1
                 # x1 = resid[l] + attn(ln1(resid[l]))
-                attention_bwd(d.resid, s.ln1, _attn(w), _attn(g), s.att, d, NH, self.kernels)
-                op("layernorm_bwd")(d.branch, g["ln1.w"], g["ln1.b"], d.dx, b.resid[l], w["ln1.w"],
-                                    s.mean1, s.rstd1)
-                K.residual_fwd(d.resid, d.resid, d.branch)  # now the gradient of resid[l]
-            K.embed_bwd(G["wte"], G["wpe"], d.resid, b.idx, b.order, check_token_ids=False)
+                attention_bwd(ops, d.resid, s.ln1, _sublayer(w, "attn."), _sublayer(g, "attn."), s.att, d, NH)
+                ops.layernorm_bwd(d.branch, g["ln1.w"], g["ln1.b"], d.dx, b.resid[l], w["ln1.w"], s.mean1, s.rstd1)
+                ops.residual_fwd(d.resid, d.resid, d.branch)  # now the gradient of resid[l]
+            ops.embed_bwd(G["wte"], G["wpe"], d.resid, b.idx, b.order, check_token_ids=False)
         return plan
 
     def forward(self, idx, targets=None, logits="all"):
@@ -252,7 +186,6 @@ class CudaBackend:
         K.synchronize(self.stream, "forward")
         if targets is not None:
             losses = b.losses_host.copy()
-        self._saved = key
         return out, losses
 
     def backward(self) -> None:
@@ -264,10 +197,10 @@ class CudaBackend:
     # -- optimiser ----------------------------------------------------------------------------------
     def step(self, t, lr, beta1, beta2, eps, weight_decay, grad_clip):
         grads = self.flat["grads"]
-        K.global_norm(self.sumsq, grads, stream=self.stream)
+        self.ops.global_norm(self.sumsq, grads, stream=self.stream)
         self._has_norm = True
         clip = dict(sumsq=self.sumsq, max_norm=grad_clip) if grad_clip is not None else {}
-        K.adamw(self.flat["params"], grads, self.flat["m"], self.flat["v"], lr=lr, beta1=beta1, beta2=beta2,
+        self.ops.adamw(self.flat["params"], grads, self.flat["m"], self.flat["v"], lr=lr, beta1=beta1, beta2=beta2,
                 eps=eps, weight_decay=weight_decay, step=t, decay_mask=self.decay_mask, stream=self.stream, **clip)
 
     @property

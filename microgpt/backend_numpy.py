@@ -1,7 +1,7 @@
 """The numpy backend: the whole GPT composed of the reference operations, on the CPU.
 
 Every backend holds four flat vectors laid out by microgpt.params (weights, gradients, Adam m and v) and
-answers the same calls; microgpt.model.GPT validates arguments before any of them runs. Here the four are
+answers the calls of microgpt.backend.Backend; microgpt.model.GPT validates arguments before any of them runs. Here the four are
 microgpt._host.FlatBuffer's (aligned, zeroed), in float32 or, for gradient checks, float64.
 """
 from __future__ import annotations
@@ -10,16 +10,12 @@ import numpy as np
 
 from . import reference as R
 from ._host import FlatBuffer
+from .backend import FLAT_VECTORS, check_which
 from .config import GPTConfig
 from .params import decays, num_params, param_table
 
 
-FLAT_VECTORS = ("params", "grads", "m", "v")
-
-
 class NumpyBackend:
-    name = "numpy"
-
     def __init__(self, config: GPTConfig, dtype=np.float32):
         self.config = config
         self.dtype = np.dtype(dtype)
@@ -37,11 +33,11 @@ class NumpyBackend:
     # -- state ------------------------------------------------------------------------------------
     def pull(self, which: str) -> np.ndarray:
         """The live flat vector (no copy): weights, gradients, Adam m or v."""
-        return self.flat[_check_which(which)]
+        return self.flat[check_which(which)]
 
     def push(self, which: str, values: np.ndarray) -> None:
         """Copies n_params numbers into one flat vector."""
-        self.buffers[_check_which(which)].copy_from(values)
+        self.buffers[check_which(which)].copy_from(values)
 
     def zero_grad(self) -> None:
         self.buffers["grads"].fill(0)
@@ -132,9 +128,3 @@ class NumpyBackend:
             wd = weight_decay if decays(spec.name, spec.shape) else 0.0
             params[sl], m[sl], v[sl] = R.adamw(params[sl], grads[sl], m[sl], v[sl], t, lr,
                                                beta1, beta2, eps, wd)
-
-
-def _check_which(which):
-    if which not in FLAT_VECTORS:
-        raise ValueError(f"which must be one of {FLAT_VECTORS}, got {which!r}")
-    return which

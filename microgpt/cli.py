@@ -14,7 +14,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
+from . import checkpoint, kernels
+from ._version import __version__
 from .config import PRESETS, GPTConfig
 from .data import BatchSampler, load_tokens, split
 from .model import GPT
@@ -27,8 +30,7 @@ CPU_SIZES = dict(n_layer=2, n_head=4, d_model=64, block_size=64)
 def cuda_available() -> tuple[bool, str]:
     """(True, device name) where PyCUDA and a CUDA device are there, else (False, the reason)."""
     try:
-        from .kernels import device_summary
-        return True, device_summary()
+        return True, kernels.device_summary()
     except Exception as e:  # no pycuda, no driver, no device: all mean the numpy backend
         return False, str(e).splitlines()[0] if str(e) else type(e).__name__
 
@@ -66,10 +68,6 @@ def checkpoint_path(out_dir) -> Path:
 
 
 def cmd_train(args) -> int:
-    from tqdm import tqdm
-
-    from . import checkpoint
-
     backend = pick_backend(args.backend)
     tokenizer = ByteTokenizer()
     train_tokens, val_tokens = split(load_tokens(args.data, tokenizer), args.val_fraction)
@@ -77,14 +75,14 @@ def cmd_train(args) -> int:
     if args.resume:
         if not ckpt.is_file():
             raise SystemExit(f"--resume: no checkpoint at {ckpt}")
-        model = GPT.load(ckpt, backend=backend)
+        model = GPT.load(ckpt, backend=backend, variant=args.variant)
         extra = checkpoint.read_meta(ckpt).get("extra") or {}
         config = model.config
         T = extra.get("T", config.block_size)
         print(f"resumed {ckpt} at step {model.step_count}")
     else:
         config = config_from_args(args, backend, tokenizer.vocab_size)
-        model = GPT(config, backend=backend, seed=args.seed)
+        model = GPT(config, backend=backend, seed=args.seed, variant=args.variant)
         extra = {}
         T = args.seq_len or config.block_size
     if T > config.block_size:
@@ -151,7 +149,7 @@ def cmd_train(args) -> int:
 
 def cmd_sample(args) -> int:
     backend = pick_backend(args.backend, quiet=True)
-    model = GPT.load(args.checkpoint, backend=backend)
+    model = GPT.load(args.checkpoint, backend=backend, variant=args.variant)
     tokenizer = ByteTokenizer()
     if model.config.vocab_size < tokenizer.vocab_size:
         raise SystemExit(f"{args.checkpoint}: vocab_size {model.config.vocab_size} is not the byte "
@@ -164,20 +162,22 @@ def cmd_sample(args) -> int:
 
 
 def cmd_info(args) -> int:
-    from . import __version__, kernels
     print(f"microgpt {__version__}")
     ok, why = cuda_available()
+    src = kernels.cuda_source_dir() / "microgpt_cuda.cu"
     if ok:
-        e = kernels.engine()
         print(f"device: {why}")
-        print(f"compiled for: {e.arch} ({kernels.cuda_source_dir() / 'microgpt_cuda.cu'}, "
-              f"nvcc options {' '.join(kernels.NVCC_OPTIONS)})")
+        print(f"compiled for: {kernels.engine().arch} ({src}, nvcc options {' '.join(kernels.NVCC_OPTIONS)})")
     else:
         print(f"device: none ({why}); the numpy backend runs on the CPU")
-    names = kernels.kernel_names()
-    print(f"kernels ({len(names)}): {', '.join(names)}")
+    try:
+        names = kernels.kernel_names()
+        print(f"kernels ({len(names)}, from {src}): {', '.join(names)}")
+    except (OSError, RuntimeError) as e:  # no nvcc to read the translation unit with
+        print(f"kernels: not listed ({str(e).splitlines()[0]})")
+    for name, v in kernels.VARIANTS.items():
+        print(f"variant {name}{' (default)' if name == kernels.DEFAULT_VARIANT else ''}: {v.summary}")
     if args.checkpoint:
-        from . import checkpoint
         meta = checkpoint.read_meta(args.checkpoint)
         print(f"checkpoint {args.checkpoint}: step {meta['step']}, {meta['n_params']:,} parameters, "
               f"config {meta['config']}")
@@ -194,6 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="train a model on a text file or the built-in corpus")
     t.add_argument("--backend", choices=["auto", "numpy", "cuda"], default="auto")
+    t.add_argument("--variant", choices=list(kernels.VARIANTS), default=None,
+                   help=f"the cuda backend's kernels (default: {kernels.DEFAULT_VARIANT})")
     t.add_argument("--preset", choices=list(PRESETS), default=None,
                    help="model sizes (default: andrea-12m on a GPU, a 2-layer d_model-64 model on the CPU)")
     for name in ("n_layer", "n_head", "d_model", "block_size"):
@@ -223,6 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("sample", help="sample text from a checkpoint")
     sp.add_argument("checkpoint")
     sp.add_argument("--backend", choices=["auto", "numpy", "cuda"], default="auto")
+    sp.add_argument("--variant", choices=list(kernels.VARIANTS), default=None,
+                    help=f"the cuda backend's kernels (default: {kernels.DEFAULT_VARIANT})")
     sp.add_argument("--prompt", default="")
     sp.add_argument("--max-new-tokens", type=int, default=200)
     sp.add_argument("--temperature", type=float, default=0.8)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from pydoc_data.topics import topics
 
 from . import _host
 from .tokenizer import ByteTokenizer
@@ -21,7 +22,6 @@ from .tokenizer import ByteTokenizer
 
 def builtin_corpus() -> str:
     """A corpus every Python install has: the standard library's pydoc topics (about 0.5 MB of English)."""
-    from pydoc_data.topics import topics
     return "\n\n".join(topics[k] for k in sorted(topics))
 
 

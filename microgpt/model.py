@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import checkpoint
+from .backend import Backend
+from .backend_cuda import CudaBackend
+from .backend_numpy import NumpyBackend
 from .config import GPTConfig
+from .kernels import resolve
 from .params import init_params, num_params, param_table, views
-
-BACKENDS = ("numpy", "cuda")
 
 
 def _check_tokens(name, a, config, max_T=None):
@@ -39,30 +42,33 @@ def _check_tokens(name, a, config, max_T=None):
     return np.ascontiguousarray(a, dtype=np.int32)
 
 
-def _make_backend(name, config, dtype, kernels):
-    if name == "numpy":
-        from .backend_numpy import NumpyBackend
-        return NumpyBackend(config, dtype=dtype)
-    if name == "cuda":
-        if np.dtype(dtype) != np.float32:
-            raise ValueError(f"dtype: the cuda backend is float32 only, got {np.dtype(dtype)}")
-        from .backend_cuda import CudaBackend
-        return CudaBackend(config, kernels=kernels)
-    raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
+def _numpy_backend(config, dtype, variant):
+    resolve(variant)  # the numpy backend has one set of operations; a bad name is still refused
+    return NumpyBackend(config, dtype=dtype)
+
+
+def _cuda_backend(config, dtype, variant):
+    if np.dtype(dtype) != np.float32:
+        raise ValueError(f"dtype: the cuda backend is float32 only, got {np.dtype(dtype)}")
+    return CudaBackend(config, variant=variant)
+
+
+BACKENDS = {"numpy": _numpy_backend, "cuda": _cuda_backend}
 
 
 class GPT:
     def __init__(self, config: GPTConfig, backend: str = "numpy", seed: int = 0, dtype=np.float32,
-                 kernels: str = "fast"):
-        """kernels: on the cuda backend, "fast" (the fast variants where there is one) or "reference"
-        (the readable kernels only); the numpy backend has one set."""
+                 variant: str | None = None):
+        """backend: "numpy" (the reference engine on the CPU; float32, or float64 for gradient checks) or
+        "cuda" (the kernels). variant: the cuda backend's kernels, a name of microgpt.kernels.VARIANTS
+        ("fast", the default, or "reference", the readable kernels only); the numpy backend has one set."""
         if not isinstance(config, GPTConfig):
             raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
+        if not isinstance(backend, str) or backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {tuple(BACKENDS)}, got {backend!r}")
         self.config = config
         self.table = param_table(config)
-        if kernels not in ("fast", "reference"):
-            raise ValueError(f"kernels must be 'fast' or 'reference', got {kernels!r}")
-        self.backend = _make_backend(backend, config, dtype, kernels)
+        self.backend: Backend = BACKENDS[backend](config, dtype, variant)
         self.step_count = 0  # AdamW steps taken, the t of its bias correction
         self._can_backward = False
         init = np.empty(num_params(config), dtype=self.backend.dtype)
@@ -207,24 +213,21 @@ class GPT:
         path + '.json' (microgpt.checkpoint documents both). Each file is written to a temporary file and
         renamed into place, so a crash or an error mid-save leaves the previous checkpoint whole.
         extra: JSON values kept with it (a BatchSampler's state, say); checkpoint.read_meta returns them."""
-        from . import checkpoint
         checkpoint.save(path, self.config, self.step_count, self.backend.pull("params"),
                         self.backend.pull("m"), self.backend.pull("v"), extra=extra)
 
     @classmethod
-    def load(cls, path, backend: str = "numpy", kernels: str = "fast") -> "GPT":
+    def load(cls, path, backend: str = "numpy", variant: str | None = None) -> "GPT":
         """The model of the checkpoint at path, on backend, ready to continue training: weights, Adam m and
         v and the step are those saved, bit for bit; gradients are zero."""
-        from . import checkpoint
         ckpt = checkpoint.read(path)
-        model = cls(ckpt.config, backend=backend, kernels=kernels)
+        model = cls(ckpt.config, backend=backend, variant=variant)
         model._restore(ckpt)
         return model
 
     def load_checkpoint(self, path) -> dict:
         """Restores weights, Adam m and v and the step from a checkpoint of this model's config, and returns
         its extra. The file is read and checked whole first: one that is refused leaves the model as it was."""
-        from . import checkpoint
         ckpt = checkpoint.read(path, expect_config=self.config)
         self._restore(ckpt)
         return ckpt.extra

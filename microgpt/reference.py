@@ -13,8 +13,8 @@ import math
 
 import numpy as np
 
-LN_EPS = 1e-5
-MASK_VALUE = -1e9  # what the causal mask writes where j > i, as the seed engine does
+LN_EPS = 1e-5  # LN_EPS of cuda/common.cuh
+MASK_VALUE = -1e9  # what the causal mask writes where j > i; MASK_VALUE of cuda/common.cuh
 GELU_K = math.sqrt(2.0 / math.pi)
 CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_ divides by (norm + 1e-6)
 

@@ -1,6 +1,6 @@
 """The same GPT written in PyTorch: the outside oracle of the tests and the peer of the benchmarks.
 
-Written from the architecture (DESIGN.md), not from microgpt's own code: torch's layer_norm, linear, gelu
+Written from the architecture (README.md, The model), not from microgpt's own code: torch's layer_norm, linear, gelu
 and cross_entropy, attention either spelled out (masked_fill -1e9, softmax) or through
 scaled_dot_product_attention. Needs torch; importing this module without it raises ImportError.
 """

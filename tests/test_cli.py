@@ -88,3 +88,15 @@ def test_lr_schedule_warms_up_then_decays_to_the_floor():
     assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
     assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))
     assert lrs[-1] == pytest.approx(0.1, abs=1e-3)
+
+
+def test_the_variant_flag_is_the_one_kernel_switch(tmp_path, corpus, capsys):
+    code, out = train(["--data", corpus, "--steps", "2", "--variant", "reference", "--out", str(tmp_path / "r")],
+                      capsys)
+    assert code == 0  # the numpy backend takes either name: it has one set of operations
+    with pytest.raises(SystemExit) as e:
+        main(["train", *SMALL, "--variant", "fastest", "--steps", "1", "--out", str(tmp_path / "s")])
+    assert e.value.code == 2 and "--variant: invalid choice: 'fastest'" in capsys.readouterr().err
+    assert main(["info"]) == 0
+    info = capsys.readouterr().out
+    assert "variant fast (default)" in info and "variant reference" in info

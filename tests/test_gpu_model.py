@@ -1,11 +1,17 @@
 """The Python API on the GPU: MultiHeadAttention and the whole GPT on the cuda backend agree with the
 numpy backend (the reference engine) on the same weights and inputs."""
+import re
+
 import numpy as np
 import pytest
 
-from microgpt import GPT, GPTConfig, MultiHeadAttention
+from microgpt import GPT, GPTConfig, MultiHeadAttention, checkpoint
+from microgpt.cli import main
+from microgpt.data import BatchSampler, load_tokens, split
+from microgpt import kernels as K
+from microgpt.kernels import VARIANTS
 
-from conftest import record, rel_err
+from helpers import record, rel_err
 
 pytestmark = pytest.mark.gpu
 
@@ -19,10 +25,10 @@ def close(what, got, want, tol):
     assert err < tol, f"{what}: relative error {err:.2e} >= {tol:.0e}"
 
 
-KERNELS = pytest.mark.parametrize("kernels", ["fast", "reference"])
+VARIANT = pytest.mark.parametrize("variant", list(VARIANTS))
 
 
-def twins(config, seed, kernels="fast"):
+def twins(config, seed, variant="fast"):
     """A numpy and a cuda model holding the same weights (LN gains and biases perturbed off 1 and 0)."""
     ref = GPT(config, backend="numpy", seed=seed)
     rng = np.random.default_rng(seed)
@@ -31,7 +37,7 @@ def twins(config, seed, kernels="fast"):
         if sd[k].ndim == 1:
             sd[k] = sd[k] + rng.normal(0, 0.1, sd[k].shape).astype(np.float32)
     ref.load_state_dict(sd)
-    gpu = GPT(config, backend="cuda", seed=seed + 1, kernels=kernels)
+    gpu = GPT(config, backend="cuda", seed=seed + 1, variant=variant)
     gpu.load_state_dict(sd)
     return ref, gpu
 
@@ -39,21 +45,21 @@ def twins(config, seed, kernels="fast"):
 # ---------------------------------------------------------------------------------------------- attention
 @pytest.mark.parametrize("B,T,C,NH", [(1, 1, 20, 4), (2, 7, 64, 4), (1, 1024, 384, 12)],
                          ids=["B1-T1", "B2-T7", "andrea-12m-T1024"])
-@pytest.mark.parametrize("kernels", ["reference", "fast"])
-def test_multi_head_attention_matches_numpy(rng, B, T, C, NH, kernels):
+@VARIANT
+def test_multi_head_attention_matches_numpy(rng, B, T, C, NH, variant):
     ref = MultiHeadAttention(C, NH, backend="numpy", seed=int(rng.integers(1 << 30)))
     sd = ref.state_dict()
     sd["qkv.b"] = rng.normal(0, 0.1, sd["qkv.b"].shape).astype(np.float32)
     sd["proj.b"] = rng.normal(0, 0.1, sd["proj.b"].shape).astype(np.float32)
     sd["qkv.w"] *= 10  # scores of order 1, so the softmax is not uniform
     ref.load_state_dict(sd)
-    gpu = MultiHeadAttention(C, NH, backend="cuda", kernels=kernels)
+    gpu = MultiHeadAttention(C, NH, backend="cuda", variant=variant)
     gpu.load_state_dict(sd)
     x = rng.standard_normal((B, T, C)).astype(np.float32)
     out_r, inter_r = ref.forward(x, return_intermediates=True)
     out_g, inter_g = gpu.forward(x, return_intermediates=True)
     close("attention out", out_g, out_r, 1e-5)
-    assert set(inter_g) == set(inter_r) - ({"scores"} if kernels == "fast" else set())
+    assert set(inter_g) == set(inter_r) - (set() if VARIANTS[variant].keeps_scores else {"scores"})
     for k in inter_g:
         assert inter_g[k].shape == inter_r[k].shape, k
         close(f"attention {k}", inter_g[k], inter_r[k], 1e-5)
@@ -69,9 +75,9 @@ def test_multi_head_attention_matches_numpy(rng, B, T, C, NH, kernels):
 # ---------------------------------------------------------------------------------------------- the whole GPT
 @pytest.mark.parametrize("config,B,T", [(SMALL, 3, 19), (SMALL, 1, 1), (ANDREA_12M, 1, 1024)],
                          ids=["small", "small-T1", "andrea-12m-T1024"])
-@KERNELS
-def test_gpt_matches_numpy(rng, config, B, T, kernels):
-    ref, gpu = twins(config, seed=int(rng.integers(1 << 30)), kernels=kernels)
+@VARIANT
+def test_gpt_matches_numpy(rng, config, B, T, variant):
+    ref, gpu = twins(config, seed=int(rng.integers(1 << 30)), variant=variant)
     idx = rng.integers(0, config.vocab_size, size=(B, T))
     tgt = rng.integers(0, config.vocab_size, size=(B, T))
     lr, lg = ref.forward(idx, tgt)
@@ -87,9 +93,9 @@ def test_gpt_matches_numpy(rng, config, B, T, kernels):
         close("gradients", gd[k], gr[k], 1e-3)
 
 
-@KERNELS
-def test_two_adamw_steps_with_clipping_match_numpy(rng, kernels):
-    ref, gpu = twins(SMALL, seed=5, kernels=kernels)
+@VARIANT
+def test_two_adamw_steps_with_clipping_match_numpy(rng, variant):
+    ref, gpu = twins(SMALL, seed=5, variant=variant)
     idx = rng.integers(0, SMALL.vocab_size, size=(4, 19))
     tgt = rng.integers(0, SMALL.vocab_size, size=(4, 19))
     for _ in range(2):
@@ -135,9 +141,24 @@ def test_generate_on_the_gpu(rng):
     np.testing.assert_array_equal(out, gpu.generate(prompt, 25, temperature=0.9, top_k=10, seed=11))
 
 
+@VARIANT
+def test_the_model_runs_its_variants_kernels_and_only_kernels_of_the_registry(rng, variant):
+    gpu = GPT(SMALL, backend="cuda", variant=variant)
+    idx = rng.integers(0, SMALL.vocab_size, size=(2, 7))
+    gpu.forward(idx, idx)
+    gpu.backward()
+    launched = {name for plan in gpu.backend._plans.values() for name, *_ in plan}
+    assert launched <= set(K.kernel_names())
+    ops = K.select(variant)
+    if ops.matmul_fwd is K.matmul_fwd:  # the readable kernels only
+        assert not any(n.startswith("k_sgemm") for n in launched) and "k_attn_scores_fwd" in launched
+    else:
+        assert {"k_sgemm_nt", "k_sgemm_nt_n64"} & launched and "k_matmul_fwd" not in launched
+        assert "k_attn_scores_fwd" not in launched  # the mask is fused into the scores
+
+
 # ---------------------------------------------------------------------------------------------- training
 def test_training_on_the_builtin_corpus_lowers_the_validation_loss():
-    from microgpt.data import BatchSampler, load_tokens, split
     cfg = GPTConfig(n_layer=2, n_head=4, d_model=128, block_size=64, vocab_size=257)
     train, val = split(load_tokens())
     model = GPT(cfg, backend="cuda", seed=0)
@@ -184,10 +205,6 @@ def test_save_load_continue_equals_not_stopping(tmp_path, rng):
 
 # ---------------------------------------------------------------------------------------------- the command
 def test_the_command_trains_on_the_gpu_and_resumes_exactly(tmp_path, capsys):
-    import re
-
-    from microgpt import checkpoint
-    from microgpt.cli import main
     small = ["--n-layer", "2", "--n-head", "4", "--d-model", "128", "--block-size", "64", "--batch-size", "16",
              "--eval-every", "25", "--ckpt-every", "25", "--no-progress", "--sample-tokens", "20"]
     assert main(["train", *small, "--steps", "100", "--out", str(tmp_path / "a")]) == 0

@@ -4,7 +4,7 @@ import pytest
 
 from microgpt import GPT, GPTConfig
 
-from conftest import record, rel_err
+from helpers import record, rel_err
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed: pip install 'microgpt[test]'")
 from microgpt.torch_gpt import TorchGPT  # noqa: E402

@@ -8,7 +8,7 @@ import pytest
 
 from microgpt import reference as R
 
-from conftest import rel_err
+from helpers import rel_err
 
 H = 1e-6  # central differences in float64: truncation ~H^2, rounding ~1e-16/H
 TOL = 1e-6

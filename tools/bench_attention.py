@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""The 12-head attention pipeline (the literal kernels, and the fast variants) against PyTorch's
+"""The 12-head attention pipeline (the literal kernels, and the fast variant) against PyTorch's
 scaled_dot_product_attention in FP32 with TF32 off, at the same shapes, forward and forward+backward.
 
     python tools/bench_attention.py                 # B=8, 12 heads, T=1024, d_k=64
     python tools/bench_attention.py --quick --json
+    python tools/bench_attention.py --variant fast  # one variant (default: all)
 
 Both sides start from q, k, v (B, NH, T, d_k) and end at the per-head outputs (and, backward, at dq, dk,
 dv): ours is scores -> causal mask -> softmax -> weighted sum of V, one kernel a stage (the fast variant
@@ -18,48 +19,35 @@ import sys
 
 import numpy as np
 
+from microgpt import kernels as K
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import cuda_median_ms, gpu_or_exit, torch_median_ms  # noqa: E402
 
 
-def ours(B, NH, T, d_k, kernels, iters, warmup):
+def ours(B, NH, T, d_k, variant, iters, warmup):
     """(forward ms, forward+backward ms) of the pipeline between q, k, v and the heads' outputs."""
-    from types import SimpleNamespace
-
-    import pycuda.driver as cuda
-    import pycuda.gpuarray as ga
-
-    from microgpt import kernels as K
+    ops = K.select(variant)
+    e = K.engine()
+    ga = e.ga
     rng = np.random.default_rng(0)
-    stream = cuda.Stream()
+    stream = e.cuda.Stream()
     hs, att = (B, NH, T, d_k), (B, NH, T, T)
     q, k, v, dout = (ga.to_gpu(rng.standard_normal(hs).astype(np.float32)) for _ in range(4))
-    a = SimpleNamespace(scores=ga.empty(att, np.float32), probs=ga.empty(att, np.float32), heads=ga.empty(hs, np.float32))
-    d = SimpleNamespace(dprobs=ga.empty(att, np.float32), dscores=ga.empty(att, np.float32),
-                        dq=ga.empty(hs, np.float32), dk=ga.empty(hs, np.float32), dv=ga.empty(hs, np.float32))
-    op = lambda name: K.variant(name, kernels)  # noqa: E731
-
-    def forward():
-        if kernels == "fast":
-            K.attn_scores_fwd_fast(a.scores, q, k, stream=stream)
-        else:
-            K.attn_scores_fwd(a.scores, q, k, stream=stream)
-            K.causal_mask_fwd(a.scores, a.scores, stream=stream)
-        op("softmax_fwd")(a.probs, a.scores, stream=stream)
-        op("attn_values_fwd")(a.heads, a.probs, v, stream=stream)
-
-    def backward():
-        op("attn_values_bwd")(d.dprobs, d.dv, dout, a.probs, v, stream=stream)
-        op("softmax_bwd")(d.dscores, d.dprobs, a.probs, stream=stream)
-        if kernels != "fast":
-            K.causal_mask_bwd(d.dscores, d.dscores, stream=stream)
-        op("attn_scores_bwd")(d.dq, d.dk, d.dscores, q, k, stream=stream)
+    masked, probs, heads = ga.empty(att, np.float32), ga.empty(att, np.float32), ga.empty(hs, np.float32)
+    dprobs, dscores = ga.empty(att, np.float32), ga.empty(att, np.float32)
+    dq, dk, dv = (ga.empty(hs, np.float32) for _ in range(3))
 
     # the launches are recorded once (arguments checked once), as the model runs them
     with K.recording() as fwd_plan:
-        forward()
+        ops.causal_scores_fwd(masked, q, k)
+        ops.softmax_fwd(probs, masked)
+        ops.attn_values_fwd(heads, probs, v)
     with K.recording() as bwd_plan:
-        backward()
+        ops.attn_values_bwd(dprobs, dv, dout, probs, v)
+        ops.softmax_bwd(dscores, dprobs, probs)
+        ops.causal_scores_bwd(dq, dk, dscores, q, k)
+
     def run_fwd(s):
         K.replay(fwd_plan, s, "forward")
 
@@ -101,6 +89,7 @@ def main() -> int:
     ap.add_argument("--d-k", type=int, default=64)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--variant", choices=["all", *K.VARIANTS], default="all", help="whose kernels to time")
     ap.add_argument("--quick", action="store_true", help="B=2, T=256, 3 iterations")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = ap.parse_args()
@@ -109,8 +98,8 @@ def main() -> int:
         args.B, args.T, args.iters, args.warmup = 2, 256, 3, 1
     shape = (args.B, args.heads, args.T, args.d_k)
     rows = {}
-    for kernels in ("reference", "fast"):
-        rows[kernels] = ours(*shape, kernels, args.iters, args.warmup)
+    for variant in (K.VARIANTS if args.variant == "all" else [args.variant]):
+        rows[variant] = ours(*shape, variant, args.iters, args.warmup)
     t_fwd, t_both, why = torch_sdpa(*shape, args.iters, args.warmup)
     result = dict(device=device, B=args.B, n_head=args.heads, T=args.T, d_k=args.d_k,
                   torch_sdpa_fwd_ms=t_fwd, torch_sdpa_fwd_bwd_ms=t_both, torch_note=why,

@@ -4,7 +4,7 @@ PyTorch GPT of the same architecture, dtype (FP32, TF32 off), B and T, measured 
 
     python tools/bench_train.py                      # andrea-120m, B=8, T=1024
     python tools/bench_train.py --quick --json       # a small model, a few steps, one JSON object
-    python tools/bench_train.py --kernels reference  # the readable kernels instead of the fast variants
+    python tools/bench_train.py --variant reference  # the readable kernels instead of the fast ones
 
 PyTorch is the peer a user would run instead: microgpt.torch_gpt.TorchGPT with scaled_dot_product_attention
 and fused AdamW. Without PyTorch (or its CUDA) its column says so.
@@ -19,6 +19,9 @@ import time
 
 import numpy as np
 
+from microgpt import GPT, PRESETS, GPTConfig
+from microgpt.kernels import DEFAULT_VARIANT, VARIANTS
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import gpu_or_exit  # noqa: E402
 
@@ -28,9 +31,8 @@ def batches(cfg, B, T, n, seed=0):
     return [rng.integers(0, cfg.vocab_size, size=(B, T + 1)).astype(np.int32) for _ in range(n)]
 
 
-def time_microgpt(cfg, B, T, steps, warmup, kernels):
-    from microgpt import GPT
-    model = GPT(cfg, backend="cuda", kernels=kernels)
+def time_microgpt(cfg, B, T, steps, warmup, variant):
+    model = GPT(cfg, backend="cuda", variant=variant)
     data = batches(cfg, B, T, 4)
     losses = []
 
@@ -58,8 +60,7 @@ def time_torch(cfg, B, T, steps, warmup):
         return None, "PyTorch is not installed"
     if not torch.cuda.is_available():
         return None, "PyTorch has no CUDA here"
-    from microgpt import GPT
-    from microgpt.torch_gpt import TorchGPT
+    from microgpt.torch_gpt import TorchGPT  # needs torch
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     model = TorchGPT(cfg, attention="sdpa").load_numpy(GPT(cfg).state_dict()).cuda()
@@ -82,18 +83,17 @@ def time_torch(cfg, B, T, steps, warmup):
         loss = step(i)
     loss.item()
     torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / steps, None
+    return (time.perf_counter() - t0) / steps, f"PyTorch {torch.__version__}"
 
 
 def main() -> int:
-    from microgpt import GPTConfig, PRESETS
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", choices=list(PRESETS), default="andrea-120m")
     ap.add_argument("-B", type=int, default=8)
     ap.add_argument("-T", type=int, default=None, help="sequence length (default: the preset's block_size)")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--kernels", choices=["fast", "reference"], default="fast")
+    ap.add_argument("--variant", choices=list(VARIANTS), default=DEFAULT_VARIANT, help="microgpt's kernels")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch peer")
     ap.add_argument("--quick", action="store_true", help="andrea-12m at B=4, T=256, 3 steps")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -104,12 +104,12 @@ def main() -> int:
     cfg = GPTConfig.preset(args.preset)
     T = args.T or cfg.block_size
     tokens = args.B * T
-    ours, losses = time_microgpt(cfg, args.B, T, args.steps, args.warmup, args.kernels)
+    ours, losses = time_microgpt(cfg, args.B, T, args.steps, args.warmup, args.variant)
     theirs, why = (None, "skipped (--no-torch)") if args.no_torch else time_torch(cfg, args.B, T, args.steps,
                                                                                    args.warmup)
     result = {
         "device": device, "preset": args.preset, "B": args.B, "T": T, "steps": args.steps,
-        "kernels": args.kernels, "microgpt_step_ms": ours * 1e3, "microgpt_tokens_per_s": tokens / ours,
+        "variant": args.variant, "microgpt_step_ms": ours * 1e3, "microgpt_tokens_per_s": tokens / ours,
         "torch_step_ms": theirs * 1e3 if theirs else None,
         "torch_tokens_per_s": tokens / theirs if theirs else None,
         "ratio_vs_torch": theirs / ours if theirs else None, "torch_note": why,
@@ -120,9 +120,9 @@ def main() -> int:
         return 0
     print(f"{device}: {args.preset}, B={args.B}, T={T}, FP32, TF32 off, {args.steps} timed steps")
     print(f"{'':<22}{'ms/step':>10}{'tokens/s':>12}")
-    print(f"{'microgpt (' + args.kernels + ')':<22}{ours * 1e3:>10.1f}{tokens / ours:>12,.0f}")
+    print(f"{'microgpt (' + args.variant + ')':<22}{ours * 1e3:>10.1f}{tokens / ours:>12,.0f}")
     if theirs:
-        print(f"{'PyTorch (SDPA, fused)':<22}{theirs * 1e3:>10.1f}{tokens / theirs:>12,.0f}")
+        print(f"{'PyTorch (SDPA, fused)':<22}{theirs * 1e3:>10.1f}{tokens / theirs:>12,.0f}   ({why})")
         print(f"microgpt / PyTorch: {theirs / ours:.2f}x the tokens/s")
     else:
         print(f"{'PyTorch':<22}{why:>22}")

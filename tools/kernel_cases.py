@@ -12,6 +12,8 @@ from typing import Callable
 
 import numpy as np
 
+from microgpt import kernels as K
+
 F = 4  # bytes per float32 / int32
 
 
@@ -46,15 +48,11 @@ class Shape:
 
 
 def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: int = 1,
-                variants=("reference", "fast")) -> list[Case]:
+                variants=tuple(K.VARIANTS)) -> list[Case]:
     """Allocates inputs (random, `sets` copies of the large read-only ones) and returns one Case per
-    kernel and variant, in the order of a training step. A fast variant's case is named after its
-    launch function (`matmul_fwd_fast`), which may run several kernels."""
-    import pycuda.gpuarray as ga
-
-    from microgpt import kernels as K
-
-    K.engine()  # compiles the module and makes the primary context current before any allocation
+    kernel and variant, in the order of a training step. A reference case is named after its kernel
+    (`k_matmul_fwd`); a fast variant's after its launcher (`matmul_fwd_fast`), which may run several."""
+    ga = K.engine().ga  # compiles the module and makes the primary context current before any allocation
     rng = np.random.default_rng(seed)
     B, T, C, NH, V, N, d_k, BH = shape.B, shape.T, shape.C, shape.NH, shape.V, shape.N, shape.d_k, shape.BH
 
@@ -74,8 +72,15 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
 
     cases: list[Case] = []
 
-    def name(op, var):
-        return f"k_{op}" if var == "reference" else f"{op}_fast"
+    def own(op, with_reference=True):
+        """(case name, launcher) of op in each variant that has a launcher of its own."""
+        reference, seen, out = K.launcher(op, "reference"), set(), []
+        for var in variants:
+            fn = K.launcher(op, var)
+            if fn not in seen and (with_reference or fn is not reference):
+                seen.add(fn)
+                out.append((f"k_{op}" if fn is reference else fn.__name__, fn))
+        return out
 
     def add(kernel, launch, nbytes, flops, inputs=None):
         """inputs: a list of `sets` tuples of arrays; rotate() makes launch use the next tuple."""
@@ -107,12 +112,11 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
     K.layernorm_fwd(ln, mean, rstd, xs[0][0], w, b)
     dw, db = randn(C), randn(C)
     douts = [(randn(B, T, C),) for _ in range(sets)]
-    for var in variants:
-        fwd, bwd = K.variant("layernorm_fwd", var), K.variant("layernorm_bwd", var)
-        add(name("layernorm_fwd", var), lambda s, xi, fwd=fwd: fwd(ln, mean, rstd, xi, w, b, stream=s),
-            F * (2 * N * C + 2 * C + 2 * N), 8 * N * C, xs)
-        add(name("layernorm_bwd", var),
-            lambda s, d, bwd=bwd: bwd(dx, dw, db, d, xs[0][0], w, mean, rstd, stream=s),
+    for case, fwd in own("layernorm_fwd"):
+        add(case, lambda s, xi, fwd=fwd: fwd(ln, mean, rstd, xi, w, b, stream=s), F * (2 * N * C + 2 * C + 2 * N),
+            8 * N * C, xs)
+    for case, bwd in own("layernorm_bwd"):
+        add(case, lambda s, d, bwd=bwd: bwd(dx, dw, db, d, xs[0][0], w, mean, rstd, stream=s),
             F * (3 * N * C + 5 * C + 2 * N), 14 * N * C, douts)
 
     for layer, (IN, OUT) in {"qkv": (C, 3 * C), "attn.proj": (C, C), "mlp.fc": (C, 4 * C),
@@ -123,16 +127,23 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
         dinp, dwt = empty(B, T, IN), randn(OUT, IN)
         dbias = None if bias is None else randn(OUT)
         douts = [(randn(B, T, OUT), wt, inp) for (wt, inp) in wts]
-        for var in variants:
-            fwd, bwd = K.variant("matmul_fwd", var), K.variant("matmul_bwd", var)
-            add(name("matmul_fwd", var) + f" ({layer})",
-                lambda s, wt, inp, out=out, bias=bias, fwd=fwd: fwd(out, inp, wt, bias, stream=s),
+        for case, fwd in own("matmul_fwd"):
+            add(f"{case} ({layer})", lambda s, wt, inp, out=out, bias=bias, fwd=fwd: fwd(out, inp, wt, bias, stream=s),
                 F * (N * IN + OUT * IN + N * OUT + OUT), 2 * N * IN * OUT, wts)
-            add(name("matmul_bwd", var) + f" ({layer})",
+        for case, bwd in own("matmul_bwd"):
+            add(f"{case} ({layer})",
                 lambda s, d, wt, inp, dinp=dinp, dwt=dwt, dbias=dbias, bwd=bwd: bwd(dinp, dwt, dbias, d, inp, wt,
                                                                                     stream=s),
                 F * (N * OUT + N * IN + OUT * IN + N * IN + 2 * OUT * IN + 2 * OUT), 4 * N * IN * OUT + N * OUT,
                 douts)
+
+    # the generic product with both operands transposed, which no layer runs (tests and tools call it)
+    if "fast" in variants:
+        for label, OUT in (("tt", 4 * C), ("tt, narrow", d_k)):
+            a_t, b_t, c_out = randn(C, N), randn(OUT, C), empty(N, OUT)
+            add(f"sgemm ({label})", lambda s, a_t=a_t, b_t=b_t, c_out=c_out: K.sgemm(c_out, a_t, b_t, trans_a=True,
+                                                                                     trans_b=True, stream=s),
+                F * (N * C + OUT * C + N * OUT), 2 * N * C * OUT)
 
     qkvs = [(randn(B, T, 3 * C),) for _ in range(sets)]
     q, k, v = (empty(B, NH, T, d_k) for _ in range(3))
@@ -156,28 +167,32 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
     probs = empty(B, NH, T, T)
     ps = [(probs_like(B, NH, T, T),) for _ in range(sets)]
     dscores = empty(B, NH, T, T)
-    for var in variants:
-        fwd, bwd = K.variant("softmax_fwd", var), K.variant("softmax_bwd", var)
-        add(name("softmax_fwd", var), lambda s, sc, fwd=fwd: fwd(probs, sc, stream=s), F * 2 * att, 5 * att, dss)
-        add(name("softmax_bwd", var), lambda s, p, bwd=bwd: bwd(dscores, dss[0][0], p, stream=s), F * 3 * att,
-            4 * att, ps)
+    for case, fwd in own("softmax_fwd"):
+        add(case, lambda s, sc, fwd=fwd: fwd(probs, sc, stream=s), F * 2 * att, 5 * att, dss)
+    for case, bwd in own("softmax_bwd"):
+        add(case, lambda s, p, bwd=bwd: bwd(dscores, dss[0][0], p, stream=s), F * 3 * att, 4 * att, ps)
     heads = empty(B, NH, T, d_k)
     add("k_attn_values_fwd", lambda s, p: K.attn_values_fwd(heads, p, v, stream=s),
         F * (att + 2 * BH * T * d_k), 2 * att * d_k, ps)
     dprobs = empty(B, NH, T, T)
     add("k_attn_values_bwd", lambda s, p: K.attn_values_bwd(dprobs, dv, dq, p, v, stream=s),
         F * (2 * att + 4 * BH * T * d_k), 4 * att * d_k, ps)
-    if "fast" in variants:  # the causal products: half the scores are the mask's constants
-        causal = BH * T * (T + 1) // 2
-        add("attn_scores_fwd_fast", lambda s, qi, ki: K.attn_scores_fwd_fast(scores, qi, ki, stream=s),
-            F * (att + 2 * BH * T * d_k), 2 * causal * d_k, qks)
-        causal_ps = [(ga.to_gpu(np.tril(p.get())),) for (p,) in ps]
-        add("attn_values_fwd_fast", lambda s, p: K.attn_values_fwd_fast(heads, p, v, stream=s),
-            F * (att + 2 * BH * T * d_k), 2 * causal * d_k, causal_ps)
-        add("attn_values_bwd_fast", lambda s, p: K.attn_values_bwd_fast(dprobs, dv, dq, p, v, stream=s),
-            F * (2 * att + 4 * BH * T * d_k), 4 * causal * d_k, causal_ps)
-        add("attn_scores_bwd_fast", lambda s, p: K.attn_scores_bwd_fast(dq, dk, p, q, k, stream=s),
-            F * (att + 4 * BH * T * d_k), 4 * causal * d_k, causal_ps)
+    # the fast variants' causal products (the reference ones are the stages above): half the scores
+    # are the mask's constants, and not computed
+    causal = BH * T * (T + 1) // 2
+    causal_ps = [(ga.to_gpu(np.tril(p.get())),) for (p,) in ps]
+    for case, fwd in own("causal_scores_fwd", with_reference=False):
+        add(case, lambda s, qi, ki, fwd=fwd: fwd(scores, qi, ki, stream=s), F * (att + 2 * BH * T * d_k),
+            2 * causal * d_k, qks)
+    for case, fwd in own("attn_values_fwd", with_reference=False):
+        add(case, lambda s, p, fwd=fwd: fwd(heads, p, v, stream=s), F * (att + 2 * BH * T * d_k), 2 * causal * d_k,
+            causal_ps)
+    for case, bwd in own("attn_values_bwd", with_reference=False):
+        add(case, lambda s, p, bwd=bwd: bwd(dprobs, dv, dq, p, v, stream=s), F * (2 * att + 4 * BH * T * d_k),
+            4 * causal * d_k, causal_ps)
+    for case, bwd in own("causal_scores_bwd", with_reference=False):
+        add(case, lambda s, p, bwd=bwd: bwd(dq, dk, p, q, k, stream=s), F * (att + 4 * BH * T * d_k),
+            4 * causal * d_k, causal_ps)
     y = empty(B, T, C)
     add("k_merge_heads_fwd", lambda s: K.merge_heads_fwd(y, heads, stream=s), F * 2 * N * C, 0)
     add("k_merge_heads_bwd", lambda s: K.merge_heads_bwd(heads, y, NH, stream=s), F * 2 * N * C, 0)
@@ -192,10 +207,8 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
 
     logits = [(randn(B, T, V, scale=2.0), ints(V, B, T)) for _ in range(sets)]
     losses, lprobs = empty(B, T), empty(B, T, V)
-    for var in variants:
-        fwd = K.variant("crossentropy_fwd", var)
-        add(name("crossentropy_fwd", var),
-            lambda s, lg, tg, fwd=fwd: fwd(losses, lprobs, lg, tg, check_token_ids=False, stream=s),
+    for case, fwd in own("crossentropy_fwd"):
+        add(case, lambda s, lg, tg, fwd=fwd: fwd(losses, lprobs, lg, tg, check_token_ids=False, stream=s),
             F * (2 * N * V + 2 * N), 4 * N * V, logits)
     dlosses = ga.to_gpu(np.full((B, T), 1.0 / N, np.float32))
     dlogits = empty(B, T, V)
@@ -204,8 +217,8 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
         F * (2 * N * V + 2 * N), 2 * N * V, logits)
 
     P = n_params or (V * C + T * C + 12 * C * C + 13 * C)
-    params, grads, m, vv = randn(P, scale=0.02), randn(P, scale=1e-3), randn(P, scale=1e-4), randn(P, scale=1e-4)
-    vv = abs(vv)
+    params, grads, m = randn(P, scale=0.02), randn(P, scale=1e-3), randn(P, scale=1e-4)
+    vv = ga.to_gpu(np.abs(rng.standard_normal(P) * 1e-4).astype(np.float32))  # Adam's v is never negative
     sumsq = ga.empty(1, np.float64)
     add("k_global_norm", lambda s: K.global_norm(sumsq, grads, stream=s), F * P, 2 * P)
     K.global_norm(sumsq, grads)

@@ -21,7 +21,11 @@ import shutil
 import subprocess
 import sys
 
+from microgpt import GPTConfig
+from microgpt import kernels as K
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kernel_cases import Shape, build_cases  # noqa: E402
 from timing import gpu_or_exit  # noqa: E402
 
 METRICS = {
@@ -35,10 +39,7 @@ QUICK = dict(preset="andrea-12m", B=2, T=256)
 
 
 def child(args) -> int:
-    import pycuda.driver as cuda
-
-    from kernel_cases import Shape, build_cases
-    from microgpt import GPTConfig
+    cuda = K.engine().cuda
     cfg = GPTConfig.preset(args.preset)
     shape = Shape(args.B, args.T or cfg.block_size, cfg.d_model, cfg.n_head, cfg.vocab_size)
     cases = [c for c in build_cases(shape) if c.kernel.startswith(args.kernel)]

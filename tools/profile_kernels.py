@@ -18,13 +18,20 @@ import json
 import os
 import sys
 
+import numpy as np
+
+from microgpt import PRESETS, GPTConfig
+from microgpt import kernels as K
+from microgpt.kernels import VARIANTS
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kernel_cases import Shape, build_cases, model_params  # noqa: E402
 from timing import cuda_median_ms, gpu_or_exit, torch_median_ms  # noqa: E402
 
 
 def copy_bandwidth(stream, nbytes=2 << 30):
     """Device-to-device copy, GB/s counting bytes read and written."""
-    import pycuda.driver as cuda
+    cuda = K.engine().cuda
     src, dst = cuda.mem_alloc(nbytes), cuda.mem_alloc(nbytes)
     cuda.memset_d32(src, 0x3F800000, nbytes // 4)
     ms = cuda_median_ms(lambda s: cuda.memcpy_dtod_async(dst, src, nbytes, s), 10, 3, stream)
@@ -93,7 +100,10 @@ def torch_peers(shape):
     peers["attn_scores_bwd"] = lambda: torch.autograd.grad(s, (q, k), g_att, retain_graph=True)
     mask = torch.triu(torch.ones(T, T, dtype=torch.bool, device=dev), 1)
     scores = rnd(B, NH, T, T, grad=True)
-    peers["causal_mask_fwd"] = lambda: scores.masked_fill(mask, -1e9)
+    peers["causal_mask_fwd"] = lambda: scores.masked_fill(mask, K.MASK_VALUE)
+    sm = (q @ k.transpose(-1, -2) * (1.0 / d_k ** 0.5)).masked_fill(mask, K.MASK_VALUE)
+    peers["causal_scores_fwd"] = lambda: (q @ k.transpose(-1, -2) * (1.0 / d_k ** 0.5)).masked_fill(mask, K.MASK_VALUE)
+    peers["causal_scores_bwd"] = lambda: torch.autograd.grad(sm, (q, k), g_att, retain_graph=True)
     p = torch.softmax(scores, -1)
     peers["softmax_fwd"] = lambda: torch.softmax(scores, -1)
     peers["softmax_bwd"] = lambda: torch.autograd.grad(p, scores, g_att, retain_graph=True)
@@ -161,7 +171,6 @@ def roofline(rows, bw, rate, path, title):
 
 
 def main() -> int:
-    from microgpt import PRESETS, GPTConfig
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", choices=list(PRESETS), default="andrea-120m")
     ap.add_argument("-B", type=int, default=8)
@@ -169,7 +178,7 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--sets", type=int, default=3, help="copies of the inputs to rotate among")
-    ap.add_argument("--kernels", choices=["both", "reference", "fast"], default="both")
+    ap.add_argument("--variant", choices=["all", *VARIANTS], default="all", help="whose kernels to time")
     ap.add_argument("--filter", default="", help="only cases whose name contains this")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch column and the cuBLAS ceiling")
     ap.add_argument("--quick", action="store_true", help="andrea-12m, B=2, T=256, 3 iterations")
@@ -179,21 +188,15 @@ def main() -> int:
     device = gpu_or_exit("profile_kernels")
     if args.quick:
         args.preset, args.B, args.T, args.iters, args.warmup, args.sets = "andrea-12m", 2, 256, 3, 1, 2
-    from kernel_cases import Shape, build_cases, model_params
-
-    import pycuda.driver as cuda
     cfg = GPTConfig.preset(args.preset)
     shape = Shape(args.B, args.T or cfg.block_size, cfg.d_model, cfg.n_head, cfg.vocab_size)
-    variants = ("reference", "fast") if args.kernels == "both" else (args.kernels,)
-    stream = cuda.Stream()
+    variants = tuple(VARIANTS) if args.variant == "all" else (args.variant,)
+    stream = K.engine().cuda.Stream()
     bw = copy_bandwidth(stream)
     rate, rate_source = (None, "skipped (--no-torch)") if args.no_torch else matmul_rate()
     peers = {} if args.no_torch else torch_peers(shape)
     if rate is None:  # no cuBLAS here: our own SGEMM at the same size stands in, and says so
-        import numpy as np
-        import pycuda.gpuarray as ga
-
-        from microgpt import kernels as K
+        ga = K.engine().ga
         a = ga.to_gpu(np.random.default_rng(0).standard_normal((4096, 4096)).astype(np.float32))
         c = ga.empty_like(a)
         ms = cuda_median_ms(lambda s: K.sgemm(c, a, a, stream=s), 5, 2, stream)

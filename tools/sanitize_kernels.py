@@ -17,13 +17,14 @@ import shutil
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kernel_cases import Shape, build_cases  # noqa: E402
+
 SHAPE = dict(B=2, T=7, C=20, NH=4, V=37)
 
 
 def child() -> int:
     """Inside the sanitizer: launch every kernel once, synchronously."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from kernel_cases import Shape, build_cases
     cases = build_cases(Shape(**SHAPE), seed=1)
     for case in cases:
         case.launch()

@@ -5,11 +5,12 @@ from __future__ import annotations
 import statistics
 import sys
 
+from microgpt import kernels
+
 
 def gpu_or_exit(tool: str) -> str:
     """The device's summary; where PyCUDA or a GPU is missing, one line saying so and exit status 2."""
     try:
-        from microgpt import kernels
         return kernels.device_summary()
     except Exception as e:  # no pycuda, no driver, no device
         print(f"{tool}: no CUDA GPU here ({str(e).splitlines()[0] if str(e) else type(e).__name__})")
@@ -19,7 +20,7 @@ def gpu_or_exit(tool: str) -> str:
 def cuda_median_ms(launch, iters, warmup, stream, rotate=None):
     """Median milliseconds of launch(stream), each timed alone with CUDA events on `stream`; rotate()
     (if given) switches the inputs before each timed launch, so that the cache does not flatter."""
-    import pycuda.driver as cuda
+    cuda = kernels.engine().cuda
     for _ in range(warmup):
         launch(stream)
     start, end, times = cuda.Event(), cuda.Event(), []

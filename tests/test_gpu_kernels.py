@@ -9,9 +9,11 @@ and matmuls (relative error ||out - ref|| / ||ref||).
 import numpy as np
 import pytest
 
+from microgpt import kernels
 from microgpt import reference as R
+from microgpt.kernels import VARIANTS
 
-from conftest import record, rel_err
+from helpers import record, rel_err
 
 pytestmark = pytest.mark.gpu
 
@@ -36,8 +38,7 @@ def close(kernel, out, ref, tol, variant="reference"):
 
 @pytest.fixture(scope="module")
 def K():
-    from microgpt import kernels
-    kernels.engine()
+    kernels.engine()  # compiled, in the primary context, before the first allocation
     return kernels
 
 
@@ -133,7 +134,7 @@ def test_token_ids_outside_the_vocabulary_are_refused_before_launch(K, dev):
 
 
 # ---------------------------------------------------------------------------------------------- layernorm
-VARIANT = pytest.mark.parametrize("variant", ["reference", "fast"])
+VARIANT = pytest.mark.parametrize("variant", list(VARIANTS))
 
 
 @VARIANT
@@ -145,7 +146,7 @@ def test_layernorm(K, dev, shape, variant):
     w_h, w = dev.randn(C)
     b_h, b = dev.randn(C)
     out, mean, rstd = dev.poisoned(B, T, C), dev.poisoned(B, T), dev.poisoned(B, T)
-    K.variant("layernorm_fwd", variant)(out, mean, rstd, x, w, b)
+    K.launcher("layernorm_fwd", variant)(out, mean, rstd, x, w, b)
     ref, ref_mean, ref_rstd = R.layernorm_fwd(*f64(x_h, w_h, b_h))
     close("k_layernorm_fwd", out.get(), ref, REDUCTION, variant)
     close("k_layernorm_fwd", mean.get(), ref_mean, REDUCTION, variant)
@@ -155,7 +156,7 @@ def test_layernorm(K, dev, shape, variant):
     dx = dev.poisoned(B, T, C)
     dw0, dw = dev.randn(C)
     db0, db = dev.randn(C)
-    K.variant("layernorm_bwd", variant)(dx, dw, db, dout, x, w, mean, rstd)
+    K.launcher("layernorm_bwd", variant)(dx, dw, db, dout, x, w, mean, rstd)
     rdx, rdw, rdb = R.layernorm_bwd(*f64(dout_h, x_h, w_h), ref_mean, ref_rstd)
     close("k_layernorm_bwd", dx.get(), rdx, REDUCTION, variant)
     close("k_layernorm_bwd", dw.get(), dw0 + rdw, REDUCTION, variant)
@@ -173,7 +174,7 @@ def test_matmul(K, dev, shape, layer, variant):
     w_h, w = dev.randn(OUT, IN, scale=0.05)
     b_h, b = dev.randn(OUT) if has_bias else (None, None)
     out = dev.poisoned(B, T, OUT)
-    K.variant("matmul_fwd", variant)(out, x, w, b)
+    K.launcher("matmul_fwd", variant)(out, x, w, b)
     ref = R.linear_fwd(*f64(x_h, w_h), None if b_h is None else b_h.astype(np.float64))
     close("k_matmul_fwd", out.get(), ref, REDUCTION, variant)
 
@@ -181,7 +182,7 @@ def test_matmul(K, dev, shape, layer, variant):
     dx = dev.poisoned(B, T, IN)
     dw0, dw = dev.randn(OUT, IN)
     db0, db = dev.randn(OUT) if has_bias else (None, None)
-    K.variant("matmul_bwd", variant)(dx, dw, db, dout, x, w)
+    K.launcher("matmul_bwd", variant)(dx, dw, db, dout, x, w)
     rdx, rdw, rdb = R.linear_bwd(*f64(dout_h, x_h, w_h))
     close("k_matmul_bwd", dx.get(), rdx, REDUCTION, variant)
     close("k_matmul_bwd", dw.get(), dw0 + rdw, REDUCTION, variant)
@@ -255,14 +256,14 @@ def test_softmax(K, dev, shape, variant):
     x_h = R.causal_mask_fwd(x_h)  # the rows the engine feeds it: masked scores
     x.set(x_h)
     p = dev.poisoned(B, NH, T, T)
-    K.variant("softmax_fwd", variant)(p, x)
+    K.launcher("softmax_fwd", variant)(p, x)
     ref = R.softmax_fwd(x_h.astype(np.float64))
     close("k_softmax_fwd", p.get(), ref, REDUCTION, variant)
     np.testing.assert_allclose(p.get().sum(-1), 1.0, atol=1e-5)
 
     dp_h, dp = dev.randn(B, NH, T, T)
     dx = dev.poisoned(B, NH, T, T)
-    K.variant("softmax_bwd", variant)(dx, dp, p)
+    K.launcher("softmax_bwd", variant)(dx, dp, p)
     close("k_softmax_bwd", dx.get(), R.softmax_bwd(dp_h.astype(np.float64), p.get().astype(np.float64)),
           REDUCTION, variant)
 
@@ -298,12 +299,18 @@ def test_attention_fast_variants_match_the_reference_kernels(K, dev, shape, rng)
     q_h, q = dev.randn(B, NH, T, d_k)
     k_h, k = dev.randn(B, NH, T, d_k)
     fast, ref = dev.poisoned(B, NH, T, T), dev.poisoned(B, NH, T, T)
-    K.attn_scores_fwd_fast(fast, q, k)  # scores and mask in one
+    K.causal_scores_fwd_fast(fast, q, k)  # scores and mask in one
     K.attn_scores_fwd(ref, q, k)
     K.causal_mask_fwd(ref, ref)
     want = R.causal_mask_fwd(R.attn_scores_fwd(*f64(q_h, k_h)))
-    close("k_attn_scores_fwd_fast vs reference kernels", fast.get(), ref.get(), REDUCTION)
-    close("k_attn_scores_fwd_fast", fast.get(), want, REDUCTION)
+    close("causal_scores_fwd_fast vs reference kernels", fast.get(), ref.get(), REDUCTION)
+    close("causal_scores_fwd_fast", fast.get(), want, REDUCTION)
+    composite, kept = dev.poisoned(B, NH, T, T), dev.poisoned(B, NH, T, T)
+    K.causal_scores_fwd(composite, q, k, scores=kept)  # the reference op: the two literal kernels
+    np.testing.assert_array_equal(composite.get(), ref.get())
+    close("k_attn_scores_fwd", kept.get(), R.attn_scores_fwd(*f64(q_h, k_h)), REDUCTION)
+    with pytest.raises(ValueError, match="scores: the fast variant"):
+        K.causal_scores_fwd_fast(fast, q, k, scores=kept)
 
     p_h = causal_probs(rng, B, NH, T)
     p = dev.ga.to_gpu(p_h)
@@ -330,13 +337,20 @@ def test_attention_fast_variants_match_the_reference_kernels(K, dev, shape, rng)
     ds = dev.ga.to_gpu(ds_h)
     dq_f, dk_f = dev.poisoned(B, NH, T, d_k), dev.poisoned(B, NH, T, d_k)
     dq_r, dk_r = dev.poisoned(B, NH, T, d_k), dev.poisoned(B, NH, T, d_k)
-    K.attn_scores_bwd_fast(dq_f, dk_f, ds, q, k)
+    K.causal_scores_bwd_fast(dq_f, dk_f, ds, q, k)
     K.attn_scores_bwd(dq_r, dk_r, ds, q, k)
     rdq, rdk = R.attn_scores_bwd(*f64(ds_h, q_h, k_h))
-    close("k_attn_scores_bwd_fast", dq_f.get(), rdq, REDUCTION)
-    close("k_attn_scores_bwd_fast", dk_f.get(), rdk, REDUCTION)
-    close("k_attn_scores_bwd_fast vs reference kernel", dq_f.get(), dq_r.get(), REDUCTION)
-    close("k_attn_scores_bwd_fast vs reference kernel", dk_f.get(), dk_r.get(), REDUCTION)
+    close("causal_scores_bwd_fast", dq_f.get(), rdq, REDUCTION)
+    close("causal_scores_bwd_fast", dk_f.get(), rdk, REDUCTION)
+    close("causal_scores_bwd_fast vs reference kernel", dq_f.get(), dq_r.get(), REDUCTION)
+    close("causal_scores_bwd_fast vs reference kernel", dk_f.get(), dk_r.get(), REDUCTION)
+    # the reference op masks a gradient that is not causal before the product
+    dsr_h, dsr = dev.randn(B, NH, T, T)
+    dq_c, dk_c = dev.poisoned(B, NH, T, d_k), dev.poisoned(B, NH, T, d_k)
+    K.causal_scores_bwd(dq_c, dk_c, dsr, q, k)
+    rdq, rdk = R.attn_scores_bwd(R.causal_mask_bwd(dsr_h.astype(np.float64)), *f64(q_h, k_h))
+    close("causal_scores_bwd", dq_c.get(), rdq, REDUCTION)
+    close("causal_scores_bwd", dk_c.get(), rdk, REDUCTION)
 
 
 # odd sizes, batches, the 128 x 64 tile (N <= 64), and split-K (few tiles, long K: 256 x 256 x 4096)
@@ -389,7 +403,7 @@ def test_crossentropy(K, dev, shape, variant):
     lg_h, lg = dev.randn(B, T, V, scale=3.0)
     tg_h, tg = dev.ints(V, B, T)
     losses, probs = dev.poisoned(B, T), dev.poisoned(B, T, V)
-    K.variant("crossentropy_fwd", variant)(losses, probs, lg, tg)
+    K.launcher("crossentropy_fwd", variant)(losses, probs, lg, tg)
     rl, rp = R.crossentropy_fwd(lg_h.astype(np.float64), tg_h)
     close("k_crossentropy_fwd", losses.get(), rl, REDUCTION, variant)
     close("k_crossentropy_fwd", probs.get(), rp, REDUCTION, variant)
@@ -476,4 +490,4 @@ def test_torch_tensors_go_straight_in_and_strided_ones_are_refused(K):
 def test_a_failed_launch_names_the_kernel(K):
     # a grid too large is a launch error that leaves the context usable
     with pytest.raises(K.KernelError, match="k_gelu_fwd"):
-        K._launch("k_gelu_fwd", 1, [0, 0, 1], grid_x=2 ** 31)
+        K.launch("k_gelu_fwd", [0, 0, 1], 2 ** 31)

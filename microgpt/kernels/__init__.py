@@ -1,0 +1,42 @@
+"""The launch layer: cuda/microgpt_cuda.cu compiled through PyCUDA, one checked launcher per kernel.
+
+    import pycuda.gpuarray as ga
+    from microgpt import kernels as K
+    x = ga.to_gpu(np.random.randn(8, 1024, 768).astype(np.float32))
+    out = ga.empty_like(x); mean = ga.empty((8, 1024), np.float32); rstd = ga.empty_like(mean)
+    K.layernorm_fwd(out, mean, rstd, x, w, b)
+
+The package mirrors cuda/: one module per header, holding that header's launchers (embed, layernorm,
+matmul, attention, pointwise, crossentropy, adamw; colsum, matmul_fast, rows_fast for the fast variants).
+Beside them: source (what nvcc compiles, and the argument formats read from it), runtime (compile once,
+the primary context, launch, record and replay, KernelError), checks (the argument checks) and registry
+(which launcher each op runs in each variant).
+
+Every launcher takes its arguments in the kernel's order (outputs first), checks each one and raises
+TypeError/ValueError naming the argument before anything is launched. Without `stream` a call is
+synchronous; with a stream it is queued on it.
+"""
+from .adamw import NORM_GRID, adamw, global_norm
+from .attention import (attn_scores_bwd, attn_scores_fwd, attn_values_bwd, attn_values_fwd, causal_mask_bwd,
+                        causal_mask_fwd, causal_scores_bwd, causal_scores_fwd, merge_heads_bwd, merge_heads_fwd,
+                        softmax_bwd, softmax_fwd, split_heads_bwd, split_heads_fwd)
+from .checks import check_ids, opt_ptr, ptr, shape_of
+from .colsum import colsum
+from .crossentropy import crossentropy_bwd, crossentropy_fwd
+from .embed import embed_bwd, embed_fwd, token_order
+from .runtime import (BLOCK, SYNC_EVERY_LAUNCH, KernelError, Plan, blocks, device_summary, engine, launch, recording,
+                     replay, synchronize)
+from .layernorm import layernorm_bwd, layernorm_fwd
+from .matmul import matmul_bwd, matmul_fwd
+from .matmul_fast import (GEMM_TILE, Causal, Gemm, attn_scores_bwd_fast, attn_scores_fwd_fast, attn_values_bwd_fast,
+                          attn_values_fwd_fast, causal_scores_bwd_fast, causal_scores_fwd_fast, gemm,
+                          matmul_bwd_fast, matmul_fwd_fast, sgemm)
+from .pointwise import gelu_bwd, gelu_fwd, residual_bwd, residual_fwd
+from .registry import DEFAULT_VARIANT, OPS, VARIANTS, Kernels, Variant, launcher, resolve, select
+from .rows_fast import (crossentropy_fwd_fast, layernorm_bwd_fast, layernorm_fwd_fast, softmax_bwd_fast,
+                        softmax_fwd_fast)
+from .source import (NVCC_OPTIONS, cuda_source_dir, int_constants, kernel_headers, kernel_names, kernel_signatures,
+                     preprocessed)
+from ..reference import MASK_VALUE
+
+variant = launcher  # variant(op, which): the name launcher() had before the registry

@@ -1,0 +1,128 @@
+"""Launchers of cuda/attention.cuh: the attention pipeline, one stage a kernel.
+
+    qkv (B, T, 3C) -> split_heads -> q, k, v (B, NH, T, d_k)
+    attn_scores: scores[i][j] = dot(Q[i], K[j]) * (1.0f / sqrtf(d_k))         (B, NH, T, T)
+    causal_mask: MASK_VALUE where j > i; softmax over j; attn_values: out[i] = sum_j A[i][j] * V[j]
+    merge_heads -> y (B, T, C)
+
+causal_scores_fwd/bwd are the scores and the mask together, the stage the fast variant fuses into one
+kernel; here they are the two literal kernels one after the other.
+"""
+from __future__ import annotations
+
+from .checks import head_dims, ptr, rows, shape_of
+from .runtime import blocks, launch
+
+
+def split_heads_fwd(q, k, v, qkv, n_head, *, stream=None):
+    """qkv (B, T, 3C) -> q, k, v (B, NH, T, d_k)."""
+    B, T, C3 = shape_of("qkv", qkv, 3)
+    if C3 % 3 or (C3 // 3) % n_head:
+        raise ValueError(f"qkv's last dimension {C3} must be 3 * C with n_head={n_head} dividing C")
+    d_k = C3 // 3 // n_head
+    hs = (B, n_head, T, d_k)
+    args = [ptr("q", q, hs), ptr("k", k, hs), ptr("v", v, hs), ptr("qkv", qkv, (B, T, C3)), B, T, n_head, d_k]
+    launch("k_split_heads_fwd", args, blocks(B * T * C3 // 3), stream)
+
+
+def split_heads_bwd(dqkv, dq, dk, dv, *, stream=None):
+    B, NH, T, d_k = head_dims("dq", dq)
+    hs = (B, NH, T, d_k)
+    args = [ptr("dqkv", dqkv, (B, T, 3 * NH * d_k)), ptr("dq", dq, hs), ptr("dk", dk, hs), ptr("dv", dv, hs),
+            B, T, NH, d_k]
+    launch("k_split_heads_bwd", args, blocks(B * T * 3 * NH * d_k), stream)
+
+
+def attn_scores_fwd(scores, q, k, *, stream=None):
+    """scores (B, NH, T, T): scores[i][j] = dot(Q[i], K[j]) * (1.0f / sqrtf(d_k))."""
+    B, NH, T, d_k = head_dims("q", q)
+    args = [ptr("scores", scores, (B, NH, T, T)), ptr("q", q, (B, NH, T, d_k)), ptr("k", k, (B, NH, T, d_k)),
+            B * NH, T, d_k]
+    launch("k_attn_scores_fwd", args, blocks(B * NH * T * T), stream)
+
+
+def attn_scores_bwd(dq, dk, dscores, q, k, *, stream=None):
+    B, NH, T, d_k = head_dims("q", q)
+    hs = (B, NH, T, d_k)
+    args = [ptr("dq", dq, hs), ptr("dk", dk, hs), ptr("dscores", dscores, (B, NH, T, T)), ptr("q", q, hs),
+            ptr("k", k, hs), B * NH, T, d_k]
+    launch("k_attn_scores_bwd", args, (blocks(B * NH * T * d_k), 2), stream)
+
+
+def _square(name, a):
+    B, NH, T, T2 = head_dims(name, a)
+    if T != T2:
+        raise ValueError(f"{name} must be (B, NH, T, T), got {(B, NH, T, T2)}")
+    return B, NH, T
+
+
+def causal_mask_fwd(out, scores, *, stream=None):
+    """out = scores with MASK_VALUE where j > i; out may be scores itself."""
+    B, NH, T = _square("scores", scores)
+    args = [ptr("out", out, (B, NH, T, T)), ptr("scores", scores, (B, NH, T, T)), B * NH, T]
+    launch("k_causal_mask_fwd", args, blocks(B * NH * T * T), stream)
+
+
+def causal_mask_bwd(dscores, dout, *, stream=None):
+    B, NH, T = _square("dout", dout)
+    args = [ptr("dscores", dscores, (B, NH, T, T)), ptr("dout", dout, (B, NH, T, T)), B * NH, T]
+    launch("k_causal_mask_bwd", args, blocks(B * NH * T * T), stream)
+
+
+def causal_scores_fwd(masked, q, k, *, scores=None, stream=None):
+    """masked = causal_mask(attn_scores(q, k)): the literal scores kernel, then the mask. With `scores`,
+    the scores before the mask are kept there; without, they are masked in place in `masked`."""
+    attn_scores_fwd(masked if scores is None else scores, q, k, stream=stream)
+    causal_mask_fwd(masked, masked if scores is None else scores, stream=stream)
+
+
+def causal_scores_bwd(dq, dk, dscores, q, k, *, stream=None):
+    """dq, dk of causal_scores_fwd; dscores is masked in place (no gradient reaches a masked score)."""
+    causal_mask_bwd(dscores, dscores, stream=stream)
+    attn_scores_bwd(dq, dk, dscores, q, k, stream=stream)
+
+
+def softmax_fwd(probs, x, *, stream=None):
+    """Row-wise softmax over the last axis of x (..., cols)."""
+    shape = shape_of("x", x)
+    n_rows, cols = rows(shape)
+    launch("k_softmax_fwd", [ptr("probs", probs, shape), ptr("x", x, shape), n_rows, cols], blocks(n_rows), stream)
+
+
+def softmax_bwd(dx, dprobs, probs, *, stream=None):
+    shape = shape_of("probs", probs)
+    n_rows, cols = rows(shape)
+    args = [ptr("dx", dx, shape), ptr("dprobs", dprobs, shape), ptr("probs", probs, shape), n_rows, cols]
+    launch("k_softmax_bwd", args, blocks(n_rows), stream)
+
+
+def attn_values_fwd(out, probs, v, *, stream=None):
+    """out (B, NH, T, d_k): out[i] = sum_j A[i][j] * V[j]."""
+    B, NH, T, d_k = head_dims("v", v)
+    args = [ptr("out", out, (B, NH, T, d_k)), ptr("probs", probs, (B, NH, T, T)), ptr("v", v, (B, NH, T, d_k)),
+            B * NH, T, d_k]
+    launch("k_attn_values_fwd", args, blocks(B * NH * T * d_k), stream)
+
+
+def attn_values_bwd(dprobs, dv, dout, probs, v, *, stream=None):
+    B, NH, T, d_k = head_dims("v", v)
+    hs = (B, NH, T, d_k)
+    args = [ptr("dprobs", dprobs, (B, NH, T, T)), ptr("dv", dv, hs), ptr("dout", dout, hs),
+            ptr("probs", probs, (B, NH, T, T)), ptr("v", v, hs), B * NH, T, d_k]
+    launch("k_attn_values_bwd", args, (blocks(B * NH * T * max(T, d_k)), 2), stream)
+
+
+def merge_heads_fwd(y, heads, *, stream=None):
+    """heads (B, NH, T, d_k) -> y (B, T, NH * d_k)."""
+    B, NH, T, d_k = head_dims("heads", heads)
+    args = [ptr("y", y, (B, T, NH * d_k)), ptr("heads", heads, (B, NH, T, d_k)), B, T, NH, d_k]
+    launch("k_merge_heads_fwd", args, blocks(B * NH * T * d_k), stream)
+
+
+def merge_heads_bwd(dheads, dy, n_head, *, stream=None):
+    B, T, C = shape_of("dy", dy, 3)
+    if C % n_head:
+        raise ValueError(f"n_head={n_head} must divide dy's last dimension {C}")
+    d_k = C // n_head
+    args = [ptr("dheads", dheads, (B, n_head, T, d_k)), ptr("dy", dy, (B, T, C)), B, T, n_head, d_k]
+    launch("k_merge_heads_bwd", args, blocks(B * T * C), stream)

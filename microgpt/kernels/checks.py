@@ -1,0 +1,93 @@
+"""The argument checks every launcher runs before a launch: a device array (a PyCUDA GPUArray, or anything
+with __cuda_array_interface__, such as PyTorch and CuPy tensors), its dtype, its shape against the other
+arguments, C-contiguity, token ids inside the vocabulary. Each failure is a TypeError or ValueError that
+names the argument; nothing has been launched when it is raised.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .runtime import engine
+
+
+def _describe(name, a):
+    """(device pointer, dtype, shape, C-contiguous) of a device array; TypeError for anything else."""
+    cai = getattr(a, "__cuda_array_interface__", None)
+    if cai is None:
+        if isinstance(a, np.ndarray):
+            raise TypeError(f"{name} must be a device array, got a NumPy array (copy it with "
+                            f"pycuda.gpuarray.to_gpu)")
+        raise TypeError(f"{name} must be a device array (pycuda GPUArray or an object with "
+                        f"__cuda_array_interface__), got {type(a).__name__}")
+    shape = tuple(cai["shape"])
+    dtype = np.dtype(cai["typestr"])
+    strides = cai.get("strides")
+    contiguous = strides is None or _contiguous(shape, tuple(strides), dtype.itemsize)
+    return int(cai["data"][0]), dtype, shape, contiguous
+
+
+def _contiguous(shape, strides, itemsize):
+    """C order, ignoring the strides of axes of length 1 (which never step)."""
+    step = itemsize
+    for n, s in zip(reversed(shape), reversed(strides)):
+        if n != 1 and s != step:
+            return False
+        step *= n
+    return True
+
+
+def shape_of(name, a, ndim=None) -> tuple:
+    """The shape of device array `a`, which must not be empty (and must have ndim axes, if given)."""
+    _, _, shape, _ = _describe(name, a)
+    if ndim is not None and len(shape) != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {shape}")
+    if any(n == 0 for n in shape):
+        raise ValueError(f"{name} must not be empty, got shape {shape}")
+    return shape
+
+
+def ptr(name, a, shape, dtype=np.float32) -> int:
+    """The device pointer of `a` after checking its dtype, shape and contiguity."""
+    p, dt, sh, contiguous = _describe(name, a)
+    if dt != np.dtype(dtype):
+        raise TypeError(f"{name} must be {np.dtype(dtype).name}, got {dt.name}")
+    if sh != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {sh}")
+    if not contiguous:
+        raise ValueError(f"{name} must be C-contiguous")
+    return p
+
+
+def opt_ptr(name, a, shape, dtype=np.float32) -> int:
+    """ptr() of an optional argument; NULL (0) for None."""
+    return 0 if a is None else ptr(name, a, shape, dtype)
+
+
+def read_ids(name, p, shape) -> np.ndarray:
+    """The int32 array at device pointer p, copied to the host (token ids: a few KB)."""
+    host = np.empty(shape, dtype=np.int32)
+    engine().cuda.memcpy_dtoh(host, p)
+    return host
+
+
+def check_ids(name, a, shape, vocab_size, check=True) -> int:
+    """ptr() of int32 token ids; with check, read back and refused unless every id lies in [0, vocab_size)."""
+    p = ptr(name, a, shape, np.int32)
+    if check:
+        host = read_ids(name, p, shape)
+        lo, hi = int(host.min()), int(host.max())
+        if lo < 0 or hi >= vocab_size:
+            raise ValueError(f"{name} holds token id {lo if lo < 0 else hi}, outside [0, {vocab_size})")
+    return p
+
+
+def rows(shape) -> tuple[int, int]:
+    """(rows, last) of an array of shape (..., last)."""
+    return math.prod(shape[:-1]), shape[-1]
+
+
+def head_dims(name, a) -> tuple[int, int, int, int]:
+    """(B, NH, T, d_k) of a per-head array."""
+    return shape_of(name, a, 4)

@@ -1,0 +1,35 @@
+"""Launchers of cuda/colsum.cuh: deterministic column sums (bias and layernorm weight gradients)."""
+from __future__ import annotations
+
+import math
+
+from .checks import ptr, rows, shape_of
+from .runtime import blocks, launch, scratch
+
+
+def chunks(N: int) -> tuple[int, int]:
+    """(rows per chunk, number of chunks) of a column sum over N rows: enough blocks to fill the GPU, in a
+    fixed order."""
+    rows_per_chunk = max(8, math.ceil(N / 64))
+    return rows_per_chunk, math.ceil(N / rows_per_chunk)
+
+
+def reduce_chunks(out_ptr: int, partials, n_chunks: int, C: int, stream) -> None:
+    """out (C,) += the chunks' partial sums (n_chunks, C), added in chunk order."""
+    launch("k_colsum_reduce", [out_ptr, int(partials.gpudata), n_chunks, C], blocks(C), stream)
+
+
+def add_column_sums(out_ptr: int, x_ptr: int, N: int, C: int, stream) -> None:
+    """out (C,) += the column sums of x (N, C), on checked pointers."""
+    rows_per_chunk, n_chunks = chunks(N)
+    partials = scratch(n_chunks * C)
+    launch("k_colsum_partial", [int(partials.gpudata), x_ptr, N, C, rows_per_chunk],
+           (math.ceil(C / 32), n_chunks, 1), stream)
+    reduce_chunks(out_ptr, partials, n_chunks, C, stream)
+
+
+def colsum(out, x, *, stream=None):
+    """out (C,) += the sums over every row of x (..., C), deterministically."""
+    shape = shape_of("x", x)
+    N, C = rows(shape)
+    add_column_sums(ptr("out", out, (C,)), ptr("x", x, shape), N, C, stream)

@@ -1,0 +1,198 @@
+"""Launchers of cuda/matmul_fast.cuh: one tiled SGEMM for every matrix product of the model.
+
+The linear layers forward and backward and the attention products are all `gemm(Gemm(...), ...)`: a
+128 x 128 tile (128 x 64 where N fits in it: attention's d_k), causal tile skipping for attention, and
+split-K, deterministic, where a single product has too few tiles to fill the GPU (the weight gradients).
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from dataclasses import dataclass
+
+from ..reference import MASK_VALUE, attn_scale
+from .checks import head_dims, opt_ptr, ptr, rows, shape_of
+from .colsum import add_column_sums
+from .runtime import blocks, engine, launch, scratch
+
+GEMM_TILE = 128  # the M of one SGEMM block; its N is 128, or 64 for narrow products
+
+
+class Causal(enum.IntEnum):
+    """What the product may skip; mirrors `enum Causal` of cuda/matmul_fast.cuh."""
+    NONE = 0
+    OUT_LOWER = 1  # C is lower triangular: C[m][n] = fill for n > m
+    A_LOWER = 2    # A is lower triangular: A[m][k] = 0 for k > m
+    A_UPPER = 3    # A is upper triangular: A[m][k] = 0 for k < m
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """One SGEMM launch: C[z] (M x N, ldc) = alpha * op(A[z]) @ op(B[z]) + bias + beta * C[z] for z < batch,
+    op(X) = X^T where trans_x. A is stored M x K (lda), or K x M transposed; B K x N (ldb), or N x K."""
+    M: int
+    N: int
+    K: int
+    lda: int
+    ldb: int
+    ldc: int
+    trans_a: bool = False
+    trans_b: bool = False
+    batch: int = 1
+    stride_a: int = 0
+    stride_b: int = 0
+    stride_c: int = 0
+    alpha: float = 1.0
+    beta: float = 0.0
+    causal: Causal = Causal.NONE
+    fill: float = 0.0
+
+    @classmethod
+    def dense(cls, M, N, K, *, trans_a=False, trans_b=False, batch=1, **kw) -> "Gemm":
+        """A product of contiguous matrices, `batch` of them back to back."""
+        return cls(M, N, K, lda=M if trans_a else K, ldb=K if trans_b else N, ldc=N, trans_a=trans_a,
+                   trans_b=trans_b, batch=batch, stride_a=M * K, stride_b=K * N, stride_c=M * N, **kw)
+
+    @property
+    def tile_n(self) -> int:
+        return 64 if self.N <= 64 else 128
+
+    @property
+    def kernel(self) -> str:
+        ops = ("t" if self.trans_a else "n") + ("t" if self.trans_b else "n")
+        return f"k_sgemm_{ops}" + ("_n64" if self.tile_n == 64 else "")
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return math.ceil(self.N / self.tile_n), math.ceil(self.M / GEMM_TILE), self.batch
+
+    def args(self, c: int, a: int, b: int, bias: int) -> list:
+        return [c, a, b, bias, self.M, self.N, self.K, self.lda, self.ldb, self.ldc, self.stride_a,
+                self.stride_b, self.stride_c, float(self.alpha), float(self.beta), int(self.causal),
+                float(self.fill)]
+
+    def splits(self, sm_count: int) -> int:
+        """How many slices to cut K into so that a product of few tiles (a weight gradient: M x N small,
+        K = B*T large) still fills the GPU: the fewest of 2, 4, 8 that give two blocks per SM."""
+        tiles = self.grid[0] * self.grid[1]
+        for splits in (1, 2, 4, 8):
+            if tiles * splits >= 2 * sm_count or splits == 8:
+                return splits if self.K % splits == 0 and self.K // splits >= 128 else 1
+        return 1
+
+
+def gemm(g: Gemm, c: int, a: int, b: int, bias: int = 0, stream=None) -> None:
+    """Launches g on checked pointers; split-K where it pays (one plain product, no bias, no causal mode):
+    each slice writes its partial product, and k_splitk_reduce adds them in slice order."""
+    plain = g.batch == 1 and not bias and g.causal == Causal.NONE and g.ldc == g.N
+    splits = g.splits(engine().sm_count) if plain else 1
+    if splits == 1:
+        launch(g.kernel, g.args(c, a, b, bias), g.grid, stream)
+        return
+    k_slice = g.K // splits  # a slice of K is a block of A's and B's rows (or columns, transposed)
+    sliced = dataclasses.replace(g, K=k_slice, batch=splits, beta=0.0,
+                                 stride_a=k_slice * (g.lda if g.trans_a else 1),
+                                 stride_b=k_slice * (1 if g.trans_b else g.ldb), stride_c=g.M * g.N)
+    partials = scratch(splits * g.M * g.N)
+    launch(sliced.kernel, sliced.args(int(partials.gpudata), a, b, 0), sliced.grid, stream)
+    launch("k_splitk_reduce", [c, int(partials.gpudata), splits, g.M * g.N, float(g.beta)], blocks(g.M * g.N),
+           stream)
+
+
+def sgemm(c, a, b, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, bias=None, stream=None):
+    """c = alpha * op(a) @ op(b) + bias + beta * c, op(x) = x.T (the last two axes) where trans_x.
+    a, b, c are 2-D, or 3-D with a leading batch axis (all three)."""
+    sa, sb = shape_of("a", a), shape_of("b", b)
+    if len(sa) != len(sb) or len(sa) not in (2, 3):
+        raise ValueError(f"a and b must both be 2-D or both 3-D (batched), got shapes {sa} and {sb}")
+    batch = sa[0] if len(sa) == 3 else 1
+    if len(sa) == 3 and sb[0] != batch:
+        raise ValueError(f"b must have a's batch size {batch}, got {sb[0]}")
+    M, K = (sa[-1], sa[-2]) if trans_a else (sa[-2], sa[-1])
+    Kb, N = (sb[-1], sb[-2]) if trans_b else (sb[-2], sb[-1])
+    if Kb != K:
+        raise ValueError(f"op(a) is {M}x{K} but op(b) is {Kb}x{N}: inner dimensions differ")
+    lead = (batch,) if len(sa) == 3 else ()
+    g = Gemm.dense(M, N, K, trans_a=trans_a, trans_b=trans_b, batch=batch, alpha=alpha, beta=beta)
+    gemm(g, ptr("c", c, lead + (M, N)), ptr("a", a, sa), ptr("b", b, sb), opt_ptr("bias", bias, (N,)), stream)
+
+
+# ---------------------------------------------------------------------------------------------- linear layers
+def matmul_fwd_fast(out, inp, weight, bias=None, *, stream=None):
+    """As matmul_fwd: out = inp @ weight^T + bias."""
+    shape = shape_of("inp", inp)
+    N, IN = rows(shape)
+    OUT = shape_of("weight", weight, 2)[0]
+    gemm(Gemm.dense(N, OUT, IN, trans_b=True), ptr("out", out, shape[:-1] + (OUT,)), ptr("inp", inp, shape),
+         ptr("weight", weight, (OUT, IN)), opt_ptr("bias", bias, (OUT,)), stream)
+
+
+def matmul_bwd_fast(dinp, dweight, dbias, dout, inp, weight, *, stream=None):
+    """As matmul_bwd: dinp = dout @ W (written), dW += dout^T @ inp, dbias += column sums of dout."""
+    shape = shape_of("inp", inp)
+    N, IN = rows(shape)
+    OUT = shape_of("weight", weight, 2)[0]
+    p_dinp, p_dw, p_db = ptr("dinp", dinp, shape), ptr("dweight", dweight, (OUT, IN)), opt_ptr("dbias", dbias, (OUT,))
+    p_dout, p_inp, p_w = ptr("dout", dout, shape[:-1] + (OUT,)), ptr("inp", inp, shape), ptr("weight", weight, (OUT, IN))
+    gemm(Gemm.dense(N, IN, OUT), p_dinp, p_dout, p_w, stream=stream)
+    gemm(Gemm.dense(OUT, IN, N, trans_a=True, beta=1.0), p_dw, p_dout, p_inp, stream=stream)
+    if p_db:
+        add_column_sums(p_db, p_dout, N, OUT, stream)
+
+
+# ---------------------------------------------------------------------------------------------- attention
+# One product per (batch, head), skipping what the causal mask makes constant. They compute the
+# reference stages for causal inputs: probs and the scores' gradient zero above the diagonal, as the
+# pipeline makes them.
+def _attn_dims(name, a):
+    B, NH, T, d_k = head_dims(name, a)
+    return B, NH, T, d_k, float(attn_scale(d_k, "float32"))  # 1.0f / sqrtf(d_k), as the literal kernel
+
+
+def causal_scores_fwd_fast(masked, q, k, *, scores=None, stream=None):
+    """As causal_scores_fwd, in one pass: masked[i][j] = dot(Q[i], K[j]) * (1/sqrt(d_k)) for j <= i and
+    MASK_VALUE above the diagonal, whose tiles are never computed (so there are no scores to keep)."""
+    if scores is not None:
+        raise ValueError("scores: the fast variant writes the masked scores directly and has no scores "
+                         "before the mask to keep; pass scores=None")
+    B, NH, T, d_k, scale = _attn_dims("q", q)
+    hs = (B, NH, T, d_k)
+    g = Gemm.dense(T, T, d_k, trans_b=True, batch=B * NH, alpha=scale, causal=Causal.OUT_LOWER, fill=MASK_VALUE)
+    gemm(g, ptr("masked", masked, (B, NH, T, T)), ptr("q", q, hs), ptr("k", k, hs), stream=stream)
+
+
+def causal_scores_bwd_fast(dq, dk, dscores, q, k, *, stream=None):
+    """As causal_scores_bwd, for a causal dscores (zero above the diagonal, as the softmax backward leaves
+    it): dQ = dS @ K and dK = dS^T @ Q, both scaled, skipping the zero half."""
+    B, NH, T, d_k, scale = _attn_dims("q", q)
+    hs = (B, NH, T, d_k)
+    p_ds = ptr("dscores", dscores, (B, NH, T, T))
+    gemm(Gemm.dense(T, d_k, T, batch=B * NH, alpha=scale, causal=Causal.A_LOWER), ptr("dq", dq, hs), p_ds,
+         ptr("k", k, hs), stream=stream)
+    gemm(Gemm.dense(T, d_k, T, trans_a=True, batch=B * NH, alpha=scale, causal=Causal.A_UPPER), ptr("dk", dk, hs),
+         p_ds, ptr("q", q, hs), stream=stream)
+
+
+def attn_values_fwd_fast(out, probs, v, *, stream=None):
+    """As attn_values_fwd, for causal probs: row i stops at j = i."""
+    B, NH, T, d_k, _ = _attn_dims("v", v)
+    hs = (B, NH, T, d_k)
+    gemm(Gemm.dense(T, d_k, T, batch=B * NH, causal=Causal.A_LOWER), ptr("out", out, hs),
+         ptr("probs", probs, (B, NH, T, T)), ptr("v", v, hs), stream=stream)
+
+
+def attn_values_bwd_fast(dprobs, dv, dout, probs, v, *, stream=None):
+    """As attn_values_bwd for causal probs; dprobs is written 0 above the diagonal, where the softmax
+    backward multiplies it by a probability of 0 anyway."""
+    B, NH, T, d_k, _ = _attn_dims("v", v)
+    hs = (B, NH, T, d_k)
+    p_do, p_probs = ptr("dout", dout, hs), ptr("probs", probs, (B, NH, T, T))
+    gemm(Gemm.dense(T, T, d_k, trans_b=True, batch=B * NH, causal=Causal.OUT_LOWER, fill=0.0),
+         ptr("dprobs", dprobs, (B, NH, T, T)), p_do, ptr("v", v, hs), stream=stream)
+    gemm(Gemm.dense(T, d_k, T, trans_a=True, batch=B * NH, causal=Causal.A_UPPER), ptr("dv", dv, hs), p_probs, p_do,
+         stream=stream)
+
+
+attn_scores_fwd_fast = causal_scores_fwd_fast  # the names these launchers had before the causal_scores op
+attn_scores_bwd_fast = causal_scores_bwd_fast

@@ -1,0 +1,96 @@
+"""The kernel variants, in one place: which launcher each op of the model runs in each variant.
+
+    ops = kernels.select("fast")                 # select() or select(None): the default variant
+    ops.matmul_fwd(out, x, w, b)                 # the tiled SGEMM
+    kernels.launcher("softmax_fwd", "reference") # one op's launcher
+
+Every op has a reference launcher, the readable kernels; a variant without a launcher of its own for an
+op runs the reference one. `variant=` on GPT, MultiHeadAttention, the cuda backend and the tools is
+checked here (resolve), and nowhere else.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from . import attention, crossentropy, embed, layernorm, matmul, matmul_fast, pointwise, rows_fast
+from .adamw import adamw, global_norm
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    summary: str
+    keeps_scores: bool  # its causal_scores_fwd can keep the scores before the mask (scores=...)
+
+
+VARIANTS = {v.name: v for v in (
+    Variant("reference", "the readable kernels, one stage a kernel, the literal scores line among them", True),
+    Variant("fast", "tiled SGEMM (the mask fused into the scores, causal tile skipping, deterministic "
+                    "split-K), warp-per-row softmax and layernorm, block-per-row cross-entropy", False),
+)}
+DEFAULT_VARIANT = "fast"
+
+OPS: dict[str, dict[str, Callable]] = {
+    "embed_fwd": {"reference": embed.embed_fwd},
+    "embed_bwd": {"reference": embed.embed_bwd},
+    "layernorm_fwd": {"reference": layernorm.layernorm_fwd, "fast": rows_fast.layernorm_fwd_fast},
+    "layernorm_bwd": {"reference": layernorm.layernorm_bwd, "fast": rows_fast.layernorm_bwd_fast},
+    "matmul_fwd": {"reference": matmul.matmul_fwd, "fast": matmul_fast.matmul_fwd_fast},
+    "matmul_bwd": {"reference": matmul.matmul_bwd, "fast": matmul_fast.matmul_bwd_fast},
+    "split_heads_fwd": {"reference": attention.split_heads_fwd},
+    "split_heads_bwd": {"reference": attention.split_heads_bwd},
+    "attn_scores_fwd": {"reference": attention.attn_scores_fwd},
+    "attn_scores_bwd": {"reference": attention.attn_scores_bwd},
+    "causal_mask_fwd": {"reference": attention.causal_mask_fwd},
+    "causal_mask_bwd": {"reference": attention.causal_mask_bwd},
+    "causal_scores_fwd": {"reference": attention.causal_scores_fwd, "fast": matmul_fast.causal_scores_fwd_fast},
+    "causal_scores_bwd": {"reference": attention.causal_scores_bwd, "fast": matmul_fast.causal_scores_bwd_fast},
+    "softmax_fwd": {"reference": attention.softmax_fwd, "fast": rows_fast.softmax_fwd_fast},
+    "softmax_bwd": {"reference": attention.softmax_bwd, "fast": rows_fast.softmax_bwd_fast},
+    "attn_values_fwd": {"reference": attention.attn_values_fwd, "fast": matmul_fast.attn_values_fwd_fast},
+    "attn_values_bwd": {"reference": attention.attn_values_bwd, "fast": matmul_fast.attn_values_bwd_fast},
+    "merge_heads_fwd": {"reference": attention.merge_heads_fwd},
+    "merge_heads_bwd": {"reference": attention.merge_heads_bwd},
+    "gelu_fwd": {"reference": pointwise.gelu_fwd},
+    "gelu_bwd": {"reference": pointwise.gelu_bwd},
+    "residual_fwd": {"reference": pointwise.residual_fwd},
+    "residual_bwd": {"reference": pointwise.residual_bwd},
+    "crossentropy_fwd": {"reference": crossentropy.crossentropy_fwd, "fast": rows_fast.crossentropy_fwd_fast},
+    "crossentropy_bwd": {"reference": crossentropy.crossentropy_bwd},
+    "global_norm": {"reference": global_norm},
+    "adamw": {"reference": adamw},
+}
+
+
+def resolve(variant: str | None = None) -> str:
+    """The variant's name, DEFAULT_VARIANT for None; ValueError naming `variant` for anything else."""
+    if variant is None:
+        return DEFAULT_VARIANT
+    if not isinstance(variant, str) or variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {tuple(VARIANTS)}, got {variant!r}")
+    return variant
+
+
+def launcher(op: str, variant: str | None = None) -> Callable:
+    """The launch function of `op` ('matmul_fwd', ...) in `variant`."""
+    name = resolve(variant)
+    if op not in OPS:
+        raise ValueError(f"op must be one of the registry's ops ({', '.join(OPS)}), got {op!r}")
+    return OPS[op].get(name, OPS[op]["reference"])
+
+
+class Kernels:
+    """One variant's launchers by op name (ops.matmul_fwd, ...), and the variant itself (ops.variant)."""
+
+    def __init__(self, variant: str | None = None):
+        self.variant = VARIANTS[resolve(variant)]
+        for op in OPS:
+            setattr(self, op, launcher(op, self.variant.name))
+
+    def __repr__(self) -> str:
+        return f"Kernels({self.variant.name!r})"
+
+
+def select(variant: str | None = None) -> Kernels:
+    return Kernels(variant)

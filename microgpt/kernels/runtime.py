@@ -1,0 +1,158 @@
+"""The runtime: cuda/microgpt_cuda.cu compiled once through PyCUDA (the engine), and the one way a kernel is
+launched.
+
+The module is compiled once per (source, options, device architecture): PyCUDA's compiler cache keys on
+the preprocessed source, so an edit to any header recompiles. Everything runs in the device's primary
+context, the one PyTorch and CuPy use, so their arrays can be passed straight in.
+
+A launch is synchronous without a stream and queued on the stream with one; a CUDA error becomes a
+KernelError naming the kernel (set MICROGPT_SYNC=1 to synchronise after every queued launch, so that an
+asynchronous error names its kernel too). Inside `with recording() as plan:` launches are appended to
+the plan instead of run, and replay(plan, stream) runs them later without checking anything again.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+from .source import NVCC_OPTIONS, TRANSLATION_UNIT, cuda_source_dir, kernel_signatures
+
+BLOCK = 256  # threads per block of every launch; the fast kernels are written for it
+SYNC_EVERY_LAUNCH = os.environ.get("MICROGPT_SYNC", "0") not in ("", "0")
+
+
+class KernelError(RuntimeError):
+    """A CUDA error raised by (or surfacing after) a named kernel's launch."""
+
+
+class _Engine:
+    """The compiled module in the primary context, with each kernel prepared once."""
+
+    def __init__(self):
+        # PyCUDA is an optional dependency (the numpy backend needs none of it): imported here, when the
+        # GPU is first asked for. autoprimaryctx retains and pushes the device's primary context.
+        import pycuda.autoprimaryctx  # noqa: F401
+        import pycuda.driver as cuda
+        import pycuda.gpuarray as ga
+        from pycuda.compiler import SourceModule
+        from pycuda.tools import DeviceMemoryPool
+
+        self.cuda, self.ga = cuda, ga
+        self.memory_pool = DeviceMemoryPool  # memory_pool() -> a pool whose blocks are reused, not freed
+        self.device = cuda.Context.get_device()
+        self.arch = "sm_%d%d" % self.device.compute_capability()
+        self.sm_count = self.device.get_attribute(cuda.device_attribute.MULTIPROCESSOR_COUNT)
+        src_dir = cuda_source_dir()
+        self.module = SourceModule((src_dir / TRANSLATION_UNIT).read_text(), options=list(NVCC_OPTIONS),
+                                   arch=self.arch, no_extern_c=True, include_dirs=[str(src_dir)])
+        self.signatures = kernel_signatures()
+        self.functions = {}
+
+    def function(self, name):
+        fn = self.functions.get(name)
+        if fn is None:
+            fn = self.module.get_function(name)
+            fn.prepare(self.signatures[name])
+            self.functions[name] = fn
+        return fn
+
+
+_engine = None
+
+
+def engine() -> _Engine:
+    global _engine
+    if _engine is None:
+        _engine = _Engine()
+    return _engine
+
+
+def device_summary() -> str:
+    """'NVIDIA H200 (sm_90, 132 SMs)'; raises where PyCUDA or a CUDA device is missing."""
+    e = engine()
+    return f"{e.device.name()} ({e.arch}, {e.sm_count} SMs)"
+
+
+# -------------------------------------------------------------------------------------------- plans
+class Plan(list):
+    """Launches recorded with their checked arguments, to be replayed on a stream (see recording()).
+    `keep` holds the scratch buffers the launches point into, alive as long as the plan."""
+
+    def __init__(self):
+        super().__init__()
+        self.keep = []
+
+
+_recording: Plan | None = None
+
+
+class recording:
+    """Within `with recording() as plan:` the launch functions check their arguments and append each
+    launch to `plan` instead of running it; replay(plan, stream) then runs them all, unchecked. A model's
+    forward and backward are fixed sequences per (B, T): checking once is enough."""
+
+    def __enter__(self) -> Plan:
+        global _recording
+        if _recording is not None:
+            raise RuntimeError("recording() does not nest")
+        _recording = Plan()
+        return _recording
+
+    def __exit__(self, *exc):
+        global _recording
+        _recording = None
+        return False
+
+
+def replay(plan: Plan, stream, phase: str) -> None:
+    cuda = engine().cuda
+    for name, fn, grid, args in plan:
+        try:
+            fn.prepared_async_call(grid, (BLOCK, 1, 1), stream, *args)
+            if SYNC_EVERY_LAUNCH:
+                stream.synchronize()
+        except cuda.Error as err:
+            raise KernelError(f"{name} failed in the {phase} pass: {err}") from None
+
+
+def synchronize(stream, phase: str) -> None:
+    """Waits for the stream; an error of an earlier asynchronous launch is named by the pass it came from."""
+    cuda = engine().cuda
+    try:
+        stream.synchronize()
+    except cuda.Error as err:
+        raise KernelError(f"a kernel launched in the {phase} failed: {err} (MICROGPT_SYNC=1 names "
+                          f"it)") from None
+
+
+# -------------------------------------------------------------------------------------------- launches
+def blocks(n_threads: int) -> int:
+    """Blocks of BLOCK threads that cover n_threads (at least one)."""
+    return max(1, math.ceil(n_threads / BLOCK))
+
+
+def launch(name: str, args: list, grid, stream=None) -> None:
+    """Launches kernel `name` on a grid (blocks in x, or a tuple (x, y[, z])) of BLOCK-thread blocks."""
+    e = engine()
+    grid = tuple(grid) if isinstance(grid, tuple) else (grid, 1)
+    if _recording is not None:
+        _recording.append((name, e.function(name), grid, args))
+        return
+    try:
+        e.function(name).prepared_async_call(grid, (BLOCK, 1, 1), stream, *args)
+        if stream is None:
+            e.cuda.Context.synchronize()
+        elif SYNC_EVERY_LAUNCH:
+            stream.synchronize()
+    except e.cuda.Error as err:
+        raise KernelError(f"{name} failed: {err}") from None
+
+
+def scratch(n: int):
+    """A float32 device buffer of n elements for partial sums, kept alive by the plan being recorded."""
+    buf = engine().ga.empty(n, np.float32)
+    if _recording is not None:
+        _recording.keep.append(buf)
+    return buf

@@ -1,0 +1,97 @@
+"""What the tests share: the relative error they compare by, the worst errors printed at the end of a run,
+and a stand-in for the GPU that lets the launch layer check and record launches on a machine without one."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+
+
+def rel_err(a, b):
+    """||a - b|| / ||b||, in float64; inf where a holds a NaN or inf (never passes)."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape:
+        raise AssertionError(f"shape {a.shape} != {b.shape}")
+    if not np.all(np.isfinite(a)):
+        return np.inf
+    denom = np.linalg.norm(b)
+    return float(np.linalg.norm(a - b) / (denom if denom > 0 else 1.0))
+
+
+# group -> name -> worst relative error seen this session; conftest prints it at the end of the run
+WORST: dict = {}
+
+
+def record(group, name, err):
+    g = WORST.setdefault(group, {})
+    g[name] = max(g.get(name, 0.0), err)
+    return err
+
+
+TOOLS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools")
+
+
+def run_tool(script, *args, timeout=300):
+    """tools/<script> in a fresh interpreter, its output captured."""
+    return subprocess.run([sys.executable, os.path.join(TOOLS, script), *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+# ---------------------------------------------------------------------------------------------- no GPU
+def _gpu_unavailable_reason():
+    """None where PyCUDA and a CUDA device are there, else why not."""
+    try:
+        import pycuda.driver as cuda
+    except Exception as e:
+        return f"PyCUDA is not installed ({e}); pip install 'microgpt[cuda]'"
+    try:
+        cuda.init()
+        if cuda.Device.count() == 0:
+            return "no CUDA device"
+    except Exception as e:
+        return f"no usable CUDA device ({e})"
+    return None
+
+
+GPU_REASON = _gpu_unavailable_reason()
+
+
+class FakeArray:
+    """A device array by __cuda_array_interface__ alone: a shape, a dtype and a made-up address."""
+    _next = 1 << 20
+
+    def __init__(self, shape, dtype=np.float32, strides=None):
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.gpudata = FakeArray._next
+        FakeArray._next += 256 * (1 + int(np.prod(self.shape)) * self.dtype.itemsize // 256)
+        self.__cuda_array_interface__ = {"shape": self.shape, "typestr": self.dtype.str, "strides": strides,
+                                         "data": (self.gpudata, False), "version": 3}
+
+    @property
+    def size(self):
+        return int(np.prod(self.shape))
+
+    def get(self):
+        return np.zeros(self.shape, self.dtype)
+
+
+class FakeEngine:
+    """Stands in for microgpt.kernels.engine's compiled module inside recording(): launches are checked and
+    recorded, never run. Reads of device memory (token ids) return zeros."""
+
+    def __init__(self, signatures, sm_count=132):
+        self.signatures, self.sm_count = signatures, sm_count
+        self.ga = SimpleNamespace(empty=lambda shape, dtype=np.float32: FakeArray(np.atleast_1d(shape), dtype),
+                                  to_gpu=lambda a: FakeArray(np.shape(a), np.asarray(a).dtype))
+        self.cuda = SimpleNamespace(mem_alloc=lambda n: FakeArray((n,), np.uint8).gpudata,
+                                    memset_d32=lambda *a: None, memset_d32_async=lambda *a: None,
+                                    memcpy_dtoh=lambda host, p: host.fill(0))
+
+    def function(self, name):
+        if name not in self.signatures:
+            raise KeyError(f"no kernel {name} in the translation unit")
+        return name

@@ -1,0 +1,66 @@
+"""The tools in tools/ on a GPU: each runs its quick form and reports what it measured."""
+import json
+import shutil
+
+import pytest
+
+from helpers import run_tool as run
+
+pytestmark = pytest.mark.gpu
+
+
+def test_profile_kernels_quick(tmp_path):
+    out, png = tmp_path / "p.json", tmp_path / "roofline.png"
+    res = run("profile_kernels.py", "--quick", "--json", str(out), "--plot", str(png))
+    assert res.returncode == 0, res.stdout + res.stderr
+    r = json.loads(out.read_text())
+    names = {row["kernel"] for row in r["rows"]}
+    assert {"k_attn_scores_fwd", "causal_scores_fwd_fast", "k_adamw", "matmul_fwd_fast (qkv)"} <= names
+    assert r["copy_gbs"] > 100 and r["matmul_tflops"] > 1
+    for row in r["rows"]:
+        assert row["ms"] > 0 and row["gbs"] >= 0 and 0 < row["pct_of_floor"] <= 150, row
+    assert "k_layernorm_fwd" in res.stdout  # the table
+    try:
+        import matplotlib  # noqa: F401
+        assert png.stat().st_size > 10_000
+    except ImportError:
+        assert r["plot"] is None and "matplotlib" in r["plot_note"]
+
+
+def test_bench_attention_quick():
+    res = run("bench_attention.py", "--quick", "--json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    r = json.loads(res.stdout)
+    for k in ("reference_fwd_ms", "reference_fwd_bwd_ms", "fast_fwd_ms", "fast_fwd_bwd_ms"):
+        assert r[k] > 0
+    assert r["fast_fwd_bwd_ms"] >= r["fast_fwd_ms"]
+    assert (r["torch_sdpa_fwd_ms"] is None) == (r["torch_note"] is not None)
+
+
+def test_bench_train_quick():
+    res = run("bench_train.py", "--quick", "--json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    r = json.loads(res.stdout)
+    assert r["microgpt_tokens_per_s"] > 0 and r["losses_finite"]
+    assert (r["ratio_vs_torch"] is None) == (r["torch_tokens_per_s"] is None)
+
+
+def test_ncu_kernel_quick():
+    if shutil.which("ncu") is None:
+        pytest.skip("ncu is not on PATH")
+    res = run("ncu_kernel.py", "k_softmax_fwd", "--quick", "--json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    r = json.loads(res.stdout)
+    assert r["launches"] and r["launches"][0]["kernel"].startswith("k_softmax_fwd")
+    assert r["launches"][0]["time_us"] > 0
+
+
+def test_the_benchmarks_take_a_variant():
+    res = run("bench_train.py", "--quick", "--variant", "reference", "--no-torch", "--json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    r = json.loads(res.stdout)
+    assert r["variant"] == "reference" and r["microgpt_tokens_per_s"] > 0 and r["losses_finite"]
+    res = run("bench_attention.py", "--quick", "--variant", "fast", "--json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    r = json.loads(res.stdout)
+    assert r["fast_fwd_ms"] > 0 and "reference_fwd_ms" not in r

@@ -1,0 +1,239 @@
+"""The launch layer without a GPU: every launcher checks and records its launches against a stand-in engine
+(tests/helpers.FakeEngine), so CI sees that every kernel of cuda/ is reachable from the registry, that each
+kernel is launched from the module named after its header, and that every launch passes the arguments its
+kernel's format asks for."""
+import importlib
+import inspect
+import os
+import shutil
+import sys
+
+import numpy as np
+import pytest
+
+from microgpt import kernels as K
+from microgpt.kernels import registry, runtime
+
+from helpers import FakeArray, FakeEngine
+
+adamw_module = importlib.import_module("microgpt.kernels.adamw")  # the package's `adamw` is the function
+
+pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH (the formats come from it)")
+
+# large enough for every path of the launchers: split-K (K = B*T = 1024), the 128 x 64 tile (d_k = 16)
+B, T, C, NH, V = 2, 512, 64, 4, 97
+d_k = C // NH
+
+
+def f32(*shape):
+    return FakeArray(shape)
+
+
+def i32(*shape):
+    return FakeArray(shape, np.int32)
+
+
+hs = (B, NH, T, d_k)
+att = (B, NH, T, T)
+# op -> the arguments of one call; every op of the registry must be here (checked below)
+CALLS = {
+    "embed_fwd": lambda: ((f32(B, T, C), i32(B, T), f32(V, C), f32(T, C)), {"check_token_ids": False}),
+    "embed_bwd": lambda: ((f32(V, C), f32(T, C), f32(B, T, C), i32(B, T), i32(B, T)), {"check_token_ids": False}),
+    "layernorm_fwd": lambda: ((f32(B, T, C), f32(B, T), f32(B, T), f32(B, T, C), f32(C), f32(C)), {}),
+    "layernorm_bwd": lambda: ((f32(B, T, C), f32(C), f32(C), f32(B, T, C), f32(B, T, C), f32(C), f32(B, T),
+                               f32(B, T)), {}),
+    "matmul_fwd": lambda: ((f32(B, T, 4 * C), f32(B, T, C), f32(4 * C, C), f32(4 * C)), {}),
+    "matmul_bwd": lambda: ((f32(B, T, C), f32(C, C), f32(C), f32(B, T, C), f32(B, T, C), f32(C, C)), {}),
+    "split_heads_fwd": lambda: ((f32(*hs), f32(*hs), f32(*hs), f32(B, T, 3 * C), NH), {}),
+    "split_heads_bwd": lambda: ((f32(B, T, 3 * C), f32(*hs), f32(*hs), f32(*hs)), {}),
+    "attn_scores_fwd": lambda: ((f32(*att), f32(*hs), f32(*hs)), {}),
+    "attn_scores_bwd": lambda: ((f32(*hs), f32(*hs), f32(*att), f32(*hs), f32(*hs)), {}),
+    "causal_mask_fwd": lambda: ((f32(*att), f32(*att)), {}),
+    "causal_mask_bwd": lambda: ((f32(*att), f32(*att)), {}),
+    "causal_scores_fwd": lambda: ((f32(*att), f32(*hs), f32(*hs)), {}),
+    "causal_scores_bwd": lambda: ((f32(*hs), f32(*hs), f32(*att), f32(*hs), f32(*hs)), {}),
+    "softmax_fwd": lambda: ((f32(*att), f32(*att)), {}),
+    "softmax_bwd": lambda: ((f32(*att), f32(*att), f32(*att)), {}),
+    "attn_values_fwd": lambda: ((f32(*hs), f32(*att), f32(*hs)), {}),
+    "attn_values_bwd": lambda: ((f32(*att), f32(*hs), f32(*hs), f32(*att), f32(*hs)), {}),
+    "merge_heads_fwd": lambda: ((f32(B, T, C), f32(*hs)), {}),
+    "merge_heads_bwd": lambda: ((f32(*hs), f32(B, T, C), NH), {}),
+    "gelu_fwd": lambda: ((f32(B, T, 4 * C), f32(B, T, 4 * C)), {}),
+    "gelu_bwd": lambda: ((f32(B, T, 4 * C), f32(B, T, 4 * C), f32(B, T, 4 * C)), {}),
+    "residual_fwd": lambda: ((f32(B, T, C), f32(B, T, C), f32(B, T, C)), {}),
+    "residual_bwd": lambda: ((f32(B, T, C), f32(B, T, C), f32(B, T, C)), {}),
+    "crossentropy_fwd": lambda: ((f32(B, T), f32(B, T, V), f32(B, T, V), i32(B, T)), {"check_token_ids": False}),
+    "crossentropy_bwd": lambda: ((f32(B, T, V), f32(B, T, V), i32(B, T), f32(B, T)), {"check_token_ids": False}),
+    "global_norm": lambda: ((FakeArray((1,), np.float64), f32(1000)), {}),
+    "adamw": lambda: ((f32(1000), f32(1000), f32(1000), f32(1000)),
+                      dict(lr=1e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, step=1,
+                           decay_mask=FakeArray((1000,), np.uint8), sumsq=FakeArray((1,), np.float64), max_norm=1.0)),
+}
+FORMAT_TYPES = {"P": int, "i": int, "I": int, "q": int, "f": float, "d": float}
+
+
+class CallerRecordingEngine(FakeEngine):
+    """Also notes, per kernel, the module whose function called launch()."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.callers = {}
+
+    def function(self, name):
+        caller = inspect.stack()[2].frame.f_globals["__name__"]  # [0] here, [1] launch(), [2] its caller
+        self.callers.setdefault(name, set()).add(caller)
+        return super().function(name)
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    e = CallerRecordingEngine(K.kernel_signatures())
+    monkeypatch.setattr(runtime, "_engine", e)
+    monkeypatch.setattr(adamw_module, "_norm_partials", None)  # allocated by the fake, dropped after the test
+    return e
+
+
+def run_every_launcher():
+    """Every op of the registry in every variant, and the generic product in its four transposes."""
+    with K.recording() as plan:
+        for variant in K.VARIANTS:
+            ops = K.select(variant)
+            for op, call in CALLS.items():
+                args, kw = call()
+                getattr(ops, op)(*args, **kw)
+        for ta in (False, True):
+            for tb in (False, True):
+                for N in (4 * C, d_k):
+                    a = f32(C, B * T) if ta else f32(B * T, C)
+                    b = f32(N, C) if tb else f32(C, N)
+                    K.sgemm(f32(B * T, N), a, b, trans_a=ta, trans_b=tb)
+    return plan
+
+
+def test_the_calls_cover_the_registry():
+    assert set(CALLS) == set(K.OPS)
+
+
+def test_every_kernel_is_reachable_from_the_registry(fake):
+    run_every_launcher()
+    missing = set(K.kernel_names()) - set(fake.callers)
+    assert not missing, f"kernels no launcher of the registry launches: {sorted(missing)}"
+
+
+def test_each_kernel_is_launched_from_the_module_named_after_its_header(fake):
+    run_every_launcher()
+    headers = K.kernel_headers()
+    for name, callers in fake.callers.items():
+        assert callers == {"microgpt.kernels." + headers[name].removesuffix(".cuh")}, (name, headers[name], callers)
+
+
+def test_every_launch_passes_what_its_kernels_format_asks_for(fake):
+    plan = run_every_launcher()
+    assert len(plan) > len(K.kernel_names())
+    for name, _, grid, args in plan:
+        fmt = fake.signatures[name]
+        assert len(args) == len(fmt), (name, fmt, args)
+        for code, arg in zip(fmt, args):
+            assert type(arg) is FORMAT_TYPES[code] or (code in "Pi" and isinstance(arg, (int, np.integer))), \
+                (name, fmt, args)
+        assert all(isinstance(g, int) and g >= 1 for g in grid) and 2 <= len(grid) <= 3, (name, grid)
+
+
+def test_the_variants_run_their_own_launchers(fake):
+    with K.recording() as plan:
+        K.select("reference").matmul_fwd(*CALLS["matmul_fwd"]()[0])
+        K.select("fast").matmul_fwd(*CALLS["matmul_fwd"]()[0])
+        K.select("fast").causal_scores_fwd(*CALLS["causal_scores_fwd"]()[0])
+        K.select("reference").causal_scores_fwd(*CALLS["causal_scores_fwd"]()[0])
+    assert [name for name, *_ in plan] == ["k_matmul_fwd", "k_sgemm_nt", "k_sgemm_nt", "k_attn_scores_fwd",
+                                            "k_causal_mask_fwd"]
+
+
+def test_split_k_cuts_a_weight_gradient_and_reduces_it_in_order(fake):
+    with K.recording() as plan:
+        K.select("fast").matmul_bwd(*CALLS["matmul_bwd"]()[0])
+    names = [name for name, *_ in plan]
+    assert names == ["k_sgemm_nn_n64", "k_sgemm_tn_n64", "k_splitk_reduce", "k_colsum_partial", "k_colsum_reduce"]
+    _, _, grid, args = plan[1]
+    assert grid[2] == 8 and args[6] == B * T // 8  # 8 slices of K = B*T, each a batch entry
+    assert len(plan.keep) == 2  # the partial sums live as long as the plan
+
+
+def test_the_profile_cases_launch_every_kernel(fake):
+    """tools/kernel_cases.py feeds profile_kernels, ncu_kernel and sanitize_kernels: a kernel without a case
+    is never timed nor sanitized."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
+    try:
+        from kernel_cases import Shape, build_cases
+    finally:
+        sys.path.pop(0)
+    with K.recording() as plan:
+        for case in build_cases(Shape(B=2, T=512, C=64, NH=4, V=97)):
+            case.launch()
+    missing = set(K.kernel_names()) - {name for name, *_ in plan}
+    assert not missing, f"kernels without a case in tools/kernel_cases.py: {sorted(missing)}"
+
+
+# ---------------------------------------------------------------------------------------------- the registry
+def test_variant_is_checked_in_one_place_and_named():
+    assert K.resolve(None) == K.DEFAULT_VARIANT in K.VARIANTS
+    for bad in ("fastest", "", None.__class__, 3):
+        with pytest.raises(ValueError, match="variant must be one of"):
+            K.resolve(bad)
+    with pytest.raises(ValueError, match="variant must be one of"):
+        K.select("Fast")
+    with pytest.raises(ValueError, match="op must be one of"):
+        K.launcher("matmul", "fast")
+
+
+def test_every_op_has_a_reference_launcher_and_fast_ones_follow_the_naming():
+    for op, impls in K.OPS.items():
+        assert set(impls) <= set(K.VARIANTS) and "reference" in impls, op
+        assert impls["reference"].__name__ == op, op
+        for variant, fn in impls.items():
+            if variant != "reference":
+                assert fn.__name__ == f"{op}_{variant}", (op, variant, fn.__name__)
+                ref_params = list(inspect.signature(impls["reference"]).parameters)
+                assert list(inspect.signature(fn).parameters) == ref_params, op  # the same arguments
+
+
+def test_select_gives_every_op_and_falls_back_to_the_reference():
+    ops = K.select("fast")
+    assert ops.variant is K.VARIANTS["fast"]
+    assert ops.embed_fwd is K.embed_fwd and ops.matmul_fwd is K.matmul_fwd_fast
+    assert all(callable(getattr(ops, op)) for op in K.OPS)
+    assert registry.launcher("gelu_fwd", "fast") is K.gelu_fwd
+
+
+# ---------------------------------------------------------------------------------------------- argument checks
+def test_bad_arguments_are_refused_naming_them(fake):
+    x, w = f32(2, 3, 8), f32(8)
+    out, mean, rstd = f32(2, 3, 8), f32(2, 3), f32(2, 3)
+    with K.recording() as plan:
+        with pytest.raises(TypeError, match="b must be float32, got float64"):
+            K.layernorm_fwd(out, mean, rstd, x, w, FakeArray((8,), np.float64))
+        with pytest.raises(ValueError, match=r"w must have shape \(8,\), got \(7,\)"):
+            K.layernorm_fwd(out, mean, rstd, x, f32(7), w)
+        with pytest.raises(ValueError, match=r"mean must have shape \(2, 3\)"):
+            K.layernorm_fwd(out, f32(3, 2), rstd, x, w, w)
+        with pytest.raises(ValueError, match="out must be C-contiguous"):
+            K.gelu_fwd(FakeArray((3, 8), strides=(4, 12)), f32(3, 8))
+        with pytest.raises(ValueError, match="x must not be empty"):
+            K.gelu_fwd(f32(0, 8), f32(0, 8))
+        with pytest.raises(ValueError, match="inner dimensions differ"):
+            K.sgemm(f32(4, 5), f32(4, 3), f32(2, 5))
+        with pytest.raises(ValueError, match="step must be an int >= 1"):
+            K.adamw(w, w, w, w, lr=1e-3, beta1=0.9, beta2=0.9, eps=1e-8, weight_decay=0, step=0)
+    assert plan == []  # nothing was launched
+
+
+def test_token_ids_outside_the_vocabulary_are_refused(fake, monkeypatch):
+    monkeypatch.setattr(fake.cuda, "memcpy_dtoh", lambda host, p: host.fill(10))
+    with K.recording() as plan, pytest.raises(ValueError, match=r"idx holds token id 10, outside \[0, 10\)"):
+        K.embed_fwd(f32(2, 3, 4), i32(2, 3), f32(10, 4), f32(3, 4))
+    assert plan == []
+
+
+def test_size_one_axes_may_have_any_stride():
+    # PyTorch gives axes of length 1 arbitrary strides; they never step, so the array is contiguous
+    assert K.ptr("x", FakeArray((1, 3, 8), strides=(7, 32, 4)), (1, 3, 8)) > 0
