@@ -92,3 +92,17 @@ def test_launch_layer_refuses_host_arrays_before_touching_cuda():
         kernels.ptr("x", np.zeros(3, np.float32), (3,))
     with pytest.raises(TypeError, match="w must be a device array"):
         kernels.ptr("w", [1.0], (1,))
+
+
+@needs_nvcc
+def test_only_what_the_translation_unit_includes_counts(tmp_path, monkeypatch):
+    copy = tmp_path / "cuda"
+    shutil.copytree(SOURCE_DIR, copy)
+    (copy / "stray.cuh").write_text('extern "C" __global__ void k_stray(float* x) { x[0] = 0.0f; }\n')
+    monkeypatch.setenv("MICROGPT_CUDA_DIR", str(copy))
+    assert "k_stray" not in kernels.kernel_names() and "k_stray" not in kernels.full_source()
+    assert kernels.full_source().count("#pragma once") == len(list(SOURCE_DIR.glob("*.cuh")))  # each header once
+    with open(copy / "microgpt_cuda.cu", "a") as f:
+        f.write('#include "stray.cuh"\n')
+    assert kernels.kernel_signatures()["k_stray"] == "P"  # an edit is seen without restarting
+    assert "k_stray" in kernels.full_source()

@@ -35,8 +35,10 @@ from .pointwise import gelu_bwd, gelu_fwd, residual_bwd, residual_fwd
 from .registry import DEFAULT_VARIANT, OPS, VARIANTS, Kernels, Variant, launcher, resolve, select
 from .rows_fast import (crossentropy_fwd_fast, layernorm_bwd_fast, layernorm_fwd_fast, softmax_bwd_fast,
                         softmax_fwd_fast)
-from .source import (NVCC_OPTIONS, cuda_source_dir, int_constants, kernel_headers, kernel_names, kernel_signatures,
-                     preprocessed)
+from .source import (NVCC_OPTIONS, cuda_source_dir, full_source, int_constants, kernel_headers, kernel_names,
+                     kernel_signatures, preprocessed)
 from ..reference import MASK_VALUE
 
-variant = launcher  # variant(op, which): the name launcher() had before the registry
+# the names these had before the registry and the enum
+variant = launcher
+CAUSAL_OUT_LOWER, CAUSAL_A_LOWER, CAUSAL_A_UPPER = Causal.OUT_LOWER, Causal.A_LOWER, Causal.A_UPPER

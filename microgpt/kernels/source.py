@@ -37,6 +37,23 @@ def cuda_source_dir() -> Path:
     raise FileNotFoundError(f"{TRANSLATION_UNIT} not found in {', '.join(map(str, candidates))}")
 
 
+def full_source() -> str:
+    """The text of the translation unit and of every header it includes, in include order, as written (for
+    reading and searching: macros unexpanded). The argument formats come from preprocessed() instead."""
+    src_dir, seen, parts = cuda_source_dir(), set(), []
+
+    def add(name):
+        if name in seen:  # every header is #pragma once
+            return
+        seen.add(name)
+        text = (src_dir / name).read_text()
+        parts.append(text)
+        for included in re.findall(r'^#include "([^"]+)"', text, re.M):
+            add(included)
+    add(TRANSLATION_UNIT)
+    return "\n".join(parts)
+
+
 def _source_fingerprint(src_dir: Path) -> tuple:
     """Changes whenever a file of cuda/ does, so an edit is seen by a long-lived process."""
     return tuple((f.name, f.stat().st_mtime_ns, f.stat().st_size) for f in sorted(src_dir.iterdir()) if f.is_file())
