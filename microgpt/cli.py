@@ -4,11 +4,16 @@
     microgpt train --steps 400 --resume   # continue runs/microgpt/model.ckpt to step 400
     microgpt sample runs/microgpt/model.ckpt --max-new-tokens 200 --prompt "The "
     microgpt info
+
+A user error is one line, `microgpt: error: ...`, naming the flag and the value typed, with exit status 2,
+and it is found before the first step. Ctrl-C during training finishes the step in flight, saves, says
+where, and exits with status 130.
 """
 from __future__ import annotations
 
 import argparse
 import math
+import signal
 import sys
 import time
 from pathlib import Path
@@ -21,10 +26,50 @@ from ._version import __version__
 from .config import PRESETS, GPTConfig
 from .data import BatchSampler, load_tokens, split
 from .model import GPT
+from .runs import RunFolder, RunFolderError
 from .tokenizer import ByteTokenizer
 
 # Without a GPU the command still runs, on a model small enough for numpy to train in seconds.
 CPU_SIZES = dict(n_layer=2, n_head=4, d_model=64, block_size=64)
+SIZE_FLAGS = ("n_layer", "n_head", "d_model", "block_size")
+EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
+DEFAULT_BATCH_SIZE = 8
+
+
+class UsageError(Exception):
+    """What the user typed cannot run; printed as one line, exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse would print the usage and exit; we want one line, from main()
+        raise UsageError(message)
+
+
+# ---------------------------------------------------------------------------------------------- checks
+def _number(kind, low=None, high=None, low_open=False, what=None):
+    """An argparse type: a finite `kind` within [low, high] (low excluded with low_open), its error
+    quoting the value typed."""
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, "
+                                             f"got {text!r}") from None
+        bad = not math.isfinite(value) or (low is not None and (value <= low if low_open else value < low)) \
+            or (high is not None and value > high)
+        if bad:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+        return value
+    return parse
+
+
+count = _number(int, 1, what="an integer >= 1")
+count0 = _number(int, 0, what="an integer >= 0")
+seed = _number(int, 0, 2 ** 63 - 1, what="an integer in [0, 2**63)")
+rate = _number(float, 0.0, what="a finite number >= 0")
+positive = _number(float, 0.0, low_open=True, what="a finite number > 0")
+fraction = _number(float, 0.0, 1.0, what="a number in [0, 1]")
+open_fraction = _number(float, 0.0, 1.0, low_open=True, what="a number in (0, 1)")
 
 
 def cuda_available() -> tuple[bool, str]:
@@ -36,23 +81,79 @@ def cuda_available() -> tuple[bool, str]:
 
 
 def pick_backend(requested: str, quiet: bool = False) -> str:
+    ok, why = (True, "") if requested == "numpy" else cuda_available()
+    if requested == "cuda" and not ok:
+        raise UsageError(f"--backend cuda: no usable CUDA GPU here ({why}); install PyCUDA with "
+                         f"pip install 'microgpt[cuda]' on a machine with a GPU, or use --backend numpy")
     if requested != "auto":
         return requested
-    ok, why = cuda_available()
-    if ok:
-        return "cuda"
-    if not quiet:
+    if not ok and not quiet:
         print(f"no GPU ({why}): training on the numpy backend, a small model on the CPU", file=sys.stderr)
-    return "numpy"
+    return "cuda" if ok else "numpy"
 
 
 def config_from_args(args, backend: str, vocab_size: int) -> GPTConfig:
-    sizes = {k: getattr(args, k) for k in ("n_layer", "n_head", "d_model", "block_size")}
-    if args.preset is None and backend == "numpy" and all(v is None for v in sizes.values()):
-        sizes = dict(CPU_SIZES)
-    base = GPTConfig.preset(args.preset or "andrea-12m", vocab_size=vocab_size)
-    merged = {k: (v if v is not None else getattr(base, k)) for k, v in sizes.items()}
-    return GPTConfig(vocab_size=base.vocab_size, **merged)
+    """The preset (andrea-12m; CPU_SIZES on the numpy backend without --preset), each size flag given
+    replacing one field of it."""
+    try:
+        base = GPTConfig.preset(args.preset or "andrea-12m", vocab_size=vocab_size)
+    except ValueError as e:
+        raise UsageError(f"--preset {args.preset}: {e} (the byte tokenizer's vocabulary is {vocab_size})") from None
+    fields = base.to_dict() | (CPU_SIZES if args.preset is None and backend == "numpy" else {})
+    fields |= {k: getattr(args, k) for k in SIZE_FLAGS if getattr(args, k) is not None}
+    try:
+        return GPTConfig.from_dict(fields)
+    except ValueError as e:
+        typed = " ".join(f"--{k.replace('_', '-')} {getattr(args, k)}" for k in SIZE_FLAGS if getattr(args, k))
+        raise UsageError(f"{typed or 'the model sizes'}: {e}") from None
+
+
+def run_batch_size(extra: dict):
+    sampler = extra.get("train_sampler")
+    return sampler.get("B") if isinstance(sampler, dict) else None
+
+
+def check_resume_flags(args, config: GPTConfig, T: int, extra: dict) -> None:
+    """--resume continues the checkpoint's model: a size flag or a --seq-len that differs is refused."""
+    changed = [f"--{k.replace('_', '-')} {getattr(args, k)} (the checkpoint's is {getattr(config, k)})"
+               for k in SIZE_FLAGS if getattr(args, k) is not None and getattr(args, k) != getattr(config, k)]
+    if args.preset is not None:
+        try:
+            same = GPTConfig.preset(args.preset, vocab_size=config.vocab_size) == config
+        except ValueError:  # a preset that fixes another vocabulary
+            same = False
+        if not same:
+            changed.append(f"--preset {args.preset} (the checkpoint's model is {config})")
+    if args.seq_len is not None and args.seq_len != T:
+        changed.append(f"--seq-len {args.seq_len} (the checkpoint's run uses {T})")
+    B = run_batch_size(extra)
+    if args.batch_size is not None and B is not None and args.batch_size != B:
+        changed.append(f"--batch-size {args.batch_size} (the checkpoint's run uses {B})")
+    if changed:
+        raise UsageError(f"--resume continues the checkpoint's run, which these would change: {'; '.join(changed)}")
+
+
+def training_tokens(args, tokenizer, T):
+    """(train, validation) tokens of --data, each long enough for a window of T+1."""
+    if args.data is not None:
+        p = Path(args.data)
+        if not p.exists():
+            raise UsageError(f"--data {args.data}: no such file")
+        if p.is_dir():
+            raise UsageError(f"--data {args.data} is a folder; expected a UTF-8 text file")
+    try:
+        tokens = load_tokens(args.data, tokenizer)
+    except OSError as e:
+        raise UsageError(f"--data {args.data}: {e.strerror or e}") from None
+    if len(tokens) == 0:
+        raise UsageError(f"--data {args.data} holds no text")
+    train_tokens, val_tokens = split(tokens, args.val_fraction)
+    if min(len(train_tokens), len(val_tokens)) < T + 1:
+        raise UsageError(f"--data {args.data or '(built-in corpus)'}: {len(tokens):,} tokens are too few: with "
+                         f"--val-fraction {args.val_fraction} the training part has {len(train_tokens):,} and the "
+                         f"validation part {len(val_tokens):,}, and each needs at least T+1 = {T + 1} for "
+                         f"sequences of T = {T}")
+    return train_tokens, val_tokens
 
 
 def lr_at(step: int, lr: float, warmup: int, total: int, min_lr_ratio: float) -> float:
@@ -63,40 +164,96 @@ def lr_at(step: int, lr: float, warmup: int, total: int, min_lr_ratio: float) ->
     return lr * (min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
-def checkpoint_path(out_dir) -> Path:
-    return Path(out_dir) / "model.ckpt"
+def read_checkpoint(path, flag=None):
+    """The whole checkpoint at path, checked; a file that is missing or not whole is a usage error."""
+    try:
+        return checkpoint.read(path)
+    except (OSError, checkpoint.CheckpointError) as e:
+        raise UsageError(f"{flag}: {e}" if flag else str(e)) from None
+
+
+# ---------------------------------------------------------------------------------------------- commands
+class StopAtStepEnd:
+    """While active, a first Ctrl-C asks the loop to stop after the step in flight; a second one
+    interrupts at once (KeyboardInterrupt)."""
+
+    def __init__(self):
+        self.requested = False
+
+    def __enter__(self):
+        self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        signal.signal(signal.SIGINT, self._previous)
+        return False
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\ninterrupted: finishing this step, then saving (Ctrl-C again to stop at once)", file=sys.stderr)
 
 
 def cmd_train(args) -> int:
     backend = pick_backend(args.backend)
     tokenizer = ByteTokenizer()
-    train_tokens, val_tokens = split(load_tokens(args.data, tokenizer), args.val_fraction)
-    ckpt = checkpoint_path(args.out)
+    run = RunFolder(args.out)
+    ckpt = run.checkpoint
     if args.resume:
         if not ckpt.is_file():
-            raise SystemExit(f"--resume: no checkpoint at {ckpt}")
-        model = GPT.load(ckpt, backend=backend, variant=args.variant)
-        extra = checkpoint.read_meta(ckpt).get("extra") or {}
-        config = model.config
+            raise UsageError(f"--resume: no checkpoint at {ckpt}")
+        saved = read_checkpoint(ckpt, "--resume")
+        config, extra = saved.config, saved.extra
         T = extra.get("T", config.block_size)
-        print(f"resumed {ckpt} at step {model.step_count}")
+        check_resume_flags(args, config, T, extra)
     else:
         config = config_from_args(args, backend, tokenizer.vocab_size)
-        model = GPT(config, backend=backend, seed=args.seed, variant=args.variant)
-        extra = {}
-        T = args.seq_len or config.block_size
+        saved, extra, T = None, {}, args.seq_len or config.block_size
     if T > config.block_size:
-        raise SystemExit(f"--seq-len {T} is above the model's block_size {config.block_size}")
-    print(f"training {model.num_params / 1e6:.2f}M parameters on {backend}: {config}, B={args.batch_size}, "
-          f"T={T}, {len(train_tokens):,} train / {len(val_tokens):,} val tokens")
-    train = BatchSampler(train_tokens, args.batch_size, T, seed=args.seed)
-    val = BatchSampler(val_tokens, args.batch_size, T, seed=args.seed + 1)
+        raise UsageError(f"--seq-len {T} is above the model's block_size {config.block_size}")
+    B = args.batch_size or run_batch_size(extra) or DEFAULT_BATCH_SIZE
+    train_tokens, val_tokens = training_tokens(args, tokenizer, T)
+    train = BatchSampler(train_tokens, B, T, seed=args.seed)
+    val = BatchSampler(val_tokens, B, T, seed=args.seed + 1)
     if "train_sampler" in extra:
-        train.state = extra["train_sampler"]  # the resumed run draws the batches the first would have
+        try:  # the resumed run draws the batches the first would have
+            train.state = extra["train_sampler"]
+        except (TypeError, ValueError) as e:
+            raise UsageError(f"--resume: the run's batches cannot continue on this data ({e}): resume with "
+                             f"the --data and --val-fraction the run started with") from None
+    try:
+        run.open()  # a file, a place that cannot be written, a folder in use: refused before any step
+    except RunFolderError as e:
+        raise UsageError(str(e)) from None
+    try:
+        return train_in(run, args, backend, config, saved, T, tokenizer, train, val)
+    finally:
+        run.close()
+
+
+def train_in(run, args, backend, config, saved, T, tokenizer, train, val) -> int:
+    ckpt = run.checkpoint
+    if saved is not None:
+        model = GPT.from_checkpoint(saved, backend=backend, variant=args.variant)
+        print(f"resumed {ckpt} at step {model.step_count}")
+    else:
+        model = GPT(config, backend=backend, seed=args.seed, variant=args.variant)
+    print(f"training {model.num_params / 1e6:.2f}M parameters on {backend}: {config}, B={train.B}, "
+          f"T={T}, {len(train.tokens):,} train / {len(val.tokens):,} val tokens")
+    last_saved = model.step_count if saved is not None else None
 
     def save():
-        ckpt.parent.mkdir(parents=True, exist_ok=True)
-        model.save(ckpt, extra={"train_sampler": train.state, "T": T})
+        nonlocal last_saved
+        try:
+            model.save(ckpt, extra={"train_sampler": train.state, "T": T})
+        except OSError as e:
+            kept = f"{ckpt} (step {last_saved}) is intact" if last_saved is not None else "no checkpoint was written"
+            print(f"microgpt: error: could not write the checkpoint at step {model.step_count}: "
+                  f"{e.strerror or e}; {kept}", file=sys.stderr)
+            return False
+        last_saved = model.step_count
+        return True
 
     val_batches = [val.next() for _ in range(args.eval_batches)]  # the same held-out batches every time
 
@@ -106,41 +263,46 @@ def cmd_train(args) -> int:
     first = model.step_count
     if first >= args.steps:
         print(f"the checkpoint is at step {first}, --steps {args.steps}: nothing to train")
-    else:
-        print(f"step {first:5d} | val loss {evaluate():.4f}")
-    tokens_per_step = args.batch_size * T
-    bar = tqdm(range(first, args.steps), desc="train", unit="step", dynamic_ncols=True, file=sys.stderr,
-               disable=args.no_progress, initial=first, total=args.steps)
-    t0 = time.perf_counter()
+        return 0
     last = args.steps if args.stop_after is None else min(args.steps, first + args.stop_after)
-    for step in bar:
-        if step >= last:
-            save()
-            bar.close()
-            print(f"stopped after step {step} (--stop-after {args.stop_after}); continue with --resume")
-            return 0
-        lr = lr_at(step, args.lr, args.warmup, args.steps, args.min_lr_ratio)
-        batch = train.next()
-        model.zero_grad()
-        _, loss = model.forward(batch[:, :-1], batch[:, 1:], return_logits=False)
-        if not math.isfinite(loss):
-            bar.close()
-            kept = f"the last good checkpoint is {ckpt} (step {checkpoint.read_meta(ckpt)['step']})" \
-                if ckpt.is_file() else "no checkpoint was written"
-            print(f"step {step + 1}: the loss is {loss}; stopping ({kept})", file=sys.stderr)
-            return 1
-        model.backward()
-        model.step(lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip)
-        done = step + 1
-        tok_s = tokens_per_step * (done - first) / (time.perf_counter() - t0)
-        bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}")
-        if done % args.eval_every == 0 or done == args.steps:
-            bar.write(f"step {done:5d} | train loss {loss:.4f} | val loss {evaluate():.4f} | "
-                      f"lr {lr:.2e} | {tok_s:,.0f} tok/s")
-        if done % args.ckpt_every == 0 or done == args.steps:
-            save()
+    tokens_per_step = train.B * T
+    with StopAtStepEnd() as stop:
+        print(f"step {first:5d} | val loss {evaluate():.4f}")
+        bar = tqdm(range(first, last), desc="train", unit="step", dynamic_ncols=True, file=sys.stderr,
+                   disable=args.no_progress, initial=first, total=args.steps)
+        t0 = time.perf_counter()
+        for step in bar:
+            lr = lr_at(step, args.lr, args.warmup, args.steps, args.min_lr_ratio)
+            batch = train.next()
+            model.zero_grad()
+            _, loss = model.forward(batch[:, :-1], batch[:, 1:], return_logits=False)
+            if not math.isfinite(loss):
+                bar.close()
+                kept = f"the last good checkpoint is {ckpt} (step {last_saved})" if last_saved is not None \
+                    else "no checkpoint was written"
+                print(f"step {step + 1}: the loss is {loss}; stopping ({kept})", file=sys.stderr)
+                return 1
+            model.backward()
+            model.step(lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip)
+            done = step + 1
+            tok_s = tokens_per_step * (done - first) / (time.perf_counter() - t0)
+            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}")
+            if done % args.eval_every == 0 or done == args.steps:
+                bar.write(f"step {done:5d} | train loss {loss:.4f} | val loss {evaluate():.4f} | "
+                          f"lr {lr:.2e} | {tok_s:,.0f} tok/s")
+            if done % args.ckpt_every == 0 or done == last or stop.requested:
+                if not save():
+                    bar.close()
+                    return 1
+            if stop.requested:
+                bar.close()
+                print(f"interrupted after step {done}: saved {ckpt}; continue with --resume")
+                return EXIT_INTERRUPTED
     bar.close()
-    print(f"checkpoint: {ckpt}")
+    if last < args.steps:
+        print(f"stopped after step {last} (--stop-after {args.stop_after}): saved {ckpt}; continue with --resume")
+        return 0
+    print(f"checkpoint: {ckpt} (step {last_saved})")
     prompt = tokenizer.encode("The ")
     sample = model.generate(prompt, args.sample_tokens, temperature=0.8, top_k=40, seed=args.seed)
     print("sample:", tokenizer.decode(sample[0]))
@@ -148,13 +310,19 @@ def cmd_train(args) -> int:
 
 
 def cmd_sample(args) -> int:
-    backend = pick_backend(args.backend, quiet=True)
-    model = GPT.load(args.checkpoint, backend=backend, variant=args.variant)
+    try:
+        prompt_text = args.prompt.encode("utf-8").decode("utf-8")
+    except UnicodeError:
+        raise UsageError(f"--prompt {args.prompt.encode('utf-8', 'surrogateescape')!r} is not valid UTF-8") from None
+    saved = read_checkpoint(args.checkpoint)
     tokenizer = ByteTokenizer()
-    if model.config.vocab_size < tokenizer.vocab_size:
-        raise SystemExit(f"{args.checkpoint}: vocab_size {model.config.vocab_size} is not the byte "
+    if saved.config.vocab_size < tokenizer.vocab_size:
+        raise UsageError(f"{args.checkpoint}: vocab_size {saved.config.vocab_size} is not the byte "
                          f"tokenizer's {tokenizer.vocab_size}")
-    prompt = tokenizer.encode(args.prompt) if args.prompt else np.array([tokenizer.eot], np.int32)
+    if args.top_k is not None and args.top_k > saved.config.vocab_size:
+        raise UsageError(f"--top-k {args.top_k} is above the model's vocab_size {saved.config.vocab_size}")
+    model = GPT.from_checkpoint(saved, backend=pick_backend(args.backend, quiet=True), variant=args.variant)
+    prompt = tokenizer.encode(prompt_text) if prompt_text else np.array([tokenizer.eot], np.int32)
     out = model.generate(prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                          seed=args.seed)
     print(tokenizer.decode(out[0]))
@@ -162,6 +330,7 @@ def cmd_sample(args) -> int:
 
 
 def cmd_info(args) -> int:
+    saved = read_checkpoint(args.checkpoint) if args.checkpoint else None  # the whole file, checked
     print(f"microgpt {__version__}")
     ok, why = cuda_available()
     src = kernels.cuda_source_dir() / "microgpt_cuda.cu"
@@ -177,72 +346,80 @@ def cmd_info(args) -> int:
         print(f"kernels: not listed ({str(e).splitlines()[0]})")
     for name, v in kernels.VARIANTS.items():
         print(f"variant {name}{' (default)' if name == kernels.DEFAULT_VARIANT else ''}: {v.summary}")
-    if args.checkpoint:
-        meta = checkpoint.read_meta(args.checkpoint)
-        print(f"checkpoint {args.checkpoint}: step {meta['step']}, {meta['n_params']:,} parameters, "
-              f"config {meta['config']}")
+    if saved is not None:
+        print(f"checkpoint {args.checkpoint}: step {saved.step}, {saved.weights.size:,} parameters, whole "
+              f"(sha256 checked), config {saved.config}")
     else:
         for name in PRESETS:
             print(f"preset {name}: {GPTConfig.preset(name)}")
     return 0
 
 
+# ---------------------------------------------------------------------------------------------- the parser
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="microgpt", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="microgpt", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
+    variant = dict(choices=list(kernels.VARIANTS), default=None,
+                   help=f"the cuda backend's kernels (default: {kernels.DEFAULT_VARIANT})")
 
     t = sub.add_parser("train", help="train a model on a text file or the built-in corpus")
     t.add_argument("--backend", choices=["auto", "numpy", "cuda"], default="auto")
-    t.add_argument("--variant", choices=list(kernels.VARIANTS), default=None,
-                   help=f"the cuda backend's kernels (default: {kernels.DEFAULT_VARIANT})")
+    t.add_argument("--variant", **variant)
     t.add_argument("--preset", choices=list(PRESETS), default=None,
-                   help="model sizes (default: andrea-12m on a GPU, a 2-layer d_model-64 model on the CPU)")
-    for name in ("n_layer", "n_head", "d_model", "block_size"):
-        t.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, default=None)
+                   help="model sizes (default: andrea-12m on a GPU, a 2-layer d_model-64 model on the CPU); "
+                        "each size flag replaces one of them")
+    for name in SIZE_FLAGS:
+        t.add_argument(f"--{name.replace('_', '-')}", dest=name, type=count, default=None)
     t.add_argument("--data", default=None, help="a UTF-8 text file (default: Python's pydoc topics)")
-    t.add_argument("--val-fraction", type=float, default=0.1)
-    t.add_argument("--steps", type=int, default=200)
-    t.add_argument("--batch-size", type=int, default=8)
-    t.add_argument("--seq-len", type=int, default=None, help="T of a batch (default: block_size)")
-    t.add_argument("--lr", type=float, default=3e-3)
-    t.add_argument("--warmup", type=int, default=20)
-    t.add_argument("--min-lr-ratio", type=float, default=0.1)
-    t.add_argument("--weight-decay", type=float, default=0.1)
-    t.add_argument("--grad-clip", type=float, default=1.0)
-    t.add_argument("--eval-every", type=int, default=50)
-    t.add_argument("--eval-batches", type=int, default=4)
-    t.add_argument("--ckpt-every", type=int, default=100, help="checkpoint every N steps (and at the end)")
+    t.add_argument("--val-fraction", type=open_fraction, default=0.1)
+    t.add_argument("--steps", type=count, default=200)
+    t.add_argument("--batch-size", type=count, default=None,
+                   help=f"B of a batch (default: {DEFAULT_BATCH_SIZE}; with --resume, the run's)")
+    t.add_argument("--seq-len", type=count, default=None, help="T of a batch (default: block_size)")
+    t.add_argument("--lr", type=rate, default=3e-3)
+    t.add_argument("--warmup", type=count0, default=20)
+    t.add_argument("--min-lr-ratio", type=fraction, default=0.1)
+    t.add_argument("--weight-decay", type=rate, default=0.1)
+    t.add_argument("--grad-clip", type=positive, default=1.0)
+    t.add_argument("--eval-every", type=count, default=50)
+    t.add_argument("--eval-batches", type=count, default=4)
+    t.add_argument("--ckpt-every", type=count, default=100, help="checkpoint every N steps (and at the end)")
     t.add_argument("--out", default="runs/microgpt", help="folder of the checkpoint (model.ckpt)")
     t.add_argument("--resume", action="store_true", help="continue from --out's checkpoint to --steps")
-    t.add_argument("--stop-after", type=int, default=None,
+    t.add_argument("--stop-after", type=count, default=None,
                    help="stop after N steps of this run, checkpointing (the schedule still runs to --steps)")
-    t.add_argument("--sample-tokens", type=int, default=120)
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--sample-tokens", type=count0, default=120)
+    t.add_argument("--seed", type=seed, default=0)
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.set_defaults(func=cmd_train)
 
     sp = sub.add_parser("sample", help="sample text from a checkpoint")
     sp.add_argument("checkpoint")
     sp.add_argument("--backend", choices=["auto", "numpy", "cuda"], default="auto")
-    sp.add_argument("--variant", choices=list(kernels.VARIANTS), default=None,
-                    help=f"the cuda backend's kernels (default: {kernels.DEFAULT_VARIANT})")
+    sp.add_argument("--variant", **variant)
     sp.add_argument("--prompt", default="")
-    sp.add_argument("--max-new-tokens", type=int, default=200)
-    sp.add_argument("--temperature", type=float, default=0.8)
-    sp.add_argument("--top-k", type=int, default=None)
-    sp.add_argument("--seed", type=int, default=None)
+    sp.add_argument("--max-new-tokens", type=count0, default=200)
+    sp.add_argument("--temperature", type=rate, default=0.8)
+    sp.add_argument("--top-k", type=count, default=None)
+    sp.add_argument("--seed", type=seed, default=None)
     sp.set_defaults(func=cmd_sample)
 
-    i = sub.add_parser("info", help="the device, the compiled architecture, the kernels, a config")
-    i.add_argument("checkpoint", nargs="?", help="a checkpoint whose config to show")
+    i = sub.add_parser("info", help="the device, the compiled architecture, the kernels, a checkpoint")
+    i.add_argument("checkpoint", nargs="?", help="a checkpoint to check whole and describe")
     i.set_defaults(func=cmd_info)
     return p
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except UsageError as e:
+        print(f"microgpt: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("\nmicrogpt: interrupted; the last checkpoint written stands", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ Every argument is checked here, before a backend (and so before any kernel) sees
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from . import checkpoint
@@ -111,6 +113,9 @@ class GPT:
             beta1, beta2 = (float(b) for b in betas)
         except (TypeError, ValueError):
             raise TypeError(f"betas must be a pair of floats, got {betas!r}") from None
+        for name, value in (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)):
+            if not math.isfinite(value):
+                raise ValueError(f"{name} must be finite, got {value}")  # one inf turns every weight into NaN
         if not lr >= 0:
             raise ValueError(f"lr must be >= 0, got {lr}")
         for name, b in (("betas[0]", beta1), ("betas[1]", beta2)):
@@ -122,8 +127,8 @@ class GPT:
             raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
         if grad_clip is not None:
             grad_clip = float(grad_clip)
-            if not grad_clip > 0:
-                raise ValueError(f"grad_clip must be > 0 or None, got {grad_clip}")
+            if not (grad_clip > 0 and math.isfinite(grad_clip)):
+                raise ValueError(f"grad_clip must be a finite number > 0 or None, got {grad_clip}")
         self.step_count += 1
         self.backend.step(self.step_count, lr, beta1, beta2, eps, weight_decay, grad_clip)
 
@@ -136,7 +141,12 @@ class GPT:
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, seed=None):
         """Extends idx (B, T) by max_new_tokens sampled tokens; temperature 0 takes the most likely one."""
         cfg = self.config
-        if isinstance(idx, np.ndarray) and idx.ndim == 1:
+        if not isinstance(idx, np.ndarray):
+            try:
+                idx = np.asarray(idx)
+            except Exception as e:  # ragged lists and the like
+                raise TypeError(f"idx must be an integer array of shape (T,) or (B, T): {e}") from None
+        if idx.ndim == 1:  # one prompt
             idx = idx[None]
         # a prompt longer than block_size is fine: the model sees its last block_size tokens
         idx = _check_tokens("idx", idx, cfg, max_T=np.inf)
@@ -220,7 +230,13 @@ class GPT:
     def load(cls, path, backend: str = "numpy", variant: str | None = None) -> "GPT":
         """The model of the checkpoint at path, on backend, ready to continue training: weights, Adam m and
         v and the step are those saved, bit for bit; gradients are zero."""
-        ckpt = checkpoint.read(path)
+        return cls.from_checkpoint(checkpoint.read(path), backend=backend, variant=variant)
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: "checkpoint.Checkpoint", backend: str = "numpy",
+                        variant: str | None = None) -> "GPT":
+        """The model of a checkpoint already read (checkpoint.read), as load() makes it; ckpt.extra is what
+        was saved with it."""
         model = cls(ckpt.config, backend=backend, variant=variant)
         model._restore(ckpt)
         return model

@@ -148,7 +148,9 @@ REFUSALS = {
     "absurd n_params": (corrupt_header(3, 2 ** 31 - 1), CheckpointError, "is not an ANDREA checkpoint"),
     "not a checkpoint (text)": (lambda raw: b"hello, world: this is a text file\n" * 10, CheckpointError,
                                 "is not an ANDREA checkpoint"),
-    "step from another save": (corrupt_header(2, N), CheckpointError, "come from different saves"),
+    "step from another save": (corrupt_header(2, N), CheckpointError, "does not match the sha256"),
+    "a flipped byte in the weights": (lambda raw: raw[:100] + bytes([raw[100] ^ 1]) + raw[101:], CheckpointError,
+                                      "does not match the sha256 that its sidecar .* records: the file is corrupt"),
 }
 
 
@@ -182,7 +184,7 @@ def tmp_sidecar(path):
 
 SIDECAR_REFUSALS = {
     "missing sidecar": (lambda p: tmp_sidecar(p).unlink(), FileNotFoundError, "has no sidecar"),
-    "missing binary": (lambda p: p.unlink(), FileNotFoundError, "bad.ckpt"),
+    "missing binary": (lambda p: p.unlink(), FileNotFoundError, "bad.ckpt' does not exist \\(no such file\\)"),
     "sidecar not JSON": (sidecar_edit("{ not json"), CheckpointError, "is not valid JSON"),
     "sidecar of something else": (sidecar_edit(lambda m: json.dumps({"hello": 1})), CheckpointError,
                                   "not a microgpt checkpoint sidecar"),

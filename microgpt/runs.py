@@ -1,0 +1,88 @@
+"""The run folder a trainer writes its checkpoint into: checked before training starts, and held by one
+trainer at a time.
+
+    with RunFolder("runs/a") as run:     # refuses a file, a place that cannot be written, a folder in use
+        ...                              # run.checkpoint is runs/a/model.ckpt
+
+The hold is an advisory lock (flock) on runs/a/.lock: the kernel drops it when the process ends, however
+it ends, so a killed trainer never leaves the folder stuck. The lock file names its holder, so that a
+second trainer can say who has the folder.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no flock; the folder is not guarded there
+    fcntl = None
+
+LOCK_NAME = ".lock"
+CHECKPOINT_NAME = "model.ckpt"
+
+
+class RunFolderError(Exception):
+    """The run folder cannot be used; the message says why, naming it."""
+
+
+class RunFolder:
+    def __init__(self, path):
+        self.path = Path(path)
+        self.checkpoint = self.path / CHECKPOINT_NAME
+        self._fd = None
+
+    def __enter__(self) -> "RunFolder":
+        self.open()
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def open(self) -> None:
+        """Creates the folder if need be, checks that a file can be written in it, and takes its lock."""
+        where = f"--out {os.fspath(self.path)}"
+        if self.path.exists() and not self.path.is_dir():
+            raise RunFolderError(f"{where} is a file, not a folder")
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            fd, probe = tempfile.mkstemp(dir=self.path, prefix=".write-check.")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as e:
+            raise RunFolderError(f"{where} cannot be written: {e.strerror or e}") from None
+        if fcntl is None:
+            return
+        fd = os.open(self.path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            holder = _read_holder(fd)
+            os.close(fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EACCES):
+                raise RunFolderError(f"{where} is in use by another trainer ({holder}); wait for it to end or "
+                                     f"choose another --out") from None
+            raise RunFolderError(f"{where}: cannot lock {LOCK_NAME}: {e.strerror}") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, (f"pid {os.getpid()} on {socket.gethostname()}, started "
+                      f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(sys.argv)}\n").encode())
+        self._fd = fd
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # the lock goes with the descriptor
+            self._fd = None
+
+
+def _read_holder(fd) -> str:
+    try:
+        text = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
+    except OSError:
+        text = ""
+    return text or "holder unknown"
