@@ -19,7 +19,7 @@ import numpy as np
 
 from . import reference as R
 from .backend import AttentionBackend
-from .kernels import Kernels, engine, resolve, select
+from .kernels import Kernels, engine, release_at_exit, resolve, select
 
 WEIGHTS = ("qkv.w", "qkv.b", "proj.w", "proj.b")
 INTERMEDIATES = ("q", "k", "v", "scores", "masked", "probs", "heads", "y")
@@ -100,6 +100,11 @@ class CudaAttention:
         self.ga = engine().ga  # the primary context, before the first allocation
         self.weights = None
         self._a = None
+        release_at_exit(self)
+
+    def release(self):
+        """Drops the device copies of the weights and the saved activations (called at exit)."""
+        self.weights, self._a = None, None
 
     def _new(self, *shape):
         return self.ga.empty(shape, np.float32)

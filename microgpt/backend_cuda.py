@@ -40,6 +40,7 @@ class CudaBackend:
         self.table = param_table(config)
         self.stream = engine.cuda.Stream()
         self.pool = engine.memory_pool()  # activations come and go with (B, T): reuse their memory
+        K.release_at_exit(self)
         n = num_params(config)
         self.flat = {which: self.ga.zeros(n, np.float32) for which in FLAT_VECTORS}
         self.P = device_views(self.table, self.flat["params"])
@@ -52,6 +53,12 @@ class CudaBackend:
         self._bufs = None   # activations of the current (B, T)
         self._plans = {}    # (B, T, with_targets) -> recorded forward plan; "bwd" -> backward plan
         self._has_norm = False
+
+    def release(self) -> None:
+        """Drops every device buffer (the model is unusable after): called at exit, while the context lives."""
+        self._bufs, self._plans, self.flat, self.P, self.G = None, {}, {}, {}, {}
+        self.decay_mask = self.sumsq = None
+        self.pool.free_held()
 
     # -- state ------------------------------------------------------------------------------------
     def pull(self, which: str) -> np.ndarray:

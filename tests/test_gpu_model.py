@@ -1,6 +1,8 @@
 """The Python API on the GPU: MultiHeadAttention and the whole GPT on the cuda backend agree with the
 numpy backend (the reference engine) on the same weights and inputs."""
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -218,3 +220,42 @@ def test_the_command_trains_on_the_gpu_and_resumes_exactly(tmp_path, capsys):
     assert a.step == b.step == 100
     for x, y in ((a.weights, b.weights), (a.m, b.m), (a.v, b.v)):
         np.testing.assert_array_equal(x, y)  # the kernels are deterministic: stopping changes nothing
+
+
+# ---------------------------------------------------------------------------------------------- the end of a process
+ALIVE_AT_EXIT = {
+    "model": """
+import numpy as np
+from microgpt import GPT, GPTConfig
+model = GPT(GPTConfig(n_layer=2, n_head=4, d_model=64, block_size=16, vocab_size=97), backend="cuda")
+idx = np.arange(32).reshape(2, 16) % 97
+for _ in range(2):
+    model.zero_grad(); model.forward(idx, idx); model.backward(); model.step(1e-3, grad_clip=1.0)
+print("loss", model.forward(idx, idx)[1])
+""",
+    "attention": """
+import numpy as np
+from microgpt import MultiHeadAttention
+mha = MultiHeadAttention(64, 4, backend="cuda")
+out = mha.forward(np.ones((2, 9, 64), np.float32))
+print("dx", mha.backward(out).shape)
+""",
+    "launch layer": """
+import numpy as np
+from microgpt import kernels as K
+ga = K.engine().ga
+x = ga.to_gpu(np.ones((300, 64), np.float32)); w = ga.to_gpu(np.ones((64, 64), np.float32))
+dx, dw, db = ga.empty_like(x), ga.zeros_like(w), ga.zeros(64, np.float32)
+with K.recording() as plan:  # a plan that holds scratch buffers, alive to the end
+    K.matmul_bwd_fast(dx, dw, db, x, x, w)
+sumsq = ga.zeros(1, np.float64); K.global_norm(sumsq, x)
+print("norm", sumsq.get()[0])
+""",
+}
+
+
+@pytest.mark.parametrize("kind", list(ALIVE_AT_EXIT))
+def test_a_script_that_holds_device_memory_to_the_end_exits_cleanly(kind):
+    res = subprocess.run([sys.executable, "-c", ALIVE_AT_EXIT[kind]], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and res.stderr == "", (res.returncode, res.stderr[-2000:])
+    assert res.stdout.strip()  # and it printed its results

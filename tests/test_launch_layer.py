@@ -90,6 +90,7 @@ def fake(monkeypatch):
     e = CallerRecordingEngine(K.kernel_signatures())
     monkeypatch.setattr(runtime, "_engine", e)
     monkeypatch.setattr(adamw_module, "_norm_partials", None)  # allocated by the fake, dropped after the test
+    monkeypatch.setattr(runtime, "_persistent", [])  # nor freed at exit as if it were real
     return e
 
 

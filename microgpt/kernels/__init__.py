@@ -25,7 +25,7 @@ from .colsum import colsum
 from .crossentropy import crossentropy_bwd, crossentropy_fwd
 from .embed import embed_bwd, embed_fwd, token_order
 from .runtime import (BLOCK, SYNC_EVERY_LAUNCH, KernelError, Plan, blocks, device_summary, engine, launch, recording,
-                     replay, synchronize)
+                     release_at_exit, replay, synchronize)
 from .layernorm import layernorm_bwd, layernorm_fwd
 from .matmul import matmul_bwd, matmul_fwd
 from .matmul_fast import (GEMM_TILE, Causal, Gemm, attn_scores_bwd_fast, attn_scores_fwd_fast, attn_values_bwd_fast,

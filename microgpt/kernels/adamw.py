@@ -6,7 +6,7 @@ import math
 import numpy as np
 
 from .checks import opt_ptr, ptr, shape_of
-from .runtime import blocks, engine, launch
+from .runtime import blocks, engine, launch, persistent_alloc
 
 NORM_GRID = 1024  # blocks of the grid-stride norm reduction: enough to fill any current GPU
 _norm_partials = None  # the reduction's per-block partial sums, allocated at the first call
@@ -21,7 +21,7 @@ def global_norm(sumsq, g, *, accumulate=False, stream=None):
     p = ptr("sumsq", sumsq, (1,), np.float64)
     cuda = engine().cuda
     if _norm_partials is None:
-        _norm_partials = cuda.mem_alloc(NORM_GRID * 8)
+        _norm_partials = persistent_alloc(NORM_GRID * 8)
     if not accumulate:
         if stream is None:
             cuda.memset_d32(p, 0, 2)

@@ -12,8 +12,11 @@ the plan instead of run, and replay(plan, stream) runs them later without checki
 """
 from __future__ import annotations
 
+import atexit
+import gc
 import math
 import os
+import weakref
 
 import numpy as np
 
@@ -32,15 +35,17 @@ class _Engine:
 
     def __init__(self):
         # PyCUDA is an optional dependency (the numpy backend needs none of it): imported here, when the
-        # GPU is first asked for. autoprimaryctx retains and pushes the device's primary context.
+        # GPU is first asked for. autoprimaryctx retains and pushes the device's primary context, and pops it
+        # at exit; release_at_exit, registered after it, runs before it (atexit runs last in, first out).
         import pycuda.autoprimaryctx  # noqa: F401
         import pycuda.driver as cuda
         import pycuda.gpuarray as ga
         from pycuda.compiler import SourceModule
         from pycuda.tools import DeviceMemoryPool
 
+        atexit.register(_release_at_exit)
         self.cuda, self.ga = cuda, ga
-        self.memory_pool = DeviceMemoryPool  # memory_pool() -> a pool whose blocks are reused, not freed
+        self._new_pool = DeviceMemoryPool
         self.device = cuda.Context.get_device()
         self.arch = "sm_%d%d" % self.device.compute_capability()
         self.sm_count = self.device.get_attribute(cuda.device_attribute.MULTIPROCESSOR_COUNT)
@@ -49,6 +54,13 @@ class _Engine:
                                    arch=self.arch, no_extern_c=True, include_dirs=[str(src_dir)])
         self.signatures = kernel_signatures()
         self.functions = {}
+
+    def memory_pool(self):
+        """A pool whose blocks are reused rather than freed; it gives its memory back at exit, while the
+        context is still there to give it back to."""
+        pool = self._new_pool()
+        _pools.add(pool)
+        return pool
 
     def function(self, name):
         fn = self.functions.get(name)
@@ -60,6 +72,36 @@ class _Engine:
 
 
 _engine = None
+_pools = weakref.WeakSet()       # memory pools, emptied at exit
+_holders = weakref.WeakSet()     # objects holding device memory, asked to release() it at exit
+_persistent = []                 # allocations that live as long as the process, freed at exit
+
+
+def release_at_exit(holder) -> None:
+    """holder.release() will drop its device memory at exit, before the context goes."""
+    _holders.add(holder)
+
+
+def persistent_alloc(nbytes: int):
+    """Device memory for the life of the process (a kernel's scratch); freed at exit."""
+    block = engine().cuda.mem_alloc(nbytes)
+    _persistent.append(block)
+    return block
+
+
+def _release_at_exit() -> None:
+    """Frees what microgpt holds on the device while the primary context is alive: after PyCUDA has popped
+    it, a pool's destructor (and some frees) fail and abort the process (terminate ... pycuda::error,
+    exit status 134) after the program's output is done."""
+    for holder in list(_holders):
+        holder.release()
+    for block in _persistent:
+        block.free()
+    _persistent.clear()
+    gc.collect()  # what only a reference cycle kept
+    for pool in list(_pools):
+        pool.free_held()
+        pool.stop_holding()
 
 
 def engine() -> _Engine:
