@@ -9,6 +9,7 @@ nothing here needs a GPU.
 from __future__ import annotations
 
 import functools
+import importlib.resources
 import os
 import re
 import shutil
@@ -27,10 +28,16 @@ _KERNEL = re.compile(r'extern "C" __attribute__\(\(global\)\) void\s+(?:__attrib
 
 
 def cuda_source_dir() -> Path:
-    """cuda/ beside the package in a checkout; MICROGPT_CUDA_DIR overrides it."""
+    """Where the CUDA source is: MICROGPT_CUDA_DIR where set; else the package data microgpt/cuda of an
+    installed package (found through importlib.resources), or cuda/ beside the package in a checkout (an
+    editable install)."""
     override = os.environ.get("MICROGPT_CUDA_DIR")
-    here = Path(__file__).resolve().parent.parent
-    candidates = [Path(override)] if override else [here.parent / "cuda", here / "cuda"]
+    if override:
+        candidates = [Path(override)]
+    else:
+        packaged = importlib.resources.files("microgpt") / "cuda"
+        candidates = ([packaged] if isinstance(packaged, Path) else []) + \
+            [Path(__file__).resolve().parents[2] / "cuda"]
     for c in candidates:
         if (c / TRANSLATION_UNIT).is_file():
             return c
