@@ -13,13 +13,10 @@ from __future__ import annotations
 
 import argparse
 import math
-import signal
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from . import checkpoint, kernels
 from ._version import __version__
@@ -28,11 +25,12 @@ from .data import BatchSampler, load_tokens, split
 from .model import GPT
 from .runs import RunFolder, RunFolderError
 from .tokenizer import ByteTokenizer
+from .train import EXIT_INTERRUPTED, train_loop
 
 # Without a GPU the command still runs, on a model small enough for numpy to train in seconds.
 CPU_SIZES = dict(n_layer=2, n_head=4, d_model=64, block_size=64)
 SIZE_FLAGS = ("n_layer", "n_head", "d_model", "block_size")
-EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
+EXIT_USAGE = 2
 DEFAULT_BATCH_SIZE = 8
 
 
@@ -46,8 +44,8 @@ class Parser(argparse.ArgumentParser):
 
 
 # ---------------------------------------------------------------------------------------------- checks
-def _number(kind, low=None, high=None, low_open=False, what=None):
-    """An argparse type: a finite `kind` within [low, high] (low excluded with low_open), its error
+def _number(kind, low=None, high=None, low_open=False, high_open=False, what=None):
+    """An argparse type: a finite `kind` within [low, high] (an end excluded where *_open), its error
     quoting the value typed."""
     def parse(text):
         try:
@@ -56,7 +54,7 @@ def _number(kind, low=None, high=None, low_open=False, what=None):
             raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, "
                                              f"got {text!r}") from None
         bad = not math.isfinite(value) or (low is not None and (value <= low if low_open else value < low)) \
-            or (high is not None and value > high)
+            or (high is not None and (value >= high if high_open else value > high))
         if bad:
             raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
         return value
@@ -69,7 +67,7 @@ seed = _number(int, 0, 2 ** 63 - 1, what="an integer in [0, 2**63)")
 rate = _number(float, 0.0, what="a finite number >= 0")
 positive = _number(float, 0.0, low_open=True, what="a finite number > 0")
 fraction = _number(float, 0.0, 1.0, what="a number in [0, 1]")
-open_fraction = _number(float, 0.0, 1.0, low_open=True, what="a number in (0, 1)")
+open_fraction = _number(float, 0.0, 1.0, low_open=True, high_open=True, what="a number in (0, 1)")
 
 
 def cuda_available() -> tuple[bool, str]:
@@ -156,14 +154,6 @@ def training_tokens(args, tokenizer, T):
     return train_tokens, val_tokens
 
 
-def lr_at(step: int, lr: float, warmup: int, total: int, min_lr_ratio: float) -> float:
-    """Linear warmup, then cosine decay to min_lr_ratio * lr at the last step."""
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    return lr * (min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
-
-
 def read_checkpoint(path, flag=None):
     """The whole checkpoint at path, checked; a file that is missing or not whole is a usage error."""
     try:
@@ -173,28 +163,6 @@ def read_checkpoint(path, flag=None):
 
 
 # ---------------------------------------------------------------------------------------------- commands
-class StopAtStepEnd:
-    """While active, a first Ctrl-C asks the loop to stop after the step in flight; a second one
-    interrupts at once (KeyboardInterrupt)."""
-
-    def __init__(self):
-        self.requested = False
-
-    def __enter__(self):
-        self._previous = signal.signal(signal.SIGINT, self._handle)
-        return self
-
-    def __exit__(self, *exc):
-        signal.signal(signal.SIGINT, self._previous)
-        return False
-
-    def _handle(self, signum, frame):
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        print("\ninterrupted: finishing this step, then saving (Ctrl-C again to stop at once)", file=sys.stderr)
-
-
 def cmd_train(args) -> int:
     backend = pick_backend(args.backend)
     tokenizer = ByteTokenizer()
@@ -227,86 +195,16 @@ def cmd_train(args) -> int:
     except RunFolderError as e:
         raise UsageError(str(e)) from None
     try:
-        return train_in(run, args, backend, config, saved, T, tokenizer, train, val)
+        if saved is not None:
+            model = GPT.from_checkpoint(saved, backend=backend, variant=args.variant)
+            print(f"resumed {run.checkpoint} at step {model.step_count}")
+        else:
+            model = GPT(config, backend=backend, seed=args.seed, variant=args.variant)
+        print(f"training {model.num_params / 1e6:.2f}M parameters on {backend}: {config}, B={train.B}, "
+              f"T={T}, {len(train.tokens):,} train / {len(val.tokens):,} val tokens")
+        return train_loop(model, run.checkpoint, train, val, args, tokenizer, resumed=saved is not None)
     finally:
         run.close()
-
-
-def train_in(run, args, backend, config, saved, T, tokenizer, train, val) -> int:
-    ckpt = run.checkpoint
-    if saved is not None:
-        model = GPT.from_checkpoint(saved, backend=backend, variant=args.variant)
-        print(f"resumed {ckpt} at step {model.step_count}")
-    else:
-        model = GPT(config, backend=backend, seed=args.seed, variant=args.variant)
-    print(f"training {model.num_params / 1e6:.2f}M parameters on {backend}: {config}, B={train.B}, "
-          f"T={T}, {len(train.tokens):,} train / {len(val.tokens):,} val tokens")
-    last_saved = model.step_count if saved is not None else None
-
-    def save():
-        nonlocal last_saved
-        try:
-            model.save(ckpt, extra={"train_sampler": train.state, "T": T})
-        except OSError as e:
-            kept = f"{ckpt} (step {last_saved}) is intact" if last_saved is not None else "no checkpoint was written"
-            print(f"microgpt: error: could not write the checkpoint at step {model.step_count}: "
-                  f"{e.strerror or e}; {kept}", file=sys.stderr)
-            return False
-        last_saved = model.step_count
-        return True
-
-    val_batches = [val.next() for _ in range(args.eval_batches)]  # the same held-out batches every time
-
-    def evaluate() -> float:
-        return float(np.mean([model.forward(b[:, :-1], b[:, 1:], return_logits=False)[1] for b in val_batches]))
-
-    first = model.step_count
-    if first >= args.steps:
-        print(f"the checkpoint is at step {first}, --steps {args.steps}: nothing to train")
-        return 0
-    last = args.steps if args.stop_after is None else min(args.steps, first + args.stop_after)
-    tokens_per_step = train.B * T
-    with StopAtStepEnd() as stop:
-        print(f"step {first:5d} | val loss {evaluate():.4f}")
-        bar = tqdm(range(first, last), desc="train", unit="step", dynamic_ncols=True, file=sys.stderr,
-                   disable=args.no_progress, initial=first, total=args.steps)
-        t0 = time.perf_counter()
-        for step in bar:
-            lr = lr_at(step, args.lr, args.warmup, args.steps, args.min_lr_ratio)
-            batch = train.next()
-            model.zero_grad()
-            _, loss = model.forward(batch[:, :-1], batch[:, 1:], return_logits=False)
-            if not math.isfinite(loss):
-                bar.close()
-                kept = f"the last good checkpoint is {ckpt} (step {last_saved})" if last_saved is not None \
-                    else "no checkpoint was written"
-                print(f"step {step + 1}: the loss is {loss}; stopping ({kept})", file=sys.stderr)
-                return 1
-            model.backward()
-            model.step(lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip)
-            done = step + 1
-            tok_s = tokens_per_step * (done - first) / (time.perf_counter() - t0)
-            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}")
-            if done % args.eval_every == 0 or done == args.steps:
-                bar.write(f"step {done:5d} | train loss {loss:.4f} | val loss {evaluate():.4f} | "
-                          f"lr {lr:.2e} | {tok_s:,.0f} tok/s")
-            if done % args.ckpt_every == 0 or done == last or stop.requested:
-                if not save():
-                    bar.close()
-                    return 1
-            if stop.requested:
-                bar.close()
-                print(f"interrupted after step {done}: saved {ckpt}; continue with --resume")
-                return EXIT_INTERRUPTED
-    bar.close()
-    if last < args.steps:
-        print(f"stopped after step {last} (--stop-after {args.stop_after}): saved {ckpt}; continue with --resume")
-        return 0
-    print(f"checkpoint: {ckpt} (step {last_saved})")
-    prompt = tokenizer.encode("The ")
-    sample = model.generate(prompt, args.sample_tokens, temperature=0.8, top_k=40, seed=args.seed)
-    print("sample:", tokenizer.decode(sample[0]))
-    return 0
 
 
 def cmd_sample(args) -> int:

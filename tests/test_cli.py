@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from microgpt import checkpoint
-from microgpt.cli import lr_at, main
+from microgpt.cli import main
+from microgpt.train import lr_at
 
 SMALL = ["--backend", "numpy", "--n-layer", "1", "--n-head", "2", "--d-model", "32", "--block-size", "32",
          "--batch-size", "4", "--eval-batches", "2", "--no-progress", "--sample-tokens", "10"]

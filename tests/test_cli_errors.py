@@ -61,6 +61,7 @@ TRAIN_ERRORS = {
     "seq len above block": (["--seq-len", "33"], "--seq-len 33 is above the model's block_size 32"),
     "min lr ratio -1": (["--min-lr-ratio", "-1"], "argument --min-lr-ratio: must be a number in [0, 1], got '-1'"),
     "val fraction 0": (["--val-fraction", "0"], "argument --val-fraction: must be a number in (0, 1), got '0'"),
+    "val fraction 1": (["--val-fraction", "1"], "argument --val-fraction: must be a number in (0, 1), got '1'"),
     "negative seed": (["--seed", "-1"], "argument --seed: must be an integer in [0, 2**63), got '-1'"),
     "not a number": (["--lr", "fast"], "argument --lr: expected a number, got 'fast'"),
     "preset of another vocabulary": (["--preset", "andrea-120m"], "--preset andrea-120m: vocab_size"),
