@@ -10,7 +10,9 @@ import tarfile
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
+import tqdm
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADERS = sorted(p.name for p in (ROOT / "cuda").iterdir())
@@ -39,7 +41,12 @@ def test_the_sdist_and_the_wheel_build_and_the_wheel_works_in_a_fresh_venv(tmp_p
 
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", venv])
-    run([venv / "bin" / "pip", "install", "-q", wheel])
+    run([venv / "bin" / "pip", "install", "-q", "--no-deps", "--no-index", wheel])
+    # its dependencies from this environment (offline): plain path entries, after the venv's own, so that
+    # microgpt itself can only come from the wheel
+    site = run([venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).strip()
+    deps = {str(Path(m.__file__).resolve().parent.parent) for m in (np, tqdm)}
+    Path(site, "microgpt-test-deps.pth").write_text("\n".join(sorted(deps)) + "\n")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MICROGPT_CUDA_DIR")}
