@@ -39,17 +39,20 @@ def test_the_sdist_and_the_wheel_build_and_the_wheel_works_in_a_fresh_venv(tmp_p
     assert {f"microgpt/cuda/{h}" for h in HEADERS} <= names and "microgpt/kernels/runtime.py" in names
     assert "microgpt/_host.c" not in names and any(n.startswith("microgpt/_host.") and n.endswith(".so") for n in names)
 
+    # nothing of this checkout may be visible to the fresh venv: a PYTHONPATH holding it (with its egg-info)
+    # would even make pip take microgpt as installed already
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MICROGPT_CUDA_DIR")}
     venv = tmp_path / "venv"
-    run([sys.executable, "-m", "venv", venv])
-    run([venv / "bin" / "pip", "install", "-q", "--no-deps", "--no-index", wheel])
+    run([sys.executable, "-m", "venv", venv], env=env)
+    run([venv / "bin" / "pip", "install", "-q", "--no-deps", "--no-index", wheel], env=env)
     # its dependencies from this environment (offline): plain path entries, after the venv's own, so that
     # microgpt itself can only come from the wheel
-    site = run([venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).strip()
+    site = run([venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+               env=env).strip()
     deps = {str(Path(m.__file__).resolve().parent.parent) for m in (np, tqdm)}
     Path(site, "microgpt-test-deps.pth").write_text("\n".join(sorted(deps)) + "\n")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MICROGPT_CUDA_DIR")}
     info = run([venv / "bin" / "microgpt", "info"], cwd=elsewhere, env=env)
     where = run([venv / "bin" / "python", "-c", "from microgpt import kernels; print(kernels.cuda_source_dir())"],
                 cwd=elsewhere, env=env).strip()
