@@ -217,12 +217,16 @@ def _alive(pid):
 _last_saved: dict = {}
 
 
-def _identity(name):
+def _identity(st):
+    """What tells one version of a file from another without reading it: (device, inode, size, mtime)."""
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _identity_of(name):
     try:
-        st = os.stat(name)
+        return _identity(os.stat(name))
     except OSError:
         return None
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def _as_previous(meta):
@@ -233,13 +237,13 @@ def _as_previous(meta):
 
 
 def _remember(name, meta, ident=None):
-    _last_saved[os.path.abspath(name)] = (ident or _identity(name), _as_previous(meta))
+    _last_saved[os.path.abspath(name)] = (ident or _identity_of(name), _as_previous(meta))
 
 
 def _committed(name):
     """The sidecar (without its previous) of the binary at name, which a save is about to replace: the
     current sidecar or its previous, whichever the binary's sha256 matches; None where there is none."""
-    ident = _identity(name)
+    ident = _identity_of(name)
     if ident is None:
         return None
     cached = _last_saved.get(os.path.abspath(name))
@@ -386,4 +390,4 @@ def _read_binary(name, candidates):
     digest = hashlib.sha256(header)
     for a in vectors:
         digest.update(a.view(np.uint8))
-    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns), step, vectors, digest.hexdigest()
+    return _identity(info), step, vectors, digest.hexdigest()

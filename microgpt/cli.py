@@ -34,6 +34,11 @@ EXIT_USAGE = 2
 DEFAULT_BATCH_SIZE = 8
 
 
+def flag(field: str) -> str:
+    """'n_head' -> '--n-head': a field as its flag, in messages and in the parser."""
+    return "--" + field.replace("_", "-")
+
+
 class UsageError(Exception):
     """What the user typed cannot run; printed as one line, exit status 2."""
 
@@ -102,7 +107,7 @@ def config_from_args(args, backend: str, vocab_size: int) -> GPTConfig:
     try:
         return GPTConfig.from_dict(fields)
     except ValueError as e:
-        typed = " ".join(f"--{k.replace('_', '-')} {getattr(args, k)}" for k in SIZE_FLAGS if getattr(args, k))
+        typed = " ".join(f"{flag(k)} {getattr(args, k)}" for k in SIZE_FLAGS if getattr(args, k))
         raise UsageError(f"{typed or 'the model sizes'}: {e}") from None
 
 
@@ -113,7 +118,7 @@ def run_batch_size(extra: dict):
 
 def check_resume_flags(args, config: GPTConfig, T: int, extra: dict) -> None:
     """--resume continues the checkpoint's model: a size flag or a --seq-len that differs is refused."""
-    changed = [f"--{k.replace('_', '-')} {getattr(args, k)} (the checkpoint's is {getattr(config, k)})"
+    changed = [f"{flag(k)} {getattr(args, k)} (the checkpoint's is {getattr(config, k)})"
                for k in SIZE_FLAGS if getattr(args, k) is not None and getattr(args, k) != getattr(config, k)]
     if args.preset is not None:
         try:
@@ -267,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model sizes (default: andrea-12m on a GPU, a 2-layer d_model-64 model on the CPU); "
                         "each size flag replaces one of them")
     for name in SIZE_FLAGS:
-        t.add_argument(f"--{name.replace('_', '-')}", dest=name, type=count, default=None)
+        t.add_argument(flag(name), dest=name, type=count, default=None)
     t.add_argument("--data", default=None, help="a UTF-8 text file (default: Python's pydoc topics)")
     t.add_argument("--val-fraction", type=open_fraction, default=0.1)
     t.add_argument("--steps", type=count, default=200)

@@ -21,14 +21,20 @@ from .kernels import resolve
 from .params import init_params, num_params, param_table, views
 
 
+def _as_array(name, a, shape="(B, T)"):
+    """a as a NumPy array; TypeError naming it where NumPy cannot make one (ragged lists and the like)."""
+    if isinstance(a, np.ndarray):
+        return a
+    try:
+        return np.asarray(a)
+    except Exception as e:
+        raise TypeError(f"{name} must be an integer array of shape {shape}: {e}") from None
+
+
 def _check_tokens(name, a, config, max_T=None):
     """An integer (B, T) array of ids in [0, vocab), T <= max_T (block_size by default); returned as
     C-contiguous int32."""
-    if not isinstance(a, np.ndarray):
-        try:
-            a = np.asarray(a)
-        except Exception as e:  # ragged lists and the like
-            raise TypeError(f"{name} must be an integer array of shape (B, T): {e}") from None
+    a = _as_array(name, a)
     if a.dtype.kind not in "iu":
         raise TypeError(f"{name} must be an integer array of token ids, got dtype {a.dtype}")
     if a.ndim != 2:
@@ -141,11 +147,7 @@ class GPT:
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, seed=None):
         """Extends idx (B, T) by max_new_tokens sampled tokens; temperature 0 takes the most likely one."""
         cfg = self.config
-        if not isinstance(idx, np.ndarray):
-            try:
-                idx = np.asarray(idx)
-            except Exception as e:  # ragged lists and the like
-                raise TypeError(f"idx must be an integer array of shape (T,) or (B, T): {e}") from None
+        idx = _as_array("idx", idx, "(T,) or (B, T)")
         if idx.ndim == 1:  # one prompt
             idx = idx[None]
         # a prompt longer than block_size is fine: the model sees its last block_size tokens

@@ -22,6 +22,14 @@ def rng(request):
     return np.random.default_rng(seed)
 
 
+@pytest.fixture
+def corpus(tmp_path):
+    """A small text file for `microgpt train --data`."""
+    p = tmp_path / "corpus.txt"
+    p.write_text("the quick brown fox jumps over the lazy dog. " * 400, encoding="utf-8")
+    return str(p)
+
+
 def pytest_collection_modifyitems(config, items):
     if GPU_REASON is None:
         return

@@ -32,6 +32,11 @@ def record(group, name, err):
     return err
 
 
+# `microgpt train` flags for a model numpy trains in a blink (tests/test_cli*.py; the `corpus` fixture of
+# conftest is its data)
+SMALL_RUN = ["--backend", "numpy", "--n-layer", "1", "--n-head", "2", "--d-model", "32", "--block-size", "32",
+             "--batch-size", "4", "--eval-batches", "2", "--no-progress", "--sample-tokens", "10"]
+
 TOOLS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools")
 
 

@@ -11,15 +11,8 @@ from microgpt import checkpoint
 from microgpt.cli import main
 from microgpt.train import lr_at
 
-SMALL = ["--backend", "numpy", "--n-layer", "1", "--n-head", "2", "--d-model", "32", "--block-size", "32",
-         "--batch-size", "4", "--eval-batches", "2", "--no-progress", "--sample-tokens", "10"]
+from helpers import SMALL_RUN as SMALL
 
-
-@pytest.fixture
-def corpus(tmp_path):
-    p = tmp_path / "corpus.txt"
-    p.write_text("the quick brown fox jumps over the lazy dog. " * 400, encoding="utf-8")
-    return str(p)
 
 
 def train(args, capsys):

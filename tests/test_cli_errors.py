@@ -14,17 +14,8 @@ from microgpt import GPT, GPTConfig, checkpoint
 from microgpt.cli import config_from_args, main
 from microgpt.runs import RunFolder
 
-from helpers import GPU_REASON
+from helpers import GPU_REASON, SMALL_RUN as SMALL
 
-SMALL = ["--backend", "numpy", "--n-layer", "1", "--n-head", "2", "--d-model", "32", "--block-size", "32",
-         "--batch-size", "4", "--eval-batches", "2", "--no-progress", "--sample-tokens", "5"]
-
-
-@pytest.fixture
-def corpus(tmp_path):
-    p = tmp_path / "corpus.txt"
-    p.write_text("the quick brown fox jumps over the lazy dog. " * 400, encoding="utf-8")
-    return str(p)
 
 
 def one_line_error(capsys, code):

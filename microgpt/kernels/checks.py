@@ -65,7 +65,7 @@ def opt_ptr(name, a, shape, dtype=np.float32) -> int:
     return 0 if a is None else ptr(name, a, shape, dtype)
 
 
-def read_ids(name, p, shape) -> np.ndarray:
+def read_ids(p, shape) -> np.ndarray:
     """The int32 array at device pointer p, copied to the host (token ids: a few KB)."""
     host = np.empty(shape, dtype=np.int32)
     engine().cuda.memcpy_dtoh(host, p)
@@ -76,7 +76,7 @@ def check_ids(name, a, shape, vocab_size, check=True) -> int:
     """ptr() of int32 token ids; with check, read back and refused unless every id lies in [0, vocab_size)."""
     p = ptr(name, a, shape, np.int32)
     if check:
-        host = read_ids(name, p, shape)
+        host = read_ids(p, shape)
         lo, hi = int(host.min()), int(host.max())
         if lo < 0 or hi >= vocab_size:
             raise ValueError(f"{name} holds token id {lo if lo < 0 else hi}, outside [0, {vocab_size})")

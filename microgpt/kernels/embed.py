@@ -34,10 +34,10 @@ def embed_bwd(dwte, dwpe, dx, idx, order=None, *, check_token_ids=True, stream=N
         raise ValueError(f"dx has T={T} positions, above dwpe's {T_max}")
     idx_ptr = check_ids("idx", idx, (B, T), V, check_token_ids)
     if order is None:
-        order = engine().ga.to_gpu(token_order(read_ids("idx", idx_ptr, (B, T))))
+        order = engine().ga.to_gpu(token_order(read_ids(idx_ptr, (B, T))))
     elif check_token_ids:
-        host_order = read_ids("order", ptr("order", order, (B, T), np.int32), (B, T))
-        if not np.array_equal(host_order, token_order(read_ids("idx", idx_ptr, (B, T)))):
+        host_order = read_ids(ptr("order", order, (B, T), np.int32), (B, T))
+        if not np.array_equal(host_order, token_order(read_ids(idx_ptr, (B, T)))):
             raise ValueError("order must be token_order(idx): the positions sorted stably by token id")
     args = [ptr("dwte", dwte, (V, C)), ptr("dwpe", dwpe, (T_max, C)), ptr("dx", dx, (B, T, C)), idx_ptr,
             ptr("order", order, (B, T), np.int32), B, T, C]
