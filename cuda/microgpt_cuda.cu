@@ -23,3 +23,5 @@
 #include "colsum.cuh"
 #include "matmul_fast.cuh"
 #include "rows_fast.cuh"
+// the tensor-core products (sm_80 and later)
+#include "matmul_tc.cuh"

@@ -88,15 +88,15 @@ class FakeEngine:
     """Stands in for microgpt.kernels.engine's compiled module inside recording(): launches are checked and
     recorded, never run. Reads of device memory (token ids) return zeros."""
 
-    def __init__(self, signatures, sm_count=132):
-        self.signatures, self.sm_count = signatures, sm_count
+    def __init__(self, signatures, sm_count=132, arch="sm_90"):
+        self.signatures, self.sm_count, self.arch = signatures, sm_count, arch
         self.ga = SimpleNamespace(empty=lambda shape, dtype=np.float32: FakeArray(np.atleast_1d(shape), dtype),
                                   to_gpu=lambda a: FakeArray(np.shape(a), np.asarray(a).dtype))
         self.cuda = SimpleNamespace(mem_alloc=lambda n: FakeArray((n,), np.uint8).gpudata,
                                     memset_d32=lambda *a: None, memset_d32_async=lambda *a: None,
                                     memcpy_dtoh=lambda host, p: host.fill(0))
 
-    def function(self, name):
+    def function(self, name, shared=0):
         if name not in self.signatures:
             raise KeyError(f"no kernel {name} in the translation unit")
         return name

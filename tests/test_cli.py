@@ -93,4 +93,4 @@ def test_the_variant_flag_is_the_one_kernel_switch(tmp_path, corpus, capsys):
     assert "--variant: invalid choice: 'fastest'" in capsys.readouterr().err
     assert main(["info"]) == 0
     info = capsys.readouterr().out
-    assert "variant fast (default)" in info and "variant reference" in info
+    assert "variant tc (default)" in info and "variant fast:" in info and "variant reference" in info

@@ -83,6 +83,8 @@ extern "C" __attribute__((global)) void k_b(const int* __restrict__ q, int n) {}
     assert kernels.kernel_signatures(text) == {"k_a": "Pqif", "k_b": "Pi"}
     assert kernels.kernel_headers(text) == {"k_a": "one.cuh", "k_b": "two.cuh"}
     assert kernels.int_constants(text) == {"A": 0}
+    assert kernels.int_constants("enum L : int { X = 2 * 2 * 128 * (32 + 8) * 4, Y = -3, Z = 7 / 2 };") == \
+        {"X": 81920, "Y": -3, "Z": 3}
     with pytest.raises(ValueError, match=r"k_c: cannot map parameter 'char c'"):
         kernels.kernel_signatures('extern "C" __attribute__((global)) void k_c(char c) {}')
 

@@ -30,7 +30,7 @@ SHAPES = {
 
 
 def close(kernel, out, ref, tol, variant="reference"):
-    kernel = kernel if variant == "reference" else kernel + "_fast"
+    kernel = kernel if variant == "reference" else f"{kernel}_{variant}"
     err = rel_err(out, ref)
     record("kernels vs reference (float64)", kernel, err)
     assert err < tol, f"{kernel}: relative error {err:.2e} >= {tol:.0e}"
@@ -291,59 +291,61 @@ def causal_probs(rng, B, NH, T):
     return R.softmax_fwd(R.causal_mask_fwd(rng.standard_normal((B, NH, T, T)) * 2)).astype(np.float32)
 
 
-def test_attention_fast_variants_match_the_reference_kernels(K, dev, shape, rng):
+@pytest.mark.parametrize("variant", ["fast", "tc"])
+def test_attention_fast_variants_match_the_reference_kernels(K, dev, shape, rng, variant):
     """Each fast attention stage against the reference kernel(s) it replaces, on the same inputs, and
     both against the float64 reference."""
+    ops = K.select(variant)
     B, T, C, NH, V = shape
     d_k = C // NH
     q_h, q = dev.randn(B, NH, T, d_k)
     k_h, k = dev.randn(B, NH, T, d_k)
     fast, ref = dev.poisoned(B, NH, T, T), dev.poisoned(B, NH, T, T)
-    K.causal_scores_fwd_fast(fast, q, k)  # scores and mask in one
+    ops.causal_scores_fwd(fast, q, k)  # scores and mask in one
     K.attn_scores_fwd(ref, q, k)
     K.causal_mask_fwd(ref, ref)
     want = R.causal_mask_fwd(R.attn_scores_fwd(*f64(q_h, k_h)))
-    close("causal_scores_fwd_fast vs reference kernels", fast.get(), ref.get(), REDUCTION)
-    close("causal_scores_fwd_fast", fast.get(), want, REDUCTION)
+    close(f"causal_scores_fwd_{variant} vs reference kernels", fast.get(), ref.get(), REDUCTION)
+    close(f"causal_scores_fwd_{variant}", fast.get(), want, REDUCTION)
     composite, kept = dev.poisoned(B, NH, T, T), dev.poisoned(B, NH, T, T)
     K.causal_scores_fwd(composite, q, k, scores=kept)  # the reference op: the two literal kernels
     np.testing.assert_array_equal(composite.get(), ref.get())
     close("k_attn_scores_fwd", kept.get(), R.attn_scores_fwd(*f64(q_h, k_h)), REDUCTION)
     with pytest.raises(ValueError, match="scores: the fast variant"):
-        K.causal_scores_fwd_fast(fast, q, k, scores=kept)
+        ops.causal_scores_fwd(fast, q, k, scores=kept)
 
     p_h = causal_probs(rng, B, NH, T)
     p = dev.ga.to_gpu(p_h)
     v_h, v = dev.randn(B, NH, T, d_k)
     out_f, out_r = dev.poisoned(B, NH, T, d_k), dev.poisoned(B, NH, T, d_k)
-    K.attn_values_fwd_fast(out_f, p, v)
+    ops.attn_values_fwd(out_f, p, v)
     K.attn_values_fwd(out_r, p, v)
-    close("k_attn_values_fwd_fast vs reference kernel", out_f.get(), out_r.get(), REDUCTION)
-    close("k_attn_values_fwd_fast", out_f.get(), R.attn_values_fwd(*f64(p_h, v_h)), REDUCTION)
+    close(f"attn_values_fwd_{variant} vs reference kernel", out_f.get(), out_r.get(), REDUCTION)
+    close(f"attn_values_fwd_{variant}", out_f.get(), R.attn_values_fwd(*f64(p_h, v_h)), REDUCTION)
 
     do_h, do = dev.randn(B, NH, T, d_k)
     dp_f, dv_f = dev.poisoned(B, NH, T, T), dev.poisoned(B, NH, T, d_k)
     dp_r, dv_r = dev.poisoned(B, NH, T, T), dev.poisoned(B, NH, T, d_k)
-    K.attn_values_bwd_fast(dp_f, dv_f, do, p, v)
+    ops.attn_values_bwd(dp_f, dv_f, do, p, v)
     K.attn_values_bwd(dp_r, dv_r, do, p, v)
     rdp, rdv = R.attn_values_bwd(*f64(do_h, p_h, v_h))
     lower = ~R.causal_mask(T)
-    close("k_attn_values_bwd_fast vs reference kernel", dp_f.get()[..., lower], dp_r.get()[..., lower], REDUCTION)
+    close(f"attn_values_bwd_{variant} vs reference kernel", dp_f.get()[..., lower], dp_r.get()[..., lower], REDUCTION)
     assert np.all(dp_f.get()[..., ~lower] == 0)  # the masked half is written 0, not computed
-    close("k_attn_values_bwd_fast", dv_f.get(), rdv, REDUCTION)
-    close("k_attn_values_bwd_fast vs reference kernel", dv_f.get(), dv_r.get(), REDUCTION)
+    close(f"attn_values_bwd_{variant}", dv_f.get(), rdv, REDUCTION)
+    close(f"attn_values_bwd_{variant} vs reference kernel", dv_f.get(), dv_r.get(), REDUCTION)
 
     ds_h = R.causal_mask_bwd(rng.standard_normal((B, NH, T, T))).astype(np.float32)  # causal, as the pipeline's
     ds = dev.ga.to_gpu(ds_h)
     dq_f, dk_f = dev.poisoned(B, NH, T, d_k), dev.poisoned(B, NH, T, d_k)
     dq_r, dk_r = dev.poisoned(B, NH, T, d_k), dev.poisoned(B, NH, T, d_k)
-    K.causal_scores_bwd_fast(dq_f, dk_f, ds, q, k)
+    ops.causal_scores_bwd(dq_f, dk_f, ds, q, k)
     K.attn_scores_bwd(dq_r, dk_r, ds, q, k)
     rdq, rdk = R.attn_scores_bwd(*f64(ds_h, q_h, k_h))
-    close("causal_scores_bwd_fast", dq_f.get(), rdq, REDUCTION)
-    close("causal_scores_bwd_fast", dk_f.get(), rdk, REDUCTION)
-    close("causal_scores_bwd_fast vs reference kernel", dq_f.get(), dq_r.get(), REDUCTION)
-    close("causal_scores_bwd_fast vs reference kernel", dk_f.get(), dk_r.get(), REDUCTION)
+    close(f"causal_scores_bwd_{variant}", dq_f.get(), rdq, REDUCTION)
+    close(f"causal_scores_bwd_{variant}", dk_f.get(), rdk, REDUCTION)
+    close(f"causal_scores_bwd_{variant} vs reference kernel", dq_f.get(), dq_r.get(), REDUCTION)
+    close(f"causal_scores_bwd_{variant} vs reference kernel", dk_f.get(), dk_r.get(), REDUCTION)
     # the reference op masks a gradient that is not causal before the product
     dsr_h, dsr = dev.randn(B, NH, T, T)
     dq_c, dk_c = dev.poisoned(B, NH, T, d_k), dev.poisoned(B, NH, T, d_k)
@@ -358,18 +360,20 @@ def test_attention_fast_variants_match_the_reference_kernels(K, dev, shape, rng)
                                           (1024, 768, 768, 1), (130, 64, 77, 2), (256, 256, 4096, 1),
                                           (200, 130, 2048, 1)])
 @pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
-def test_sgemm(K, dev, M, N, K_, batch, ta, tb):
+@pytest.mark.parametrize("units", ["simt", "tc"])
+def test_sgemm(K, dev, M, N, K_, batch, ta, tb, units):
+    sgemm = K.sgemm if units == "simt" else K.sgemm_tc
     a_h, a = dev.randn(batch, *((K_, M) if ta else (M, K_)))
     b_h, b = dev.randn(batch, *((N, K_) if tb else (K_, N)))
     bias_h, bias = dev.randn(N)
     c0, c = dev.randn(batch, M, N)
-    K.sgemm(c, a, b, trans_a=ta, trans_b=tb, alpha=0.5, beta=1.0, bias=bias)
+    sgemm(c, a, b, trans_a=ta, trans_b=tb, alpha=0.5, beta=1.0, bias=bias)
     A = a_h.astype(np.float64).swapaxes(-1, -2) if ta else a_h.astype(np.float64)
     Bm = b_h.astype(np.float64).swapaxes(-1, -2) if tb else b_h.astype(np.float64)
-    close("k_sgemm", c.get(), 0.5 * (A @ Bm) + bias_h + c0, REDUCTION)
+    close(f"{sgemm.__name__}", c.get(), 0.5 * (A @ Bm) + bias_h + c0, REDUCTION)
     out = dev.poisoned(batch, M, N)  # beta 0: c is never read, so NaN there does not leak
-    K.sgemm(out, a, b, trans_a=ta, trans_b=tb)
-    close("k_sgemm", out.get(), A @ Bm, REDUCTION)
+    sgemm(out, a, b, trans_a=ta, trans_b=tb)
+    close(f"{sgemm.__name__}", out.get(), A @ Bm, REDUCTION)
 
 
 # ---------------------------------------------------------------------------------------------- pointwise

@@ -151,12 +151,16 @@ def test_the_model_runs_its_variants_kernels_and_only_kernels_of_the_registry(rn
     gpu.backward()
     launched = {name for plan in gpu.backend._plans.values() for name, *_ in plan}
     assert launched <= set(K.kernel_names())
-    ops = K.select(variant)
-    if ops.matmul_fwd is K.matmul_fwd:  # the readable kernels only
-        assert not any(n.startswith("k_sgemm") for n in launched) and "k_attn_scores_fwd" in launched
+    simt = {n for n in launched if n.startswith("k_sgemm")}
+    tensor_cores = {n for n in launched if n.startswith("k_gemm_tc")}
+    if variant == "reference":  # the readable kernels only
+        assert not simt and not tensor_cores and "k_attn_scores_fwd" in launched
     else:
-        assert {"k_sgemm_nt", "k_sgemm_nt_n64"} & launched and "k_matmul_fwd" not in launched
-        assert "k_attn_scores_fwd" not in launched  # the mask is fused into the scores
+        assert "k_matmul_fwd" not in launched and "k_attn_scores_fwd" not in launched  # mask fused into scores
+        if variant == "tc" and K.tensor_cores():
+            assert {"k_gemm_tc_nt", "k_gemm_tc_nn", "k_gemm_tc_tn", "k_gemm_tc_nt_n64"} <= tensor_cores and not simt
+        else:
+            assert {"k_sgemm_nt", "k_sgemm_nn", "k_sgemm_tn", "k_sgemm_nt_n64"} <= simt and not tensor_cores
 
 
 # ---------------------------------------------------------------------------------------------- training

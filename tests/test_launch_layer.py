@@ -79,10 +79,10 @@ class CallerRecordingEngine(FakeEngine):
         super().__init__(*a, **kw)
         self.callers = {}
 
-    def function(self, name):
+    def function(self, name, shared=0):
         caller = inspect.stack()[2].frame.f_globals["__name__"]  # [0] here, [1] launch(), [2] its caller
         self.callers.setdefault(name, set()).add(caller)
-        return super().function(name)
+        return super().function(name, shared)
 
 
 @pytest.fixture
@@ -108,6 +108,7 @@ def run_every_launcher():
                     a = f32(C, B * T) if ta else f32(B * T, C)
                     b = f32(N, C) if tb else f32(C, N)
                     K.sgemm(f32(B * T, N), a, b, trans_a=ta, trans_b=tb)
+                    K.sgemm_tc(f32(B * T, N), a, b, trans_a=ta, trans_b=tb)
     return plan
 
 
@@ -131,7 +132,7 @@ def test_each_kernel_is_launched_from_the_module_named_after_its_header(fake):
 def test_every_launch_passes_what_its_kernels_format_asks_for(fake):
     plan = run_every_launcher()
     assert len(plan) > len(K.kernel_names())
-    for name, _, grid, args in plan:
+    for name, _, grid, args, shared in plan:
         fmt = fake.signatures[name]
         assert len(args) == len(fmt), (name, fmt, args)
         for code, arg in zip(fmt, args):
@@ -155,7 +156,7 @@ def test_split_k_cuts_a_weight_gradient_and_reduces_it_in_order(fake):
         K.select("fast").matmul_bwd(*CALLS["matmul_bwd"]()[0])
     names = [name for name, *_ in plan]
     assert names == ["k_sgemm_nn_n64", "k_sgemm_tn_n64", "k_splitk_reduce", "k_colsum_partial", "k_colsum_reduce"]
-    _, _, grid, args = plan[1]
+    _, _, grid, args, _ = plan[1]
     assert grid[2] == 8 and args[6] == B * T // 8  # 8 slices of K = B*T, each a batch entry
     assert len(plan.keep) == 2  # the partial sums live as long as the plan
 

@@ -138,11 +138,14 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
                 douts)
 
     # the generic product with both operands transposed, which no layer runs (tests and tools call it)
-    if "fast" in variants:
+    for variant, sgemm in (("fast", K.sgemm), ("tc", K.sgemm_tc)):
+        if variant not in variants:
+            continue
         for label, OUT in (("tt", 4 * C), ("tt, narrow", d_k)):
             a_t, b_t, c_out = randn(C, N), randn(OUT, C), empty(N, OUT)
-            add(f"sgemm ({label})", lambda s, a_t=a_t, b_t=b_t, c_out=c_out: K.sgemm(c_out, a_t, b_t, trans_a=True,
-                                                                                     trans_b=True, stream=s),
+            add(f"{sgemm.__name__} ({label})",
+                lambda s, a_t=a_t, b_t=b_t, c_out=c_out, sgemm=sgemm: sgemm(c_out, a_t, b_t, trans_a=True,
+                                                                             trans_b=True, stream=s),
                 F * (N * C + OUT * C + N * OUT), 2 * N * C * OUT)
 
     qkvs = [(randn(B, T, 3 * C),) for _ in range(sets)]

@@ -7,7 +7,8 @@
     K.layernorm_fwd(out, mean, rstd, x, w, b)
 
 The package mirrors cuda/: one module per header, holding that header's launchers (embed, layernorm,
-matmul, attention, pointwise, crossentropy, adamw; colsum, matmul_fast, rows_fast for the fast variants).
+matmul, attention, pointwise, crossentropy, adamw; colsum, matmul_fast, rows_fast for the fast variant;
+matmul_tc for the tc variant's tensor-core products).
 Beside them: source (what nvcc compiles, and the argument formats read from it), runtime (compile once,
 the primary context, launch, record and replay, KernelError), checks (the argument checks) and registry
 (which launcher each op runs in each variant).
@@ -28,9 +29,11 @@ from .runtime import (BLOCK, SYNC_EVERY_LAUNCH, KernelError, Plan, blocks, devic
                      release_at_exit, replay, synchronize)
 from .layernorm import layernorm_bwd, layernorm_fwd
 from .matmul import matmul_bwd, matmul_fwd
-from .matmul_fast import (GEMM_TILE, Causal, Gemm, attn_scores_bwd_fast, attn_scores_fwd_fast, attn_values_bwd_fast,
-                          attn_values_fwd_fast, causal_scores_bwd_fast, causal_scores_fwd_fast, gemm,
-                          matmul_bwd_fast, matmul_fwd_fast, sgemm)
+from .matmul_fast import (GEMM_TILE, Causal, Gemm, MatrixProducts, attn_scores_bwd_fast, attn_scores_fwd_fast,
+                          attn_values_bwd_fast, attn_values_fwd_fast, causal_scores_bwd_fast, causal_scores_fwd_fast,
+                          gemm, matmul_bwd_fast, matmul_fwd_fast, sgemm)
+from .matmul_tc import (attn_values_bwd_tc, attn_values_fwd_tc, causal_scores_bwd_tc, causal_scores_fwd_tc, gemm_tc,
+                        matmul_bwd_tc, matmul_fwd_tc, sgemm_tc, tensor_cores)
 from .pointwise import gelu_bwd, gelu_fwd, residual_bwd, residual_fwd
 from .registry import DEFAULT_VARIANT, OPS, VARIANTS, Kernels, Variant, launcher, resolve, select
 from .rows_fast import (crossentropy_fwd_fast, layernorm_bwd_fast, layernorm_fwd_fast, softmax_bwd_fast,

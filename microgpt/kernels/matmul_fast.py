@@ -3,11 +3,14 @@
 The linear layers forward and backward and the attention products are all `gemm(Gemm(...), ...)`: a
 128 x 128 tile (128 x 64 where N fits in it: attention's d_k), causal tile skipping for attention, and
 split-K, deterministic, where a single product has too few tiles to fill the GPU (the weight gradients).
+MatrixProducts holds the model's products written once over a gemm; matmul_tc runs them on the tensor
+cores through the same Gemm, split-K and launchers.
 """
 from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import math
 from dataclasses import dataclass
 
@@ -82,25 +85,31 @@ class Gemm:
         return 1
 
 
-def gemm(g: Gemm, c: int, a: int, b: int, bias: int = 0, stream=None) -> None:
-    """Launches g on checked pointers; split-K where it pays (one plain product, no bias, no causal mode):
-    each slice writes its partial product, and k_splitk_reduce adds them in slice order."""
+def sgemm_product(g: Gemm, c: int, a: int, b: int, bias: int, stream) -> None:
+    """One unsplit launch of g on the SIMT SGEMM."""
+    launch(g.kernel, g.args(c, a, b, bias), g.grid, stream)
+
+
+def gemm(g: Gemm, c: int, a: int, b: int, bias: int = 0, stream=None, *, product=sgemm_product) -> None:
+    """Launches g on checked pointers through `product` (one unsplit launch: the SIMT SGEMM, or the tensor
+    cores' in matmul_tc); split-K where it pays (one plain product, no bias, no causal mode): each slice
+    writes its partial product, and k_splitk_reduce adds them in slice order."""
     plain = g.batch == 1 and not bias and g.causal == Causal.NONE and g.ldc == g.N
     splits = g.splits(engine().sm_count) if plain else 1
     if splits == 1:
-        launch(g.kernel, g.args(c, a, b, bias), g.grid, stream)
+        product(g, c, a, b, bias, stream)
         return
     k_slice = g.K // splits  # a slice of K is a block of A's and B's rows (or columns, transposed)
     sliced = dataclasses.replace(g, K=k_slice, batch=splits, beta=0.0,
                                  stride_a=k_slice * (g.lda if g.trans_a else 1),
                                  stride_b=k_slice * (1 if g.trans_b else g.ldb), stride_c=g.M * g.N)
     partials = scratch(splits * g.M * g.N)
-    launch(sliced.kernel, sliced.args(int(partials.gpudata), a, b, 0), sliced.grid, stream)
+    product(sliced, int(partials.gpudata), a, b, 0, stream)
     launch("k_splitk_reduce", [c, int(partials.gpudata), splits, g.M * g.N, float(g.beta)], blocks(g.M * g.N),
            stream)
 
 
-def sgemm(c, a, b, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, bias=None, stream=None):
+def sgemm(c, a, b, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, bias=None, stream=None, gemm=gemm):
     """c = alpha * op(a) @ op(b) + bias + beta * c, op(x) = x.T (the last two axes) where trans_x.
     a, b, c are 2-D, or 3-D with a leading batch axis (all three)."""
     sa, sb = shape_of("a", a), shape_of("b", b)
@@ -118,81 +127,102 @@ def sgemm(c, a, b, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, bias=No
     gemm(g, ptr("c", c, lead + (M, N)), ptr("a", a, sa), ptr("b", b, sb), opt_ptr("bias", bias, (N,)), stream)
 
 
-# ---------------------------------------------------------------------------------------------- linear layers
-def matmul_fwd_fast(out, inp, weight, bias=None, *, stream=None):
-    """As matmul_fwd: out = inp @ weight^T + bias."""
-    shape = shape_of("inp", inp)
-    N, IN = rows(shape)
-    OUT = shape_of("weight", weight, 2)[0]
-    gemm(Gemm.dense(N, OUT, IN, trans_b=True), ptr("out", out, shape[:-1] + (OUT,)), ptr("inp", inp, shape),
-         ptr("weight", weight, (OUT, IN)), opt_ptr("bias", bias, (OUT,)), stream)
-
-
-def matmul_bwd_fast(dinp, dweight, dbias, dout, inp, weight, *, stream=None):
-    """As matmul_bwd: dinp = dout @ W (written), dW += dout^T @ inp, dbias += column sums of dout."""
-    shape = shape_of("inp", inp)
-    N, IN = rows(shape)
-    OUT = shape_of("weight", weight, 2)[0]
-    p_dinp, p_dw, p_db = ptr("dinp", dinp, shape), ptr("dweight", dweight, (OUT, IN)), opt_ptr("dbias", dbias, (OUT,))
-    p_dout, p_inp, p_w = ptr("dout", dout, shape[:-1] + (OUT,)), ptr("inp", inp, shape), ptr("weight", weight, (OUT, IN))
-    gemm(Gemm.dense(N, IN, OUT), p_dinp, p_dout, p_w, stream=stream)
-    gemm(Gemm.dense(OUT, IN, N, trans_a=True, beta=1.0), p_dw, p_dout, p_inp, stream=stream)
-    if p_db:
-        add_column_sums(p_db, p_dout, N, OUT, stream)
-
-
-# ---------------------------------------------------------------------------------------------- attention
-# One product per (batch, head), skipping what the causal mask makes constant. They compute the
-# reference stages for causal inputs: probs and the scores' gradient zero above the diagonal, as the
-# pipeline makes them.
 def _attn_dims(name, a):
     B, NH, T, d_k = head_dims(name, a)
     return B, NH, T, d_k, float(attn_scale(d_k, "float32"))  # 1.0f / sqrtf(d_k), as the literal kernel
 
 
-def causal_scores_fwd_fast(masked, q, k, *, scores=None, stream=None):
-    """As causal_scores_fwd, in one pass: masked[i][j] = dot(Q[i], K[j]) * (1/sqrt(d_k)) for j <= i and
-    MASK_VALUE above the diagonal, whose tiles are never computed (so there are no scores to keep)."""
-    if scores is not None:
-        raise ValueError("scores: the fast variant writes the masked scores directly and has no scores "
-                         "before the mask to keep; pass scores=None")
-    B, NH, T, d_k, scale = _attn_dims("q", q)
-    hs = (B, NH, T, d_k)
-    g = Gemm.dense(T, T, d_k, trans_b=True, batch=B * NH, alpha=scale, causal=Causal.OUT_LOWER, fill=MASK_VALUE)
-    gemm(g, ptr("masked", masked, (B, NH, T, T)), ptr("q", q, hs), ptr("k", k, hs), stream=stream)
+class MatrixProducts:
+    """The model's matrix products, the linear layers and attention's, on one GEMM (gemm(g, c, a, b, bias,
+    stream)): the SIMT SGEMM here, the tensor cores' in matmul_tc. The attention products skip what the
+    causal mask makes constant; they compute the reference stages for causal inputs (probs and the scores'
+    gradient zero above the diagonal, as the pipeline makes them)."""
+
+    OPS = ("matmul_fwd", "matmul_bwd", "causal_scores_fwd", "causal_scores_bwd", "attn_values_fwd",
+           "attn_values_bwd")
+
+    def __init__(self, gemm):
+        self.gemm = gemm
+
+    def launchers(self, variant: str, module: str) -> tuple:
+        """The launchers of OPS as plain functions named <op>_<variant> in `module`, as the registry names
+        a variant's launchers."""
+        out = []
+        for op in self.OPS:
+            method = getattr(self, op)
+
+            def launcher(*args, method=method, **kw):
+                return method(*args, **kw)
+            functools.update_wrapper(launcher, method)
+            launcher.__name__ = launcher.__qualname__ = f"{op}_{variant}"
+            launcher.__module__ = module
+            out.append(launcher)
+        return tuple(out)
+
+    def matmul_fwd(self, out, inp, weight, bias=None, *, stream=None):
+        """As matmul_fwd: out = inp @ weight^T + bias."""
+        shape = shape_of("inp", inp)
+        N, IN = rows(shape)
+        OUT = shape_of("weight", weight, 2)[0]
+        self.gemm(Gemm.dense(N, OUT, IN, trans_b=True), ptr("out", out, shape[:-1] + (OUT,)), ptr("inp", inp, shape),
+                  ptr("weight", weight, (OUT, IN)), opt_ptr("bias", bias, (OUT,)), stream)
+
+    def matmul_bwd(self, dinp, dweight, dbias, dout, inp, weight, *, stream=None):
+        """As matmul_bwd: dinp = dout @ W (written), dW += dout^T @ inp, dbias += column sums of dout."""
+        shape = shape_of("inp", inp)
+        N, IN = rows(shape)
+        OUT = shape_of("weight", weight, 2)[0]
+        p_dinp, p_dw = ptr("dinp", dinp, shape), ptr("dweight", dweight, (OUT, IN))
+        p_db, p_dout = opt_ptr("dbias", dbias, (OUT,)), ptr("dout", dout, shape[:-1] + (OUT,))
+        p_inp, p_w = ptr("inp", inp, shape), ptr("weight", weight, (OUT, IN))
+        self.gemm(Gemm.dense(N, IN, OUT), p_dinp, p_dout, p_w, stream=stream)
+        self.gemm(Gemm.dense(OUT, IN, N, trans_a=True, beta=1.0), p_dw, p_dout, p_inp, stream=stream)
+        if p_db:
+            add_column_sums(p_db, p_dout, N, OUT, stream)
+
+    def causal_scores_fwd(self, masked, q, k, *, scores=None, stream=None):
+        """As causal_scores_fwd, in one pass: masked[i][j] = dot(Q[i], K[j]) * (1/sqrt(d_k)) for j <= i and
+        MASK_VALUE above the diagonal, whose tiles are never computed (so there are no scores to keep)."""
+        if scores is not None:
+            raise ValueError("scores: the fast variants write the masked scores directly and have no scores "
+                             "before the mask to keep; pass scores=None")
+        B, NH, T, d_k, scale = _attn_dims("q", q)
+        hs = (B, NH, T, d_k)
+        g = Gemm.dense(T, T, d_k, trans_b=True, batch=B * NH, alpha=scale, causal=Causal.OUT_LOWER,
+                       fill=MASK_VALUE)
+        self.gemm(g, ptr("masked", masked, (B, NH, T, T)), ptr("q", q, hs), ptr("k", k, hs), stream=stream)
+
+    def causal_scores_bwd(self, dq, dk, dscores, q, k, *, stream=None):
+        """As causal_scores_bwd, for a causal dscores (zero above the diagonal, as the softmax backward leaves
+        it): dQ = dS @ K and dK = dS^T @ Q, both scaled, skipping the zero half."""
+        B, NH, T, d_k, scale = _attn_dims("q", q)
+        hs = (B, NH, T, d_k)
+        p_ds = ptr("dscores", dscores, (B, NH, T, T))
+        self.gemm(Gemm.dense(T, d_k, T, batch=B * NH, alpha=scale, causal=Causal.A_LOWER), ptr("dq", dq, hs),
+                  p_ds, ptr("k", k, hs), stream=stream)
+        self.gemm(Gemm.dense(T, d_k, T, trans_a=True, batch=B * NH, alpha=scale, causal=Causal.A_UPPER),
+                  ptr("dk", dk, hs), p_ds, ptr("q", q, hs), stream=stream)
+
+    def attn_values_fwd(self, out, probs, v, *, stream=None):
+        """As attn_values_fwd, for causal probs: row i stops at j = i."""
+        B, NH, T, d_k, _ = _attn_dims("v", v)
+        hs = (B, NH, T, d_k)
+        self.gemm(Gemm.dense(T, d_k, T, batch=B * NH, causal=Causal.A_LOWER), ptr("out", out, hs),
+                  ptr("probs", probs, (B, NH, T, T)), ptr("v", v, hs), stream=stream)
+
+    def attn_values_bwd(self, dprobs, dv, dout, probs, v, *, stream=None):
+        """As attn_values_bwd for causal probs; dprobs is written 0 above the diagonal, where the softmax
+        backward multiplies it by a probability of 0 anyway."""
+        B, NH, T, d_k, _ = _attn_dims("v", v)
+        hs = (B, NH, T, d_k)
+        p_do, p_probs = ptr("dout", dout, hs), ptr("probs", probs, (B, NH, T, T))
+        self.gemm(Gemm.dense(T, T, d_k, trans_b=True, batch=B * NH, causal=Causal.OUT_LOWER, fill=0.0),
+                  ptr("dprobs", dprobs, (B, NH, T, T)), p_do, ptr("v", v, hs), stream=stream)
+        self.gemm(Gemm.dense(T, d_k, T, trans_a=True, batch=B * NH, causal=Causal.A_UPPER), ptr("dv", dv, hs),
+                  p_probs, p_do, stream=stream)
 
 
-def causal_scores_bwd_fast(dq, dk, dscores, q, k, *, stream=None):
-    """As causal_scores_bwd, for a causal dscores (zero above the diagonal, as the softmax backward leaves
-    it): dQ = dS @ K and dK = dS^T @ Q, both scaled, skipping the zero half."""
-    B, NH, T, d_k, scale = _attn_dims("q", q)
-    hs = (B, NH, T, d_k)
-    p_ds = ptr("dscores", dscores, (B, NH, T, T))
-    gemm(Gemm.dense(T, d_k, T, batch=B * NH, alpha=scale, causal=Causal.A_LOWER), ptr("dq", dq, hs), p_ds,
-         ptr("k", k, hs), stream=stream)
-    gemm(Gemm.dense(T, d_k, T, trans_a=True, batch=B * NH, alpha=scale, causal=Causal.A_UPPER), ptr("dk", dk, hs),
-         p_ds, ptr("q", q, hs), stream=stream)
-
-
-def attn_values_fwd_fast(out, probs, v, *, stream=None):
-    """As attn_values_fwd, for causal probs: row i stops at j = i."""
-    B, NH, T, d_k, _ = _attn_dims("v", v)
-    hs = (B, NH, T, d_k)
-    gemm(Gemm.dense(T, d_k, T, batch=B * NH, causal=Causal.A_LOWER), ptr("out", out, hs),
-         ptr("probs", probs, (B, NH, T, T)), ptr("v", v, hs), stream=stream)
-
-
-def attn_values_bwd_fast(dprobs, dv, dout, probs, v, *, stream=None):
-    """As attn_values_bwd for causal probs; dprobs is written 0 above the diagonal, where the softmax
-    backward multiplies it by a probability of 0 anyway."""
-    B, NH, T, d_k, _ = _attn_dims("v", v)
-    hs = (B, NH, T, d_k)
-    p_do, p_probs = ptr("dout", dout, hs), ptr("probs", probs, (B, NH, T, T))
-    gemm(Gemm.dense(T, T, d_k, trans_b=True, batch=B * NH, causal=Causal.OUT_LOWER, fill=0.0),
-         ptr("dprobs", dprobs, (B, NH, T, T)), p_do, ptr("v", v, hs), stream=stream)
-    gemm(Gemm.dense(T, d_k, T, trans_a=True, batch=B * NH, causal=Causal.A_UPPER), ptr("dv", dv, hs), p_probs, p_do,
-         stream=stream)
-
-
+(matmul_fwd_fast, matmul_bwd_fast, causal_scores_fwd_fast, causal_scores_bwd_fast, attn_values_fwd_fast,
+ attn_values_bwd_fast) = MatrixProducts(gemm).launchers("fast", __name__)
 attn_scores_fwd_fast = causal_scores_fwd_fast  # the names these launchers had before the causal_scores op
 attn_scores_bwd_fast = causal_scores_bwd_fast

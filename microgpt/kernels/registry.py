@@ -5,7 +5,7 @@
     kernels.launcher("softmax_fwd", "reference") # one op's launcher
 
 Every op has a reference launcher, the readable kernels; a variant without a launcher of its own for an
-op runs the reference one. `variant=` on GPT, MultiHeadAttention, the cuda backend and the tools is
+op runs its base variant's (tc's base is fast, fast's is reference). `variant=` on GPT, MultiHeadAttention, the cuda backend and the tools is
 checked here (resolve), and nowhere else.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from . import attention, crossentropy, embed, layernorm, matmul, matmul_fast, pointwise, rows_fast
+from . import attention, crossentropy, embed, layernorm, matmul, matmul_fast, matmul_tc, pointwise, rows_fast
 from .adamw import adamw, global_norm
 
 
@@ -22,34 +22,44 @@ class Variant:
     name: str
     summary: str
     keeps_scores: bool  # its causal_scores_fwd can keep the scores before the mask (scores=...)
+    base: str | None    # the variant whose launcher an op without one of its own here runs
 
 
 VARIANTS = {v.name: v for v in (
-    Variant("reference", "the readable kernels, one stage a kernel, the literal scores line among them", True),
+    Variant("reference", "the readable kernels, one stage a kernel, the literal scores line among them", True,
+            None),
     Variant("fast", "tiled SGEMM (the mask fused into the scores, causal tile skipping, deterministic "
-                    "split-K), warp-per-row softmax and layernorm, block-per-row cross-entropy", False),
+                    "split-K), warp-per-row softmax and layernorm, block-per-row cross-entropy", False, "reference"),
+    Variant("tc", "fast, with every matrix product on the tensor cores at FP32 accuracy (3xTF32, the running "
+                  "sum in FP32 registers; the SIMT SGEMM before sm_80)", False, "fast"),
 )}
-DEFAULT_VARIANT = "fast"
+# The fastest variant within the accuracy bar: its products' worst relative error against float64 is below
+# the SIMT SGEMM's on every shape measured (README, "Precision"); before sm_80 it runs fast's SGEMM.
+DEFAULT_VARIANT = "tc"
 
 OPS: dict[str, dict[str, Callable]] = {
     "embed_fwd": {"reference": embed.embed_fwd},
     "embed_bwd": {"reference": embed.embed_bwd},
     "layernorm_fwd": {"reference": layernorm.layernorm_fwd, "fast": rows_fast.layernorm_fwd_fast},
     "layernorm_bwd": {"reference": layernorm.layernorm_bwd, "fast": rows_fast.layernorm_bwd_fast},
-    "matmul_fwd": {"reference": matmul.matmul_fwd, "fast": matmul_fast.matmul_fwd_fast},
-    "matmul_bwd": {"reference": matmul.matmul_bwd, "fast": matmul_fast.matmul_bwd_fast},
+    "matmul_fwd": {"reference": matmul.matmul_fwd, "fast": matmul_fast.matmul_fwd_fast, "tc": matmul_tc.matmul_fwd_tc},
+    "matmul_bwd": {"reference": matmul.matmul_bwd, "fast": matmul_fast.matmul_bwd_fast, "tc": matmul_tc.matmul_bwd_tc},
     "split_heads_fwd": {"reference": attention.split_heads_fwd},
     "split_heads_bwd": {"reference": attention.split_heads_bwd},
     "attn_scores_fwd": {"reference": attention.attn_scores_fwd},
     "attn_scores_bwd": {"reference": attention.attn_scores_bwd},
     "causal_mask_fwd": {"reference": attention.causal_mask_fwd},
     "causal_mask_bwd": {"reference": attention.causal_mask_bwd},
-    "causal_scores_fwd": {"reference": attention.causal_scores_fwd, "fast": matmul_fast.causal_scores_fwd_fast},
-    "causal_scores_bwd": {"reference": attention.causal_scores_bwd, "fast": matmul_fast.causal_scores_bwd_fast},
+    "causal_scores_fwd": {"reference": attention.causal_scores_fwd, "fast": matmul_fast.causal_scores_fwd_fast,
+                          "tc": matmul_tc.causal_scores_fwd_tc},
+    "causal_scores_bwd": {"reference": attention.causal_scores_bwd, "fast": matmul_fast.causal_scores_bwd_fast,
+                          "tc": matmul_tc.causal_scores_bwd_tc},
     "softmax_fwd": {"reference": attention.softmax_fwd, "fast": rows_fast.softmax_fwd_fast},
     "softmax_bwd": {"reference": attention.softmax_bwd, "fast": rows_fast.softmax_bwd_fast},
-    "attn_values_fwd": {"reference": attention.attn_values_fwd, "fast": matmul_fast.attn_values_fwd_fast},
-    "attn_values_bwd": {"reference": attention.attn_values_bwd, "fast": matmul_fast.attn_values_bwd_fast},
+    "attn_values_fwd": {"reference": attention.attn_values_fwd, "fast": matmul_fast.attn_values_fwd_fast,
+                        "tc": matmul_tc.attn_values_fwd_tc},
+    "attn_values_bwd": {"reference": attention.attn_values_bwd, "fast": matmul_fast.attn_values_bwd_fast,
+                        "tc": matmul_tc.attn_values_bwd_tc},
     "merge_heads_fwd": {"reference": attention.merge_heads_fwd},
     "merge_heads_bwd": {"reference": attention.merge_heads_bwd},
     "gelu_fwd": {"reference": pointwise.gelu_fwd},
@@ -77,7 +87,9 @@ def launcher(op: str, variant: str | None = None) -> Callable:
     name = resolve(variant)
     if op not in OPS:
         raise ValueError(f"op must be one of the registry's ops ({', '.join(OPS)}), got {op!r}")
-    return OPS[op].get(name, OPS[op]["reference"])
+    while name not in OPS[op]:
+        name = VARIANTS[name].base
+    return OPS[op][name]
 
 
 class Kernels:

@@ -54,6 +54,7 @@ class _Engine:
                                    arch=self.arch, no_extern_c=True, include_dirs=[str(src_dir)])
         self.signatures = kernel_signatures()
         self.functions = {}
+        self._shared_limit = {}  # name -> the dynamic shared memory the kernel may take now
 
     def memory_pool(self):
         """A pool whose blocks are reused rather than freed; it gives its memory back at exit, while the
@@ -62,12 +63,18 @@ class _Engine:
         _pools.add(pool)
         return pool
 
-    def function(self, name):
+    def function(self, name, shared: int = 0):
+        """The prepared kernel; allowed `shared` bytes of dynamic shared memory (past the default 48 KB,
+        the limit is raised once, here)."""
         fn = self.functions.get(name)
         if fn is None:
             fn = self.module.get_function(name)
             fn.prepare(self.signatures[name])
             self.functions[name] = fn
+            self._shared_limit[name] = 48 * 1024
+        if shared > self._shared_limit[name]:
+            fn.set_attribute(self.cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, shared)
+            self._shared_limit[name] = shared
         return fn
 
 
@@ -119,7 +126,8 @@ def device_summary() -> str:
 
 # -------------------------------------------------------------------------------------------- plans
 class Plan(list):
-    """Launches recorded with their checked arguments, to be replayed on a stream (see recording()).
+    """Launches recorded with their checked arguments, to be replayed on a stream (see recording()): entries
+    (kernel name, function, grid, arguments, dynamic shared-memory bytes).
     `keep` holds the scratch buffers the launches point into, alive as long as the plan."""
 
     def __init__(self):
@@ -150,9 +158,9 @@ class recording:
 
 def replay(plan: Plan, stream, phase: str) -> None:
     cuda = engine().cuda
-    for name, fn, grid, args in plan:
+    for name, fn, grid, args, shared in plan:
         try:
-            fn.prepared_async_call(grid, (BLOCK, 1, 1), stream, *args)
+            fn.prepared_async_call(grid, (BLOCK, 1, 1), stream, *args, shared_size=shared)
             if SYNC_EVERY_LAUNCH:
                 stream.synchronize()
         except cuda.Error as err:
@@ -175,15 +183,17 @@ def blocks(n_threads: int) -> int:
     return max(1, math.ceil(n_threads / BLOCK))
 
 
-def launch(name: str, args: list, grid, stream=None) -> None:
-    """Launches kernel `name` on a grid (blocks in x, or a tuple (x, y[, z])) of BLOCK-thread blocks."""
+def launch(name: str, args: list, grid, stream=None, shared: int = 0) -> None:
+    """Launches kernel `name` on a grid (blocks in x, or a tuple (x, y[, z])) of BLOCK-thread blocks, with
+    `shared` bytes of dynamic shared memory."""
     e = engine()
     grid = tuple(grid) if isinstance(grid, tuple) else (grid, 1)
+    fn = e.function(name, shared)
     if _recording is not None:
-        _recording.append((name, e.function(name), grid, args))
+        _recording.append((name, fn, grid, args, shared))
         return
     try:
-        e.function(name).prepared_async_call(grid, (BLOCK, 1, 1), stream, *args)
+        fn.prepared_async_call(grid, (BLOCK, 1, 1), stream, *args, shared_size=shared)
         if stream is None:
             e.cuda.Context.synchronize()
         elif SYNC_EVERY_LAUNCH:

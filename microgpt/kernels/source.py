@@ -8,8 +8,10 @@ nothing here needs a GPU.
 """
 from __future__ import annotations
 
+import ast
 import functools
 import importlib.resources
+import operator
 import os
 import re
 import shutil
@@ -122,10 +124,28 @@ def kernel_names() -> list[str]:
 
 
 def int_constants(text: str | None = None) -> dict[str, int]:
-    """The enumerators of the translation unit's `enum X : int { A = 0, ... }` declarations, by name."""
+    """The enumerators of the translation unit's `enum X : int { A = 0, ... }` declarations, by name; a
+    value may be an integer expression of literals (what a macro expands to: `2 * 128 * (32 + 8) * 4`)."""
     text = preprocessed() if text is None else text
     out = {}
     for body in re.findall(r"\benum\s+\w+\s*:\s*int\s*\{([^}]*)\}", text):
-        for name, value in re.findall(r"(\w+)\s*=\s*(-?\d+)", body):
-            out[name] = int(value)
+        for name, value in re.findall(r"(\w+)\s*=\s*([-+*/() \d]+?)\s*(?:,|$)", body.strip()):
+            out[name] = _integer(value)
     return out
+
+
+def _integer(expr: str) -> int:
+    """The value of an integer expression of literals, + - * / (C's truncating division) and parentheses."""
+    def value(node):
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -value(node.operand)
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            return _OPS[type(node.op)](value(node.left), value(node.right))
+        raise ValueError(f"not an integer expression of literals: {expr!r}")
+    return value(ast.parse(expr.strip(), mode="eval").body)
+
+
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+        ast.Div: lambda a, b: int(a / b)}

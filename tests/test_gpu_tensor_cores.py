@@ -1,0 +1,134 @@
+"""The tensor-core products (variant tc, cuda/matmul_tc.cuh) held to the accuracy bar: on the same fresh
+random inputs, their worst relative error against float64 is at most 1.5 times the SIMT SGEMM's (variant
+fast), for every product of andrea-120m at T=1024 (the linear layers forward, dX and dW, the tied lm_head,
+the attention products) and for odd shapes that fill no tile; and they repeat bit for bit.
+
+The errors are ||out - ref|| / ||ref|| in float64; conftest prints the worst of each at the end of the run.
+"""
+import numpy as np
+import pytest
+
+from microgpt import kernels as K
+from microgpt import reference as R
+
+from helpers import record, rel_err
+
+pytestmark = pytest.mark.gpu
+
+BAR = 1.5  # the tensor cores' error may be at most this many times the SIMT kernel's
+SIMT, TC = K.select("fast"), K.select("tc")
+C, NH, V, T = 768, 12, 8449, 1024  # andrea-120m at T=1024, one sequence
+LAYERS = {"qkv": (C, 3 * C), "attn.proj": (C, C), "mlp.fc": (C, 4 * C), "mlp.proj": (4 * C, C), "lm_head": (C, V)}
+
+
+@pytest.fixture(scope="module")
+def ga():
+    K.engine()
+    import pycuda.gpuarray as ga
+    return ga
+
+
+def within_bar(name, tc_out, simt_out, ref):
+    err_tc, err_simt = rel_err(tc_out, ref), rel_err(simt_out, ref)
+    record("tensor cores (tc) vs float64", name, err_tc)
+    record("SIMT (fast) vs float64", name, err_simt)
+    assert err_tc <= BAR * err_simt, f"{name}: tc error {err_tc:.2e} > {BAR} x SIMT's {err_simt:.2e}"
+    assert err_simt < 1e-5
+
+
+def poisoned(ga, *shape):
+    a = ga.empty(shape, np.float32)
+    a.fill(np.nan)
+    return a
+
+
+def test_the_device_has_tensor_cores():
+    """The rest of this file measures the tensor cores; below sm_80 tc runs the SIMT SGEMM instead."""
+    assert K.tensor_cores(), f"{K.device_summary()}: no TF32 tensor cores (sm_80 and later)"
+
+
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_linear_layers_forward_and_backward(ga, rng, layer):
+    IN, OUT = LAYERS[layer]
+    x_h = rng.standard_normal((1, T, IN)).astype(np.float32)
+    w_h = (rng.standard_normal((OUT, IN)) * 0.02).astype(np.float32)
+    b_h = None if layer == "lm_head" else rng.standard_normal(OUT).astype(np.float32)
+    d_h = rng.standard_normal((1, T, OUT)).astype(np.float32)
+    x, w, d = ga.to_gpu(x_h), ga.to_gpu(w_h), ga.to_gpu(d_h)
+    b = None if b_h is None else ga.to_gpu(b_h)
+    X, W, D = (a.astype(np.float64) for a in (x_h, w_h, d_h))
+    outs = {}
+    for name, ops in (("fast", SIMT), ("tc", TC)):
+        y = poisoned(ga, 1, T, OUT)
+        ops.matmul_fwd(y, x, w, b)
+        dx, dw = poisoned(ga, 1, T, IN), ga.zeros((OUT, IN), np.float32)  # dW is added into
+        db = None if b is None else ga.zeros(OUT, np.float32)
+        ops.matmul_bwd(dx, dw, db, d, x, w)
+        outs[name] = (y.get(), dx.get(), dw.get())
+    ref = (X @ W.T + (0 if b_h is None else b_h), D @ W, D[0].T @ X[0])
+    for i, what in enumerate(("forward", "dX", "dW")):
+        within_bar(f"{layer} {what}", outs["tc"][i], outs["fast"][i], ref[i].reshape(outs["tc"][i].shape))
+
+
+def test_attention_products(ga, rng):
+    """Scores (the mask fused), probabilities times values, and both backward, on causal inputs."""
+    hs = (1, NH, T, C // NH)
+    q_h, k_h, v_h, do_h = (rng.standard_normal(hs).astype(np.float32) for _ in range(4))
+    p_h = R.softmax_fwd(R.causal_mask_fwd(rng.standard_normal((1, NH, T, T)) * 2)).astype(np.float32)
+    ds_h = R.causal_mask_bwd(rng.standard_normal((1, NH, T, T))).astype(np.float32)
+    q, k, v, do, p, ds = (ga.to_gpu(a) for a in (q_h, k_h, v_h, do_h, p_h, ds_h))
+    lower = ~R.causal_mask(T)
+    outs = {}
+    for name, ops in (("fast", SIMT), ("tc", TC)):
+        s, o = poisoned(ga, 1, NH, T, T), poisoned(ga, *hs)
+        dp, dv, dq, dk = poisoned(ga, 1, NH, T, T), poisoned(ga, *hs), poisoned(ga, *hs), poisoned(ga, *hs)
+        ops.causal_scores_fwd(s, q, k)
+        ops.attn_values_fwd(o, p, v)
+        ops.attn_values_bwd(dp, dv, do, p, v)
+        ops.causal_scores_bwd(dq, dk, ds, q, k)
+        outs[name] = {"scores": s.get()[..., lower], "values": o.get(), "dprobs": dp.get()[..., lower],
+                      "dV": dv.get(), "dQ": dq.get(), "dK": dk.get()}
+        assert np.all(s.get()[..., ~lower] == R.MASK_VALUE) and np.all(dp.get()[..., ~lower] == 0)
+    Q, Km, Vm, dO, P, dS = (a.astype(np.float64) for a in (q_h, k_h, v_h, do_h, p_h, ds_h))
+    rdp, rdv = R.attn_values_bwd(dO, P, Vm)
+    rdq, rdk = R.attn_scores_bwd(dS, Q, Km)
+    ref = {"scores": R.attn_scores_fwd(Q, Km)[..., lower], "values": R.attn_values_fwd(P, Vm),
+           "dprobs": rdp[..., lower], "dV": rdv, "dQ": rdq, "dK": rdk}
+    for what in ref:
+        within_bar(f"attention {what}", outs["tc"][what], outs["fast"][what], ref[what])
+
+
+# M, N, K not multiples of a tile (128 x 128, 128 x 64, K by 32), unaligned rows (K odd), batches, split-K
+@pytest.mark.parametrize("M,N,K_,batch", [(1000, 333, 100, 1), (129, 65, 1023, 2), (77, 64, 3, 3),
+                                          (300, 130, 4097, 1), (1, 1, 1, 1), (256, 200, 8192, 1)])
+@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
+def test_odd_shapes(ga, rng, M, N, K_, batch, ta, tb):
+    a_h = rng.standard_normal((batch, *((K_, M) if ta else (M, K_)))).astype(np.float32)
+    b_h = rng.standard_normal((batch, *((N, K_) if tb else (K_, N)))).astype(np.float32)
+    a, b = ga.to_gpu(a_h), ga.to_gpu(b_h)
+    A = a_h.astype(np.float64).swapaxes(-1, -2) if ta else a_h.astype(np.float64)
+    Bm = b_h.astype(np.float64).swapaxes(-1, -2) if tb else b_h.astype(np.float64)
+    outs = {}
+    for name, sgemm in (("fast", K.sgemm), ("tc", K.sgemm_tc)):
+        c = poisoned(ga, batch, M, N)
+        sgemm(c, a, b, trans_a=ta, trans_b=tb)
+        outs[name] = c.get()
+    if M * N * K_ == 1:  # one product: both exact but for the split's rounding
+        assert rel_err(outs["tc"], A @ Bm) < 1e-6
+        return
+    within_bar(f"odd {'t' if ta else 'n'}{'t' if tb else 'n'}", outs["tc"], outs["fast"], A @ Bm)
+
+
+def test_the_products_repeat_bit_for_bit(ga, rng):
+    """The same inputs give the same bits: no atomics, split-K reduced in slice order."""
+    x = ga.to_gpu(rng.standard_normal((4096, 768)).astype(np.float32))
+    d = ga.to_gpu(rng.standard_normal((4096, 3072)).astype(np.float32))
+    w = ga.to_gpu(rng.standard_normal((3072, 768)).astype(np.float32))
+    runs = []
+    for _ in range(2):
+        y, dx, dw = poisoned(ga, 4096, 3072), poisoned(ga, 4096, 768), ga.zeros((3072, 768), np.float32)
+        TC.matmul_fwd(y, x, w)
+        TC.matmul_bwd(dx, dw, None, d, x, w)
+        runs.append([a.get() for a in (y, dx, dw)])
+    for first, second in zip(*runs):
+        np.testing.assert_array_equal(first, second)
