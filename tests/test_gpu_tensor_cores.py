@@ -99,8 +99,8 @@ def test_attention_products(ga, rng):
 
 
 # M, N, K not multiples of a tile (128 x 128, 128 x 64, K by 32), unaligned rows (K odd), batches, split-K
-@pytest.mark.parametrize("M,N,K_,batch", [(1000, 333, 100, 1), (129, 65, 1023, 2), (77, 64, 3, 3),
-                                          (300, 130, 4097, 1), (1, 1, 1, 1), (256, 200, 8192, 1)])
+@pytest.mark.parametrize("M,N,K_,batch", [(1000, 333, 100, 1), (129, 65, 1023, 2), (77, 64, 3, 3), (70, 90, 33, 2),
+                                          (300, 130, 4097, 1), (1, 1, 1, 1), (256, 200, 8192, 1), (5, 3, 32, 1)])
 @pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
 def test_odd_shapes(ga, rng, M, N, K_, batch, ta, tb):
     a_h = rng.standard_normal((batch, *((K_, M) if ta else (M, K_)))).astype(np.float32)
@@ -113,9 +113,8 @@ def test_odd_shapes(ga, rng, M, N, K_, batch, ta, tb):
         c = poisoned(ga, batch, M, N)
         sgemm(c, a, b, trans_a=ta, trans_b=tb)
         outs[name] = c.get()
-    if M * N * K_ == 1:  # one product: both exact but for the split's rounding
-        assert rel_err(outs["tc"], A @ Bm) < 1e-6
-        return
+    if K_ < K.matmul_tc.TC_MIN_K:  # too short for the tensor cores: the SIMT kernel's own result
+        np.testing.assert_array_equal(outs["tc"], outs["fast"])
     within_bar(f"odd {'t' if ta else 'n'}{'t' if tb else 'n'}", outs["tc"], outs["fast"], A @ Bm)
 
 

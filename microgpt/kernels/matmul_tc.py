@@ -2,13 +2,18 @@
 
 The same products as matmul_fast (MatrixProducts over a gemm), through the same Gemm description, causal
 tile skipping and deterministic split-K; only the unsplit launch differs. Where the device has no TF32
-tensor cores (before sm_80) the launch falls back to the SIMT SGEMM, so the variant runs everywhere.
+tensor cores (before sm_80), and for products with K < TC_MIN_K, the launch is the SIMT SGEMM's: the variant
+runs everywhere, and never less accurately than 1.5x the SIMT kernel.
 """
 from __future__ import annotations
 
 from .matmul_fast import Gemm, MatrixProducts, gemm, sgemm, sgemm_product
 from .runtime import engine, launch
 from .source import int_constants
+
+# Below this K the split's own rounding outweighs the sum's, and the tensor cores' error would pass 1.5x the
+# SIMT kernel's (dev/NOTES.md: the ratio is 3.3 at K = 1, 1.3 at 16, 1.0 at 32): such products run on SIMT.
+TC_MIN_K = 32
 
 _smem_bytes = None
 
@@ -32,9 +37,9 @@ def tc_kernel(g: Gemm) -> str:
 
 
 def tc_product(g: Gemm, c: int, a: int, b: int, bias: int, stream) -> None:
-    """One unsplit launch of g on the tensor cores (the SIMT SGEMM where there are none); the tile and grid
-    are the SGEMM's."""
-    if not tensor_cores():
+    """One unsplit launch of g on the tensor cores (the SIMT SGEMM where there are none, or where K is too
+    short for them to be as accurate); the tile and grid are the SGEMM's."""
+    if g.K < TC_MIN_K or not tensor_cores():
         sgemm_product(g, c, a, b, bias, stream)
         return
     launch(tc_kernel(g), g.args(c, a, b, bias), g.grid, stream, shared=smem_bytes())
