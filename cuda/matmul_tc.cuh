@@ -65,13 +65,23 @@ __device__ __forceinline__ void tf32_split(float x, uint32_t& hi, uint32_t& lo) 
 #endif
 }
 
-// d += a @ b for one m16n8k8 TF32 tile
+// d += a @ b for one m16n8k8 TF32 tile. Not volatile: the compiler may interleave independent tiles' mmas
+// to hide their latency (volatile asm keeps program order, which serialises each tile's dependent chain).
 __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
 #if TC_AVAILABLE
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+// d = a @ b (the accumulator input is zero, so d needs no zeroing first)
+__device__ __forceinline__ void mma_tf32_first(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#if TC_AVAILABLE
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%10,%10,%10};"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(0.0f));
 #endif
 }
 
@@ -235,18 +245,25 @@ __device__ __forceinline__ void gemm_tc_tile(float* C, const float* A, const flo
 #pragma unroll
                     for (int r = 0; r < 4; r++) tf32_split(a[r], a_hi[c][r], a_lo[c][r]);
                 }
+                // this chunk's products of the four tiles of row block i, the small ones first; each stage
+                // issues four independent mmas
+                float p[4][4];
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                for (int c = 0; c < CH; c++) {
 #pragma unroll
-                    for (int c = 0; c < CH; c++) {  // the small products first
-                        mma_tf32(p, a_lo[c], b_hi[c][j]);
-                        mma_tf32(p, a_hi[c], b_lo[c][j]);
-                        mma_tf32(p, a_hi[c], b_hi[c][j]);
+                    for (int j = 0; j < 4; j++) {
+                        if (c == 0) mma_tf32_first(p[j], a_lo[c], b_hi[c][j]);
+                        else mma_tf32(p[j], a_lo[c], b_hi[c][j]);
                     }
 #pragma unroll
-                    for (int r = 0; r < 4; r++) acc[i][j][r] += p[r];
+                    for (int j = 0; j < 4; j++) mma_tf32(p[j], a_hi[c], b_lo[c][j]);
+#pragma unroll
+                    for (int j = 0; j < 4; j++) mma_tf32(p[j], a_hi[c], b_hi[c][j]);
                 }
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+#pragma unroll
+                    for (int r = 0; r < 4; r++) acc[i][j][r] += p[j][r];
             }
         }
     }

@@ -158,7 +158,8 @@ def test_the_model_runs_its_variants_kernels_and_only_kernels_of_the_registry(rn
     else:
         assert "k_matmul_fwd" not in launched and "k_attn_scores_fwd" not in launched  # mask fused into scores
         if variant == "tc" and K.tensor_cores():
-            assert {"k_gemm_tc_nt", "k_gemm_tc_nn", "k_gemm_tc_tn", "k_gemm_tc_nt_n64"} <= tensor_cores and not simt
+            # forward and dX run on the tensor cores; the weight gradients' K (B*T = 14) is too short for them
+            assert {"k_gemm_tc_nt", "k_gemm_tc_nn"} <= tensor_cores and "k_sgemm_tn" in simt
         else:
             assert {"k_sgemm_nt", "k_sgemm_nn", "k_sgemm_tn", "k_sgemm_nt_n64"} <= simt and not tensor_cores
 
