@@ -126,6 +126,14 @@ struct TcTile {
     __device__ __forceinline__ static void load(float* s, const float* p, int ld, int r0, int c0, int row_end,
                                                 int col_end, bool vec) {
         constexpr int CHUNKS = ROWS * COLS / 4;
+        if (vec && r0 + ROWS <= row_end && c0 + COLS <= col_end) {  // wholly inside: no bounds to check
+#pragma unroll
+            for (int e = threadIdx.x; e < CHUNKS; e += TC_THREADS) {
+                const int r = e / (COLS / 4), c = (e % (COLS / 4)) * 4;
+                cp_async16(s + r * LD + c, p + (long long)(r0 + r) * ld + c0 + c, 16);
+            }
+            return;
+        }
 #pragma unroll
         for (int e = threadIdx.x; e < CHUNKS; e += TC_THREADS) {
             const int r = e / (COLS / 4), c = (e % (COLS / 4)) * 4;
