@@ -45,12 +45,23 @@
 #endif
 // The dynamic shared memory a block takes: TC_STAGES stages of two tiles, at most 128 x (TC_BK + 8) floats
 // each. Mirrored in microgpt/kernels/matmul_tc.py through source.int_constants.
-enum TcLaunch : int { TC_SMEM_BYTES = TC_STAGES * 2 * TC_BM * (TC_BK + 8) * 4 };
+// The wgmma path's: two split buffers of four 128 x 32 tiles (A hi, A lo, B hi, B lo), and two stages of the two
+// raw 128 x 32 tiles, rows padded to 40 floats.
+enum TcLaunch : int {
+    TC_SMEM_BYTES = TC_STAGES * 2 * TC_BM * (TC_BK + 8) * 4,
+    TC_WG_SMEM_BYTES = 2 * 4 * 128 * 32 * 4 + 2 * 2 * 128 * (32 + 8) * 4,
+};
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 #define TC_AVAILABLE 1
 #else
 #define TC_AVAILABLE 0
+#endif
+// wgmma is sm_90a's (the engine builds for sm_90a on compute capability 9.0)
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WG_AVAILABLE 1
+#else
+#define WG_AVAILABLE 0
 #endif
 
 // x = hi + lo
@@ -114,10 +125,10 @@ __device__ __forceinline__ void cp_async_wait() {
 // ROWS along K (an M/N-contiguous operand, COLS = EXTENT, its 128 or 64 rows of C) or along M/N (a
 // K-contiguous one, COLS = TC_BK). Row strides: COLS + 8 for K-contiguous tiles (8-byte fragment loads),
 // COLS + 4 otherwise.
-template <bool K_CONTIGUOUS, int EXTENT>
+template <bool K_CONTIGUOUS, int EXTENT, int BK = TC_BK>
 struct TcTile {
-    static constexpr int ROWS = K_CONTIGUOUS ? EXTENT : TC_BK;
-    static constexpr int COLS = K_CONTIGUOUS ? TC_BK : EXTENT;
+    static constexpr int ROWS = K_CONTIGUOUS ? EXTENT : BK;
+    static constexpr int COLS = K_CONTIGUOUS ? BK : EXTENT;
     static constexpr int LD = COLS + (K_CONTIGUOUS ? 8 : 4);
     static constexpr int FLOATS = ROWS * LD;
 
@@ -153,7 +164,36 @@ struct TcTile {
             }
         }
     }
+
+    // elements (mn, k4 .. k4 + 3) of the tile read K-major: row mn of A's (or B's) rows, four consecutive k
+    __device__ __forceinline__ static float4 k_quad(const float* s, int mn, int k4) {
+        if (K_CONTIGUOUS) return *reinterpret_cast<const float4*>(s + mn * LD + k4);
+        return make_float4(s[k4 * LD + mn], s[(k4 + 1) * LD + mn], s[(k4 + 2) * LD + mn], s[(k4 + 3) * LD + mn]);
+    }
 };
+
+// A tile of C wholly above the diagonal of a CAUSAL_OUT_LOWER product is the constant fill: written, and the
+// block is done (true).
+template <int BN>
+__device__ __forceinline__ bool tc_fill_above_diagonal(float* C, int m0, int n0, int M, int N, int ldc, float fill) {
+    if (n0 <= m0 + TC_BM - 1) return false;
+    for (int e = threadIdx.x; e < TC_BM * BN; e += TC_THREADS) {
+        int m = m0 + e / BN, n = n0 + e % BN;
+        if (m < M && n < N) C[(long long)m * ldc + n] = fill;
+    }
+    return true;
+}
+
+// C[m][n] = alpha * sum + bias[n] + beta * C[m][n], or fill above the diagonal of a CAUSAL_OUT_LOWER product
+__device__ __forceinline__ void tc_store(float* C, float sum, int m, int n, int ldc, const float* bias, float alpha,
+                                         float beta, Causal causal, float fill) {
+    long long o = (long long)m * ldc + n;
+    float v = alpha * sum;
+    if (bias != nullptr) v += bias[n];
+    if (beta != 0.0f) v += beta * C[o];
+    if (causal == CAUSAL_OUT_LOWER && n > m) v = fill;
+    C[o] = v;
+}
 
 template <bool TA, bool TB, int BN>
 __device__ __forceinline__ void gemm_tc_tile(float* C, const float* A, const float* B, const float* bias,
@@ -166,7 +206,7 @@ __device__ __forceinline__ void gemm_tc_tile(float* C, const float* A, const flo
     using TileA = TcTile<!TA, BM>;  // A stored M x K is K-contiguous; transposed (K x M) it is M-contiguous
     using TileB = TcTile<TB, BN>;   // B stored N x K (transposed) is K-contiguous; K x N is N-contiguous
     static_assert(S * (TileA::FLOATS + TileB::FLOATS) * 4 <= TC_SMEM_BYTES, "TC_SMEM_BYTES holds the stages");
-    extern __shared__ __align__(16) float tc_smem[];
+    extern __shared__ __align__(1024) float tc_smem[];  // 1024: the wgmma path's swizzled tiles
     float* As = tc_smem;                       // S stages of TileA::FLOATS
     float* Bs = tc_smem + S * TileA::FLOATS;   // S stages of TileB::FLOATS
     A += blockIdx.z * strideA;
@@ -177,13 +217,7 @@ __device__ __forceinline__ void gemm_tc_tile(float* C, const float* A, const flo
     const int g = lane / 4, t = lane % 4;                  // the fragment's row group and thread in it
     const int wm = (warp / WARPS_N) * WARP_M, wn = (warp % WARPS_N) * 32;  // this warp's corner of the tile
 
-    if (causal == CAUSAL_OUT_LOWER && n0 > m0 + BM - 1) {  // wholly above the diagonal: constant
-        for (int e = tid; e < BM * BN; e += TC_THREADS) {
-            int m = m0 + e / BN, n = n0 + e % BN;
-            if (m < M && n < N) C[(long long)m * ldc + n] = fill;
-        }
-        return;
-    }
+    if (causal == CAUSAL_OUT_LOWER && tc_fill_above_diagonal<BN>(C, m0, n0, M, N, ldc, fill)) return;
     const int k_begin = causal == CAUSAL_A_UPPER ? m0 : 0;
     const int k_end = causal == CAUSAL_A_LOWER ? min(K, m0 + BM) : K;
     const int n_tiles = k_end > k_begin ? (k_end - k_begin + BK - 1) / BK : 0;
@@ -288,12 +322,7 @@ __device__ __forceinline__ void gemm_tc_tile(float* C, const float* A, const flo
             for (int j = 0; j < 4; j++) {
                 const int n = n0 + wn + j * 8 + 2 * t + r % 2;
                 if (n >= N) continue;
-                long long o = (long long)m * ldc + n;
-                float v = alpha * acc[i][j][r];
-                if (bias != nullptr) v += bias[n];
-                if (beta != 0.0f) v += beta * C[o];
-                if (causal == CAUSAL_OUT_LOWER && n > m) v = fill;
-                C[o] = v;
+                tc_store(C, acc[i][j][r], m, n, ldc, bias, alpha, beta, causal, fill);
             }
         }
 #else
@@ -320,3 +349,163 @@ GEMM_TC_KERNEL(k_gemm_tc_tn_n64, true, false, 64)
 GEMM_TC_KERNEL(k_gemm_tc_tt, true, true, 128)
 GEMM_TC_KERNEL(k_gemm_tc_tt_n64, true, true, 64)
 #undef GEMM_TC_KERNEL
+
+// ---------------------------------------------------------------------------------------------- wgmma (sm_90a)
+// The same product on Hopper's warpgroup MMA. A block (two warpgroups) computes a 128 x 128 tile of C, each
+// warpgroup 64 x 128 with wgmma.m64n128k8, whose operands come from shared memory and must be K-major for
+// TF32. Per 32-wide slice of K: cp.async copies the raw tiles as they lie in global memory (two stages); every
+// thread splits its share into hi and lo, written K-major with the 128-byte swizzle the descriptors name (two
+// buffers, so that one slice is split while the tensor cores multiply the previous one); the slice's 12
+// wgmmas (4 k8 steps x lo*hi, hi*lo, hi*hi) sum into a fragment that FP32 adds carry into the running sum.
+// One block per SM (212 KB of shared memory). dev/NOTES.md has the measurements.
+#define WG_BK 32
+#define WG_SPLIT (128 * WG_BK)  // floats of one split tile
+
+// 128 rows x 32 floats, 128-byte rows; the 16-byte chunk c of row r is stored at chunk c ^ (r % 8)
+__device__ __forceinline__ int wg_swizzled(int r, int k4) { return r * WG_BK + (((k4 >> 2) ^ (r & 7)) << 2); }
+
+__device__ __forceinline__ void wg_split_store(float* hi, float* lo, int at, float4 v) {
+    uint32_t h[4], l[4];
+    tf32_split(v.x, h[0], l[0]);
+    tf32_split(v.y, h[1], l[1]);
+    tf32_split(v.z, h[2], l[2]);
+    tf32_split(v.w, h[3], l[3]);
+    *reinterpret_cast<uint4*>(hi + at) = make_uint4(h[0], h[1], h[2], h[3]);
+    *reinterpret_cast<uint4*>(lo + at) = make_uint4(l[0], l[1], l[2], l[3]);
+}
+
+// the shared-memory descriptor of a K-major, 128B-swizzled tile: 8-row groups 1024 bytes apart
+__device__ __forceinline__ uint64_t wg_desc(const float* tile) {
+    uint64_t addr = static_cast<uint64_t>(__cvta_generic_to_shared(tile));
+    return ((addr & 0x3FFFF) >> 4) | (1ull << 16) | ((1024ull >> 4) << 32) | (1ull << 62);
+}
+
+// d (+)= a @ b over one k8 step for the warpgroup's 64 x 128 tile; accumulate = 0 overwrites d
+__device__ __forceinline__ void wgmma_tf32(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
+#if WG_AVAILABLE
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(a), "l"(b), "r"(accumulate));
+#endif
+}
+
+template <bool TA, bool TB>
+__device__ __forceinline__ void gemm_wg_tile(float* C, const float* A, const float* B, const float* bias,
+                                             int M, int N, int K, int lda, int ldb, int ldc, long long strideA,
+                                             long long strideB, long long strideC, float alpha, float beta,
+                                             Causal causal, float fill) {
+#if WG_AVAILABLE
+    using RawA = TcTile<!TA, 128, WG_BK>;  // as in global memory: K-contiguous, or M-contiguous transposed
+    using RawB = TcTile<TB, 128, WG_BK>;
+    static_assert(2 * 4 * WG_SPLIT * 4 + 2 * (RawA::FLOATS + RawB::FLOATS) * 4 <= TC_WG_SMEM_BYTES, "smem");
+    extern __shared__ __align__(1024) float tc_smem[];
+    float* split = tc_smem;                    // [2 buffers][A hi, A lo, B hi, B lo][128 x 32], 1024-aligned
+    float* raw_a = tc_smem + 2 * 4 * WG_SPLIT;  // [2 stages][RawA::FLOATS]
+    float* raw_b = raw_a + 2 * RawA::FLOATS;    // [2 stages][RawB::FLOATS]
+    A += blockIdx.z * strideA;
+    B += blockIdx.z * strideB;
+    C += blockIdx.z * strideC;
+    const int m0 = blockIdx.y * 128, n0 = blockIdx.x * 128;
+    const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
+
+    if (causal == CAUSAL_OUT_LOWER && tc_fill_above_diagonal<128>(C, m0, n0, M, N, ldc, fill)) return;
+    const int k_begin = causal == CAUSAL_A_UPPER ? m0 : 0;
+    const int k_end = causal == CAUSAL_A_LOWER ? min(K, m0 + 128) : K;
+    const int n_tiles = k_end > k_begin ? (k_end - k_begin + WG_BK - 1) / WG_BK : 0;
+    const bool vec_a = aligned16(A, lda), vec_b = aligned16(B, ldb);
+
+    auto load = [&](int stage, int k0) {
+        float *ra = raw_a + stage * RawA::FLOATS, *rb = raw_b + stage * RawB::FLOATS;
+        if (TA) RawA::load(ra, A, lda, k0, m0, k_end, M, vec_a);  // A stored K x M
+        else RawA::load(ra, A, lda, m0, k0, M, k_end, vec_a);     // A stored M x K
+        if (TB) RawB::load(rb, B, ldb, n0, k0, N, k_end, vec_b);  // B stored N x K
+        else RawB::load(rb, B, ldb, k0, n0, k_end, N, vec_b);     // B stored K x N
+        cp_async_commit();
+    };
+    // each thread splits 4 quads of A and 4 of B, taken along the raw tile's contiguous direction
+    auto split_slice = [&](int stage, int buf) {
+        const float *ra = raw_a + stage * RawA::FLOATS, *rb = raw_b + stage * RawB::FLOATS;
+        float* s = split + buf * 4 * WG_SPLIT;
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int e = tid + q * TC_THREADS;
+            const int mn_a = TA ? e % 128 : e / 8, k4_a = TA ? (e / 128) * 4 : (e % 8) * 4;
+            const int mn_b = TB ? e / 8 : e % 128, k4_b = TB ? (e % 8) * 4 : (e / 128) * 4;
+            wg_split_store(s, s + WG_SPLIT, wg_swizzled(mn_a, k4_a), RawA::k_quad(ra, mn_a, k4_a));
+            wg_split_store(s + 2 * WG_SPLIT, s + 3 * WG_SPLIT, wg_swizzled(mn_b, k4_b), RawB::k_quad(rb, mn_b, k4_b));
+        }
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // what was stored, the tensor cores read
+    };
+
+    float acc[64], part[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) acc[i] = 0.0f, part[i] = 0.0f;
+
+    if (n_tiles > 0) load(0, k_begin);
+    for (int kt = 0; kt < n_tiles; kt++) {
+        cp_async_wait<0>();  // slice kt has landed
+        __syncthreads();     // ... for every thread; and every thread is done splitting slice kt - 1
+        if (kt + 1 < n_tiles) load((kt + 1) % 2, k_begin + (kt + 1) * WG_BK);
+        split_slice(kt % 2, kt % 2);
+        if (kt > 0) {  // slice kt - 1's products are done: into the running sum, and its split buffer is free
+            asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+            for (int i = 0; i < 64; i++) acc[i] += part[i];
+        }
+        __syncthreads();  // slice kt is split, and no warpgroup still reads the buffer split next
+        const float* s = split + (kt % 2) * 4 * WG_SPLIT;
+        const float *a_hi = s + wg * 64 * WG_BK, *a_lo = a_hi + WG_SPLIT, *b_hi = s + 2 * WG_SPLIT,
+                    *b_lo = s + 3 * WG_SPLIT;
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (int kk = 0; kk < WG_BK; kk += 8) {  // the small products first
+            wgmma_tf32(part, wg_desc(a_lo + kk), wg_desc(b_hi + kk), kk > 0);
+            wgmma_tf32(part, wg_desc(a_hi + kk), wg_desc(b_lo + kk), 1);
+            wgmma_tf32(part, wg_desc(a_hi + kk), wg_desc(b_hi + kk), 1);
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");  // the last slice (part is 0 if none)
+#pragma unroll
+    for (int i = 0; i < 64; i++) acc[i] += part[i];
+
+    // acc[i]: columns 8 (i / 4) + 2t (+1 for odd i), rows 16 warp + g (+8 for i % 4 >= 2) of the warpgroup's 64
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int i = 0; i < 64; i++) {
+        const int m = m0 + wg * 64 + warp * 16 + g + 8 * ((i % 4) / 2);
+        const int n = n0 + (i / 4) * 8 + 2 * t + i % 2;
+        if (m < M && n < N) tc_store(C, acc[i], m, n, ldc, bias, alpha, beta, causal, fill);
+    }
+#else
+    __trap();  // the launchers choose this path on sm_90a only
+#endif
+}
+
+// One kernel per layout, k_gemm_wg_<op(A)><op(B)>, the 128 x 128 tile; the SGEMM's arguments.
+#define GEMM_WG_KERNEL(name, TA, TB)                                                                           \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS, 1)                                                \
+    name(float* C, const float* A, const float* B, const float* bias, int M, int N, int K, int lda, int ldb,   \
+         int ldc, long long strideA, long long strideB, long long strideC, float alpha, float beta,            \
+         Causal causal, float fill) {                                                                          \
+        gemm_wg_tile<TA, TB>(C, A, B, bias, M, N, K, lda, ldb, ldc, strideA, strideB, strideC, alpha, beta,    \
+                             causal, fill);                                                                    \
+    }
+GEMM_WG_KERNEL(k_gemm_wg_nn, false, false)
+GEMM_WG_KERNEL(k_gemm_wg_nt, false, true)
+GEMM_WG_KERNEL(k_gemm_wg_tn, true, false)
+GEMM_WG_KERNEL(k_gemm_wg_tt, true, true)
+#undef GEMM_WG_KERNEL

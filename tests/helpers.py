@@ -88,7 +88,7 @@ class FakeEngine:
     """Stands in for microgpt.kernels.engine's compiled module inside recording(): launches are checked and
     recorded, never run. Reads of device memory (token ids) return zeros."""
 
-    def __init__(self, signatures, sm_count=132, arch="sm_90"):
+    def __init__(self, signatures, sm_count=132, arch="sm_90a"):
         self.signatures, self.sm_count, self.arch = signatures, sm_count, arch
         self.ga = SimpleNamespace(empty=lambda shape, dtype=np.float32: FakeArray(np.atleast_1d(shape), dtype),
                                   to_gpu=lambda a: FakeArray(np.shape(a), np.asarray(a).dtype))

@@ -15,7 +15,7 @@ needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is no
 
 
 @needs_nvcc
-@pytest.mark.parametrize("arch", ["sm_80", "sm_89", "sm_90"])
+@pytest.mark.parametrize("arch", ["sm_75", "sm_80", "sm_89", "sm_90", "sm_90a"])
 def test_compiles_without_warnings(arch, tmp_path):
     cmd = ["nvcc", "--cubin", f"-arch={arch}", "-Werror", "all-warnings", *kernels.NVCC_OPTIONS,
            "-o", str(tmp_path / "m.cubin"), str(SOURCE_DIR / "microgpt_cuda.cu")]

@@ -152,14 +152,15 @@ def test_the_model_runs_its_variants_kernels_and_only_kernels_of_the_registry(rn
     launched = {name for plan in gpu.backend._plans.values() for name, *_ in plan}
     assert launched <= set(K.kernel_names())
     simt = {n for n in launched if n.startswith("k_sgemm")}
-    tensor_cores = {n for n in launched if n.startswith("k_gemm_tc")}
+    tensor_cores = {n for n in launched if n.startswith(("k_gemm_tc", "k_gemm_wg"))}
     if variant == "reference":  # the readable kernels only
         assert not simt and not tensor_cores and "k_attn_scores_fwd" in launched
     else:
         assert "k_matmul_fwd" not in launched and "k_attn_scores_fwd" not in launched  # mask fused into scores
         if variant == "tc" and K.tensor_cores():
             # forward and dX run on the tensor cores; the weight gradients' K (B*T = 14) is too short for them
-            assert {"k_gemm_tc_nt", "k_gemm_tc_nn"} <= tensor_cores and "k_sgemm_tn" in simt
+            kind = "wg" if K.warpgroup_mma() else "tc"  # Hopper's wgmma, or mma.sync
+            assert {f"k_gemm_{kind}_nt", f"k_gemm_{kind}_nn"} <= tensor_cores and "k_sgemm_tn" in simt
         else:
             assert {"k_sgemm_nt", "k_sgemm_nn", "k_sgemm_tn", "k_sgemm_nt_n64"} <= simt and not tensor_cores
 

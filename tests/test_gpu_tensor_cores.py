@@ -5,6 +5,8 @@ the attention products) and for odd shapes that fill no tile; and they repeat bi
 
 The errors are ||out - ref|| / ||ref|| in float64; conftest prints the worst of each at the end of the run.
 """
+import functools
+
 import numpy as np
 import pytest
 
@@ -43,8 +45,10 @@ def poisoned(ga, *shape):
 
 
 def test_the_device_has_tensor_cores():
-    """The rest of this file measures the tensor cores; below sm_80 tc runs the SIMT SGEMM instead."""
+    """The rest of this file measures the tensor cores; below sm_80 tc runs the SIMT SGEMM instead, and on
+    compute capability 9.0 the module is built for sm_90a, whose wgmma kernels run the 128 x 128 tiles."""
     assert K.tensor_cores(), f"{K.device_summary()}: no TF32 tensor cores (sm_80 and later)"
+    assert K.warpgroup_mma() == (K.engine().device.compute_capability() == (9, 0))
 
 
 @pytest.mark.parametrize("layer", list(LAYERS))
@@ -102,20 +106,22 @@ def test_attention_products(ga, rng):
 @pytest.mark.parametrize("M,N,K_,batch", [(1000, 333, 100, 1), (129, 65, 1023, 2), (77, 64, 3, 3), (70, 90, 33, 2),
                                           (300, 130, 4097, 1), (1, 1, 1, 1), (256, 200, 8192, 1), (5, 3, 32, 1)])
 @pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
-def test_odd_shapes(ga, rng, M, N, K_, batch, ta, tb):
+@pytest.mark.parametrize("wgmma", [None, False], ids=["device's kernel", "mma.sync"])
+def test_odd_shapes(ga, rng, M, N, K_, batch, ta, tb, wgmma):
     a_h = rng.standard_normal((batch, *((K_, M) if ta else (M, K_)))).astype(np.float32)
     b_h = rng.standard_normal((batch, *((N, K_) if tb else (K_, N)))).astype(np.float32)
     a, b = ga.to_gpu(a_h), ga.to_gpu(b_h)
     A = a_h.astype(np.float64).swapaxes(-1, -2) if ta else a_h.astype(np.float64)
     Bm = b_h.astype(np.float64).swapaxes(-1, -2) if tb else b_h.astype(np.float64)
     outs = {}
-    for name, sgemm in (("fast", K.sgemm), ("tc", K.sgemm_tc)):
+    for name, sgemm in (("fast", K.sgemm), ("tc", functools.partial(K.sgemm_tc, wgmma=wgmma))):
         c = poisoned(ga, batch, M, N)
         sgemm(c, a, b, trans_a=ta, trans_b=tb)
         outs[name] = c.get()
     if K_ < K.matmul_tc.TC_MIN_K:  # too short for the tensor cores: the SIMT kernel's own result
         np.testing.assert_array_equal(outs["tc"], outs["fast"])
-    within_bar(f"odd {'t' if ta else 'n'}{'t' if tb else 'n'}", outs["tc"], outs["fast"], A @ Bm)
+    path = "mma.sync " if wgmma is False else ""
+    within_bar(f"odd {path}{'t' if ta else 'n'}{'t' if tb else 'n'}", outs["tc"], outs["fast"], A @ Bm)
 
 
 def test_the_products_repeat_bit_for_bit(ga, rng):
@@ -131,3 +137,16 @@ def test_the_products_repeat_bit_for_bit(ga, rng):
         runs.append([a.get() for a in (y, dx, dw)])
     for first, second in zip(*runs):
         np.testing.assert_array_equal(first, second)
+
+
+@pytest.mark.parametrize("wgmma", [None, False], ids=["device's kernel", "mma.sync"])
+def test_bias_alpha_beta_and_strided_batches(ga, rng, wgmma):
+    """c = alpha * a @ b + bias + beta * c, over a batch, on both tensor-core kernels."""
+    batch, M, N, K_ = 3, 260, 200, 300
+    a_h = rng.standard_normal((batch, M, K_)).astype(np.float32)
+    b_h = rng.standard_normal((batch, K_, N)).astype(np.float32)
+    bias_h, c0 = rng.standard_normal(N).astype(np.float32), rng.standard_normal((batch, M, N)).astype(np.float32)
+    c = ga.to_gpu(c0)
+    K.sgemm_tc(c, ga.to_gpu(a_h), ga.to_gpu(b_h), alpha=0.5, beta=-2.0, bias=ga.to_gpu(bias_h), wgmma=wgmma)
+    ref = 0.5 * (a_h.astype(np.float64) @ b_h) + bias_h + -2.0 * c0
+    assert record("tensor cores (tc) vs float64", "alpha, bias, beta", rel_err(c.get(), ref)) < 1e-6

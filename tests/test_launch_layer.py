@@ -94,8 +94,18 @@ def fake(monkeypatch):
     return e
 
 
-def run_every_launcher():
-    """Every op of the registry in every variant, and the generic product in its four transposes."""
+def run_every_launcher(fake=None):
+    """Every op of the registry in every variant, and the generic product in its four transposes; on
+    Hopper (sm_90a, wgmma) and, with `fake`, again on an sm_80 device (mma.sync)."""
+    plan = _run_every_launcher()
+    if fake is not None:
+        fake.arch = "sm_80"
+        plan += _run_every_launcher()
+        fake.arch = "sm_90a"
+    return plan
+
+
+def _run_every_launcher():
     with K.recording() as plan:
         for variant in K.VARIANTS:
             ops = K.select(variant)
@@ -117,13 +127,13 @@ def test_the_calls_cover_the_registry():
 
 
 def test_every_kernel_is_reachable_from_the_registry(fake):
-    run_every_launcher()
+    run_every_launcher(fake)
     missing = set(K.kernel_names()) - set(fake.callers)
     assert not missing, f"kernels no launcher of the registry launches: {sorted(missing)}"
 
 
 def test_each_kernel_is_launched_from_the_module_named_after_its_header(fake):
-    run_every_launcher()
+    run_every_launcher(fake)
     headers = K.kernel_headers()
     for name, callers in fake.callers.items():
         assert callers == {"microgpt.kernels." + headers[name].removesuffix(".cuh")}, (name, headers[name], callers)

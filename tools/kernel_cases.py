@@ -147,6 +147,16 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
                 lambda s, a_t=a_t, b_t=b_t, c_out=c_out, sgemm=sgemm: sgemm(c_out, a_t, b_t, trans_a=True,
                                                                              trans_b=True, stream=s),
                 F * (N * C + OUT * C + N * OUT), 2 * N * C * OUT)
+    # the mma.sync kernels of the 128 x 128 tile, which a Hopper GPU runs as wgmma ones (tc_kernel)
+    if "tc" in variants and K.warpgroup_mma():
+        for ta in (False, True):
+            for tb in (False, True):
+                a_op = randn(C, N) if ta else randn(N, C)
+                b_op, c_out = (randn(4 * C, C) if tb else randn(C, 4 * C)), empty(N, 4 * C)
+                add(f"sgemm_tc mma.sync ({'t' if ta else 'n'}{'t' if tb else 'n'})",
+                    lambda s, a_op=a_op, b_op=b_op, c_out=c_out, ta=ta, tb=tb: K.sgemm_tc(
+                        c_out, a_op, b_op, trans_a=ta, trans_b=tb, stream=s, wgmma=False),
+                    F * (N * C + 4 * C * C + 4 * N * C), 2 * N * C * 4 * C)
 
     qkvs = [(randn(B, T, 3 * C),) for _ in range(sets)]
     q, k, v = (empty(B, NH, T, d_k) for _ in range(3))

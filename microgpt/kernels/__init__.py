@@ -33,7 +33,7 @@ from .matmul_fast import (GEMM_TILE, Causal, Gemm, MatrixProducts, attn_scores_b
                           attn_values_bwd_fast, attn_values_fwd_fast, causal_scores_bwd_fast, causal_scores_fwd_fast,
                           gemm, matmul_bwd_fast, matmul_fwd_fast, sgemm)
 from .matmul_tc import (attn_values_bwd_tc, attn_values_fwd_tc, causal_scores_bwd_tc, causal_scores_fwd_tc, gemm_tc,
-                        matmul_bwd_tc, matmul_fwd_tc, sgemm_tc, tensor_cores)
+                        matmul_bwd_tc, matmul_fwd_tc, sgemm_tc, tensor_cores, warpgroup_mma)
 from .pointwise import gelu_bwd, gelu_fwd, residual_bwd, residual_fwd
 from .registry import DEFAULT_VARIANT, OPS, VARIANTS, Kernels, Variant, launcher, resolve, select
 from .rows_fast import (crossentropy_fwd_fast, layernorm_bwd_fast, layernorm_fwd_fast, softmax_bwd_fast,

@@ -7,6 +7,8 @@ runs everywhere, and never less accurately than 1.5x the SIMT kernel.
 """
 from __future__ import annotations
 
+import functools
+
 from .matmul_fast import Gemm, MatrixProducts, gemm, sgemm, sgemm_product
 from .runtime import engine, launch
 from .source import int_constants
@@ -20,40 +22,52 @@ _smem_bytes = None
 
 def tensor_cores() -> bool:
     """Whether this device runs mma.sync TF32 (compute capability 8.0 and later)."""
-    return int(engine().arch.removeprefix("sm_")) >= 80
+    return int(engine().arch[3:5]) >= 80
 
 
-def smem_bytes() -> int:
-    """The dynamic shared memory of one block: TC_SMEM_BYTES of cuda/matmul_tc.cuh."""
+def warpgroup_mma() -> bool:
+    """Whether the module is built for sm_90a, whose wgmma path (k_gemm_wg_*) is the faster one."""
+    return engine().arch == "sm_90a"
+
+
+def smem_bytes(name: str) -> int:
+    """The dynamic shared memory of one block, TC_SMEM_BYTES or TC_WG_SMEM_BYTES of cuda/matmul_tc.cuh."""
     global _smem_bytes
     if _smem_bytes is None:
-        _smem_bytes = int_constants()["TC_SMEM_BYTES"]
-    return _smem_bytes
+        _smem_bytes = int_constants()
+    return _smem_bytes[name]
 
 
-def tc_kernel(g: Gemm) -> str:
+def tc_kernel(g: Gemm, wgmma: bool | None = None) -> tuple[str, int]:
+    """The kernel that runs g on this device, and its shared memory: the wgmma one on sm_90a for the
+    128 x 128 tile (unless wgmma=False asks for the mma.sync one, which tests and tools also check there),
+    the mma.sync one otherwise."""
     ops = ("t" if g.trans_a else "n") + ("t" if g.trans_b else "n")
-    return f"k_gemm_tc_{ops}" + ("_n64" if g.tile_n == 64 else "")
+    if g.tile_n == 128 and warpgroup_mma() and wgmma is not False:
+        return f"k_gemm_wg_{ops}", smem_bytes("TC_WG_SMEM_BYTES")
+    return f"k_gemm_tc_{ops}" + ("_n64" if g.tile_n == 64 else ""), smem_bytes("TC_SMEM_BYTES")
 
 
-def tc_product(g: Gemm, c: int, a: int, b: int, bias: int, stream) -> None:
+def tc_product(g: Gemm, c: int, a: int, b: int, bias: int, stream, wgmma: bool | None = None) -> None:
     """One unsplit launch of g on the tensor cores (the SIMT SGEMM where there are none, or where K is too
     short for them to be as accurate); the tile and grid are the SGEMM's."""
     if g.K < TC_MIN_K or not tensor_cores():
         sgemm_product(g, c, a, b, bias, stream)
         return
-    launch(tc_kernel(g), g.args(c, a, b, bias), g.grid, stream, shared=smem_bytes())
+    name, shared = tc_kernel(g, wgmma)
+    launch(name, g.args(c, a, b, bias), g.grid, stream, shared=shared)
 
 
-def gemm_tc(g: Gemm, c: int, a: int, b: int, bias: int = 0, stream=None) -> None:
-    """As matmul_fast.gemm, on the tensor cores."""
-    gemm(g, c, a, b, bias, stream, product=tc_product)
+def gemm_tc(g: Gemm, c: int, a: int, b: int, bias: int = 0, stream=None, *, wgmma: bool | None = None) -> None:
+    """As matmul_fast.gemm, on the tensor cores (wgmma: as tc_kernel)."""
+    gemm(g, c, a, b, bias, stream, product=functools.partial(tc_product, wgmma=wgmma))
 
 
-def sgemm_tc(c, a, b, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, bias=None, stream=None):
-    """As matmul_fast.sgemm, on the tensor cores: c = alpha * op(a) @ op(b) + bias + beta * c."""
+def sgemm_tc(c, a, b, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, bias=None, stream=None, wgmma=None):
+    """As matmul_fast.sgemm, on the tensor cores: c = alpha * op(a) @ op(b) + bias + beta * c (wgmma: as
+    tc_kernel)."""
     sgemm(c, a, b, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta, bias=bias, stream=stream,
-          gemm=gemm_tc)
+          gemm=functools.partial(gemm_tc, wgmma=wgmma))
 
 
 (matmul_fwd_tc, matmul_bwd_tc, causal_scores_fwd_tc, causal_scores_bwd_tc, attn_values_fwd_tc,

@@ -47,7 +47,9 @@ class _Engine:
         self.cuda, self.ga = cuda, ga
         self._new_pool = DeviceMemoryPool
         self.device = cuda.Context.get_device()
-        self.arch = "sm_%d%d" % self.device.compute_capability()
+        # sm_90a: Hopper's own instructions (wgmma) are built only for the architecture-specific target
+        cc = self.device.compute_capability()
+        self.arch = "sm_%d%d" % cc + ("a" if cc == (9, 0) else "")
         self.sm_count = self.device.get_attribute(cuda.device_attribute.MULTIPROCESSOR_COUNT)
         src_dir = cuda_source_dir()
         self.module = SourceModule((src_dir / TRANSLATION_UNIT).read_text(), options=list(NVCC_OPTIONS),
