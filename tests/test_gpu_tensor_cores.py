@@ -103,8 +103,9 @@ def test_attention_products(ga, rng):
 
 
 # M, N, K not multiples of a tile (128 x 128, 128 x 64, K by 32), unaligned rows (K odd), batches, split-K
-@pytest.mark.parametrize("M,N,K_,batch", [(1000, 333, 100, 1), (129, 65, 1023, 2), (77, 64, 3, 3), (70, 90, 33, 2),
-                                          (300, 130, 4097, 1), (1, 1, 1, 1), (256, 200, 8192, 1), (5, 3, 32, 1)])
+@pytest.mark.parametrize("M,N,K_,batch", [(1000, 333, 200, 1), (129, 65, 1023, 2), (77, 64, 3, 3), (70, 90, 129, 2),
+                                          (300, 130, 4097, 1), (1, 1, 1, 1), (256, 200, 8192, 1), (5, 3, 128, 1),
+                                          (40, 50, 127, 1)])
 @pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
 @pytest.mark.parametrize("wgmma", [None, False], ids=["device's kernel", "mma.sync"])
 def test_odd_shapes(ga, rng, M, N, K_, batch, ta, tb, wgmma):

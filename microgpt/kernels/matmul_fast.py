@@ -75,10 +75,17 @@ class Gemm:
                 self.stride_b, self.stride_c, float(self.alpha), float(self.beta), int(self.causal),
                 float(self.fill)]
 
-    def splits(self, sm_count: int) -> int:
+    def splits(self, sm_count: int, per_sm: int = 2) -> int:
         """How many slices to cut K into so that a product of few tiles (a weight gradient: M x N small,
-        K = B*T large) still fills the GPU: the fewest of 2, 4, 8 that give two blocks per SM."""
+        K = B*T large) still fills the GPU. Two blocks per SM (the SGEMM): the fewest of 2, 4, 8 that give
+        two blocks per SM. One (the wgmma kernel): the count of 1, 2, 4, 8 whose last wave is fullest, as
+        the blocks run in waves of sm_count; fewer slices where that ties, each costing a pass of partials."""
         tiles = self.grid[0] * self.grid[1]
+        if per_sm == 1:
+            def fill(s):  # the share of the waves' slots that hold a block
+                return tiles * s / (math.ceil(tiles * s / sm_count) * sm_count)
+            ok = [s for s in (1, 2, 4, 8) if self.K % s == 0 and self.K // s >= 256]
+            return max(ok, key=lambda s: (round(fill(s) - 0.02 * math.log2(s), 6), -s))
         for splits in (1, 2, 4, 8):
             if tiles * splits >= 2 * sm_count or splits == 8:
                 return splits if self.K % splits == 0 and self.K // splits >= 128 else 1
@@ -90,12 +97,13 @@ def sgemm_product(g: Gemm, c: int, a: int, b: int, bias: int, stream) -> None:
     launch(g.kernel, g.args(c, a, b, bias), g.grid, stream)
 
 
-def gemm(g: Gemm, c: int, a: int, b: int, bias: int = 0, stream=None, *, product=sgemm_product) -> None:
+def gemm(g: Gemm, c: int, a: int, b: int, bias: int = 0, stream=None, *, product=sgemm_product,
+         per_sm: int = 2) -> None:
     """Launches g on checked pointers through `product` (one unsplit launch: the SIMT SGEMM, or the tensor
-    cores' in matmul_tc); split-K where it pays (one plain product, no bias, no causal mode): each slice
-    writes its partial product, and k_splitk_reduce adds them in slice order."""
+    cores' in matmul_tc, `per_sm` blocks of it to an SM); split-K where it pays (one plain product, no bias,
+    no causal mode): each slice writes its partial product, and k_splitk_reduce adds them in slice order."""
     plain = g.batch == 1 and not bias and g.causal == Causal.NONE and g.ldc == g.N
-    splits = g.splits(engine().sm_count) if plain else 1
+    splits = g.splits(engine().sm_count, per_sm) if plain else 1
     if splits == 1:
         product(g, c, a, b, bias, stream)
         return

@@ -13,9 +13,11 @@ from .matmul_fast import Gemm, MatrixProducts, gemm, sgemm, sgemm_product
 from .runtime import engine, launch
 from .source import int_constants
 
-# Below this K the split's own rounding outweighs the sum's, and the tensor cores' error would pass 1.5x the
-# SIMT kernel's (dev/NOTES.md: the ratio is 3.3 at K = 1, 1.3 at 16, 1.0 at 32): such products run on SIMT.
-TC_MIN_K = 32
+# Below this K the split's rounding and the tensor cores' truncating sum within a slice outweigh the FP32
+# sum's rounding, and their error can pass 1.5x the SIMT kernel's (dev/NOTES.md: mma.sync's ratio is 3.3 at
+# K = 1, 1.3 at 16, 1.0 at 32; shapes of a few outputs at K = 32 failed the bar on the wgmma and mma.sync
+# kernels alike): such products run on SIMT (attention's scores, K = d_k, take the same time either way).
+TC_MIN_K = 128
 
 _smem_bytes = None
 
@@ -59,8 +61,10 @@ def tc_product(g: Gemm, c: int, a: int, b: int, bias: int, stream, wgmma: bool |
 
 
 def gemm_tc(g: Gemm, c: int, a: int, b: int, bias: int = 0, stream=None, *, wgmma: bool | None = None) -> None:
-    """As matmul_fast.gemm, on the tensor cores (wgmma: as tc_kernel)."""
-    gemm(g, c, a, b, bias, stream, product=functools.partial(tc_product, wgmma=wgmma))
+    """As matmul_fast.gemm, on the tensor cores (wgmma: as tc_kernel); the wgmma kernel holds one block per
+    SM, which split-K counts."""
+    per_sm = 1 if tensor_cores() and tc_kernel(g, wgmma)[0].startswith("k_gemm_wg") else 2
+    gemm(g, c, a, b, bias, stream, product=functools.partial(tc_product, wgmma=wgmma), per_sm=per_sm)
 
 
 def sgemm_tc(c, a, b, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, bias=None, stream=None, wgmma=None):
