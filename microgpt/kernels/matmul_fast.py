@@ -84,7 +84,7 @@ class Gemm:
         if per_sm == 1:
             def fill(s):  # the share of the waves' slots that hold a block
                 return tiles * s / (math.ceil(tiles * s / sm_count) * sm_count)
-            ok = [s for s in (1, 2, 4, 8) if self.K % s == 0 and self.K // s >= 256]
+            ok = [1] + [s for s in (2, 4, 8) if self.K % s == 0 and self.K // s >= 256]
             return max(ok, key=lambda s: (round(fill(s) - 0.02 * math.log2(s), 6), -s))
         for splits in (1, 2, 4, 8):
             if tiles * splits >= 2 * sm_count or splits == 8:
