@@ -114,9 +114,9 @@ def _run_every_launcher():
                 getattr(ops, op)(*args, **kw)
         for ta in (False, True):
             for tb in (False, True):
-                for N in (4 * C, d_k):
-                    a = f32(C, B * T) if ta else f32(B * T, C)
-                    b = f32(N, C) if tb else f32(C, N)
+                for N in (4 * C, d_k):  # K = 4 C: long enough for the tensor cores (matmul_tc.TC_MIN_K)
+                    a = f32(4 * C, B * T) if ta else f32(B * T, 4 * C)
+                    b = f32(N, 4 * C) if tb else f32(4 * C, N)
                     K.sgemm(f32(B * T, N), a, b, trans_a=ta, trans_b=tb)
                     K.sgemm_tc(f32(B * T, N), a, b, trans_a=ta, trans_b=tb)
     return plan

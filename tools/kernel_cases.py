@@ -138,25 +138,30 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
                 douts)
 
     # the generic product with both operands transposed, which no layer runs (tests and tools call it)
-    for variant, sgemm in (("fast", K.sgemm), ("tc", K.sgemm_tc)):
-        if variant not in variants:
-            continue
+    if "fast" in variants:
         for label, OUT in (("tt", 4 * C), ("tt, narrow", d_k)):
             a_t, b_t, c_out = randn(C, N), randn(OUT, C), empty(N, OUT)
-            add(f"{sgemm.__name__} ({label})",
-                lambda s, a_t=a_t, b_t=b_t, c_out=c_out, sgemm=sgemm: sgemm(c_out, a_t, b_t, trans_a=True,
-                                                                             trans_b=True, stream=s),
+            add(f"sgemm ({label})", lambda s, a_t=a_t, b_t=b_t, c_out=c_out: K.sgemm(c_out, a_t, b_t, trans_a=True,
+                                                                                     trans_b=True, stream=s),
                 F * (N * C + OUT * C + N * OUT), 2 * N * C * OUT)
-    # the mma.sync kernels of the 128 x 128 tile, which a Hopper GPU runs as wgmma ones (tc_kernel)
-    if "tc" in variants and K.warpgroup_mma():
+    # the tensor-core products in each layout at mlp.fc's shape with K and N swapped (K = 4 C is long enough
+    # for them at any width: matmul_tc.TC_MIN_K): the device's kernel (wgmma on Hopper) and the mma.sync one
+    if "tc" in variants:
+        H = 4 * C
         for ta in (False, True):
             for tb in (False, True):
-                a_op = randn(C, N) if ta else randn(N, C)
-                b_op, c_out = (randn(4 * C, C) if tb else randn(C, 4 * C)), empty(N, 4 * C)
-                add(f"sgemm_tc mma.sync ({'t' if ta else 'n'}{'t' if tb else 'n'})",
-                    lambda s, a_op=a_op, b_op=b_op, c_out=c_out, ta=ta, tb=tb: K.sgemm_tc(
-                        c_out, a_op, b_op, trans_a=ta, trans_b=tb, stream=s, wgmma=False),
-                    F * (N * C + 4 * C * C + 4 * N * C), 2 * N * C * 4 * C)
+                a_op = randn(H, N) if ta else randn(N, H)
+                b_op, c_out = randn(H, H), empty(N, H)  # square: the same shape either way
+                for path, wgmma in (("", None), (" mma.sync", False)):
+                    if wgmma is False and not K.warpgroup_mma():
+                        continue  # the device's kernel is the mma.sync one
+                    add(f"sgemm_tc{path} ({'t' if ta else 'n'}{'t' if tb else 'n'})",
+                        lambda s, a_op=a_op, b_op=b_op, c_out=c_out, ta=ta, tb=tb, wgmma=wgmma: K.sgemm_tc(
+                            c_out, a_op, b_op, trans_a=ta, trans_b=tb, stream=s, wgmma=wgmma),
+                        F * (2 * N * H + H * H), 2 * N * H * H)
+        a_t, b_t, c_out = randn(H, N), randn(d_k, H), empty(N, d_k)
+        add("sgemm_tc (tt, narrow)", lambda s: K.sgemm_tc(c_out, a_t, b_t, trans_a=True, trans_b=True, stream=s),
+            F * (N * H + d_k * H + N * d_k), 2 * N * H * d_k)
 
     qkvs = [(randn(B, T, 3 * C),) for _ in range(sets)]
     q, k, v = (empty(B, NH, T, d_k) for _ in range(3))
