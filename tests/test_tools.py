@@ -20,3 +20,36 @@ def test_without_a_gpu_one_line_and_no_traceback(script, args):
     assert res.returncode == 2
     out = (res.stdout + res.stderr).strip()
     assert len(out.splitlines()) == 1 and "Traceback" not in out and "no CUDA GPU" in out, out
+
+
+def _profile_kernels():
+    import importlib
+    import sys
+    from helpers import TOOLS
+    sys.path.insert(0, TOOLS)
+    try:
+        return importlib.import_module("profile_kernels")
+    finally:
+        sys.path.remove(TOOLS)
+
+
+def test_profile_rows_find_their_pytorch_peer_and_their_ceiling():
+    P = _profile_kernels()
+    for case in ("k_matmul_fwd (qkv)", "matmul_fwd_fast (qkv)", "matmul_fwd_tc (qkv)"):
+        assert P.op_of(case) == "matmul_fwd (qkv)"
+    assert P.op_of("causal_scores_bwd_tc") == "causal_scores_bwd" and P.op_of("k_adamw") == "adamw"
+    assert P.on_tensor_cores("matmul_bwd_tc (lm_head)") and P.on_tensor_cores("sgemm_tc mma.sync (nn)")
+    assert not P.on_tensor_cores("matmul_fwd_fast (qkv)") and not P.on_tensor_cores("sgemm (tt)")
+    assert {"matmul_fwd", "causal_scores_fwd", "attn_values_bwd"} <= set(P.PRODUCTS)
+
+
+def test_the_roofline_draws_the_tensor_core_ceilings(tmp_path):
+    pytest.importorskip("matplotlib")
+    P = _profile_kernels()
+    rows = [dict(kernel="matmul_fwd_tc (qkv)", flops=2e10, bytes=1e8, tflops=55.0),
+            dict(kernel="matmul_fwd_fast (qkv)", flops=2e10, bytes=1e8, tflops=31.0),
+            dict(kernel="k_adamw", flops=1e8, bytes=1e9, tflops=0.3)]
+    without, with_tc = tmp_path / "a.png", tmp_path / "b.png"
+    assert P.roofline(rows, 4200.0, 51.0, without, "t") is None
+    assert P.roofline(rows, 4200.0, 51.0, with_tc, "t", rate_tf32=310.0) is None
+    assert with_tc.stat().st_size > without.stat().st_size > 10_000  # two more ceilings and their labels

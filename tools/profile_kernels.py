@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Every kernel at a model's shapes: its median time, the bytes and FLOPs it must move and do, the GB/s
 and TFLOP/s it reached, their share of this GPU's copy bandwidth and FP32 matmul rate (both measured in
-the same run), and PyTorch's time for the same work.
+the same run), and PyTorch's time for the same work: FP32, and for the matrix products also with TF32 on
+(cuBLAS on the tensor cores at TF32's 10-bit precision, the rate the tc variant's 3xTF32 products trade
+for FP32 accuracy).
 
     python tools/profile_kernels.py                          # andrea-120m, B=8, T=1024
     python tools/profile_kernels.py --quick --json out.json --plot roofline.png
@@ -9,7 +11,8 @@ the same run), and PyTorch's time for the same work.
 Each kernel is launched `--iters` times after `--warmup` launches, timed one launch at a time with CUDA
 events, rotating among `--sets` copies of its inputs so that repeated launches do not measure the cache.
 "floor" is the least time the kernel could take at those ceilings (max of bytes / bandwidth and
-FLOPs / matmul rate); "of floor" is floor / time, 100% being as fast as this GPU allows.
+FLOPs / matmul rate; for the tc variant's products the matmul rate is a third of cuBLAS TF32's, three
+TF32 products standing for one FP32 one); "of floor" is floor / time, 100% being as fast as this GPU allows.
 """
 from __future__ import annotations
 
@@ -38,17 +41,34 @@ def copy_bandwidth(stream, nbytes=2 << 30):
     return 2 * nbytes / ms / 1e6
 
 
-def matmul_rate(n=8192):
-    """FP32 (TF32 off) TFLOP/s of cuBLAS through PyTorch on random n x n x n; None without torch."""
+def matmul_rate(n=8192, tf32=False):
+    """TFLOP/s of cuBLAS through PyTorch on random n x n x n, FP32 (TF32 off) or TF32; None without torch."""
     try:
         import torch
         if not torch.cuda.is_available():
             return None, "PyTorch has no CUDA"
     except ImportError:
         return None, "PyTorch is not installed"
-    torch.backends.cuda.matmul.allow_tf32 = False
     a, b = torch.randn(n, n, device="cuda"), torch.randn(n, n, device="cuda")
-    return 2 * n ** 3 / torch_median_ms(lambda: a @ b, 5, 2) / 1e9, "cuBLAS SGEMM via PyTorch"
+    ms = torch_median_ms(with_tf32(lambda: a @ b) if tf32 else (lambda: a @ b), 5, 2)
+    return 2 * n ** 3 / ms / 1e9, f"cuBLAS {'TF32' if tf32 else 'SGEMM'} via PyTorch"
+
+
+def with_tf32(fn):
+    """fn with PyTorch's matrix products on TF32 for the call (off again after: FP32 is the peer)."""
+    import torch
+
+    def run():
+        torch.backends.cuda.matmul.allow_tf32 = True
+        try:
+            return fn()
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = False
+    return run
+
+
+PRODUCTS = ("matmul_fwd", "matmul_bwd", "attn_scores_fwd", "attn_scores_bwd", "causal_scores_fwd",
+            "causal_scores_bwd", "attn_values_fwd", "attn_values_bwd")  # PyTorch does these on cuBLAS
 
 
 def torch_peers(shape):
@@ -128,14 +148,21 @@ def torch_peers(shape):
 
 
 def op_of(case_name):
-    """'k_matmul_fwd (qkv)' / 'matmul_fwd_fast (qkv)' -> 'matmul_fwd (qkv)', the PyTorch peer's key."""
+    """'k_matmul_fwd (qkv)' / 'matmul_fwd_fast (qkv)' / 'matmul_fwd_tc (qkv)' -> 'matmul_fwd (qkv)', the
+    PyTorch peer's key."""
     base, _, layer = case_name.partition(" ")
     base = base[2:] if base.startswith("k_") else base
-    base = base[:-5] if base.endswith("_fast") else base
+    for variant in VARIANTS:
+        base = base.removesuffix(f"_{variant}")
     return f"{base} {layer}".strip()
 
 
-def roofline(rows, bw, rate, path, title):
+def on_tensor_cores(case_name) -> bool:
+    """Whether the case is one of the tc variant's products ('matmul_fwd_tc (qkv)', 'sgemm_tc (nn)')."""
+    return case_name.partition(" ")[0].endswith("_tc")
+
+
+def roofline(rows, bw, rate, path, title, rate_tf32=None):
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -148,16 +175,23 @@ def roofline(rows, bw, rate, path, title):
     grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
     ax.plot(grid, [min(rate, g * bw / 1e3) for g in grid], "k-", lw=1.5,
             label=f"ceiling: {bw / 1e3:.2f} TB/s copy, {rate:.1f} TFLOP/s FP32 matmul")
+    if rate_tf32:  # the tensor cores: cuBLAS TF32, and a third of it for three TF32 products (3xTF32)
+        ax.plot(grid, [min(rate_tf32, g * bw / 1e3) for g in grid], "k:", lw=1,
+                label=f"tensor cores: {rate_tf32:.0f} TFLOP/s cuBLAS TF32")
+        ax.plot(grid, [min(rate_tf32 / 3, g * bw / 1e3) for g in grid], "k--", lw=1,
+                label=f"3xTF32 ceiling: {rate_tf32 / 3:.0f} TFLOP/s")
+    style = {"fast": ("o", "tab:blue"), "tc": ("^", "tab:green"), "reference": ("s", "tab:orange")}
     for r in rows:
         if not (r["flops"] and r["bytes"]):
             continue
-        fast = "_fast" in r["kernel"]
-        ax.scatter(r["flops"] / r["bytes"], r["tflops"], marker="o" if fast else "s",
-                   color="tab:blue" if fast else "tab:orange", s=25)
+        kind = "tc" if on_tensor_cores(r["kernel"]) else "reference" if r["kernel"].startswith("k_") else "fast"
+        marker, color = style[kind]
+        ax.scatter(r["flops"] / r["bytes"], r["tflops"], marker=marker, color=color, s=25)
         ax.annotate(r["kernel"].replace("k_", ""), (r["flops"] / r["bytes"], r["tflops"]), fontsize=6,
                     xytext=(3, 2), textcoords="offset points")
-    ax.scatter([], [], marker="o", color="tab:blue", label="fast variant")
-    ax.scatter([], [], marker="s", color="tab:orange", label="reference kernel")
+    for kind, label in (("fast", "fast variant"), ("tc", "tc variant (tensor cores)"),
+                        ("reference", "reference kernel")):
+        ax.scatter([], [], marker=style[kind][0], color=style[kind][1], label=label)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
@@ -194,6 +228,7 @@ def main() -> int:
     stream = K.engine().cuda.Stream()
     bw = copy_bandwidth(stream)
     rate, rate_source = (None, "skipped (--no-torch)") if args.no_torch else matmul_rate()
+    rate_tf32 = None if args.no_torch or rate is None else matmul_rate(tf32=True)[0]
     peers = {} if args.no_torch else torch_peers(shape)
     if rate is None:  # no cuBLAS here: our own SGEMM at the same size stands in, and says so
         ga = K.engine().ga
@@ -207,21 +242,27 @@ def main() -> int:
         if args.filter and args.filter not in case.kernel:
             continue
         ms = cuda_median_ms(case.launch, args.iters, args.warmup, stream, case.rotate)
-        peer = peers.get(op_of(case.kernel))
+        op = op_of(case.kernel)
+        peer = peers.get(op)
         torch_ms = torch_median_ms(peer, args.iters, args.warmup) if peer else None
-        floor = max(case.bytes / (bw * 1e9), case.flops / (rate * 1e12)) * 1e3
+        tf32_ms = (torch_median_ms(with_tf32(peer), args.iters, args.warmup)
+                   if peer and op.partition(" ")[0] in PRODUCTS else None)
+        ceiling = rate_tf32 / 3 if rate_tf32 and on_tensor_cores(case.kernel) else rate
+        floor = max(case.bytes / (bw * 1e9), case.flops / (ceiling * 1e12)) * 1e3
         rows.append(dict(kernel=case.kernel, ms=ms, bytes=case.bytes, flops=case.flops,
                          gbs=case.bytes / ms / 1e6, tflops=case.flops / ms / 1e9,
                          pct_bw=100 * case.bytes / ms / 1e6 / bw, pct_matmul=100 * case.flops / ms / 1e9 / rate,
                          floor_ms=floor, pct_of_floor=100 * floor / ms, torch_ms=torch_ms,
-                         vs_torch=(torch_ms / ms) if torch_ms else None))
+                         vs_torch=(torch_ms / ms) if torch_ms else None, torch_tf32_ms=tf32_ms,
+                         vs_torch_tf32=(tf32_ms / ms) if tf32_ms else None))
     result = dict(device=device, preset=args.preset, B=shape.B, T=shape.T, copy_gbs=bw, matmul_tflops=rate,
-                  matmul_source=rate_source, iters=args.iters, rows=rows,
+                  matmul_source=rate_source, matmul_tf32_tflops=rate_tf32, iters=args.iters, rows=rows,
                   torch_note=None if peers else "no PyTorch peer (missing, no CUDA, or --no-torch)")
     title = (f"{device}: {args.preset} B={shape.B} T={shape.T}; copy {bw / 1e3:.2f} TB/s, "
-             f"FP32 matmul {rate:.1f} TFLOP/s ({rate_source})")
+             f"FP32 matmul {rate:.1f} TFLOP/s ({rate_source})"
+             + (f", TF32 {rate_tf32:.0f}" if rate_tf32 else ""))
     if args.plot:
-        why = roofline(rows, bw, rate, args.plot, title)
+        why = roofline(rows, bw, rate, args.plot, title, rate_tf32)
         result["plot"] = args.plot if why is None else None
         result["plot_note"] = why
     if args.json:
@@ -233,11 +274,12 @@ def main() -> int:
             f.write(text)
     print(title)
     hdr = f"{'kernel':<34}{'ms':>9}{'GB/s':>9}{'TFLOP/s':>9}{'%copy':>7}{'%mm':>6}{'floor':>8}{'of floor':>9}" \
-          f"{'torch ms':>10}{'x torch':>8}"
+          f"{'torch ms':>10}{'x torch':>8}{'tf32 ms':>9}{'x tf32':>7}"
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
         t = f"{r['torch_ms']:>10.3f}{r['vs_torch']:>8.2f}" if r["torch_ms"] else f"{'-':>10}{'-':>8}"
+        t += f"{r['torch_tf32_ms']:>9.3f}{r['vs_torch_tf32']:>7.2f}" if r["torch_tf32_ms"] else f"{'-':>9}{'-':>7}"
         print(f"{r['kernel']:<34}{r['ms']:>9.3f}{r['gbs']:>9.0f}{r['tflops']:>9.2f}{r['pct_bw']:>7.1f}"
               f"{r['pct_matmul']:>6.1f}{r['floor_ms']:>8.3f}{r['pct_of_floor']:>8.1f}%{t}")
     if not peers:
