@@ -3,6 +3,7 @@
 kernel is launched from the module named after its header, and that every launch passes the arguments its
 kernel's format asks for."""
 import importlib
+import math
 import inspect
 import os
 import shutil
@@ -249,3 +250,21 @@ def test_token_ids_outside_the_vocabulary_are_refused(fake, monkeypatch):
 def test_size_one_axes_may_have_any_stride():
     # PyTorch gives axes of length 1 arbitrary strides; they never step, so the array is contiguous
     assert K.ptr("x", FakeArray((1, 3, 8), strides=(7, 32, 4)), (1, 3, 8)) > 0
+
+
+def test_split_k_for_one_block_per_sm_fills_the_last_wave():
+    """The wgmma kernel holds one block per SM: split-K picks the slice count whose last wave is fullest
+    (fewer slices where that ties), never one that leaves a slice shorter than 256 or K uneven."""
+    def waves(g, s, sms=132):
+        tiles = g.grid[0] * g.grid[1] * s
+        return tiles / sms, math.ceil(tiles / sms)
+
+    for OUT, IN in [(2304, 768), (768, 768), (3072, 768), (768, 3072), (8449, 768)]:  # andrea-120m's dW
+        g = K.Gemm.dense(OUT, IN, 8192, trans_a=True, beta=1.0)
+        s = g.splits(132, per_sm=1)
+        assert s in (1, 2, 4, 8)
+        full, rounds = waves(g, s)
+        assert full / rounds >= max(waves(g, t)[0] / waves(g, t)[1] for t in (1, 2, 4, 8)) - 0.07, (OUT, IN, s)
+    assert K.Gemm.dense(768, 768, 8191, trans_a=True).splits(132, per_sm=1) == 1  # K odd: no even slices
+    assert K.Gemm.dense(768, 768, 1024, trans_a=True).splits(132, per_sm=1) <= 4  # slices of 256 at least
+    assert K.Gemm.dense(768, 768, 1024, trans_a=True).splits(132) == 8  # the SGEMM's rule is unchanged
