@@ -6,7 +6,7 @@ product shapes beside the SIMT SGEMM, cuBLAS FP32 and cuBLAS TF32; and the mma.s
     python dev/matmul_tc.py                    # every setting in SETTINGS
     python dev/matmul_tc.py BK32_S2 BK32_S2_ch2  # some of them
     ncu ... python dev/matmul_tc.py --once BK32_S2  # one launch each, at mlp.fc's forward
-    python dev/matmul_tc.py --wgmma              # the wgmma prototype, dev/cuda/gemm_wgmma.cu
+    python dev/matmul_tc.py --wgmma              # the engine's wgmma kernels against its mma.sync ones
 
 Needs a GPU and PyTorch. Prints one row per (setting, shape): error against float64 (||x - ref|| / ||ref||)
 beside the SIMT kernel's and cuBLAS's, milliseconds, TFLOP/s, and the ratio to cuBLAS FP32.
@@ -120,49 +120,29 @@ def once(builds) -> None:
 
 
 def wgmma(stream) -> None:
-    """dev/cuda/gemm_wgmma.cu (sm_90a) at the aligned shapes: error against float64 and time, beside the
-    default setting of the mma.sync kernel and cuBLAS."""
-    e = K.engine()
-    mod = SourceModule((HERE / "cuda" / "gemm_wgmma.cu").read_text(), arch="sm_90a", no_extern_c=True)
-    tc_fns, tc_smem = build(SETTINGS["BK32_S2"])
-    raw = {True: 128 * 36, False: 32 * 132}  # floats of one raw stage, K-contiguous or not
+    """The engine's two tensor-core kernels as the tc variant runs them (split-K included), wgmma (sm_90a)
+    against mma.sync, at the model's shapes: error against float64 and time, beside cuBLAS FP32."""
     gen = torch.Generator(device="cuda").manual_seed(1)
     print(f"{'shape':<13}{'err wg':>9}{'err tc':>9}{'ms wg':>8}{'ms tc':>8}{'fp32':>8}{'TFLOP/s':>9}{'x fp32':>8}")
     for shape, (M, N, Kd, ta, tb, batch) in SHAPES.items():
-        if batch > 1 or M % 4 or N % 4 or Kd % 4:
-            continue
-        ops = ("t" if ta else "n") + ("t" if tb else "n")
-        fn = mod.get_function(f"k_gemm_wg_{ops}")
-        fn.prepare("PPPiii")
-        smem = 2 * 4 * 4096 * 4 + 2 * 4 * (raw[not ta] + raw[tb])
-        fn.set_attribute(e.cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
-        a = torch.randn(*((Kd, M) if ta else (M, Kd)), device="cuda", generator=gen)
-        b = torch.randn(*((N, Kd) if tb else (Kd, N)), device="cuda", generator=gen)
-        opa, opb = (a.T if ta else a), (b.T if tb else b)
+        a = torch.randn(batch, *((Kd, M) if ta else (M, Kd)), device="cuda", generator=gen)
+        b = torch.randn(batch, *((N, Kd) if tb else (Kd, N)), device="cuda", generator=gen)
+        opa, opb = (a.transpose(1, 2) if ta else a), (b.transpose(1, 2) if tb else b)
         ref = opa.double() @ opb.double()
-        c = torch.full((M, N), float("nan"), device="cuda")
-        grid = (math.ceil(N / 128), math.ceil(M / 128), 1)
+        g = K.Gemm.dense(M, N, Kd, trans_a=ta, trans_b=tb, batch=batch)
+        res = {}
+        for path in (True, False):
+            c = torch.full((batch, M, N), float("nan"), device="cuda")
 
-        def ours(s):
-            fn.prepared_async_call(grid, (256, 1, 1), s, c.data_ptr(), a.data_ptr(), b.data_ptr(), M, N, Kd,
-                                   shared_size=smem)
-        ours(stream)
-        stream.synchronize()
-        err = rel_err(c, ref)
-        t = cuda_median_ms(ours, 20, 3, stream)
-        c2 = torch.full((M, N), float("nan"), device="cuda")
-        g = K.Gemm.dense(M, N, Kd, trans_a=ta, trans_b=tb)
-
-        def tc(s):
-            tc_fns[ops].prepared_async_call(g.grid, (256, 1, 1), s, *g.args(c2.data_ptr(), a.data_ptr(),
-                                                                                b.data_ptr(), 0), shared_size=tc_smem)
-        tc(stream)
-        stream.synchronize()
-        err_tc = rel_err(c2, ref)
-        t_tc = cuda_median_ms(tc, 20, 3, stream)
+            def ours(s, c=c, path=path):
+                K.gemm_tc(g, c.data_ptr(), a.data_ptr(), b.data_ptr(), stream=s, wgmma=path)
+            ours(stream)
+            stream.synchronize()
+            res[path] = rel_err(c, ref), cuda_median_ms(ours, 20, 3, stream)
         t_fp32 = torch_median_ms(lambda: opa @ opb, 20, 3)
+        (err, t), (err_tc, t_tc) = res[True], res[False]
         print(f"{shape:<13}{err:>9.1e}{err_tc:>9.1e}{t:>8.3f}{t_tc:>8.3f}{t_fp32:>8.3f}"
-              f"{2 * M * N * Kd / t / 1e9:>9.1f}{t_fp32 / t:>8.2f}", flush=True)
+              f"{2 * M * N * Kd * batch / t / 1e9:>9.1f}{t_fp32 / t:>8.2f}", flush=True)
 
 
 def main(names) -> int:
