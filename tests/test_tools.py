@@ -53,3 +53,23 @@ def test_the_roofline_draws_the_tensor_core_ceilings(tmp_path):
     assert P.roofline(rows, 4200.0, 51.0, without, "t") is None
     assert P.roofline(rows, 4200.0, 51.0, with_tc, "t", rate_tf32=310.0) is None
     assert with_tc.stat().st_size > without.stat().st_size > 10_000  # two more ceilings and their labels
+
+
+def test_bench_train_times_each_variant_against_one_pytorch_measurement(monkeypatch, capsys):
+    import importlib
+    import json
+    import sys
+    from helpers import TOOLS
+    monkeypatch.syspath_prepend(TOOLS)
+    bench = importlib.import_module("bench_train")
+    timed, torch_calls = [], []
+    monkeypatch.setattr(bench, "gpu_or_exit", lambda tool: "a GPU")
+    monkeypatch.setattr(bench, "time_microgpt", lambda cfg, B, T, steps, warmup, variant: (
+        timed.append(variant) or {"fast": 0.2, "tc": 0.1}[variant], [3.0, 2.5]))
+    monkeypatch.setattr(bench, "time_torch", lambda *a: (torch_calls.append(a) or 0.125, "PyTorch x"))
+    monkeypatch.setattr(sys, "argv", ["bench_train.py", "--variant", "fast", "tc", "fast", "--json"])
+    assert bench.main() == 0
+    r = json.loads(capsys.readouterr().out)
+    assert timed == ["fast", "tc"] and len(torch_calls) == 1  # each variant once, PyTorch once
+    assert r["variant"] == "fast" and r["ratio_vs_torch"] == pytest.approx(0.125 / 0.2)  # the first variant's
+    assert r["variants"]["tc"]["ratio_vs_torch"] == pytest.approx(0.125 / 0.1) and r["variants"]["tc"]["losses_finite"]

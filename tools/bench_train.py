@@ -4,6 +4,7 @@ PyTorch GPT of the same architecture, dtype (FP32, TF32 off), B and T, measured 
 
     python tools/bench_train.py                      # andrea-120m, B=8, T=1024
     python tools/bench_train.py --quick --json       # a small model, a few steps, one JSON object
+    python tools/bench_train.py --variant fast tc    # each variant against the same PyTorch measurement
     python tools/bench_train.py --variant reference  # the readable kernels instead of the fast ones
 
 PyTorch is the peer a user would run instead: microgpt.torch_gpt.TorchGPT with scaled_dot_product_attention
@@ -12,6 +13,7 @@ and fused AdamW. Without PyTorch (or its CUDA) its column says so.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -93,7 +95,9 @@ def main() -> int:
     ap.add_argument("-T", type=int, default=None, help="sequence length (default: the preset's block_size)")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--variant", choices=list(VARIANTS), default=DEFAULT_VARIANT, help="microgpt's kernels")
+    ap.add_argument("--variant", choices=list(VARIANTS), nargs="+", default=[DEFAULT_VARIANT],
+                    help="microgpt's kernels; several are timed one after the other, each against the one PyTorch "
+                         "measurement (the JSON's flat fields are the first's)")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch peer")
     ap.add_argument("--quick", action="store_true", help="andrea-12m at B=4, T=256, 3 steps")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -104,26 +108,37 @@ def main() -> int:
     cfg = GPTConfig.preset(args.preset)
     T = args.T or cfg.block_size
     tokens = args.B * T
-    ours, losses = time_microgpt(cfg, args.B, T, args.steps, args.warmup, args.variant)
+    variants = list(dict.fromkeys(args.variant))
+    runs = {}
+    for variant in variants:
+        ours, losses = time_microgpt(cfg, args.B, T, args.steps, args.warmup, variant)
+        gc.collect()  # the model's device memory back before the next one
+        runs[variant] = {"step_ms": ours * 1e3, "tokens_per_s": tokens / ours,
+                         "losses_finite": bool(np.all(np.isfinite(losses)))}
     theirs, why = (None, "skipped (--no-torch)") if args.no_torch else time_torch(cfg, args.B, T, args.steps,
                                                                                    args.warmup)
+    for r in runs.values():
+        r["ratio_vs_torch"] = theirs * 1e3 / r["step_ms"] if theirs else None
+    first = runs[variants[0]]
     result = {
         "device": device, "preset": args.preset, "B": args.B, "T": T, "steps": args.steps,
-        "variant": args.variant, "microgpt_step_ms": ours * 1e3, "microgpt_tokens_per_s": tokens / ours,
+        "variant": variants[0], "microgpt_step_ms": first["step_ms"], "microgpt_tokens_per_s": first["tokens_per_s"],
         "torch_step_ms": theirs * 1e3 if theirs else None,
         "torch_tokens_per_s": tokens / theirs if theirs else None,
-        "ratio_vs_torch": theirs / ours if theirs else None, "torch_note": why,
-        "losses_finite": bool(np.all(np.isfinite(losses))),
+        "ratio_vs_torch": first["ratio_vs_torch"], "torch_note": why, "losses_finite": first["losses_finite"],
+        "variants": runs,
     }
     if args.json:
         print(json.dumps(result))
         return 0
     print(f"{device}: {args.preset}, B={args.B}, T={T}, FP32, TF32 off, {args.steps} timed steps")
-    print(f"{'':<22}{'ms/step':>10}{'tokens/s':>12}")
-    print(f"{'microgpt (' + args.variant + ')':<22}{ours * 1e3:>10.1f}{tokens / ours:>12,.0f}")
+    print(f"{'':<22}{'ms/step':>10}{'tokens/s':>12}{'vs PyTorch':>12}")
+    for variant, r in runs.items():
+        ratio = f"{r['ratio_vs_torch']:>11.2f}x" if theirs else f"{'-':>12}"
+        print(f"{'microgpt (' + variant + ')':<22}{r['step_ms']:>10.1f}{r['tokens_per_s']:>12,.0f}{ratio}")
     if theirs:
-        print(f"{'PyTorch (SDPA, fused)':<22}{theirs * 1e3:>10.1f}{tokens / theirs:>12,.0f}   ({why})")
-        print(f"microgpt / PyTorch: {theirs / ours:.2f}x the tokens/s")
+        print(f"{'PyTorch (SDPA, fused)':<22}{theirs * 1e3:>10.1f}{tokens / theirs:>12,.0f}{'':>12}   ({why})")
+        print("vs PyTorch: PyTorch's time over ours, the ratio of the tokens/s (above 1: ours is faster)")
     else:
         print(f"{'PyTorch':<22}{why:>22}")
     return 0
