@@ -31,7 +31,9 @@
 #define TC_STAGES 2
 #endif
 // How x is split into hi + lo. 0: both rounded to nearest TF32 (cvt.rna). 1: hi rounded to nearest by an
-// integer add, lo = x - hi exactly, handed over as FP32 (the tensor core reads its top 19 bits).
+// integer add, lo = x - hi exactly, handed over as FP32 (the tensor core reads its top 19 bits). Either way an
+// operand within 4096 ulps of FLT_MAX (|x| >= 3.4025e38) rounds hi up to inf, so a product that FP32 would
+// still give finitely (times a factor below 1) comes out inf or NaN; the model's values are far from there.
 #ifndef TC_SPLIT
 #define TC_SPLIT 1
 #endif

@@ -268,3 +268,27 @@ def test_split_k_for_one_block_per_sm_fills_the_last_wave():
     assert K.Gemm.dense(768, 768, 8191, trans_a=True).splits(132, per_sm=1) == 1  # K odd: no even slices
     assert K.Gemm.dense(768, 768, 1024, trans_a=True).splits(132, per_sm=1) <= 4  # slices of 256 at least
     assert K.Gemm.dense(768, 768, 1024, trans_a=True).splits(132) == 8  # the SGEMM's rule is unchanged
+
+
+@pytest.mark.parametrize("arch,tc,wg", [("sm_75", False, False), ("sm_80", True, False), ("sm_89", True, False),
+                                        ("sm_90a", True, True), ("sm_100", True, False), ("sm_120", True, False)])
+def test_the_tensor_core_paths_follow_the_architecture(fake, arch, tc, wg):
+    fake.arch = arch
+    assert K.tensor_cores() == tc and K.warpgroup_mma() == wg
+    with K.recording() as plan:
+        K.sgemm_tc(f32(300, 200), f32(300, 256), f32(256, 200))
+    kernel = plan[0][0]
+    assert kernel == ("k_gemm_wg_nn" if wg else "k_gemm_tc_nn" if tc else "k_sgemm_nn"), kernel
+
+
+def test_empty_products_launch_nothing_and_oversized_grids_are_refused(fake):
+    for sgemm in (K.sgemm, K.sgemm_tc):  # empty arrays are refused by name before anything
+        with pytest.raises(ValueError, match="a must not be empty"):
+            sgemm(f32(0, 200), f32(0, 256), f32(256, 200))
+    with K.recording() as plan:  # an empty Gemm given to gemm directly: no zero-sized grid
+        for gemm in (K.gemm, K.gemm_tc):
+            gemm(K.Gemm.dense(0, 200, 256), 1, 1, 1)
+            gemm(K.Gemm.dense(300, 0, 256), 1, 1, 1)
+    assert len(plan) == 0
+    with pytest.raises(ValueError, match="batch = 70000"):
+        K.sgemm(f32(70000, 2, 2), f32(70000, 2, 2), f32(70000, 2, 2))

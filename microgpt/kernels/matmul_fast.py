@@ -102,6 +102,11 @@ def gemm(g: Gemm, c: int, a: int, b: int, bias: int = 0, stream=None, *, product
     """Launches g on checked pointers through `product` (one unsplit launch: the SIMT SGEMM, or the tensor
     cores' in matmul_tc, `per_sm` blocks of it to an SM); split-K where it pays (one plain product, no bias,
     no causal mode): each slice writes its partial product, and k_splitk_reduce adds them in slice order."""
+    if g.M == 0 or g.N == 0 or g.batch == 0:
+        return  # an empty product: nothing to write
+    if max(g.grid[1:]) > 65535:  # CUDA's limit on a grid's y and z
+        raise ValueError(f"M = {g.M} (at most {65535 * GEMM_TILE}) and batch = {g.batch} (at most 65535) must fit "
+                         f"one grid")
     plain = g.batch == 1 and not bias and g.causal == Causal.NONE and g.ldc == g.N
     splits = g.splits(engine().sm_count, per_sm) if plain else 1
     if splits == 1:

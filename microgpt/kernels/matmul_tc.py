@@ -8,6 +8,7 @@ runs everywhere, and never less accurately than 1.5x the SIMT kernel.
 from __future__ import annotations
 
 import functools
+import re
 
 from .matmul_fast import Gemm, MatrixProducts, gemm, sgemm, sgemm_product
 from .runtime import engine, launch
@@ -23,8 +24,8 @@ _smem_bytes = None
 
 
 def tensor_cores() -> bool:
-    """Whether this device runs mma.sync TF32 (compute capability 8.0 and later)."""
-    return int(engine().arch[3:5]) >= 80
+    """Whether this device runs mma.sync TF32 (compute capability 8.0 and later: sm_80, sm_90a, sm_100, ...)."""
+    return int(re.match(r"sm_(\d+)", engine().arch).group(1)) >= 80
 
 
 def warpgroup_mma() -> bool:
