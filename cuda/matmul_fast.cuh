@@ -35,6 +35,30 @@ __device__ __forceinline__ bool aligned16(const float* p, int ld) {
     return ((reinterpret_cast<unsigned long long>(p) & 15) == 0) && ((ld & 3) == 0);
 }
 
+// A tile of C wholly above the diagonal of a CAUSAL_OUT_LOWER product is the constant fill: written, and the
+// block is done (true). Shared by the SIMT SGEMM and the tensor-core products (matmul_tc.cuh).
+template <int BN>
+__device__ __forceinline__ bool gemm_fill_above_diagonal(float* C, int m0, int n0, int M, int N, int ldc,
+                                                         float fill) {
+    if (n0 <= m0 + GEMM_BM - 1) return false;
+    for (int e = threadIdx.x; e < GEMM_BM * BN; e += GEMM_THREADS) {
+        int m = m0 + e / BN, n = n0 + e % BN;
+        if (m < M && n < N) C[(long long)m * ldc + n] = fill;
+    }
+    return true;
+}
+
+// C[m][n] = alpha * sum + bias[n] + beta * C[m][n], or fill above the diagonal of a CAUSAL_OUT_LOWER product
+__device__ __forceinline__ void gemm_store(float* C, float sum, int m, int n, int ldc, const float* bias,
+                                           float alpha, float beta, Causal causal, float fill) {
+    long long o = (long long)m * ldc + n;
+    float v = alpha * sum;
+    if (bias != nullptr) v += bias[n];
+    if (beta != 0.0f) v += beta * C[o];
+    if (causal == CAUSAL_OUT_LOWER && n > m) v = fill;
+    C[o] = v;
+}
+
 // A tile of C is BM x BN (BN 128, or 64 for the narrow products of attention, N = d_k); 16 x 16 threads,
 // each computing rows {ty*4 + i, 64 + ty*4 + i} and columns {c*64 + tx*4 + j}: its shared-memory reads
 // are then consecutive float4s across the warp, free of bank conflicts.
@@ -52,13 +76,7 @@ __device__ __forceinline__ void sgemm_tile(float* C, const float* A, const float
     const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
     const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
 
-    if (causal == CAUSAL_OUT_LOWER && n0 > m0 + BM - 1) {  // wholly above the diagonal: constant
-        for (int e = tid; e < BM * BN; e += GEMM_THREADS) {
-            int m = m0 + e / BN, n = n0 + e % BN;
-            if (m < M && n < N) C[(long long)m * ldc + n] = fill;
-        }
-        return;
-    }
+    if (causal == CAUSAL_OUT_LOWER && gemm_fill_above_diagonal<BN>(C, m0, n0, M, N, ldc, fill)) return;
     const int k_begin = causal == CAUSAL_A_UPPER ? m0 : 0;
     const int k_end = causal == CAUSAL_A_LOWER ? min(K, m0 + BM) : K;
     const int n_tiles = k_end > k_begin ? (k_end - k_begin + BK - 1) / BK : 0;
@@ -143,12 +161,7 @@ __device__ __forceinline__ void sgemm_tile(float* C, const float* A, const float
         for (int j = 0; j < TN; j++) {
             int n = n0 + (j / 4) * 64 + tx * 4 + j % 4;
             if (n >= N) continue;
-            long long o = (long long)m * ldc + n;
-            float v = alpha * acc[i][j];
-            if (bias != nullptr) v += bias[n];
-            if (beta != 0.0f) v += beta * C[o];
-            if (causal == CAUSAL_OUT_LOWER && n > m) v = fill;
-            C[o] = v;
+            gemm_store(C, acc[i][j], m, n, ldc, bias, alpha, beta, causal, fill);
         }
     }
 }

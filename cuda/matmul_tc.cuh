@@ -174,29 +174,6 @@ struct TcTile {
     }
 };
 
-// A tile of C wholly above the diagonal of a CAUSAL_OUT_LOWER product is the constant fill: written, and the
-// block is done (true).
-template <int BN>
-__device__ __forceinline__ bool tc_fill_above_diagonal(float* C, int m0, int n0, int M, int N, int ldc, float fill) {
-    if (n0 <= m0 + TC_BM - 1) return false;
-    for (int e = threadIdx.x; e < TC_BM * BN; e += TC_THREADS) {
-        int m = m0 + e / BN, n = n0 + e % BN;
-        if (m < M && n < N) C[(long long)m * ldc + n] = fill;
-    }
-    return true;
-}
-
-// C[m][n] = alpha * sum + bias[n] + beta * C[m][n], or fill above the diagonal of a CAUSAL_OUT_LOWER product
-__device__ __forceinline__ void tc_store(float* C, float sum, int m, int n, int ldc, const float* bias, float alpha,
-                                         float beta, Causal causal, float fill) {
-    long long o = (long long)m * ldc + n;
-    float v = alpha * sum;
-    if (bias != nullptr) v += bias[n];
-    if (beta != 0.0f) v += beta * C[o];
-    if (causal == CAUSAL_OUT_LOWER && n > m) v = fill;
-    C[o] = v;
-}
-
 template <bool TA, bool TB, int BN>
 __device__ __forceinline__ void gemm_tc_tile(float* C, const float* A, const float* B, const float* bias,
                                              int M, int N, int K, int lda, int ldb, int ldc, long long strideA,
@@ -219,7 +196,7 @@ __device__ __forceinline__ void gemm_tc_tile(float* C, const float* A, const flo
     const int g = lane / 4, t = lane % 4;                  // the fragment's row group and thread in it
     const int wm = (warp / WARPS_N) * WARP_M, wn = (warp % WARPS_N) * 32;  // this warp's corner of the tile
 
-    if (causal == CAUSAL_OUT_LOWER && tc_fill_above_diagonal<BN>(C, m0, n0, M, N, ldc, fill)) return;
+    if (causal == CAUSAL_OUT_LOWER && gemm_fill_above_diagonal<BN>(C, m0, n0, M, N, ldc, fill)) return;
     const int k_begin = causal == CAUSAL_A_UPPER ? m0 : 0;
     const int k_end = causal == CAUSAL_A_LOWER ? min(K, m0 + BM) : K;
     const int n_tiles = k_end > k_begin ? (k_end - k_begin + BK - 1) / BK : 0;
@@ -324,7 +301,7 @@ __device__ __forceinline__ void gemm_tc_tile(float* C, const float* A, const flo
             for (int j = 0; j < 4; j++) {
                 const int n = n0 + wn + j * 8 + 2 * t + r % 2;
                 if (n >= N) continue;
-                tc_store(C, acc[i][j][r], m, n, ldc, bias, alpha, beta, causal, fill);
+                gemm_store(C, acc[i][j][r], m, n, ldc, bias, alpha, beta, causal, fill);
             }
         }
 #else
@@ -423,7 +400,7 @@ __device__ __forceinline__ void gemm_wg_tile(float* C, const float* A, const flo
     const int m0 = blockIdx.y * 128, n0 = blockIdx.x * 128;
     const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
 
-    if (causal == CAUSAL_OUT_LOWER && tc_fill_above_diagonal<128>(C, m0, n0, M, N, ldc, fill)) return;
+    if (causal == CAUSAL_OUT_LOWER && gemm_fill_above_diagonal<128>(C, m0, n0, M, N, ldc, fill)) return;
     const int k_begin = causal == CAUSAL_A_UPPER ? m0 : 0;
     const int k_end = causal == CAUSAL_A_LOWER ? min(K, m0 + 128) : K;
     const int n_tiles = k_end > k_begin ? (k_end - k_begin + WG_BK - 1) / WG_BK : 0;
@@ -490,7 +467,7 @@ __device__ __forceinline__ void gemm_wg_tile(float* C, const float* A, const flo
     for (int i = 0; i < 64; i++) {
         const int m = m0 + wg * 64 + warp * 16 + g + 8 * ((i % 4) / 2);
         const int n = n0 + (i / 4) * 8 + 2 * t + i % 2;
-        if (m < M && n < N) tc_store(C, acc[i], m, n, ldc, bias, alpha, beta, causal, fill);
+        if (m < M && n < N) gemm_store(C, acc[i], m, n, ldc, bias, alpha, beta, causal, fill);
     }
 #else
     __trap();  // the launchers choose this path on sm_90a only

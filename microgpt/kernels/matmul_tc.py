@@ -20,9 +20,6 @@ from .source import int_constants
 # kernels alike): such products run on SIMT (attention's scores, K = d_k, take the same time either way).
 TC_MIN_K = 128
 
-_smem_bytes = None
-
-
 def tensor_cores() -> bool:
     """Whether this device runs mma.sync TF32 (compute capability 8.0 and later: sm_80, sm_90a, sm_100, ...)."""
     return int(re.match(r"sm_(\d+)", engine().arch).group(1)) >= 80
@@ -33,18 +30,19 @@ def warpgroup_mma() -> bool:
     return engine().arch == "sm_90a"
 
 
+@functools.cache
 def smem_bytes(name: str) -> int:
     """The dynamic shared memory of one block, TC_SMEM_BYTES or TC_WG_SMEM_BYTES of cuda/matmul_tc.cuh."""
-    global _smem_bytes
-    if _smem_bytes is None:
-        _smem_bytes = int_constants()
-    return _smem_bytes[name]
+    return int_constants()[name]
 
 
-def tc_kernel(g: Gemm, wgmma: bool | None = None) -> tuple[str, int]:
-    """The kernel that runs g on this device, and its shared memory: the wgmma one on sm_90a for the
-    128 x 128 tile (unless wgmma=False asks for the mma.sync one, which tests and tools also check there),
-    the mma.sync one otherwise."""
+def tc_kernel(g: Gemm, wgmma: bool | None = None) -> tuple[str, int] | None:
+    """The kernel that runs g on this device and its shared memory; None where the SIMT SGEMM runs it (no
+    tensor cores, or K too short for them to be as accurate). The wgmma one on sm_90a for the 128 x 128 tile
+    (unless wgmma=False asks for the mma.sync one, which tests and tools also check there), the mma.sync one
+    otherwise."""
+    if g.K < TC_MIN_K or not tensor_cores():
+        return None
     ops = ("t" if g.trans_a else "n") + ("t" if g.trans_b else "n")
     if g.tile_n == 128 and warpgroup_mma() and wgmma is not False:
         return f"k_gemm_wg_{ops}", smem_bytes("TC_WG_SMEM_BYTES")
@@ -52,19 +50,20 @@ def tc_kernel(g: Gemm, wgmma: bool | None = None) -> tuple[str, int]:
 
 
 def tc_product(g: Gemm, c: int, a: int, b: int, bias: int, stream, wgmma: bool | None = None) -> None:
-    """One unsplit launch of g on the tensor cores (the SIMT SGEMM where there are none, or where K is too
-    short for them to be as accurate); the tile and grid are the SGEMM's."""
-    if g.K < TC_MIN_K or not tensor_cores():
+    """One unsplit launch of g on the kernel tc_kernel chooses; the tile and grid are the SGEMM's."""
+    kernel = tc_kernel(g, wgmma)
+    if kernel is None:
         sgemm_product(g, c, a, b, bias, stream)
         return
-    name, shared = tc_kernel(g, wgmma)
+    name, shared = kernel
     launch(name, g.args(c, a, b, bias), g.grid, stream, shared=shared)
 
 
 def gemm_tc(g: Gemm, c: int, a: int, b: int, bias: int = 0, stream=None, *, wgmma: bool | None = None) -> None:
     """As matmul_fast.gemm, on the tensor cores (wgmma: as tc_kernel); the wgmma kernel holds one block per
     SM, which split-K counts."""
-    per_sm = 1 if tensor_cores() and tc_kernel(g, wgmma)[0].startswith("k_gemm_wg") else 2
+    kernel = tc_kernel(g, wgmma)
+    per_sm = 1 if kernel is not None and kernel[0].startswith("k_gemm_wg") else 2
     gemm(g, c, a, b, bias, stream, product=functools.partial(tc_product, wgmma=wgmma), per_sm=per_sm)
 
 

@@ -5,8 +5,8 @@
     kernels.launcher("softmax_fwd", "reference") # one op's launcher
 
 Every op has a reference launcher, the readable kernels; a variant without a launcher of its own for an
-op runs its base variant's (tc's base is fast, fast's is reference). `variant=` on GPT, MultiHeadAttention, the cuda backend and the tools is
-checked here (resolve), and nowhere else.
+op runs its base variant's (tc's base is fast, fast's is reference). `variant=` on GPT, MultiHeadAttention,
+the cuda backend and the tools is checked here (resolve), and nowhere else.
 """
 from __future__ import annotations
 
