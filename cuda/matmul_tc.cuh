@@ -45,13 +45,22 @@
 #ifndef TC_MIN_BLOCKS
 #define TC_MIN_BLOCKS 2  // blocks per SM the registers must allow: 128 registers a thread
 #endif
-// The dynamic shared memory a block takes: TC_STAGES stages of two tiles, at most 128 x (TC_BK + 8) floats
-// each. Mirrored in microgpt/kernels/matmul_tc.py through source.int_constants.
-// The wgmma path's: two split buffers of four 128 x 32 tiles (A hi, A lo, B hi, B lo), and two stages of the two
-// raw 128 x 32 tiles, rows padded to 40 floats.
+// The wgmma path's stages: split buffers (of four 128 x 32 tiles: A hi, A lo, B hi, B lo) and raw stages (the
+// two tiles as they lie in global memory, rows padded).
+#ifndef WG_BUFS
+#define WG_BUFS 2
+#endif
+#ifndef WG_RAW
+#define WG_RAW 2
+#endif
+// Launch sizes, mirrored in microgpt/kernels/matmul_tc.py through source.int_constants: the dynamic shared
+// memory a block takes (the mma.sync kernels: TC_STAGES stages of two tiles, at most 128 x (TC_BK + 8) floats
+// each; the wgmma ones: the buffers, the stages and an mbarrier pair per buffer) and the wgmma kernels'
+// threads (three warpgroups).
 enum TcLaunch : int {
     TC_SMEM_BYTES = TC_STAGES * 2 * TC_BM * (TC_BK + 8) * 4,
-    TC_WG_SMEM_BYTES = 2 * 4 * 128 * 32 * 4 + 2 * 2 * 128 * (32 + 8) * 4,
+    TC_WG_SMEM_BYTES = WG_BUFS * 4 * 128 * 32 * 4 + WG_RAW * 2 * 128 * (32 + 8) * 4 + 2 * WG_BUFS * 8,
+    TC_WG_THREADS = 384,
 };
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
@@ -135,20 +144,21 @@ struct TcTile {
     static constexpr int FLOATS = ROWS * LD;
 
     // copies rows [r0, r0 + ROWS) x columns [c0, c0 + COLS) of the row-major matrix p (ld), zero outside
-    // [0, row_end) x [0, col_end)
+    // [0, row_end) x [0, col_end); thread `tid` of THREADS copies every THREADS-th 16-byte chunk
+    template <int THREADS = TC_THREADS>
     __device__ __forceinline__ static void load(float* s, const float* p, int ld, int r0, int c0, int row_end,
-                                                int col_end, bool vec) {
+                                                int col_end, bool vec, int tid) {
         constexpr int CHUNKS = ROWS * COLS / 4;
         if (vec && r0 + ROWS <= row_end && c0 + COLS <= col_end) {  // wholly inside: no bounds to check
 #pragma unroll
-            for (int e = threadIdx.x; e < CHUNKS; e += TC_THREADS) {
+            for (int e = tid; e < CHUNKS; e += THREADS) {
                 const int r = e / (COLS / 4), c = (e % (COLS / 4)) * 4;
                 cp_async16(s + r * LD + c, p + (long long)(r0 + r) * ld + c0 + c, 16);
             }
             return;
         }
 #pragma unroll
-        for (int e = threadIdx.x; e < CHUNKS; e += TC_THREADS) {
+        for (int e = tid; e < CHUNKS; e += THREADS) {
             const int r = e / (COLS / 4), c = (e % (COLS / 4)) * 4;
             const int row = r0 + r, col = c0 + c;
             float* dst = s + r * LD + c;
@@ -204,10 +214,10 @@ __device__ __forceinline__ void gemm_tc_tile(float* C, const float* A, const flo
 
     auto load = [&](int stage, int k0) {
         float *as = As + stage * TileA::FLOATS, *bs = Bs + stage * TileB::FLOATS;
-        if (TA) TileA::load(as, A, lda, k0, m0, k_end, M, vec_a);  // A stored K x M
-        else TileA::load(as, A, lda, m0, k0, M, k_end, vec_a);     // A stored M x K
-        if (TB) TileB::load(bs, B, ldb, n0, k0, N, k_end, vec_b);  // B stored N x K
-        else TileB::load(bs, B, ldb, k0, n0, k_end, N, vec_b);     // B stored K x N
+        if (TA) TileA::load(as, A, lda, k0, m0, k_end, M, vec_a, tid);  // A stored K x M
+        else TileA::load(as, A, lda, m0, k0, M, k_end, vec_a, tid);     // A stored M x K
+        if (TB) TileB::load(bs, B, ldb, n0, k0, N, k_end, vec_b, tid);  // B stored N x K
+        else TileB::load(bs, B, ldb, k0, n0, k_end, N, vec_b, tid);     // B stored K x N
     };
 
     float acc[MI][4][4];
@@ -330,15 +340,19 @@ GEMM_TC_KERNEL(k_gemm_tc_tt_n64, true, true, 64)
 #undef GEMM_TC_KERNEL
 
 // ---------------------------------------------------------------------------------------------- wgmma (sm_90a)
-// The same product on Hopper's warpgroup MMA. A block (two warpgroups) computes a 128 x 128 tile of C, each
-// warpgroup 64 x 128 with wgmma.m64n128k8, whose operands come from shared memory and must be K-major for
-// TF32. Per 32-wide slice of K: cp.async copies the raw tiles as they lie in global memory (two stages); every
-// thread splits its share into hi and lo, written K-major with the 128-byte swizzle the descriptors name (two
-// buffers, so that one slice is split while the tensor cores multiply the previous one); the slice's 12
-// wgmmas (4 k8 steps x lo*hi, hi*lo, hi*hi) sum into a fragment that FP32 adds carry into the running sum.
-// One block per SM (212 KB of shared memory). dev/NOTES.md has the measurements.
+// The same product on Hopper's warpgroup MMA, whose operands come from shared memory and must be K-major for
+// TF32. A block of three warpgroups computes a 128 x 128 tile of C, and each has one job, so that the tensor
+// cores never wait for the split:
+//   - warpgroup 0 (the producer) copies each 32-wide slice of K as it lies in global memory (cp.async,
+//     WG_RAW stages), splits it into hi and lo, written K-major with the 128-byte swizzle the descriptors
+//     name, into one of WG_BUFS split buffers, and marks the buffer full (an mbarrier);
+//   - warpgroups 1 and 2 (the consumers) each multiply 64 rows of the tile by the 128 columns: per slice
+//     12 wgmma.m64n128k8 (4 k8 steps x lo*hi, hi*lo, hi*hi) into a fragment that FP32 adds carry into the
+//     running sum, then mark the buffer empty.
+// One block per SM (208 KB of shared memory); dev/NOTES.md has the measurements.
 #define WG_BK 32
 #define WG_SPLIT (128 * WG_BK)  // floats of one split tile
+#define WG_PRODUCERS 128        // the threads of warpgroup 0
 
 // 128 rows x 32 floats, 128-byte rows; the 16-byte chunk c of row r is stored at chunk c ^ (r % 8)
 __device__ __forceinline__ int wg_swizzled(int r, int k4) { return r * WG_BK + (((k4 >> 2) ^ (r & 7)) << 2); }
@@ -357,6 +371,32 @@ __device__ __forceinline__ void wg_split_store(float* hi, float* lo, int at, flo
 __device__ __forceinline__ uint64_t wg_desc(const float* tile) {
     uint64_t addr = static_cast<uint64_t>(__cvta_generic_to_shared(tile));
     return ((addr & 0x3FFFF) >> 4) | (1ull << 16) | ((1024ull >> 4) << 32) | (1ull << 62);
+}
+
+// The buffers' barriers (mbarrier, phase parity): `count` arrivals complete a phase.
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+#if WG_AVAILABLE
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {  // release: what this thread wrote is seen
+#if WG_AVAILABLE
+    asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}" ::"r"(smem_u32(bar))
+                 : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {  // until the phase of this parity completes
+#if WG_AVAILABLE
+    asm volatile(
+        "{\n.reg .pred done;\nWAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT;\n}" ::"r"(smem_u32(bar)),
+        "r"(parity)
+        : "memory");
+#endif
 }
 
 // d (+)= a @ b over one k8 step for the warpgroup's 64 x 128 tile; accumulate = 0 overwrites d
@@ -389,64 +429,81 @@ __device__ __forceinline__ void gemm_wg_tile(float* C, const float* A, const flo
 #if WG_AVAILABLE
     using RawA = TcTile<!TA, 128, WG_BK>;  // as in global memory: K-contiguous, or M-contiguous transposed
     using RawB = TcTile<TB, 128, WG_BK>;
-    static_assert(2 * 4 * WG_SPLIT * 4 + 2 * (RawA::FLOATS + RawB::FLOATS) * 4 <= TC_WG_SMEM_BYTES, "smem");
+    constexpr int RAW = RawA::FLOATS + RawB::FLOATS;
+    static_assert(WG_BUFS * 4 * WG_SPLIT * 4 + WG_RAW * RAW * 4 + 2 * WG_BUFS * 8 <= TC_WG_SMEM_BYTES, "smem");
     extern __shared__ __align__(1024) float tc_smem[];
-    float* split = tc_smem;                    // [2 buffers][A hi, A lo, B hi, B lo][128 x 32], 1024-aligned
-    float* raw_a = tc_smem + 2 * 4 * WG_SPLIT;  // [2 stages][RawA::FLOATS]
-    float* raw_b = raw_a + 2 * RawA::FLOATS;    // [2 stages][RawB::FLOATS]
+    float* split = tc_smem;                            // [WG_BUFS][A hi, A lo, B hi, B lo][128 x 32], 1024-aligned
+    float* raw = tc_smem + WG_BUFS * 4 * WG_SPLIT;     // [WG_RAW][RawA, RawB]
+    uint64_t* full = reinterpret_cast<uint64_t*>(raw + WG_RAW * RAW);  // [WG_BUFS]: split, for the consumers
+    uint64_t* empty = full + WG_BUFS;                                  // [WG_BUFS]: multiplied, for the producer
     A += blockIdx.z * strideA;
     B += blockIdx.z * strideB;
     C += blockIdx.z * strideC;
     const int m0 = blockIdx.y * 128, n0 = blockIdx.x * 128;
-    const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
 
     if (causal == CAUSAL_OUT_LOWER && gemm_fill_above_diagonal<128>(C, m0, n0, M, N, ldc, fill)) return;
     const int k_begin = causal == CAUSAL_A_UPPER ? m0 : 0;
     const int k_end = causal == CAUSAL_A_LOWER ? min(K, m0 + 128) : K;
     const int n_tiles = k_end > k_begin ? (k_end - k_begin + WG_BK - 1) / WG_BK : 0;
-    const bool vec_a = aligned16(A, lda), vec_b = aligned16(B, ldb);
-
-    auto load = [&](int stage, int k0) {
-        float *ra = raw_a + stage * RawA::FLOATS, *rb = raw_b + stage * RawB::FLOATS;
-        if (TA) RawA::load(ra, A, lda, k0, m0, k_end, M, vec_a);  // A stored K x M
-        else RawA::load(ra, A, lda, m0, k0, M, k_end, vec_a);     // A stored M x K
-        if (TB) RawB::load(rb, B, ldb, n0, k0, N, k_end, vec_b);  // B stored N x K
-        else RawB::load(rb, B, ldb, k0, n0, k_end, N, vec_b);     // B stored K x N
-        cp_async_commit();
-    };
-    // each thread splits 4 quads of A and 4 of B, taken along the raw tile's contiguous direction
-    auto split_slice = [&](int stage, int buf) {
-        const float *ra = raw_a + stage * RawA::FLOATS, *rb = raw_b + stage * RawB::FLOATS;
-        float* s = split + buf * 4 * WG_SPLIT;
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            const int e = tid + q * TC_THREADS;
-            const int mn_a = TA ? e % 128 : e / 8, k4_a = TA ? (e / 128) * 4 : (e % 8) * 4;
-            const int mn_b = TB ? e / 8 : e % 128, k4_b = TB ? (e % 8) * 4 : (e / 128) * 4;
-            wg_split_store(s, s + WG_SPLIT, wg_swizzled(mn_a, k4_a), RawA::k_quad(ra, mn_a, k4_a));
-            wg_split_store(s + 2 * WG_SPLIT, s + 3 * WG_SPLIT, wg_swizzled(mn_b, k4_b), RawB::k_quad(rb, mn_b, k4_b));
+    if (threadIdx.x == 0) {
+        for (int b = 0; b < WG_BUFS; b++) {
+            mbar_init(&full[b], WG_PRODUCERS);
+            mbar_init(&empty[b], TC_WG_THREADS - WG_PRODUCERS);
         }
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // what was stored, the tensor cores read
-    };
+    }
+    __syncthreads();
+    const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
 
+    if (wg == 0) {  // ------------------------------------------------ the producer: copy and split
+        const bool vec_a = aligned16(A, lda), vec_b = aligned16(B, ldb);
+        auto load = [&](int stage, int k0) {
+            float *ra = raw + stage * RAW, *rb = ra + RawA::FLOATS;
+            if (TA) RawA::template load<WG_PRODUCERS>(ra, A, lda, k0, m0, k_end, M, vec_a, tid);  // K x M
+            else RawA::template load<WG_PRODUCERS>(ra, A, lda, m0, k0, M, k_end, vec_a, tid);     // M x K
+            if (TB) RawB::template load<WG_PRODUCERS>(rb, B, ldb, n0, k0, N, k_end, vec_b, tid);  // N x K
+            else RawB::template load<WG_PRODUCERS>(rb, B, ldb, k0, n0, k_end, N, vec_b, tid);     // K x N
+        };
+#pragma unroll
+        for (int i = 0; i < WG_RAW - 1; i++) {
+            if (i < n_tiles) load(i, k_begin + i * WG_BK);
+            cp_async_commit();
+        }
+        for (int kt = 0; kt < n_tiles; kt++) {
+            cp_async_wait<WG_RAW - 2>();                       // this thread's copies of slice kt have landed
+            asm volatile("bar.sync 1, %0;" ::"n"(WG_PRODUCERS) : "memory");  // ... every producer's; and
+            const int next = kt + WG_RAW - 1;                  // all are done splitting slice kt - 1
+            if (next < n_tiles) load(next % WG_RAW, k_begin + next * WG_BK);
+            cp_async_commit();
+            const int buf = kt % WG_BUFS;
+            mbar_wait(&empty[buf], ((kt / WG_BUFS) & 1) ^ 1);  // the consumers are done with its last slice
+            const float* ra = raw + (kt % WG_RAW) * RAW;
+            const float* rb = ra + RawA::FLOATS;
+            float* s = split + buf * 4 * WG_SPLIT;
+#pragma unroll
+            for (int q = 0; q < 128 * WG_BK / 4 / WG_PRODUCERS; q++) {  // quads along the raw tile's rows
+                const int e = tid + q * WG_PRODUCERS;
+                const int mn_a = TA ? e % 128 : e / 8, k4_a = TA ? (e / 128) * 4 : (e % 8) * 4;
+                const int mn_b = TB ? e / 8 : e % 128, k4_b = TB ? (e % 8) * 4 : (e / 128) * 4;
+                wg_split_store(s, s + WG_SPLIT, wg_swizzled(mn_a, k4_a), RawA::k_quad(ra, mn_a, k4_a));
+                wg_split_store(s + 2 * WG_SPLIT, s + 3 * WG_SPLIT, wg_swizzled(mn_b, k4_b),
+                               RawB::k_quad(rb, mn_b, k4_b));
+            }
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // what was stored, the tensor cores read
+            mbar_arrive(&full[buf]);
+        }
+        return;
+    }
+
+    // ---------------------------------------------------------------- the consumers: multiply and sum
+    const int half = wg - 1;  // rows 64 half .. 64 half + 63 of the tile
     float acc[64], part[64];
 #pragma unroll
-    for (int i = 0; i < 64; i++) acc[i] = 0.0f, part[i] = 0.0f;
-
-    if (n_tiles > 0) load(0, k_begin);
+    for (int i = 0; i < 64; i++) acc[i] = 0.0f;
     for (int kt = 0; kt < n_tiles; kt++) {
-        cp_async_wait<0>();  // slice kt has landed
-        __syncthreads();     // ... for every thread; and every thread is done splitting slice kt - 1
-        if (kt + 1 < n_tiles) load((kt + 1) % 2, k_begin + (kt + 1) * WG_BK);
-        split_slice(kt % 2, kt % 2);
-        if (kt > 0) {  // slice kt - 1's products are done: into the running sum, and its split buffer is free
-            asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-#pragma unroll
-            for (int i = 0; i < 64; i++) acc[i] += part[i];
-        }
-        __syncthreads();  // slice kt is split, and no warpgroup still reads the buffer split next
-        const float* s = split + (kt % 2) * 4 * WG_SPLIT;
-        const float *a_hi = s + wg * 64 * WG_BK, *a_lo = a_hi + WG_SPLIT, *b_hi = s + 2 * WG_SPLIT,
+        const int buf = kt % WG_BUFS;
+        mbar_wait(&full[buf], (kt / WG_BUFS) & 1);
+        const float* s = split + buf * 4 * WG_SPLIT;
+        const float *a_hi = s + half * 64 * WG_BK, *a_lo = a_hi + WG_SPLIT, *b_hi = s + 2 * WG_SPLIT,
                     *b_lo = s + 3 * WG_SPLIT;
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
@@ -456,16 +513,19 @@ __device__ __forceinline__ void gemm_wg_tile(float* C, const float* A, const flo
             wgmma_tf32(part, wg_desc(a_hi + kk), wg_desc(b_hi + kk), 1);
         }
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-    }
-    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");  // the last slice (part is 0 if none)
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
-    for (int i = 0; i < 64; i++) acc[i] += part[i];
+        for (int i = 0; i < 64; i++) asm volatile("" : "+f"(part[i])::"memory");  // read only after the wait
+        mbar_arrive(&empty[buf]);
+#pragma unroll
+        for (int i = 0; i < 64; i++) acc[i] += part[i];
+    }
 
-    // acc[i]: columns 8 (i / 4) + 2t (+1 for odd i), rows 16 warp + g (+8 for i % 4 >= 2) of the warpgroup's 64
-    const int g = lane / 4, t = lane % 4;
+    // acc[i]: columns 8 (i / 4) + 2t (+1 for odd i), rows 16 warp + g (+8 for i % 4 >= 2) of the half's 64
+    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int i = 0; i < 64; i++) {
-        const int m = m0 + wg * 64 + warp * 16 + g + 8 * ((i % 4) / 2);
+        const int m = m0 + half * 64 + warp * 16 + g + 8 * ((i % 4) / 2);
         const int n = n0 + (i / 4) * 8 + 2 * t + i % 2;
         if (m < M && n < N) gemm_store(C, acc[i], m, n, ldc, bias, alpha, beta, causal, fill);
     }
@@ -476,7 +536,7 @@ __device__ __forceinline__ void gemm_wg_tile(float* C, const float* A, const flo
 
 // One kernel per layout, k_gemm_wg_<op(A)><op(B)>, the 128 x 128 tile; the SGEMM's arguments.
 #define GEMM_WG_KERNEL(name, TA, TB)                                                                           \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS, 1)                                                \
+    extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)                                             \
     name(float* C, const float* A, const float* B, const float* bias, int M, int N, int K, int lda, int ldb,   \
          int ldc, long long strideA, long long strideB, long long strideC, float alpha, float beta,            \
          Causal causal, float fill) {                                                                          \

@@ -143,8 +143,9 @@ def test_each_kernel_is_launched_from_the_module_named_after_its_header(fake):
 def test_every_launch_passes_what_its_kernels_format_asks_for(fake):
     plan = run_every_launcher()
     assert len(plan) > len(K.kernel_names())
-    for name, _, grid, args, shared in plan:
+    for name, _, grid, args, shared, block in plan:
         fmt = fake.signatures[name]
+        assert block % 32 == 0 and 32 <= block <= 1024 and shared >= 0, (name, block, shared)
         assert len(args) == len(fmt), (name, fmt, args)
         for code, arg in zip(fmt, args):
             assert type(arg) is FORMAT_TYPES[code] or (code in "Pi" and isinstance(arg, (int, np.integer))), \
@@ -167,7 +168,7 @@ def test_split_k_cuts_a_weight_gradient_and_reduces_it_in_order(fake):
         K.select("fast").matmul_bwd(*CALLS["matmul_bwd"]()[0])
     names = [name for name, *_ in plan]
     assert names == ["k_sgemm_nn_n64", "k_sgemm_tn_n64", "k_splitk_reduce", "k_colsum_partial", "k_colsum_reduce"]
-    _, _, grid, args, _ = plan[1]
+    _, _, grid, args, _, _ = plan[1]
     assert grid[2] == 8 and args[6] == B * T // 8  # 8 slices of K = B*T, each a batch entry
     assert len(plan.keep) == 2  # the partial sums live as long as the plan
 
@@ -277,8 +278,12 @@ def test_the_tensor_core_paths_follow_the_architecture(fake, arch, tc, wg):
     assert K.tensor_cores() == tc and K.warpgroup_mma() == wg
     with K.recording() as plan:
         K.sgemm_tc(f32(300, 200), f32(300, 256), f32(256, 200))
-    kernel = plan[0][0]
+    kernel, _, _, _, shared, block = plan[0]
     assert kernel == ("k_gemm_wg_nn" if wg else "k_gemm_tc_nn" if tc else "k_sgemm_nn"), kernel
+    # the wgmma kernel's three warpgroups and its shared memory come from the header's enum TcLaunch
+    sizes = K.int_constants()
+    assert (block, shared) == ((sizes["TC_WG_THREADS"], sizes["TC_WG_SMEM_BYTES"]) if wg else
+                               (K.BLOCK, sizes["TC_SMEM_BYTES"]) if tc else (K.BLOCK, 0)), (kernel, block, shared)
 
 
 def test_empty_products_launch_nothing_and_oversized_grids_are_refused(fake):

@@ -11,7 +11,7 @@ import functools
 import re
 
 from .matmul_fast import Gemm, MatrixProducts, gemm, sgemm, sgemm_product
-from .runtime import engine, launch
+from .runtime import BLOCK, engine, launch
 from .source import int_constants
 
 # Below this K the split's rounding and the tensor cores' truncating sum within a slice outweigh the FP32
@@ -31,22 +31,23 @@ def warpgroup_mma() -> bool:
 
 
 @functools.cache
-def smem_bytes(name: str) -> int:
-    """The dynamic shared memory of one block, TC_SMEM_BYTES or TC_WG_SMEM_BYTES of cuda/matmul_tc.cuh."""
+def launch_size(name: str) -> int:
+    """A launch size of cuda/matmul_tc.cuh (enum TcLaunch): TC_SMEM_BYTES, TC_WG_SMEM_BYTES, TC_WG_THREADS."""
     return int_constants()[name]
 
 
-def tc_kernel(g: Gemm, wgmma: bool | None = None) -> tuple[str, int] | None:
-    """The kernel that runs g on this device and its shared memory; None where the SIMT SGEMM runs it (no
-    tensor cores, or K too short for them to be as accurate). The wgmma one on sm_90a for the 128 x 128 tile
-    (unless wgmma=False asks for the mma.sync one, which tests and tools also check there), the mma.sync one
-    otherwise."""
+def tc_kernel(g: Gemm, wgmma: bool | None = None) -> tuple[str, int, int] | None:
+    """The kernel that runs g on this device, its shared memory and its threads a block; None where the SIMT
+    SGEMM runs it (no tensor cores, or K too short for them to be as accurate). The wgmma one on sm_90a for
+    the 128 x 128 tile (unless wgmma=False asks for the mma.sync one, which tests and tools also check
+    there), the mma.sync one otherwise."""
     if g.K < TC_MIN_K or not tensor_cores():
         return None
     ops = ("t" if g.trans_a else "n") + ("t" if g.trans_b else "n")
     if g.tile_n == 128 and warpgroup_mma() and wgmma is not False:
-        return f"k_gemm_wg_{ops}", smem_bytes("TC_WG_SMEM_BYTES")
-    return f"k_gemm_tc_{ops}" + ("_n64" if g.tile_n == 64 else ""), smem_bytes("TC_SMEM_BYTES")
+        return f"k_gemm_wg_{ops}", launch_size("TC_WG_SMEM_BYTES"), launch_size("TC_WG_THREADS")
+    return (f"k_gemm_tc_{ops}" + ("_n64" if g.tile_n == 64 else ""), launch_size("TC_SMEM_BYTES"),
+            BLOCK)
 
 
 def tc_product(g: Gemm, c: int, a: int, b: int, bias: int, stream, wgmma: bool | None = None) -> None:
@@ -55,8 +56,8 @@ def tc_product(g: Gemm, c: int, a: int, b: int, bias: int, stream, wgmma: bool |
     if kernel is None:
         sgemm_product(g, c, a, b, bias, stream)
         return
-    name, shared = kernel
-    launch(name, g.args(c, a, b, bias), g.grid, stream, shared=shared)
+    name, shared, threads = kernel
+    launch(name, g.args(c, a, b, bias), g.grid, stream, shared=shared, block=threads)
 
 
 def gemm_tc(g: Gemm, c: int, a: int, b: int, bias: int = 0, stream=None, *, wgmma: bool | None = None) -> None:

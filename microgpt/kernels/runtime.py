@@ -129,7 +129,7 @@ def device_summary() -> str:
 # -------------------------------------------------------------------------------------------- plans
 class Plan(list):
     """Launches recorded with their checked arguments, to be replayed on a stream (see recording()): entries
-    (kernel name, function, grid, arguments, dynamic shared-memory bytes).
+    (kernel name, function, grid, arguments, dynamic shared-memory bytes, threads a block).
     `keep` holds the scratch buffers the launches point into, alive as long as the plan."""
 
     def __init__(self):
@@ -160,9 +160,9 @@ class recording:
 
 def replay(plan: Plan, stream, phase: str) -> None:
     cuda = engine().cuda
-    for name, fn, grid, args, shared in plan:
+    for name, fn, grid, args, shared, block in plan:
         try:
-            fn.prepared_async_call(grid, (BLOCK, 1, 1), stream, *args, shared_size=shared)
+            fn.prepared_async_call(grid, (block, 1, 1), stream, *args, shared_size=shared)
             if SYNC_EVERY_LAUNCH:
                 stream.synchronize()
         except cuda.Error as err:
@@ -185,17 +185,17 @@ def blocks(n_threads: int) -> int:
     return max(1, math.ceil(n_threads / BLOCK))
 
 
-def launch(name: str, args: list, grid, stream=None, shared: int = 0) -> None:
-    """Launches kernel `name` on a grid (blocks in x, or a tuple (x, y[, z])) of BLOCK-thread blocks, with
+def launch(name: str, args: list, grid, stream=None, shared: int = 0, block: int = BLOCK) -> None:
+    """Launches kernel `name` on a grid (blocks in x, or a tuple (x, y[, z])) of `block`-thread blocks, with
     `shared` bytes of dynamic shared memory."""
     e = engine()
     grid = tuple(grid) if isinstance(grid, tuple) else (grid, 1)
     fn = e.function(name, shared)
     if _recording is not None:
-        _recording.append((name, fn, grid, args, shared))
+        _recording.append((name, fn, grid, args, shared, block))
         return
     try:
-        fn.prepared_async_call(grid, (BLOCK, 1, 1), stream, *args, shared_size=shared)
+        fn.prepared_async_call(grid, (block, 1, 1), stream, *args, shared_size=shared)
         if stream is None:
             e.cuda.Context.synchronize()
         elif SYNC_EVERY_LAUNCH:
