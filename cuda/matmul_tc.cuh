@@ -46,12 +46,12 @@
 #define TC_MIN_BLOCKS 2  // blocks per SM the registers must allow: 128 registers a thread
 #endif
 // The wgmma path's stages: split buffers (of four 128 x 32 tiles: A hi, A lo, B hi, B lo) and raw stages (the
-// two tiles as they lie in global memory, rows padded).
+// two 128 x 32 tiles as they lie in global memory).
 #ifndef WG_BUFS
 #define WG_BUFS 2
 #endif
 #ifndef WG_RAW
-#define WG_RAW 2
+#define WG_RAW 3
 #endif
 // Launch sizes, mirrored in microgpt/kernels/matmul_tc.py through source.int_constants: the dynamic shared
 // memory a block takes (the mma.sync kernels: TC_STAGES stages of two tiles, at most 128 x (TC_BK + 8) floats
@@ -59,7 +59,7 @@
 // threads (three warpgroups).
 enum TcLaunch : int {
     TC_SMEM_BYTES = TC_STAGES * 2 * TC_BM * (TC_BK + 8) * 4,
-    TC_WG_SMEM_BYTES = WG_BUFS * 4 * 128 * 32 * 4 + WG_RAW * 2 * 128 * (32 + 8) * 4 + 2 * WG_BUFS * 8,
+    TC_WG_SMEM_BYTES = WG_BUFS * 4 * 128 * 32 * 4 + WG_RAW * 2 * 128 * 32 * 4 + 2 * WG_BUFS * 8,
     TC_WG_THREADS = 384,
 };
 
@@ -136,11 +136,11 @@ __device__ __forceinline__ void cp_async_wait() {
 // ROWS along K (an M/N-contiguous operand, COLS = EXTENT, its 128 or 64 rows of C) or along M/N (a
 // K-contiguous one, COLS = TC_BK). Row strides: COLS + 8 for K-contiguous tiles (8-byte fragment loads),
 // COLS + 4 otherwise.
-template <bool K_CONTIGUOUS, int EXTENT, int BK = TC_BK>
+template <bool K_CONTIGUOUS, int EXTENT, int BK = TC_BK, int PAD = (K_CONTIGUOUS ? 8 : 4)>
 struct TcTile {
     static constexpr int ROWS = K_CONTIGUOUS ? EXTENT : BK;
     static constexpr int COLS = K_CONTIGUOUS ? BK : EXTENT;
-    static constexpr int LD = COLS + (K_CONTIGUOUS ? 8 : 4);
+    static constexpr int LD = COLS + PAD;
     static constexpr int FLOATS = ROWS * LD;
 
     // copies rows [r0, r0 + ROWS) x columns [c0, c0 + COLS) of the row-major matrix p (ld), zero outside
@@ -349,7 +349,7 @@ GEMM_TC_KERNEL(k_gemm_tc_tt_n64, true, true, 64)
 //   - warpgroups 1 and 2 (the consumers) each multiply 64 rows of the tile by the 128 columns: per slice
 //     12 wgmma.m64n128k8 (4 k8 steps x lo*hi, hi*lo, hi*hi) into a fragment that FP32 adds carry into the
 //     running sum, then mark the buffer empty.
-// One block per SM (208 KB of shared memory); dev/NOTES.md has the measurements.
+// One block per SM (224 KB of shared memory); dev/NOTES.md has the measurements.
 #define WG_BK 32
 #define WG_SPLIT (128 * WG_BK)  // floats of one split tile
 #define WG_PRODUCERS 128        // the threads of warpgroup 0
@@ -427,8 +427,10 @@ __device__ __forceinline__ void gemm_wg_tile(float* C, const float* A, const flo
                                              long long strideB, long long strideC, float alpha, float beta,
                                              Causal causal, float fill) {
 #if WG_AVAILABLE
-    using RawA = TcTile<!TA, 128, WG_BK>;  // as in global memory: K-contiguous, or M-contiguous transposed
-    using RawB = TcTile<TB, 128, WG_BK>;
+    // as in global memory: K-contiguous, or M-contiguous transposed; unpadded, as the producer reads a
+    // row's consecutive chunks (K-contiguous) or a k's consecutive floats (M-contiguous) across a warp
+    using RawA = TcTile<!TA, 128, WG_BK, 0>;
+    using RawB = TcTile<TB, 128, WG_BK, 0>;
     constexpr int RAW = RawA::FLOATS + RawB::FLOATS;
     static_assert(WG_BUFS * 4 * WG_SPLIT * 4 + WG_RAW * RAW * 4 + 2 * WG_BUFS * 8 <= TC_WG_SMEM_BYTES, "smem");
     extern __shared__ __align__(1024) float tc_smem[];
@@ -496,29 +498,39 @@ __device__ __forceinline__ void gemm_wg_tile(float* C, const float* A, const flo
 
     // ---------------------------------------------------------------- the consumers: multiply and sum
     const int half = wg - 1;  // rows 64 half .. 64 half + 63 of the tile
-    float acc[64], part[64];
+    float acc[64];
 #pragma unroll
     for (int i = 0; i < 64; i++) acc[i] = 0.0f;
-    for (int kt = 0; kt < n_tiles; kt++) {
+    // slice kt's 12 wgmmas into part (committed as one group)
+    // a descriptor's address field counts 16 bytes (4 floats): tiles further on add their offset / 4
+    const uint64_t d_split = wg_desc(split);
+    auto multiply = [&](float (&part)[64], int kt) {
         const int buf = kt % WG_BUFS;
         mbar_wait(&full[buf], (kt / WG_BUFS) & 1);
-        const float* s = split + buf * 4 * WG_SPLIT;
-        const float *a_hi = s + half * 64 * WG_BK, *a_lo = a_hi + WG_SPLIT, *b_hi = s + 2 * WG_SPLIT,
-                    *b_lo = s + 3 * WG_SPLIT;
+        const uint64_t a_hi = d_split + (buf * 4 * WG_SPLIT + half * 64 * WG_BK) / 4, a_lo = a_hi + WG_SPLIT / 4,
+                       b_hi = d_split + (buf * 4 + 2) * WG_SPLIT / 4, b_lo = b_hi + WG_SPLIT / 4;
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-        for (int kk = 0; kk < WG_BK; kk += 8) {  // the small products first
-            wgmma_tf32(part, wg_desc(a_lo + kk), wg_desc(b_hi + kk), kk > 0);
-            wgmma_tf32(part, wg_desc(a_hi + kk), wg_desc(b_lo + kk), 1);
-            wgmma_tf32(part, wg_desc(a_hi + kk), wg_desc(b_hi + kk), 1);
+        for (int kk = 0; kk < WG_BK / 4; kk += 2) {  // k8 steps, 32 bytes along the rows; small products first
+            wgmma_tf32(part, a_lo + kk, b_hi + kk, kk > 0);
+            wgmma_tf32(part, a_hi + kk, b_lo + kk, 1);
+            wgmma_tf32(part, a_hi + kk, b_hi + kk, 1);
         }
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    };
+    // once slice kt's group is done: its buffer back to the producer, and its products into the running sum
+    auto add = [&](float (&part)[64], int kt) {
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
         for (int i = 0; i < 64; i++) asm volatile("" : "+f"(part[i])::"memory");  // read only after the wait
-        mbar_arrive(&empty[buf]);
+        mbar_arrive(&empty[kt % WG_BUFS]);
 #pragma unroll
         for (int i = 0; i < 64; i++) acc[i] += part[i];
+    };
+    float part[64];
+    for (int kt = 0; kt < n_tiles; kt++) {
+        multiply(part, kt);
+        add(part, kt);
     }
 
     // acc[i]: columns 8 (i / 4) + 2t (+1 for odd i), rows 16 warp + g (+8 for i % 4 >= 2) of the half's 64

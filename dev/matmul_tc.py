@@ -7,6 +7,7 @@ product shapes beside the SIMT SGEMM, cuBLAS FP32 and cuBLAS TF32; and the mma.s
     python dev/matmul_tc.py BK32_S2 BK32_S2_ch2  # some of them
     ncu ... python dev/matmul_tc.py --once BK32_S2  # one launch each, at mlp.fc's forward
     python dev/matmul_tc.py --wgmma              # the engine's wgmma kernels against its mma.sync ones
+    python dev/matmul_tc.py --wg [SETTING ...]   # the wgmma kernels built with each WG_SETTINGS entry
 
 Needs a GPU and PyTorch. Prints one row per (setting, shape): error against float64 (||x - ref|| / ||ref||)
 beside the SIMT kernel's and cuBLAS's, milliseconds, TFLOP/s, and the ratio to cuBLAS FP32.
@@ -32,6 +33,11 @@ SETTINGS = {  # name: -D options (2026-11-30, first run: BK 16 or 32, 2-4 stages
     "BK32_S2": dict(TC_BK=32, TC_STAGES=2, TC_MIN_BLOCKS=2, TC_CHUNK=1),
     "BK32_S2_ch2": dict(TC_BK=32, TC_STAGES=2, TC_MIN_BLOCKS=2, TC_CHUNK=2),
     "BK16_S4": dict(TC_BK=16, TC_STAGES=4, TC_MIN_BLOCKS=2, TC_CHUNK=1),
+}
+WG_SETTINGS = {  # name: -D options of the wgmma kernels (2026-11-30: two fragments a consumer through setmaxnreg
+    # were 10-15% slower: ptxas keeps the launch's 168 registers, spills, and serializes the wgmmas)
+    "wg_raw3": dict(WG_RAW=3),
+    "wg_raw2": dict(WG_RAW=2),
 }
 SMALL_K = (1, 2, 3, 4, 5, 8, 12, 16, 24, 32, 48, 64, 128)  # the error ratio to SIMT where K is short
 B, T, C, NH, V = 8, 1024, 768, 12, 8449
@@ -71,6 +77,56 @@ def build(defines: dict) -> tuple:
         fn.set_attribute(e.cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
         fns[ops] = fn
     return fns, smem
+
+
+def build_wg(defines: dict):
+    """The wgmma kernels built with these settings: a product function for matmul_fast.gemm (split-K as the
+    tc variant runs it)."""
+    e = K.engine()
+    opts = ["-lineinfo"] + [f"-D{k}={v}" for k, v in defines.items()]
+    mod = SourceModule('#include "matmul_tc.cuh"\n', options=opts, arch=e.arch, no_extern_c=True,
+                       include_dirs=[str(ROOT / "cuda")])
+    threads = K.int_constants()["TC_WG_THREADS"]
+    bufs, raw = defines.get("WG_BUFS", 2), defines.get("WG_RAW", 3)
+    smem = bufs * 4 * 128 * 32 * 4 + raw * 2 * 128 * 32 * 4 + 2 * bufs * 8
+    fns = {}
+    for ops in ("nn", "nt", "tn", "tt"):
+        fn = mod.get_function(f"k_gemm_wg_{ops}")
+        fn.prepare("PPPPiiiiiiqqqffif")
+        fn.set_attribute(e.cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
+        fns[ops] = fn
+
+    def product(g, c, a, b, bias, stream):
+        fn = fns[("t" if g.trans_a else "n") + ("t" if g.trans_b else "n")]
+        fn.prepared_async_call(g.grid, (threads, 1, 1), stream, *g.args(c, a, b, bias),
+                               shared_size=smem)
+    return product
+
+
+def wg_settings(names, stream) -> None:
+    """The wgmma kernels built with each setting of WG_SETTINGS, at the model's 128-wide shapes."""
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    products = {n: build_wg(WG_SETTINGS[n]) for n in names}
+    print(f"{'shape':<13}{'setting':<14}{'err':>9}{'ms':>8}{'fp32':>8}{'TFLOP/s':>9}{'x fp32':>8}")
+    for shape, (M, N, Kd, ta, tb, batch) in SHAPES.items():
+        if N < 128:
+            continue
+        a = torch.randn(batch, *((Kd, M) if ta else (M, Kd)), device="cuda", generator=gen)
+        b = torch.randn(batch, *((N, Kd) if tb else (Kd, N)), device="cuda", generator=gen)
+        opa, opb = (a.transpose(1, 2) if ta else a), (b.transpose(1, 2) if tb else b)
+        ref = opa.double() @ opb.double()
+        g = K.Gemm.dense(M, N, Kd, trans_a=ta, trans_b=tb, batch=batch)
+        t_fp32 = torch_median_ms(lambda: opa @ opb, 20, 3)
+        for name, product in products.items():
+            c = torch.full((batch, M, N), float("nan"), device="cuda")
+
+            def ours(s, c=c, product=product):
+                K.gemm(g, c.data_ptr(), a.data_ptr(), b.data_ptr(), stream=s, product=product, per_sm=1)
+            ours(stream)
+            stream.synchronize()
+            err, t = rel_err(c, ref), cuda_median_ms(ours, 20, 3, stream)
+            print(f"{shape:<13}{name:<14}{err:>9.1e}{t:>8.3f}{t_fp32:>8.3f}{2 * M * N * Kd * batch / t / 1e9:>9.1f}"
+                  f"{t_fp32 / t:>8.2f}", flush=True)
 
 
 def mma_peak(stream) -> float:
@@ -150,6 +206,9 @@ def main(names) -> int:
     stream = e.cuda.Stream()
     if names == ["--wgmma"]:
         wgmma(stream)
+        return 0
+    if names and names[0] == "--wg":
+        wg_settings(names[1:] or list(WG_SETTINGS), stream)
         return 0
     if names and names[0] == "--once":
         once({n: build(SETTINGS[n]) for n in names[1:]})
