@@ -341,13 +341,13 @@ GEMM_TC_KERNEL(k_gemm_tc_tt_n64, true, true, 64)
 
 // ---------------------------------------------------------------------------------------------- wgmma (sm_90a)
 // The same product on Hopper's warpgroup MMA, whose operands come from shared memory and must be K-major for
-// TF32. A block of three warpgroups computes a 128 x 128 tile of C, and each has one job, so that the tensor
-// cores never wait for the split:
+// TF32. A block of three warpgroups computes a 128 x BN tile of C (BN 128, or 64 for attention's products,
+// N = d_k), and each warpgroup has one job, so that the tensor cores do not wait for the split:
 //   - warpgroup 0 (the producer) copies each 32-wide slice of K as it lies in global memory (cp.async,
 //     WG_RAW stages), splits it into hi and lo, written K-major with the 128-byte swizzle the descriptors
 //     name, into one of WG_BUFS split buffers, and marks the buffer full (an mbarrier);
-//   - warpgroups 1 and 2 (the consumers) each multiply 64 rows of the tile by the 128 columns: per slice
-//     12 wgmma.m64n128k8 (4 k8 steps x lo*hi, hi*lo, hi*hi) into a fragment that FP32 adds carry into the
+//   - warpgroups 1 and 2 (the consumers) each multiply 64 rows of the tile by its BN columns: per slice
+//     12 wgmma.m64nBNk8 (4 k8 steps x lo*hi, hi*lo, hi*hi) into a fragment that FP32 adds carry into the
 //     running sum, then mark the buffer empty.
 // One block per SM (224 KB of shared memory); dev/NOTES.md has the measurements.
 #define WG_BK 32
@@ -421,7 +421,23 @@ __device__ __forceinline__ void wgmma_tf32(float (&d)[64], uint64_t a, uint64_t 
 #endif
 }
 
-template <bool TA, bool TB>
+// the same for a 64 x 64 tile (the 128 x 64 block tile of attention's products, N = d_k)
+__device__ __forceinline__ void wgmma_tf32(float (&d)[32], uint64_t a, uint64_t b, int accumulate) {
+#if WG_AVAILABLE
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(a), "l"(b), "r"(accumulate));
+#endif
+}
+
+template <bool TA, bool TB, int BN>
 __device__ __forceinline__ void gemm_wg_tile(float* C, const float* A, const float* B, const float* bias,
                                              int M, int N, int K, int lda, int ldb, int ldc, long long strideA,
                                              long long strideB, long long strideC, float alpha, float beta,
@@ -430,7 +446,7 @@ __device__ __forceinline__ void gemm_wg_tile(float* C, const float* A, const flo
     // as in global memory: K-contiguous, or M-contiguous transposed; unpadded, as the producer reads a
     // row's consecutive chunks (K-contiguous) or a k's consecutive floats (M-contiguous) across a warp
     using RawA = TcTile<!TA, 128, WG_BK, 0>;
-    using RawB = TcTile<TB, 128, WG_BK, 0>;
+    using RawB = TcTile<TB, BN, WG_BK, 0>;
     constexpr int RAW = RawA::FLOATS + RawB::FLOATS;
     static_assert(WG_BUFS * 4 * WG_SPLIT * 4 + WG_RAW * RAW * 4 + 2 * WG_BUFS * 8 <= TC_WG_SMEM_BYTES, "smem");
     extern __shared__ __align__(1024) float tc_smem[];
@@ -441,9 +457,9 @@ __device__ __forceinline__ void gemm_wg_tile(float* C, const float* A, const flo
     A += blockIdx.z * strideA;
     B += blockIdx.z * strideB;
     C += blockIdx.z * strideC;
-    const int m0 = blockIdx.y * 128, n0 = blockIdx.x * 128;
+    const int m0 = blockIdx.y * 128, n0 = blockIdx.x * BN;
 
-    if (causal == CAUSAL_OUT_LOWER && gemm_fill_above_diagonal<128>(C, m0, n0, M, N, ldc, fill)) return;
+    if (causal == CAUSAL_OUT_LOWER && gemm_fill_above_diagonal<BN>(C, m0, n0, M, N, ldc, fill)) return;
     const int k_begin = causal == CAUSAL_A_UPPER ? m0 : 0;
     const int k_end = causal == CAUSAL_A_LOWER ? min(K, m0 + 128) : K;
     const int n_tiles = k_end > k_begin ? (k_end - k_begin + WG_BK - 1) / WG_BK : 0;
@@ -485,10 +501,12 @@ __device__ __forceinline__ void gemm_wg_tile(float* C, const float* A, const flo
             for (int q = 0; q < 128 * WG_BK / 4 / WG_PRODUCERS; q++) {  // quads along the raw tile's rows
                 const int e = tid + q * WG_PRODUCERS;
                 const int mn_a = TA ? e % 128 : e / 8, k4_a = TA ? (e / 128) * 4 : (e % 8) * 4;
-                const int mn_b = TB ? e / 8 : e % 128, k4_b = TB ? (e % 8) * 4 : (e / 128) * 4;
                 wg_split_store(s, s + WG_SPLIT, wg_swizzled(mn_a, k4_a), RawA::k_quad(ra, mn_a, k4_a));
-                wg_split_store(s + 2 * WG_SPLIT, s + 3 * WG_SPLIT, wg_swizzled(mn_b, k4_b),
-                               RawB::k_quad(rb, mn_b, k4_b));
+                if (q < BN * WG_BK / 4 / WG_PRODUCERS) {  // B's BN rows (of the tile's 128)
+                    const int mn_b = TB ? e / 8 : e % BN, k4_b = TB ? (e % 8) * 4 : (e / BN) * 4;
+                    wg_split_store(s + 2 * WG_SPLIT, s + 3 * WG_SPLIT, wg_swizzled(mn_b, k4_b),
+                                   RawB::k_quad(rb, mn_b, k4_b));
+                }
             }
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // what was stored, the tensor cores read
             mbar_arrive(&full[buf]);
@@ -497,14 +515,15 @@ __device__ __forceinline__ void gemm_wg_tile(float* C, const float* A, const flo
     }
 
     // ---------------------------------------------------------------- the consumers: multiply and sum
-    const int half = wg - 1;  // rows 64 half .. 64 half + 63 of the tile
-    float acc[64];
+    constexpr int FRAG = BN / 2;  // a thread's share of its warpgroup's 64 x BN
+    const int half = wg - 1;      // rows 64 half .. 64 half + 63 of the tile
+    float acc[FRAG];
 #pragma unroll
-    for (int i = 0; i < 64; i++) acc[i] = 0.0f;
+    for (int i = 0; i < FRAG; i++) acc[i] = 0.0f;
     // slice kt's 12 wgmmas into part (committed as one group)
     // a descriptor's address field counts 16 bytes (4 floats): tiles further on add their offset / 4
     const uint64_t d_split = wg_desc(split);
-    auto multiply = [&](float (&part)[64], int kt) {
+    auto multiply = [&](float (&part)[FRAG], int kt) {
         const int buf = kt % WG_BUFS;
         mbar_wait(&full[buf], (kt / WG_BUFS) & 1);
         const uint64_t a_hi = d_split + (buf * 4 * WG_SPLIT + half * 64 * WG_BK) / 4, a_lo = a_hi + WG_SPLIT / 4,
@@ -519,15 +538,15 @@ __device__ __forceinline__ void gemm_wg_tile(float* C, const float* A, const flo
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     };
     // once slice kt's group is done: its buffer back to the producer, and its products into the running sum
-    auto add = [&](float (&part)[64], int kt) {
+    auto add = [&](float (&part)[FRAG], int kt) {
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
-        for (int i = 0; i < 64; i++) asm volatile("" : "+f"(part[i])::"memory");  // read only after the wait
+        for (int i = 0; i < FRAG; i++) asm volatile("" : "+f"(part[i])::"memory");  // read only after the wait
         mbar_arrive(&empty[kt % WG_BUFS]);
 #pragma unroll
-        for (int i = 0; i < 64; i++) acc[i] += part[i];
+        for (int i = 0; i < FRAG; i++) acc[i] += part[i];
     };
-    float part[64];
+    float part[FRAG];
     for (int kt = 0; kt < n_tiles; kt++) {
         multiply(part, kt);
         add(part, kt);
@@ -536,7 +555,7 @@ __device__ __forceinline__ void gemm_wg_tile(float* C, const float* A, const flo
     // acc[i]: columns 8 (i / 4) + 2t (+1 for odd i), rows 16 warp + g (+8 for i % 4 >= 2) of the half's 64
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
-    for (int i = 0; i < 64; i++) {
+    for (int i = 0; i < FRAG; i++) {
         const int m = m0 + half * 64 + warp * 16 + g + 8 * ((i % 4) / 2);
         const int n = n0 + (i / 4) * 8 + 2 * t + i % 2;
         if (m < M && n < N) gemm_store(C, acc[i], m, n, ldc, bias, alpha, beta, causal, fill);
@@ -546,17 +565,21 @@ __device__ __forceinline__ void gemm_wg_tile(float* C, const float* A, const flo
 #endif
 }
 
-// One kernel per layout, k_gemm_wg_<op(A)><op(B)>, the 128 x 128 tile; the SGEMM's arguments.
-#define GEMM_WG_KERNEL(name, TA, TB)                                                                           \
+// One kernel per layout and tile width, k_gemm_wg_<op(A)><op(B)>[_n64]; the SGEMM's arguments.
+#define GEMM_WG_KERNEL(name, TA, TB, BN)                                                                       \
     extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)                                             \
     name(float* C, const float* A, const float* B, const float* bias, int M, int N, int K, int lda, int ldb,   \
          int ldc, long long strideA, long long strideB, long long strideC, float alpha, float beta,            \
          Causal causal, float fill) {                                                                          \
-        gemm_wg_tile<TA, TB>(C, A, B, bias, M, N, K, lda, ldb, ldc, strideA, strideB, strideC, alpha, beta,    \
-                             causal, fill);                                                                    \
+        gemm_wg_tile<TA, TB, BN>(C, A, B, bias, M, N, K, lda, ldb, ldc, strideA, strideB, strideC, alpha,      \
+                                 beta, causal, fill);                                                          \
     }
-GEMM_WG_KERNEL(k_gemm_wg_nn, false, false)
-GEMM_WG_KERNEL(k_gemm_wg_nt, false, true)
-GEMM_WG_KERNEL(k_gemm_wg_tn, true, false)
-GEMM_WG_KERNEL(k_gemm_wg_tt, true, true)
+GEMM_WG_KERNEL(k_gemm_wg_nn, false, false, 128)
+GEMM_WG_KERNEL(k_gemm_wg_nt, false, true, 128)
+GEMM_WG_KERNEL(k_gemm_wg_tn, true, false, 128)
+GEMM_WG_KERNEL(k_gemm_wg_tt, true, true, 128)
+GEMM_WG_KERNEL(k_gemm_wg_nn_n64, false, false, 64)
+GEMM_WG_KERNEL(k_gemm_wg_nt_n64, false, true, 64)
+GEMM_WG_KERNEL(k_gemm_wg_tn_n64, true, false, 64)
+GEMM_WG_KERNEL(k_gemm_wg_tt_n64, true, true, 64)
 #undef GEMM_WG_KERNEL

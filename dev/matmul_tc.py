@@ -8,6 +8,7 @@ product shapes beside the SIMT SGEMM, cuBLAS FP32 and cuBLAS TF32; and the mma.s
     ncu ... python dev/matmul_tc.py --once BK32_S2  # one launch each, at mlp.fc's forward
     python dev/matmul_tc.py --wgmma              # the engine's wgmma kernels against its mma.sync ones
     python dev/matmul_tc.py --wg [SETTING ...]   # the wgmma kernels built with each WG_SETTINGS entry
+    python dev/matmul_tc.py --wg-short-k         # their error ratio to SIMT at short K (WG_MIN_K)
 
 Needs a GPU and PyTorch. Prints one row per (setting, shape): error against float64 (||x - ref|| / ||ref||)
 beside the SIMT kernel's and cuBLAS's, milliseconds, TFLOP/s, and the ratio to cuBLAS FP32.
@@ -129,6 +130,27 @@ def wg_settings(names, stream) -> None:
                   f"{t_fp32 / t:>8.2f}", flush=True)
 
 
+def wg_short_k(trials: int = 40) -> None:
+    """The wgmma and mma.sync kernels' error over the SIMT kernel's where K is short and the product small
+    (5 x 3 and 64 x 130 outputs): the worst ratio over fresh inputs, which sets matmul_tc.WG_MIN_K."""
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    print("worst tc / SIMT error ratio over", trials, "trials, by K")
+    for M, N in ((5, 3), (64, 130)):
+        for Kd in (128, 192, 256, 384, 512):
+            worst = {True: 0.0, False: 0.0}
+            for _ in range(trials):
+                a = torch.randn(M, Kd, device="cuda", generator=gen)
+                b = torch.randn(Kd, N, device="cuda", generator=gen)
+                ref = a.double() @ b.double()
+                simt = torch.empty(M, N, device="cuda")
+                K.sgemm(simt, a, b)
+                for path in worst:
+                    c = torch.full((M, N), float("nan"), device="cuda")
+                    K.sgemm_tc(c, a, b, wgmma=path)
+                    worst[path] = max(worst[path], rel_err(c, ref) / rel_err(simt, ref))
+            print(f"  {M} x {N}, K = {Kd}: wgmma {worst[True]:.2f}, mma.sync {worst[False]:.2f}", flush=True)
+
+
 def mma_peak(stream) -> float:
     e = K.engine()
     mod = SourceModule((HERE / "cuda" / "mma_peak.cu").read_text(), arch=e.arch, no_extern_c=True)
@@ -206,6 +228,9 @@ def main(names) -> int:
     stream = e.cuda.Stream()
     if names == ["--wgmma"]:
         wgmma(stream)
+        return 0
+    if names == ["--wg-short-k"]:
+        wg_short_k()
         return 0
     if names and names[0] == "--wg":
         wg_settings(names[1:] or list(WG_SETTINGS), stream)

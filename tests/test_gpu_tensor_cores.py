@@ -46,7 +46,7 @@ def poisoned(ga, *shape):
 
 def test_the_device_has_tensor_cores():
     """The rest of this file measures the tensor cores; below sm_80 tc runs the SIMT SGEMM instead, and on
-    compute capability 9.0 the module is built for sm_90a, whose wgmma kernels run the 128 x 128 tiles."""
+    compute capability 9.0 the module is built for sm_90a, whose wgmma kernels run the products."""
     assert K.tensor_cores(), f"{K.device_summary()}: no TF32 tensor cores (sm_80 and later)"
     assert K.warpgroup_mma() == (K.engine().device.compute_capability() == (9, 0))
 
@@ -105,7 +105,8 @@ def test_attention_products(ga, rng):
 # M, N, K not multiples of a tile (128 x 128, 128 x 64, K by 32), unaligned rows (K odd), batches, split-K
 @pytest.mark.parametrize("M,N,K_,batch", [(1000, 333, 200, 1), (129, 65, 1023, 2), (77, 64, 3, 3), (70, 90, 129, 2),
                                           (300, 130, 4097, 1), (1, 1, 1, 1), (256, 200, 8192, 1), (5, 3, 128, 1),
-                                          (40, 50, 127, 1)])
+                                          (40, 50, 127, 1), (129, 64, 300, 2), (1000, 37, 1000, 1),
+                                          (5, 3, 256, 1), (7, 130, 256, 1)])
 @pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
 @pytest.mark.parametrize("wgmma", [None, False], ids=["device's kernel", "mma.sync"])
 def test_odd_shapes(ga, rng, M, N, K_, batch, ta, tb, wgmma):

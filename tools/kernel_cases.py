@@ -145,23 +145,22 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
                                                                                      trans_b=True, stream=s),
                 F * (N * C + OUT * C + N * OUT), 2 * N * C * OUT)
     # the tensor-core products in each layout at mlp.fc's shape with K and N swapped (K = 4 C is long enough
-    # for them at any width: matmul_tc.TC_MIN_K): the device's kernel (wgmma on Hopper) and the mma.sync one
+    # for them at any width: matmul_tc.TC_MIN_K, WG_MIN_K; at least WG_MIN_K + 5 where C is tiny), on the 128 x 128 tile and, d_k wide, the 128 x 64 one: the
+    # device's kernel (wgmma on Hopper) and the mma.sync one
     if "tc" in variants:
-        H = 4 * C
+        H = max(4 * C, K.matmul_tc.WG_MIN_K + 5)  # small shapes (the sanitizer's) still reach both kernels
         for ta in (False, True):
             for tb in (False, True):
-                a_op = randn(H, N) if ta else randn(N, H)
-                b_op, c_out = randn(H, H), empty(N, H)  # square: the same shape either way
-                for path, wgmma in (("", None), (" mma.sync", False)):
-                    if wgmma is False and not K.warpgroup_mma():
-                        continue  # the device's kernel is the mma.sync one
-                    add(f"sgemm_tc{path} ({'t' if ta else 'n'}{'t' if tb else 'n'})",
-                        lambda s, a_op=a_op, b_op=b_op, c_out=c_out, ta=ta, tb=tb, wgmma=wgmma: K.sgemm_tc(
-                            c_out, a_op, b_op, trans_a=ta, trans_b=tb, stream=s, wgmma=wgmma),
-                        F * (2 * N * H + H * H), 2 * N * H * H)
-        a_t, b_t, c_out = randn(H, N), randn(d_k, H), empty(N, d_k)
-        add("sgemm_tc (tt, narrow)", lambda s: K.sgemm_tc(c_out, a_t, b_t, trans_a=True, trans_b=True, stream=s),
-            F * (N * H + d_k * H + N * d_k), 2 * N * H * d_k)
+                for width, label in ((H, ""), (d_k, ", narrow")):
+                    a_op = randn(H, N) if ta else randn(N, H)
+                    b_op, c_out = (randn(width, H) if tb else randn(H, width)), empty(N, width)
+                    for path, wgmma in (("", None), (" mma.sync", False)):
+                        if wgmma is False and not K.warpgroup_mma():
+                            continue  # the device's kernel is the mma.sync one
+                        add(f"sgemm_tc{path} ({'t' if ta else 'n'}{'t' if tb else 'n'}{label})",
+                            lambda s, a_op=a_op, b_op=b_op, c_out=c_out, ta=ta, tb=tb, wgmma=wgmma: K.sgemm_tc(
+                                c_out, a_op, b_op, trans_a=ta, trans_b=tb, stream=s, wgmma=wgmma),
+                            F * (N * H + H * width + N * width), 2 * N * H * width)
 
     qkvs = [(randn(B, T, 3 * C),) for _ in range(sets)]
     q, k, v = (empty(B, NH, T, d_k) for _ in range(3))
@@ -174,14 +173,16 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
     att = BH * T * T
     scores = empty(B, NH, T, T)
     qks = [(randn(B, NH, T, d_k), randn(B, NH, T, d_k)) for _ in range(sets)]
-    add("k_attn_scores_fwd", lambda s, qi, ki: K.attn_scores_fwd(scores, qi, ki, stream=s),
-        F * (att + 2 * BH * T * d_k), 2 * att * d_k, qks)
     dss = [(randn(B, NH, T, T),) for _ in range(sets)]
-    add("k_attn_scores_bwd", lambda s, d: K.attn_scores_bwd(dq, dk, d, q, k, stream=s),
-        F * (att + 4 * BH * T * d_k), 4 * att * d_k, dss)
     masked = empty(B, NH, T, T)
-    add("k_causal_mask_fwd", lambda s, sc: K.causal_mask_fwd(masked, sc, stream=s), F * 2 * att, 0, dss)
-    add("k_causal_mask_bwd", lambda s, d: K.causal_mask_bwd(masked, d, stream=s), F * 2 * att, 0, dss)
+    reference = "reference" in variants  # the readable stages that only the reference variant runs
+    if reference:
+        add("k_attn_scores_fwd", lambda s, qi, ki: K.attn_scores_fwd(scores, qi, ki, stream=s),
+            F * (att + 2 * BH * T * d_k), 2 * att * d_k, qks)
+        add("k_attn_scores_bwd", lambda s, d: K.attn_scores_bwd(dq, dk, d, q, k, stream=s),
+            F * (att + 4 * BH * T * d_k), 4 * att * d_k, dss)
+        add("k_causal_mask_fwd", lambda s, sc: K.causal_mask_fwd(masked, sc, stream=s), F * 2 * att, 0, dss)
+        add("k_causal_mask_bwd", lambda s, d: K.causal_mask_bwd(masked, d, stream=s), F * 2 * att, 0, dss)
     probs = empty(B, NH, T, T)
     ps = [(probs_like(B, NH, T, T),) for _ in range(sets)]
     dscores = empty(B, NH, T, T)
@@ -190,11 +191,12 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
     for case, bwd in own("softmax_bwd"):
         add(case, lambda s, p, bwd=bwd: bwd(dscores, dss[0][0], p, stream=s), F * 3 * att, 4 * att, ps)
     heads = empty(B, NH, T, d_k)
-    add("k_attn_values_fwd", lambda s, p: K.attn_values_fwd(heads, p, v, stream=s),
-        F * (att + 2 * BH * T * d_k), 2 * att * d_k, ps)
     dprobs = empty(B, NH, T, T)
-    add("k_attn_values_bwd", lambda s, p: K.attn_values_bwd(dprobs, dv, dq, p, v, stream=s),
-        F * (2 * att + 4 * BH * T * d_k), 4 * att * d_k, ps)
+    if reference:
+        add("k_attn_values_fwd", lambda s, p: K.attn_values_fwd(heads, p, v, stream=s),
+            F * (att + 2 * BH * T * d_k), 2 * att * d_k, ps)
+        add("k_attn_values_bwd", lambda s, p: K.attn_values_bwd(dprobs, dv, dq, p, v, stream=s),
+            F * (2 * att + 4 * BH * T * d_k), 4 * att * d_k, ps)
     # the fast variants' causal products (the reference ones are the stages above): half the scores
     # are the mask's constants, and not computed
     causal = BH * T * (T + 1) // 2

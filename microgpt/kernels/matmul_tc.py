@@ -19,6 +19,10 @@ from .source import int_constants
 # K = 1, 1.3 at 16, 1.0 at 32; shapes of a few outputs at K = 32 failed the bar on the wgmma and mma.sync
 # kernels alike): such products run on SIMT (attention's scores, K = d_k, take the same time either way).
 TC_MIN_K = 128
+# The wgmma kernel sums four k8 steps (32 of K) in the tensor cores before each FP32 add, the mma.sync one
+# one: where K is short the wgmma one's error passed 1.5x the SIMT kernel's on a product of 15 outputs at K =
+# 128 (H200, 2026-11-30), so products with K below WG_MIN_K take the mma.sync kernel.
+WG_MIN_K = 256
 
 def tensor_cores() -> bool:
     """Whether this device runs mma.sync TF32 (compute capability 8.0 and later: sm_80, sm_90a, sm_100, ...)."""
@@ -38,16 +42,16 @@ def launch_size(name: str) -> int:
 
 def tc_kernel(g: Gemm, wgmma: bool | None = None) -> tuple[str, int, int] | None:
     """The kernel that runs g on this device, its shared memory and its threads a block; None where the SIMT
-    SGEMM runs it (no tensor cores, or K too short for them to be as accurate). The wgmma one on sm_90a for
-    the 128 x 128 tile (unless wgmma=False asks for the mma.sync one, which tests and tools also check
-    there), the mma.sync one otherwise."""
+    SGEMM runs it (no tensor cores, or K too short for them to be as accurate). The wgmma one on sm_90a
+    for K >= WG_MIN_K (wgmma=False asks for the mma.sync one, which tests and tools also check there;
+    wgmma=True for the wgmma one at any K, to measure it), the mma.sync one otherwise; either for the
+    128 x 128 tile or the 128 x 64 one (_n64)."""
     if g.K < TC_MIN_K or not tensor_cores():
         return None
-    ops = ("t" if g.trans_a else "n") + ("t" if g.trans_b else "n")
-    if g.tile_n == 128 and warpgroup_mma() and wgmma is not False:
+    ops = ("t" if g.trans_a else "n") + ("t" if g.trans_b else "n") + ("_n64" if g.tile_n == 64 else "")
+    if warpgroup_mma() and (wgmma or (wgmma is None and g.K >= WG_MIN_K)):
         return f"k_gemm_wg_{ops}", launch_size("TC_WG_SMEM_BYTES"), launch_size("TC_WG_THREADS")
-    return (f"k_gemm_tc_{ops}" + ("_n64" if g.tile_n == 64 else ""), launch_size("TC_SMEM_BYTES"),
-            BLOCK)
+    return f"k_gemm_tc_{ops}", launch_size("TC_SMEM_BYTES"), BLOCK
 
 
 def tc_product(g: Gemm, c: int, a: int, b: int, bias: int, stream, wgmma: bool | None = None) -> None:
