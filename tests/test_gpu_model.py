@@ -159,10 +159,9 @@ def test_the_model_runs_its_variants_kernels_and_only_kernels_of_the_registry(rn
         assert "k_matmul_fwd" not in launched and "k_attn_scores_fwd" not in launched  # mask fused into scores
         if variant == "tc" and K.tensor_cores():
             # at d_model 64 the dX of qkv and mlp.fc (K = 3C, 4C) are long enough for the tensor cores, on the
-            # 128 x 64 tile (N = C), wgmma on sm_90a, mma.sync elsewhere; the forward (K = C) and the weight
-            # gradients (K = B*T = 14) are too short for them (matmul_tc.TC_MIN_K)
-            dx = "k_gemm_wg_nn_n64" if K.warpgroup_mma() else "k_gemm_tc_nn_n64"
-            assert dx in tensor_cores and {"k_sgemm_nt", "k_sgemm_tn"} <= simt
+            # 128 x 64 tile (N = C), mma.sync on any device (too few outputs for wgmma: WG_MIN_OUTPUTS); the
+            # forward (K = C) and the weight gradients (K = B*T = 14) are too short for them (TC_MIN_K)
+            assert "k_gemm_tc_nn_n64" in tensor_cores and {"k_sgemm_nt", "k_sgemm_tn"} <= simt
         else:
             assert {"k_sgemm_nt", "k_sgemm_nn", "k_sgemm_tn", "k_sgemm_nt_n64"} <= simt and not tensor_cores
 

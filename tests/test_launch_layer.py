@@ -279,9 +279,10 @@ def test_the_tensor_core_paths_follow_the_architecture(fake, arch, tc, wg):
     with K.recording() as plan:
         K.sgemm_tc(f32(300, 200), f32(300, 256), f32(256, 200))
         K.sgemm_tc(f32(300, 200), f32(300, 255), f32(255, 200))  # K below WG_MIN_K: mma.sync there too
+        K.sgemm_tc(f32(100, 100), f32(100, 256), f32(256, 100))  # fewer outputs than WG_MIN_OUTPUTS: so too
     kernel, _, _, _, shared, block = plan[0]
     assert kernel == ("k_gemm_wg_nn" if wg else "k_gemm_tc_nn" if tc else "k_sgemm_nn"), kernel
-    assert plan[1][0] == ("k_gemm_tc_nn" if tc else "k_sgemm_nn"), plan[1][0]
+    assert [p[0] for p in plan[1:]] == 2 * ["k_gemm_tc_nn" if tc else "k_sgemm_nn"], plan
     # the wgmma kernel's three warpgroups and its shared memory come from the header's enum TcLaunch
     sizes = K.int_constants()
     assert (block, shared) == ((sizes["TC_WG_THREADS"], sizes["TC_WG_SMEM_BYTES"]) if wg else

@@ -20,9 +20,12 @@ from .source import int_constants
 # kernels alike): such products run on SIMT (attention's scores, K = d_k, take the same time either way).
 TC_MIN_K = 128
 # The wgmma kernel sums four k8 steps (32 of K) in the tensor cores before each FP32 add, the mma.sync one
-# one: where K is short the wgmma one's error passed 1.5x the SIMT kernel's on a product of 15 outputs at K =
-# 128 (H200, 2026-11-30), so products with K below WG_MIN_K take the mma.sync kernel.
+# one. Over 40 fresh inputs (H200, 2026-11-30, dev/matmul_tc.py --wg-short-k) its worst error over the SIMT
+# kernel's was 1.28 at K = 128 and 0.91 at 256 for 64 x 130 outputs, but 1.6 to 2.4 up to K = 512 for 5 x 3
+# (mma.sync: 1.08 at most): on few outputs the longer tensor-core sums show. So the wgmma kernel takes the
+# products of at least WG_MIN_K of K and WG_MIN_OUTPUTS outputs (a 128 x 128 tile's), mma.sync the rest.
 WG_MIN_K = 256
+WG_MIN_OUTPUTS = 128 * 128
 
 def tensor_cores() -> bool:
     """Whether this device runs mma.sync TF32 (compute capability 8.0 and later: sm_80, sm_90a, sm_100, ...)."""
@@ -42,14 +45,15 @@ def launch_size(name: str) -> int:
 
 def tc_kernel(g: Gemm, wgmma: bool | None = None) -> tuple[str, int, int] | None:
     """The kernel that runs g on this device, its shared memory and its threads a block; None where the SIMT
-    SGEMM runs it (no tensor cores, or K too short for them to be as accurate). The wgmma one on sm_90a
-    for K >= WG_MIN_K (wgmma=False asks for the mma.sync one, which tests and tools also check there;
-    wgmma=True for the wgmma one at any K, to measure it), the mma.sync one otherwise; either for the
-    128 x 128 tile or the 128 x 64 one (_n64)."""
+    SGEMM runs it (no tensor cores, or K too short for them to be as accurate). On sm_90a the wgmma one for
+    products of at least WG_MIN_K and WG_MIN_OUTPUTS (wgmma=False asks for the mma.sync one, which tests and
+    tools also check there; wgmma=True for the wgmma one at any size, to measure it), the mma.sync one
+    otherwise; either for the 128 x 128 tile or the 128 x 64 one (_n64)."""
     if g.K < TC_MIN_K or not tensor_cores():
         return None
     ops = ("t" if g.trans_a else "n") + ("t" if g.trans_b else "n") + ("_n64" if g.tile_n == 64 else "")
-    if warpgroup_mma() and (wgmma or (wgmma is None and g.K >= WG_MIN_K)):
+    large = g.K >= WG_MIN_K and g.M * g.N * g.batch >= WG_MIN_OUTPUTS
+    if warpgroup_mma() and (wgmma or (wgmma is None and large)):
         return f"k_gemm_wg_{ops}", launch_size("TC_WG_SMEM_BYTES"), launch_size("TC_WG_THREADS")
     return f"k_gemm_tc_{ops}", launch_size("TC_SMEM_BYTES"), BLOCK
 
