@@ -25,9 +25,11 @@ extern "C" __global__ void k_layernorm_fwd(float* out, float* mean, float* rstd,
 }
 
 // blockIdx.y == 0: one thread per row writes dx; blockIdx.y == 1: one thread per column adds into dw, db.
+// dx written, or added into (accumulate != 0: the residual stream's gradient, the same rounding as a separate
+// k_residual_fwd); dw, db added into.
 extern "C" __global__ void k_layernorm_bwd(float* dx, float* dw, float* db, const float* dout,
                                            const float* x, const float* w, const float* mean,
-                                           const float* rstd, int N, int C) {
+                                           const float* rstd, int N, int C, int accumulate) {
     long long i = thread_index();
     if (blockIdx.y == 0) {
         if (i >= N) return;
@@ -46,7 +48,8 @@ extern "C" __global__ void k_layernorm_bwd(float* dx, float* dw, float* db, cons
         float* o = dx + i * C;
         for (int c = 0; c < C; c++) {
             float xhat = (xr[c] - m) * s;
-            o[c] = s * (dr[c] * w[c] - mean_dxhat - xhat * mean_dxhat_xhat);
+            float v = s * (dr[c] * w[c] - mean_dxhat - xhat * mean_dxhat_xhat);
+            o[c] = accumulate ? __fadd_rn(o[c], v) : v;  // _rn: no FMA with the product above
         }
     } else {
         if (i >= C) return;

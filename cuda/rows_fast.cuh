@@ -45,14 +45,12 @@ extern "C" __global__ void k_softmax_bwd_fast(float* dx, const float* dprobs, co
     for (int j = lane; j < cols; j += 32) dx[r * cols + j] = p[j] * (dp[j] - d);
 }
 
-extern "C" __global__ void k_layernorm_fwd_fast(float* out, float* mean, float* rstd, const float* x,
-                                                const float* w, const float* b, int N, int C) {
-    long long n = warp_row();
+// Row n of x normalised, from its sum m (x's row read again for the variance and the output: the warp's
+// own recent reads and writes, served from the caches).
+__device__ __forceinline__ void layernorm_row(float* out, float* mean, float* rstd, const float* x, const float* w,
+                                              const float* b, long long n, int C, float m) {
     int lane = threadIdx.x % 32;
-    if (n >= N) return;
     const float* xr = x + n * C;
-    float m = 0.0f;
-    for (int c = lane; c < C; c += 32) m += xr[c];
     m = warp_sum(m) / C;
     float var = 0.0f;
     for (int c = lane; c < C; c += 32) {
@@ -68,9 +66,41 @@ extern "C" __global__ void k_layernorm_fwd_fast(float* out, float* mean, float* 
     }
 }
 
-// dx only (written), a warp per row; dw and db come from k_layernorm_bwd_fast_wb.
+extern "C" __global__ void k_layernorm_fwd_fast(float* out, float* mean, float* rstd, const float* x,
+                                                const float* w, const float* b, int N, int C) {
+    long long n = warp_row();
+    int lane = threadIdx.x % 32;
+    if (n >= N) return;
+    const float* xr = x + n * C;
+    float m = 0.0f;
+    for (int c = lane; c < C; c += 32) m += xr[c];
+    layernorm_row(out, mean, rstd, x, w, b, n, C, m);
+}
+
+// The residual add and the layernorm that reads its sum, in one pass over the row: x = resid + branch
+// (written: the next residual add and the backward read it), out = layernorm(x). The same roundings as
+// k_residual_fwd then k_layernorm_fwd_fast.
+extern "C" __global__ void k_residual_layernorm_fwd_fast(float* x, float* out, float* mean, float* rstd,
+                                                         const float* resid, const float* branch, const float* w,
+                                                         const float* b, int N, int C) {
+    long long n = warp_row();
+    int lane = threadIdx.x % 32;
+    if (n >= N) return;
+    float* xr = x + n * C;
+    float m = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+        float v = resid[n * C + c] + branch[n * C + c];
+        xr[c] = v;
+        m += v;
+    }
+    layernorm_row(out, mean, rstd, x, w, b, n, C, m);
+}
+
+// dx only (written, or added into where accumulate != 0, as k_layernorm_bwd), a warp per row; dw and db come
+// from k_layernorm_bwd_fast_wb.
 extern "C" __global__ void k_layernorm_bwd_fast(float* dx, const float* dout, const float* x, const float* w,
-                                                const float* mean, const float* rstd, int N, int C) {
+                                                const float* mean, const float* rstd, int N, int C,
+                                                int accumulate) {
     long long n = warp_row();
     int lane = threadIdx.x % 32;
     if (n >= N) return;
@@ -87,7 +117,8 @@ extern "C" __global__ void k_layernorm_bwd_fast(float* dx, const float* dout, co
     mean_dxhat_xhat = warp_sum(mean_dxhat_xhat) / C;
     for (int c = lane; c < C; c += 32) {
         float xhat = (xr[c] - m) * s;
-        dx[n * C + c] = s * (dr[c] * w[c] - mean_dxhat - xhat * mean_dxhat_xhat);
+        float v = s * (dr[c] * w[c] - mean_dxhat - xhat * mean_dxhat_xhat);
+        dx[n * C + c] = accumulate ? __fadd_rn(dx[n * C + c], v) : v;  // _rn: no FMA with the product above
     }
 }
 

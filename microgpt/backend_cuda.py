@@ -115,7 +115,7 @@ class CudaBackend:
             C, NH = self.config.d_model, self.config.n_head
             new = self._new
             b.d = attention_grad_buffers(new, B, T, C, NH)
-            b.d.resid, b.d.branch, b.d.ln = new(B, T, C), new(B, T, C), new(B, T, C)
+            b.d.resid, b.d.ln = new(B, T, C), new(B, T, C)
             b.d.act, b.d.fc = new(B, T, 4 * C), new(B, T, 4 * C)
             b.d.logits = new(B, T, self.config.vocab_size)
         return b.d
@@ -123,21 +123,31 @@ class CudaBackend:
     # -- forward / backward ---------------------------------------------------------------------------
     def _plan_forward(self, b, with_targets):
         cfg, P, NH, ops = self.config, self.P, self.config.n_head, self.ops
+
+        def reads_resid(l):
+            """(out, mean, rstd, w, b) of the layernorm that reads resid[l]: layer l's ln1, or lnf after the last."""
+            if l == cfg.n_layer:
+                return b.lnf, b.meanf, b.rstdf, P["lnf.w"], P["lnf.b"]
+            s, w = b.layers[l], _sublayer(P, f"h.{l}.")
+            return s.ln1, s.mean1, s.rstd1, w["ln1.w"], w["ln1.b"]
         with K.recording() as plan:
             ops.embed_fwd(b.resid[0], b.idx, P["wte"], P["wpe"], check_token_ids=False)
+            out, mean, rstd, ln_w, ln_b = reads_resid(0)
+            ops.layernorm_fwd(out, mean, rstd, b.resid[0], ln_w, ln_b)
             for l, s in enumerate(b.layers):
                 w = _sublayer(P, f"h.{l}.")
-                ops.layernorm_fwd(s.ln1, s.mean1, s.rstd1, b.resid[l], w["ln1.w"], w["ln1.b"])
                 a = SimpleNamespace(**vars(s.att), qkv=b.scratch.qkv, scores=None, masked=b.scratch.scores,
                                     heads=b.scratch.heads, out=b.scratch.out)
                 attention_fwd(ops, s.ln1, _sublayer(w, "attn."), a, NH)
-                ops.residual_fwd(s.x1, b.resid[l], b.scratch.out)
-                ops.layernorm_fwd(s.ln2, s.mean2, s.rstd2, s.x1, w["ln2.w"], w["ln2.b"])
+                # each residual add with the layernorm that reads its sum: x1 = resid[l] + attn, ln2(x1) ...
+                ops.residual_layernorm_fwd(s.x1, s.ln2, s.mean2, s.rstd2, b.resid[l], b.scratch.out, w["ln2.w"],
+                                           w["ln2.b"])
                 ops.matmul_fwd(s.fc, s.ln2, w["mlp.fc.w"], w["mlp.fc.b"])
                 ops.gelu_fwd(s.act, s.fc)
                 ops.matmul_fwd(b.scratch.mlp, s.act, w["mlp.proj.w"], w["mlp.proj.b"])
-                ops.residual_fwd(b.resid[l + 1], s.x1, b.scratch.mlp)
-            ops.layernorm_fwd(b.lnf, b.meanf, b.rstdf, b.resid[cfg.n_layer], P["lnf.w"], P["lnf.b"])
+                # ... and resid[l+1] = x1 + mlp, with the next layer's ln1 (or lnf)
+                out, mean, rstd, ln_w, ln_b = reads_resid(l + 1)
+                ops.residual_layernorm_fwd(b.resid[l + 1], out, mean, rstd, s.x1, b.scratch.mlp, ln_w, ln_b)
             ops.matmul_fwd(b.logits, b.lnf, P["wte"], None)  # tied output projection, no bias
             if with_targets:
                 ops.crossentropy_fwd(b.losses, b.probs, b.logits, b.tgt, check_token_ids=False)
@@ -157,12 +167,12 @@ class CudaBackend:
                 ops.matmul_bwd(d.act, g["mlp.proj.w"], g["mlp.proj.b"], d.resid, s.act, w["mlp.proj.w"])
                 ops.gelu_bwd(d.fc, d.act, s.fc)
                 ops.matmul_bwd(d.ln, g["mlp.fc.w"], g["mlp.fc.b"], d.fc, s.ln2, w["mlp.fc.w"])
-                ops.layernorm_bwd(d.branch, g["ln2.w"], g["ln2.b"], d.ln, s.x1, w["ln2.w"], s.mean2, s.rstd2)
-                ops.residual_fwd(d.resid, d.resid, d.branch)  # now the gradient of x1
+                ops.layernorm_bwd(d.resid, g["ln2.w"], g["ln2.b"], d.ln, s.x1, w["ln2.w"], s.mean2, s.rstd2,
+                                  accumulate=True)  # now the gradient of x1
                 # x1 = resid[l] + attn(ln1(resid[l]))
                 attention_bwd(ops, d.resid, s.ln1, _sublayer(w, "attn."), _sublayer(g, "attn."), s.att, d, NH)
-                ops.layernorm_bwd(d.branch, g["ln1.w"], g["ln1.b"], d.dx, b.resid[l], w["ln1.w"], s.mean1, s.rstd1)
-                ops.residual_fwd(d.resid, d.resid, d.branch)  # now the gradient of resid[l]
+                ops.layernorm_bwd(d.resid, g["ln1.w"], g["ln1.b"], d.dx, b.resid[l], w["ln1.w"], s.mean1, s.rstd1,
+                                  accumulate=True)  # now the gradient of resid[l]
             ops.embed_bwd(G["wte"], G["wpe"], d.resid, b.idx, b.order, check_token_ids=False)
         return plan
 

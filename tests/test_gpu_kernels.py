@@ -163,6 +163,41 @@ def test_layernorm(K, dev, shape, variant):
     close("k_layernorm_bwd", db.get(), db0 + rdb, REDUCTION, variant)
 
 
+@VARIANT
+def test_residual_layernorm_and_the_backward_that_adds_into_dx(K, dev, shape, variant):
+    """The residual add fused with the layernorm that reads its sum gives what the two kernels give, bit for
+    bit (the same roundings); layernorm_bwd(accumulate=True) adds into dx exactly what it would write, as
+    the residual add after it did."""
+    B, T, C, NH, V = shape
+    r_h, resid = dev.randn(B, T, C, scale=2.0)
+    d_h, branch = dev.randn(B, T, C)
+    w_h, w = dev.randn(C)
+    b_h, b = dev.randn(C)
+    x, out, mean, rstd = dev.poisoned(B, T, C), dev.poisoned(B, T, C), dev.poisoned(B, T), dev.poisoned(B, T)
+    K.launcher("residual_layernorm_fwd", variant)(x, out, mean, rstd, resid, branch, w, b)
+    x_h = r_h + d_h  # float32, rounded as the kernel rounds
+    np.testing.assert_array_equal(x.get(), x_h)
+    ref, ref_mean, ref_rstd = R.layernorm_fwd(*f64(x_h, w_h, b_h))
+    close("k_residual_layernorm_fwd", out.get(), ref, REDUCTION, variant)
+    close("k_residual_layernorm_fwd", mean.get(), ref_mean, REDUCTION, variant)
+    close("k_residual_layernorm_fwd", rstd.get(), ref_rstd, REDUCTION, variant)
+    apart = [dev.poisoned(B, T, C), dev.poisoned(B, T), dev.poisoned(B, T)]
+    K.launcher("layernorm_fwd", variant)(*apart, x, w, b)
+    for fused, separate in zip((out, mean, rstd), apart):
+        np.testing.assert_array_equal(fused.get(), separate.get())
+
+    dout_h, dout = dev.randn(B, T, C)
+    dx0_h, dx = dev.randn(B, T, C)
+    (_, dw), (_, db) = dev.randn(C), dev.randn(C)
+    K.launcher("layernorm_bwd", variant)(dx, dw, db, dout, x, w, mean, rstd, accumulate=True)
+    written, summed = dev.poisoned(B, T, C), dev.poisoned(B, T, C)
+    K.launcher("layernorm_bwd", variant)(written, dw, db, dout, x, w, mean, rstd)
+    K.residual_fwd(summed, dev.ga.to_gpu(dx0_h), written)
+    np.testing.assert_array_equal(dx.get(), summed.get())
+    rdx = R.layernorm_bwd(*f64(dout_h, x_h, w_h), ref_mean, ref_rstd)[0]
+    close("k_layernorm_bwd (accumulate)", dx.get() - dx0_h, rdx, REDUCTION, variant)
+
+
 # ---------------------------------------------------------------------------------------------- matmul
 @VARIANT
 @pytest.mark.parametrize("layer", ["qkv", "fc", "proj", "lm_head"])

@@ -42,7 +42,9 @@ CALLS = {
     "embed_bwd": lambda: ((f32(V, C), f32(T, C), f32(B, T, C), i32(B, T), i32(B, T)), {"check_token_ids": False}),
     "layernorm_fwd": lambda: ((f32(B, T, C), f32(B, T), f32(B, T), f32(B, T, C), f32(C), f32(C)), {}),
     "layernorm_bwd": lambda: ((f32(B, T, C), f32(C), f32(C), f32(B, T, C), f32(B, T, C), f32(C), f32(B, T),
-                               f32(B, T)), {}),
+                               f32(B, T)), {"accumulate": True}),
+    "residual_layernorm_fwd": lambda: ((f32(B, T, C), f32(B, T, C), f32(B, T), f32(B, T), f32(B, T, C),
+                                        f32(B, T, C), f32(C), f32(C)), {}),
     "matmul_fwd": lambda: ((f32(B, T, 4 * C), f32(B, T, C), f32(4 * C, C), f32(4 * C)), {}),
     "matmul_bwd": lambda: ((f32(B, T, C), f32(C, C), f32(C), f32(B, T, C), f32(B, T, C), f32(C, C)), {}),
     "split_heads_fwd": lambda: ((f32(*hs), f32(*hs), f32(*hs), f32(B, T, 3 * C), NH), {}),
@@ -230,6 +232,11 @@ def test_bad_arguments_are_refused_naming_them(fake):
             K.layernorm_fwd(out, mean, rstd, x, f32(7), w)
         with pytest.raises(ValueError, match=r"mean must have shape \(2, 3\)"):
             K.layernorm_fwd(out, f32(3, 2), rstd, x, w, w)
+        for variant in K.VARIANTS:
+            with pytest.raises(TypeError, match="accumulate must be True or False, got 1"):
+                K.launcher("layernorm_bwd", variant)(out, w, w, x, x, w, mean, rstd, accumulate=1)
+            with pytest.raises(ValueError, match=r"branch must have shape \(2, 3, 8\)"):
+                K.launcher("residual_layernorm_fwd", variant)(out, out, mean, rstd, x, f32(2, 8), w, w)
         with pytest.raises(ValueError, match="out must be C-contiguous"):
             K.gelu_fwd(FakeArray((3, 8), strides=(4, 12)), f32(3, 8))
         with pytest.raises(ValueError, match="x must not be empty"):

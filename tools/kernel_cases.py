@@ -118,6 +118,11 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
     for case, bwd in own("layernorm_bwd"):
         add(case, lambda s, d, bwd=bwd: bwd(dx, dw, db, d, xs[0][0], w, mean, rstd, stream=s),
             F * (3 * N * C + 5 * C + 2 * N), 14 * N * C, douts)
+    # the residual add fused with the layernorm after it (the reference runs k_residual_fwd, k_layernorm_fwd)
+    x_sum = empty(B, T, C)
+    for case, fwd in own("residual_layernorm_fwd", with_reference=False):
+        add(case, lambda s, r, d, fwd=fwd: fwd(x_sum, ln, mean, rstd, r, d, w, b, stream=s),
+            F * (4 * N * C + 2 * C + 2 * N), 9 * N * C, [(xs[i][0], douts[i][0]) for i in range(sets)])
 
     for layer, (IN, OUT) in {"qkv": (C, 3 * C), "attn.proj": (C, C), "mlp.fc": (C, 4 * C),
                              "mlp.proj": (4 * C, C), "lm_head": (C, V)}.items():

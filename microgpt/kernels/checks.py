@@ -83,6 +83,13 @@ def check_ids(name, a, shape, vocab_size, check=True) -> int:
     return p
 
 
+def flag(name, value) -> int:
+    """A kernel's int flag from a bool argument; anything else is refused by name."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return int(value)
+
+
 def rows(shape) -> tuple[int, int]:
     """(rows, last) of an array of shape (..., last)."""
     return math.prod(shape[:-1]), shape[-1]

@@ -42,6 +42,8 @@ OPS: dict[str, dict[str, Callable]] = {
     "embed_bwd": {"reference": embed.embed_bwd},
     "layernorm_fwd": {"reference": layernorm.layernorm_fwd, "fast": rows_fast.layernorm_fwd_fast},
     "layernorm_bwd": {"reference": layernorm.layernorm_bwd, "fast": rows_fast.layernorm_bwd_fast},
+    "residual_layernorm_fwd": {"reference": layernorm.residual_layernorm_fwd,
+                               "fast": rows_fast.residual_layernorm_fwd_fast},
     "matmul_fwd": {"reference": matmul.matmul_fwd, "fast": matmul_fast.matmul_fwd_fast, "tc": matmul_tc.matmul_fwd_tc},
     "matmul_bwd": {"reference": matmul.matmul_bwd, "fast": matmul_fast.matmul_bwd_fast, "tc": matmul_tc.matmul_bwd_tc},
     "split_heads_fwd": {"reference": attention.split_heads_fwd},
