@@ -195,7 +195,7 @@ def test_residual_layernorm_and_the_backward_that_adds_into_dx(K, dev, shape, va
     K.residual_fwd(summed, dev.ga.to_gpu(dx0_h), written)
     np.testing.assert_array_equal(dx.get(), summed.get())
     rdx = R.layernorm_bwd(*f64(dout_h, x_h, w_h), ref_mean, ref_rstd)[0]
-    close("k_layernorm_bwd (accumulate)", dx.get() - dx0_h, rdx, REDUCTION, variant)
+    close("k_layernorm_bwd_accumulate", dx.get() - dx0_h, rdx, REDUCTION, variant)
 
 
 # ---------------------------------------------------------------------------------------------- matmul
