@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""The flash-attention prototype (dev/cuda/flash_attention.cu, issue 12) in one run: each kernel checked
+against float64 beside the fast variant's pipeline at the same inputs (NaN-poisoned outputs), then timed
+against PyTorch's SDPA (FP32, TF32 off) and the tc variant's pipeline.
+
+    python dev/flash_attention.py            # the checks, then the times at B=8, 12 heads, d_k=64
+    python dev/flash_attention.py --check    # the checks only
+
+Needs a GPU and PyTorch. A check prints the worst relative error (||x - ref|| / ||ref||) of O, dQ, dK, dV
+and the fast pipeline's; it fails (exit 1) where flash's passes 1.5x the fast one's.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import torch
+from pycuda.compiler import SourceModule
+
+from microgpt import kernels as K
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT / "tools"))
+from timing import cuda_median_ms, torch_median_ms  # noqa: E402
+
+TILE, THREADS, LD = 64, 256, 64 + 4
+CHECKS = [(2, 3, T, d_k) for T in (1, 7, 33, 1000, 1024, 2048) for d_k in (32, 64)] + \
+         [(1, 2, 65, 48), (1, 2, 130, 100), (1, 1, 77, 5), (2, 2, 200, 128)]  # (B, NH, T, d_k)
+BAR = 1.5
+
+
+def padded(d_k: int) -> int:
+    for D in (32, 64, 128):
+        if d_k <= D:
+            return D
+    raise ValueError(f"d_k = {d_k}: at most 128")
+
+
+def smem(kind: str, D: int) -> int:
+    """Bytes of dynamic shared memory, as the kernels lay it out."""
+    floats = {"fwd": 2 * D * LD + TILE * (D + 4) + TILE * LD,
+              "dq": 4 * D * LD + TILE * (D + 4) + TILE * LD,
+              "dkdv": 4 * D * LD + 2 * TILE * (D + 4) + TILE * LD + 2 * TILE}[kind]
+    return 4 * floats
+
+
+class Flash:
+    def __init__(self):
+        e = K.engine()
+        self.cuda = e.cuda
+        mod = SourceModule((HERE / "cuda" / "flash_attention.cu").read_text(), options=["-lineinfo"],
+                           arch=e.arch, no_extern_c=True, include_dirs=[str(ROOT / "cuda")])
+        self.fns = {}
+        for D in (32, 64, 128):
+            for kind, fmt in (("fwd", "PPPPPii"), ("dq", "PPPPPPPii"), ("dkdv", "PPPPPPPPii")):
+                name = {"fwd": "k_flash_fwd", "dq": "k_flash_bwd_dq", "dkdv": "k_flash_bwd_dkdv"}[kind]
+                fn = mod.get_function(f"{name}_d{D}")
+                fn.prepare(fmt)
+                fn.set_attribute(e.cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem(kind, D))
+                self.fns[kind, D] = fn
+        self.delta_fn = mod.get_function("k_flash_delta")
+        self.delta_fn.prepare("PPPqi")
+
+    def _call(self, kind, D, grid, stream, *args):
+        self.fns[kind, D].prepared_async_call(grid, (THREADS, 1, 1), stream, *args, shared_size=smem(kind, D))
+
+    def forward(self, o, lse, q, k, v, stream=None):
+        B, NH, T, d_k = q.shape
+        D, grid = padded(d_k), (math.ceil(T / TILE), B * NH)
+        self._call("fwd", D, grid, stream, o.data_ptr(), lse.data_ptr(), q.data_ptr(), k.data_ptr(),
+                   v.data_ptr(), T, d_k)
+
+    def backward(self, dq, dk, dv, delta, d_o, o, lse, q, k, v, stream=None):
+        B, NH, T, d_k = q.shape
+        D, grid = padded(d_k), (math.ceil(T / TILE), B * NH)
+        rows = B * NH * T
+        self.delta_fn.prepared_async_call((math.ceil(rows * 32 / THREADS), 1), (THREADS, 1, 1), stream,
+                                          delta.data_ptr(), o.data_ptr(), d_o.data_ptr(), rows, d_k)
+        ptrs = [t.data_ptr() for t in (q, k, v, d_o, lse, delta)]
+        self._call("dq", D, grid, stream, dq.data_ptr(), *ptrs, T, d_k)
+        self._call("dkdv", D, grid, stream, dk.data_ptr(), dv.data_ptr(), *ptrs, T, d_k)
+
+
+def reference(q, k, v, d_o):
+    """O, dQ, dK, dV in float64 with autograd, the scale rounded to float32 as the kernels take it."""
+    q, k, v = (t.double().requires_grad_() for t in (q, k, v))
+    scale = float(torch.tensor(1.0, dtype=torch.float32) / torch.sqrt(torch.tensor(float(q.shape[-1]))))
+    T = q.shape[-2]
+    s = (q @ k.transpose(-1, -2)) * scale
+    s = s.masked_fill(torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    o = torch.softmax(s, -1) @ v
+    o.backward(d_o.double())
+    return o.detach(), q.grad, k.grad, v.grad
+
+
+def pipeline(ops, q, k, v, d_o):
+    """The variant's attention stages on the same inputs: O, dQ, dK, dV."""
+    B, NH, T, d_k = q.shape
+    nan = lambda *s: torch.full(s, float("nan"), device="cuda")  # noqa: E731
+    masked, probs, o = nan(B, NH, T, T), nan(B, NH, T, T), nan(B, NH, T, d_k)
+    ops.causal_scores_fwd(masked, q, k)
+    ops.softmax_fwd(probs, masked)
+    ops.attn_values_fwd(o, probs, v)
+    dprobs, dv, dscores, dq, dk = nan(B, NH, T, T), nan(B, NH, T, d_k), nan(B, NH, T, T), nan(B, NH, T, d_k), \
+        nan(B, NH, T, d_k)
+    ops.attn_values_bwd(dprobs, dv, d_o, probs, v)
+    ops.softmax_bwd(dscores, dprobs, probs)
+    ops.causal_scores_bwd(dq, dk, dscores, q, k)
+    return o, dq, dk, dv
+
+
+def rel_err(x, ref):
+    """||x - ref|| / ||ref||; where ref is exactly zero (dQ and dK at T = 1), ||x|| itself."""
+    if not torch.isfinite(x).all():
+        return math.inf
+    norm = float(ref.norm())
+    return float((x.double() - ref).norm()) / (norm if norm > 0 else 1.0)
+
+
+def check(flash) -> bool:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    fast = K.select("fast")
+    ok = True
+    print(f"{'B NH T d_k':<18}" + "".join(f"{n:>20}" for n in ("O", "dQ", "dK", "dV")) + "   (flash / fast)")
+    for B, NH, T, d_k in CHECKS:
+        q, k, v, d_o = (torch.randn(B, NH, T, d_k, device="cuda", generator=gen) for _ in range(4))
+        ref = reference(q, k, v, d_o)
+        nan = lambda *s: torch.full(s, float("nan"), device="cuda")  # noqa: E731
+        o, lse = nan(B, NH, T, d_k), nan(B, NH, T)
+        dq, dk, dv, delta = nan(B, NH, T, d_k), nan(B, NH, T, d_k), nan(B, NH, T, d_k), nan(B, NH, T)
+        flash.forward(o, lse, q, k, v)
+        flash.backward(dq, dk, dv, delta, d_o, o, lse, q, k, v)
+        torch.cuda.synchronize()
+        ours = [rel_err(x, r) for x, r in zip((o, dq, dk, dv), ref)]
+        theirs = [rel_err(x, r) for x, r in zip(pipeline(fast, q, k, v, d_o), ref)]
+        zero = [float(r.norm()) == 0 for r in ref]  # there both are rounding residue: an absolute floor
+        row_ok = all(a <= BAR * b or (z and a < 1e-6) for a, b, z in zip(ours, theirs, zero))
+        ok &= row_ok
+        print(f"{f'{B} {NH} {T} {d_k}':<18}" + "".join(f"{a:>10.1e} /{b:>8.1e}" for a, b in zip(ours, theirs)) +
+              ("" if row_ok else "   FAIL"), flush=True)
+    return ok
+
+
+def bench(flash) -> None:
+    stream = K.engine().cuda.Stream()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    tc = K.select("tc")
+    print(f"{'T':>6}{'flash fwd':>11}{'fwd+bwd':>9}{'SDPA fwd':>10}{'fwd+bwd':>9}{'tc fwd+bwd':>12}   (ms)")
+    for T in (1024, 2048, 4096):
+        B, NH, d_k = 8, 12, 64
+        q, k, v, d_o = (torch.randn(B, NH, T, d_k, device="cuda") for _ in range(4))
+        o, lse = torch.empty_like(q), torch.empty(B, NH, T, device="cuda")
+        dq, dk, dv, delta = torch.empty_like(q), torch.empty_like(q), torch.empty_like(q), torch.empty_like(lse)
+        t_f = cuda_median_ms(lambda s: flash.forward(o, lse, q, k, v, s), 20, 3, stream)
+        t_fb = cuda_median_ms(lambda s: (flash.forward(o, lse, q, k, v, s),
+                                         flash.backward(dq, dk, dv, delta, d_o, o, lse, q, k, v, s)), 20, 3, stream)
+        qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        t_sf = torch_median_ms(lambda: sdpa(qg, kg, vg, is_causal=True), 20, 3)
+        t_sfb = torch_median_ms(lambda: sdpa(qg, kg, vg, is_causal=True).backward(d_o), 20, 3)
+        t_tc = float("nan")
+        if T <= 2048:  # the pipeline's T x T buffers (allocated inside: an upper bound on its time)
+            t_tc = torch_median_ms(lambda: pipeline(tc, q, k, v, d_o), 5, 1)
+        print(f"{T:>6}{t_f:>11.3f}{t_fb:>9.3f}{t_sf:>10.3f}{t_sfb:>9.3f}{t_tc:>12.3f}", flush=True)
+
+
+def main(argv) -> int:
+    flash = Flash()
+    ok = check(flash)
+    if "--check" not in argv:
+        bench(flash)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
