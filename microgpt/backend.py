@@ -56,6 +56,12 @@ class Backend(Protocol):
     def last_grad_norm(self) -> float | None:
         """The global gradient norm before clipping, of the last step (None before the first)."""
 
+    # Optional, for sampling: a key-value cache (the numpy backend has one; GPT.generate runs the whole
+    # window for each token on a backend without it).
+    #   prefill(idx (B, T), T <= block_size) -> the last position's logits (B, V), every layer's keys and
+    #       values kept for positions 0 .. T-1;
+    #   decode(tokens (B,), pos) -> logits (B, V) of one more position, its keys and values kept.
+
 
 @runtime_checkable
 class AttentionBackend(Protocol):

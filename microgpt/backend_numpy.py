@@ -28,6 +28,8 @@ class NumpyBackend:
         self.P = self.buffers["params"].views(self.table)
         self.G = self.buffers["grads"].views(self.table)
         self._saved = None
+        self._kv = None
+        self.positions = 0  # token positions run through the model by forward, prefill and decode
         self.last_grad_norm = None
 
     # -- state ------------------------------------------------------------------------------------
@@ -69,6 +71,7 @@ class NumpyBackend:
         self._saved = dict(idx=idx, targets=targets, layers=layers, x=x, lnf=lnf, meanf=meanf,
                            rstdf=rstdf, probs=probs)
         out = {"all": full, "last": full[:, -1:], None: None}[logits]
+        self.positions += idx.size
         return out, losses
 
     def backward(self) -> None:
@@ -114,6 +117,45 @@ class NumpyBackend:
         dwte, dwpe = R.embed_bwd(dx, idx, cfg.vocab_size, cfg.block_size)
         G["wte"] += dwte
         G["wpe"] += dwpe
+
+    # -- sampling: a cache of every layer's keys and values -----------------------------------------
+    def prefill(self, idx):
+        """idx: checked int32 (B, T), T <= block_size. The forward over the prompt, keeping each layer's
+        keys and values for decode(); returns the last position's logits (B, V)."""
+        cfg = self.config
+        B, T = idx.shape
+        last, _ = self.forward(idx, None, logits="last")
+        d_k = cfg.d_model // cfg.n_head
+        self._kv = []
+        for layer in self._saved["layers"]:
+            k = np.zeros((B, cfg.n_head, cfg.block_size, d_k), self.dtype)
+            v = np.zeros_like(k)
+            k[:, :, :T], v[:, :, :T] = layer["att"]["k"], layer["att"]["v"]
+            self._kv.append((k, v))
+        self._saved = None  # what backward would need is not kept: sampling trains nothing
+        return last[:, -1]
+
+    def decode(self, tokens, pos):
+        """tokens: checked int32 (B,), at position pos (< block_size) after the prefilled or decoded ones.
+        One position through every layer, its query against the cached keys and values 0..pos; returns its
+        logits (B, V)."""
+        cfg, P = self.config, self.P
+        x = R.embed_fwd(tokens[:, None], P["wte"], P["wpe"][pos:pos + 1])  # (B, 1, C)
+        for l, (k_cache, v_cache) in enumerate(self._kv):
+            p = lambda name: P[f"h.{l}.{name}"]  # noqa: E731
+            ln1, _, _ = R.layernorm_fwd(x, p("ln1.w"), p("ln1.b"))
+            q, k, v = R.split_heads_fwd(R.linear_fwd(ln1, p("attn.qkv.w"), p("attn.qkv.b")), cfg.n_head)
+            k_cache[:, :, pos], v_cache[:, :, pos] = k[:, :, 0], v[:, :, 0]
+            # no mask: every cached position is at or before this one
+            probs = R.softmax_fwd(R.attn_scores_fwd(q, k_cache[:, :, :pos + 1]))
+            y = R.merge_heads_fwd(R.attn_values_fwd(probs, v_cache[:, :, :pos + 1]))
+            x1 = R.residual_fwd(x, R.linear_fwd(y, p("attn.proj.w"), p("attn.proj.b")))
+            ln2, _, _ = R.layernorm_fwd(x1, p("ln2.w"), p("ln2.b"))
+            act = R.gelu_fwd(R.linear_fwd(ln2, p("mlp.fc.w"), p("mlp.fc.b")))
+            x = R.residual_fwd(x1, R.linear_fwd(act, p("mlp.proj.w"), p("mlp.proj.b")))
+        lnf, _, _ = R.layernorm_fwd(x, P["lnf.w"], P["lnf.b"])
+        self.positions += len(tokens)
+        return R.linear_fwd(lnf, P["wte"])[:, 0]  # tied output projection
 
     # -- optimiser ----------------------------------------------------------------------------------
     def step(self, t, lr, beta1, beta2, eps, weight_decay, grad_clip):

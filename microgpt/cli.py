@@ -2,7 +2,7 @@
 
     microgpt train --steps 200            # GPU when there is one, else a small model on the CPU
     microgpt train --steps 400 --resume   # continue runs/microgpt/model.ckpt to step 400
-    microgpt sample runs/microgpt/model.ckpt --max-new-tokens 200 --prompt "The "
+    microgpt sample runs/microgpt/model.ckpt --max-new-tokens 200 --prompt "The " --top-p 0.9 --seed 1
     microgpt info
 
 A user error is one line, `microgpt: error: ...`, naming the flag and the value typed, with exit status 2,
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -73,6 +74,7 @@ rate = _number(float, 0.0, what="a finite number >= 0")
 positive = _number(float, 0.0, low_open=True, what="a finite number > 0")
 fraction = _number(float, 0.0, 1.0, what="a number in [0, 1]")
 open_fraction = _number(float, 0.0, 1.0, low_open=True, high_open=True, what="a number in (0, 1)")
+unit = _number(float, 0.0, 1.0, low_open=True, what="a number in (0, 1]")
 
 
 def cuda_available() -> tuple[bool, str]:
@@ -226,9 +228,27 @@ def cmd_sample(args) -> int:
         raise UsageError(f"--top-k {args.top_k} is above the model's vocab_size {saved.config.vocab_size}")
     model = GPT.from_checkpoint(saved, backend=pick_backend(args.backend, quiet=True), variant=args.variant)
     prompt = tokenizer.encode(prompt_text) if prompt_text else np.array([tokenizer.eot], np.int32)
-    out = model.generate(prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                         seed=args.seed)
-    print(tokenizer.decode(out[0]))
+    prompts = np.repeat(prompt[None], args.num_samples, axis=0)  # sampled together, one row each
+    stream = tokenizer.stream() if args.num_samples == 1 else None  # one sample streams as its tokens come
+    if stream is not None:
+        sys.stdout.write(tokenizer.decode(prompt))
+        sys.stdout.flush()
+
+    def show(ids):
+        sys.stdout.write(stream.push(ids[:1]))
+        sys.stdout.flush()
+    start = time.perf_counter()
+    out = model.generate(prompts, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                         top_p=args.top_p, seed=args.seed, on_token=show if stream is not None else None)
+    seconds = time.perf_counter() - start
+    if stream is not None:
+        print(stream.flush())
+    else:
+        for i, row in enumerate(out):
+            print(f"--- sample {i + 1} of {args.num_samples}")
+            print(tokenizer.decode(row))
+    n = args.max_new_tokens * args.num_samples
+    print(f"microgpt: {n} tokens in {seconds:.2f} s ({n / max(seconds, 1e-9):,.0f} tokens/s)", file=sys.stderr)
     return 0
 
 
@@ -304,7 +324,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--max-new-tokens", type=count0, default=200)
     sp.add_argument("--temperature", type=rate, default=0.8)
     sp.add_argument("--top-k", type=count, default=None)
-    sp.add_argument("--seed", type=seed, default=None)
+    sp.add_argument("--top-p", type=unit, default=None, help="sample from the smallest set of tokens whose "
+                    "probability reaches this (nucleus sampling)")
+    sp.add_argument("--num-samples", type=count, default=1, help="samples of the prompt, drawn together")
+    sp.add_argument("--seed", type=seed, default=None, help="the same seed gives the same text")
     sp.set_defaults(func=cmd_sample)
 
     i = sub.add_parser("info", help="the device, the compiled architecture, the kernels, a checkpoint")

@@ -19,6 +19,7 @@ from .backend_numpy import NumpyBackend
 from .config import GPTConfig
 from .kernels import resolve
 from .params import init_params, num_params, param_table, views
+from .sampling import check_sampling, sample_next
 
 
 def _as_array(name, a, shape="(B, T)"):
@@ -144,8 +145,12 @@ class GPT:
         return self.backend.last_grad_norm
 
     # -- sampling ---------------------------------------------------------------------------------
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, seed=None):
-        """Extends idx (B, T) by max_new_tokens sampled tokens; temperature 0 takes the most likely one."""
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, seed=None, on_token=None):
+        """Extends idx (B, T) by max_new_tokens sampled tokens (microgpt.sampling: temperature 0 takes the
+        most likely one; top_k, top_p cut the candidates). The model sees the last block_size tokens. A
+        backend with a key-value cache (prefill, decode) runs the prompt once and then one position a token,
+        re-running the window only when it moves past block_size; others run the whole window each token.
+        on_token(ids (B,)) is called with each new column as it is chosen."""
         cfg = self.config
         idx = _as_array("idx", idx, "(T,) or (B, T)")
         if idx.ndim == 1:  # one prompt
@@ -155,31 +160,30 @@ class GPT:
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) \
                 or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-        temperature = float(temperature)
-        if not temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
-        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer))
-                                  or not 1 <= top_k <= cfg.vocab_size):
-            raise ValueError(f"top_k must be None or an int in [1, vocab_size={cfg.vocab_size}], got {top_k!r}")
+        temperature, top_k, top_p = check_sampling(temperature, top_k, top_p, cfg.vocab_size)
+        if on_token is not None and not callable(on_token):
+            raise TypeError(f"on_token must be callable or None, got {type(on_token).__name__}")
         rng = np.random.default_rng(seed)
-        for _ in range(max_new_tokens):
-            context = np.ascontiguousarray(idx[:, -cfg.block_size:])
-            last, _ = self.backend.forward(context, None, logits="last")
-            logits = last[:, -1, :].astype(np.float64)
-            if temperature == 0:
-                nxt = logits.argmax(axis=-1)
-            else:
-                logits = logits / temperature
-                if top_k is not None:
-                    kth = np.sort(logits, axis=-1)[:, -top_k][:, None]
-                    logits = np.where(logits < kth, -np.inf, logits)
-                p = np.exp(logits - logits.max(axis=-1, keepdims=True))
-                p /= p.sum(axis=-1, keepdims=True)
-                u = rng.random((p.shape[0], 1))
-                nxt = np.minimum((p.cumsum(axis=-1) < u).sum(axis=-1), cfg.vocab_size - 1)
-            idx = np.concatenate([idx, nxt[:, None].astype(np.int32)], axis=1)
         self._can_backward = False
-        return idx
+        cached = callable(getattr(self.backend, "decode", None))
+        out = [idx]
+        length = 0  # positions in the cache
+        for step in range(max_new_tokens):
+            if not cached:
+                window = np.ascontiguousarray(np.concatenate(out, axis=1)[:, -cfg.block_size:])
+                last, _ = self.backend.forward(window, None, logits="last")
+                logits = last[:, -1]
+            elif step == 0 or length == cfg.block_size:  # the prompt, or a window that moved on
+                window = np.ascontiguousarray(np.concatenate(out, axis=1)[:, -cfg.block_size:])
+                logits, length = self.backend.prefill(window), window.shape[1]
+            else:
+                logits = self.backend.decode(out[-1][:, 0], length)
+                length += 1
+            nxt = sample_next(logits, temperature, top_k, top_p, rng)
+            out.append(nxt[:, None])
+            if on_token is not None:
+                on_token(nxt)
+        return np.concatenate(out, axis=1)
 
     # -- state ------------------------------------------------------------------------------------
     def _named(self, which):

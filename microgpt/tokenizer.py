@@ -33,6 +33,47 @@ class ByteTokenizer:
         """Text of a 1-D sequence of ids in [0, 257); an id outside raises ValueError naming it."""
         return _host.decode_ids(_as_ids(ids), self._eot_bytes)
 
+    def stream(self) -> "TextStream":
+        """A decoder fed ids as they are sampled: push(ids) gives the text they complete, flush() the rest;
+        together they give decode() of the whole sequence."""
+        return TextStream(self)
+
+
+class TextStream:
+    """Incremental decode: the bytes of a character split across pushes wait for the rest."""
+
+    def __init__(self, tokenizer: ByteTokenizer):
+        self.tokenizer = tokenizer
+        self.pending = []  # ids of a UTF-8 sequence not yet complete
+
+    def push(self, ids) -> str:
+        text = []
+        for i in _as_ids(ids).tolist():
+            if not 0 <= i < self.tokenizer.vocab_size:
+                raise ValueError(f"ids holds token id {i}, outside [0, {self.tokenizer.vocab_size})")
+            self.pending.append(i)
+            if i == self.tokenizer.eot or _complete(self.pending):
+                text.append(self.flush())
+        return "".join(text)
+
+    def flush(self) -> str:
+        text = self.tokenizer.decode(self.pending)
+        self.pending = []
+        return text
+
+
+def _complete(ids) -> bool:
+    """Whether the bytes ids end on a character boundary: the last lead byte's sequence is whole (or broken,
+    which no later byte can mend)."""
+    for back in range(1, min(4, len(ids)) + 1):
+        b = ids[-back]
+        if b < 0x80:
+            return True                        # ASCII
+        if b >= 0xC0:                          # a lead byte: its sequence's length
+            need = 2 if b < 0xE0 else 3 if b < 0xF0 else 4 if b < 0xF8 else 1
+            return back >= need
+    return True                                # four continuation bytes: broken already
+
 
 def _as_ids(ids) -> np.ndarray:
     """ids as a 1-D C-contiguous int32 or int64 array, checked before any narrowing cast so that no

@@ -121,6 +121,9 @@ def test_a_broken_checkpoint_is_one_line_for_resume_sample_and_info(tmp_path, co
     (["--top-k", "300"], "--top-k 300 is above the model's vocab_size 257"),
     (["--temperature", "-1"], "argument --temperature: must be a finite number >= 0, got '-1'"),
     (["--max-new-tokens", "-5"], "argument --max-new-tokens: must be an integer >= 0, got '-5'"),
+    (["--top-p", "0"], "argument --top-p: must be a number in (0, 1], got '0'"),
+    (["--top-p", "1.5"], "argument --top-p: must be a number in (0, 1], got '1.5'"),
+    (["--num-samples", "0"], "argument --num-samples: must be an integer >= 1, got '0'"),
 ])
 def test_a_bad_sample_flag_is_one_line(tmp_path, corpus, capsys, args, message):
     ckpt = trained_run(tmp_path, corpus, capsys)

@@ -1,0 +1,129 @@
+"""Sampling on the numpy backend: the key-value cache against full recomputation, the cost of a token,
+top-k and top-p, the streaming decoder, and the sample command."""
+import numpy as np
+import pytest
+
+from microgpt import GPT, GPTConfig, checkpoint
+from microgpt.cli import main
+from microgpt.sampling import check_sampling, sample_next
+from microgpt.tokenizer import ByteTokenizer
+
+CFG = GPTConfig(n_layer=2, n_head=4, d_model=32, block_size=16, vocab_size=50)
+
+
+def without_cache(model):
+    """The same model, its backend's cache hidden: generate runs the whole window for every token."""
+    model.backend.decode = None
+    return model
+
+
+@pytest.mark.parametrize("prompt_len, new", [(1, 10), (5, 30), (16, 5), (20, 12)])  # up to, at and past block_size
+def test_the_cache_gives_the_tokens_of_full_recomputation_in_float64(rng, prompt_len, new):
+    prompt = rng.integers(0, CFG.vocab_size, size=(3, prompt_len))
+    cached = GPT(CFG, seed=3, dtype=np.float64).generate(prompt, new, temperature=0)
+    full = without_cache(GPT(CFG, seed=3, dtype=np.float64)).generate(prompt, new, temperature=0)
+    np.testing.assert_array_equal(cached, full)
+    sampled = GPT(CFG, seed=3, dtype=np.float64).generate(prompt, new, temperature=0.9, top_k=20, seed=5)
+    np.testing.assert_array_equal(sampled, without_cache(GPT(CFG, seed=3, dtype=np.float64)).generate(
+        prompt, new, temperature=0.9, top_k=20, seed=5))
+
+
+@pytest.mark.parametrize("dtype, tol", [(np.float64, 1e-12), (np.float32, 1e-5)])
+def test_each_decoded_position_has_the_logits_of_a_full_forward(rng, dtype, tol):
+    model = GPT(CFG, seed=4, dtype=dtype)
+    idx = rng.integers(0, CFG.vocab_size, size=(2, CFG.block_size)).astype(np.int32)
+    steps = [model.backend.prefill(idx[:, :3])]
+    for pos in range(3, CFG.block_size):
+        steps.append(model.backend.decode(idx[:, pos], pos))
+    full, _ = model.forward(idx)
+    for pos, logits in zip(range(2, CFG.block_size), steps):
+        err = np.abs(logits - full[:, pos]).max() / np.abs(full[:, pos]).max()
+        assert err < tol, (pos, err)
+
+
+def test_a_token_costs_one_position_not_a_window():
+    """400 new tokens run about 4x the positions of 100 through the model (a window each: about 14x)."""
+    cfg = GPTConfig(n_layer=1, n_head=2, d_model=16, block_size=512, vocab_size=30)
+    prompt = np.arange(8)[None] % cfg.vocab_size
+
+    def positions(model, n):
+        model.backend.positions = 0
+        model.generate(prompt, n, temperature=0)
+        return model.backend.positions
+    cached = positions(GPT(cfg), 400) / positions(GPT(cfg), 100)
+    full = positions(without_cache(GPT(cfg)), 400) / positions(without_cache(GPT(cfg)), 100)
+    assert cached <= 6 < full, (cached, full)
+
+
+def test_generate_calls_on_token_with_each_new_column(rng):
+    model = GPT(CFG, seed=1)
+    prompt = rng.integers(0, CFG.vocab_size, size=(2, 4))
+    seen = []
+    out = model.generate(prompt, 7, seed=2, on_token=lambda ids: seen.append(ids.copy()))
+    np.testing.assert_array_equal(np.stack(seen, axis=1), out[:, 4:])
+    np.testing.assert_array_equal(out, model.generate(prompt, 7, seed=2))  # the callback changes nothing
+    with pytest.raises(TypeError, match="on_token must be callable"):
+        model.generate(prompt, 1, on_token=3)
+
+
+def test_top_p_keeps_the_smallest_set_that_reaches_it():
+    logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05]] * 20000))
+    draw = lambda **kw: sample_next(logits, 1.0, kw.get("top_k"), kw.get("top_p"),  # noqa: E731
+                                    np.random.default_rng(0))
+    counts = np.bincount(draw(top_p=0.6), minlength=4) / 20000  # 0.5 is short of 0.6: the 0.3 joins
+    np.testing.assert_allclose(counts, [0.625, 0.375, 0, 0], atol=0.015)
+    counts = np.bincount(draw(top_p=0.5), minlength=4) / 20000  # 0.5 reaches 0.5 alone
+    np.testing.assert_array_equal(counts, [1, 0, 0, 0])
+    counts = np.bincount(draw(top_p=0.9, top_k=2), minlength=4) / 20000  # top_k cuts first
+    np.testing.assert_allclose(counts, [0.625, 0.375, 0, 0], atol=0.015)
+    np.testing.assert_array_equal(draw(top_p=1.0), draw())  # 1 cuts nothing
+    assert (sample_next(logits[:3], 0.0, None, 0.1, None) == 0).all()  # greedy draws nothing
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(top_p=0), r"top_p must be None or a number in \(0, 1\], got 0"),
+    (dict(top_p=1.01), r"top_p must be None or a number in \(0, 1\], got 1.01"),
+    (dict(top_p=True), r"top_p must be None or a number in \(0, 1\], got True"),
+    (dict(top_p="0.5"), r"top_p must be None or a number in \(0, 1\], got '0.5'"),
+    (dict(top_k=0), r"top_k must be None or an int in \[1, vocab_size=50\], got 0"),
+    (dict(temperature=-1), "temperature must be >= 0, got -1.0"),
+])
+def test_bad_sampling_options_are_refused_by_name(kwargs, match):
+    args = dict(temperature=1.0, top_k=None, top_p=None) | kwargs
+    with pytest.raises(ValueError, match=match):
+        check_sampling(args["temperature"], args["top_k"], args["top_p"], 50)
+    with pytest.raises(ValueError, match=match):
+        GPT(CFG).generate([1, 2], 1, **kwargs)
+
+
+def test_the_stream_decoder_gives_decode_of_the_whole(rng):
+    tok = ByteTokenizer()
+    utf8 = np.frombuffer("aé☃😀".encode(), np.uint8)
+    for _ in range(500):
+        n = int(rng.integers(0, 14))
+        ids = np.where(rng.random(n) < 0.5, rng.integers(0, 257, n), utf8[rng.integers(0, len(utf8), n)])
+        stream, cuts = tok.stream(), np.sort(rng.integers(0, n + 1, 3))
+        text = "".join(stream.push(part) for part in np.split(ids, cuts)) + stream.flush()
+        assert text == tok.decode(ids), ids
+    stream = tok.stream()
+    snowman = list("☃".encode())
+    assert stream.push(snowman[:2]) == "" and stream.push(snowman[2:]) == "☃"  # waits for the rest
+    with pytest.raises(ValueError, match="token id 300"):
+        stream.push([300])
+
+
+def test_sample_streams_one_and_prints_several(tmp_path, corpus, capsys):
+    from test_cli import train
+    train(["--data", corpus, "--steps", "3", "--out", str(tmp_path / "run")], capsys)
+    ckpt = str(tmp_path / "run" / "model.ckpt")
+    base = ["sample", ckpt, "--backend", "numpy", "--prompt", "the ", "--max-new-tokens", "20", "--seed", "3"]
+    assert main(base + ["--top-p", "0.9"]) == 0
+    one = capsys.readouterr()
+    model = GPT.from_checkpoint(checkpoint.read(ckpt))
+    tok = ByteTokenizer()
+    expected = model.generate(tok.encode("the "), 20, temperature=0.8, top_p=0.9, seed=3)[0]
+    assert one.out == tok.decode(expected) + "\n"
+    assert "microgpt: 20 tokens in" in one.err and "tokens/s" in one.err
+    assert main(base + ["--num-samples", "3"]) == 0
+    several = capsys.readouterr()
+    assert several.out.count("--- sample ") == 3 and "microgpt: 60 tokens in" in several.err
