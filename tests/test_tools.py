@@ -3,7 +3,8 @@ import pytest
 
 from helpers import GPU_REASON, run_tool as run
 
-GPU_TOOLS = ["profile_kernels.py", "bench_attention.py", "bench_train.py", "ncu_kernel.py", "sanitize_kernels.py"]
+GPU_TOOLS = ["profile_kernels.py", "bench_attention.py", "bench_train.py", "ncu_kernel.py", "sanitize_kernels.py",
+             "bench_generate.py"]
 
 
 @pytest.mark.parametrize("script", GPU_TOOLS)
@@ -14,7 +15,8 @@ def test_help(script):
 
 @pytest.mark.skipif(GPU_REASON is None, reason="a GPU is here: the tools run instead of stopping")
 @pytest.mark.parametrize("script,args", [("profile_kernels.py", ["--quick"]), ("bench_attention.py", ["--quick"]),
-                                         ("bench_train.py", ["--quick"]), ("ncu_kernel.py", ["k_gelu_fwd"])])
+                                         ("bench_train.py", ["--quick"]), ("ncu_kernel.py", ["k_gelu_fwd"]),
+                                         ("bench_generate.py", [])])
 def test_without_a_gpu_one_line_and_no_traceback(script, args):
     res = run(script, *args)
     assert res.returncode == 2
@@ -73,3 +75,16 @@ def test_bench_train_times_each_variant_against_one_pytorch_measurement(monkeypa
     assert timed == ["fast", "tc"] and len(torch_calls) == 1  # each variant once, PyTorch once
     assert r["variant"] == "fast" and r["ratio_vs_torch"] == pytest.approx(0.125 / 0.2)  # the first variant's
     assert r["variants"]["tc"]["ratio_vs_torch"] == pytest.approx(0.125 / 0.1) and r["variants"]["tc"]["losses_finite"]
+
+
+def test_bench_generate_quick_runs_on_the_cpu_and_counts_the_tokens():
+    """--quick: a small model on the numpy backend (no peer): tokens/s = B * new / the time of one call."""
+    import json
+    res = run("bench_generate.py", "--quick", "--json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["backend"] == "numpy" and [r["B"] for r in out["rows"]] == [1, 2]
+    for r in out["rows"]:
+        assert r["microgpt_tok_s"] == pytest.approx(r["B"] * out["new"] / r["microgpt_s"]) and "ratio" not in r
+    bad = run("bench_generate.py", "--quick", "-B", "0")
+    assert bad.returncode == 2 and "-B must be >= 1, got 0" in bad.stderr
