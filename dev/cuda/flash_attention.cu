@@ -7,7 +7,8 @@
 // and streams the other side's 64-row tiles through shared memory; tiles wholly above the diagonal are
 // skipped. The scores are dot(Q[i], K[j]) * (1.0f / sqrtf(d_k)), as the literal line computes them; the
 // softmax is online (a running max and sum per row, FP32), and the backward recomputes P from the saved
-// log-sum-exp. No atomics: dQ and (dK, dV) come from separate kernels, each summing in a fixed order.
+// log-sum-exp. No atomics: dQ (with each row's delta) and then (dK, dV) come from separate kernels, each
+// summing in a fixed order.
 //
 // 256 threads as 16 x 16: thread (ty, tx) holds rows 4 ty .. 4 ty + 3 of its block's 64 and, of a 64-wide
 // score tile, columns 4 tx .. 4 tx + 3; of a D-wide output, columns tx * D/16 .. + D/16 - 1. D is d_k
@@ -159,21 +160,14 @@ __device__ void flash_fwd(float* o, float* lse, const float* q, const float* k, 
 }
 
 // ---------------------------------------------------------------------------------------------- backward
-// delta[i] = sum over d of do[i][d] * o[i][d], a warp a row
-extern "C" __global__ void k_flash_delta(float* delta, const float* o, const float* d_o, long long rows, int d_k) {
-    const long long r = thread_index() / 32;
-    const int lane = threadIdx.x % 32;
-    if (r >= rows) return;
-    float s = 0.0f;
-    for (int d = lane; d < d_k; d += 32) s += d_o[r * d_k + d] * o[r * d_k + d];
-    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffff, s, off);
-    if (lane == 0) delta[r] = s;
-}
-
-// dq = scale * sum over keys of ds k, ds = p (dp - delta), dp = do v^T, p = exp(q k^T * scale - lse)
+// dq = scale * sum over keys of ds k, ds = p (dp - delta), dp = do v^T, p = exp(q k^T * scale - lse).
+// delta[i] = sum over keys of p dp, from the same p and dp as ds (a first pass over the key tiles), written
+// for k_flash_bwd_dkdv: FlashAttention-2's rowsum(do * o) is the same number, but from the rounded o its
+// error does not cancel within the row, and at short T dQ and dK came out up to 2.6x the fast pipeline's
+// error (a review's emulation; at T = 1 a residue where the exact gradient is 0).
 template <int D>
-__device__ void flash_bwd_dq(float* dq, const float* q, const float* k, const float* v, const float* d_o,
-                             const float* lse, const float* delta, int T, int d_k) {
+__device__ void flash_bwd_dq(float* dq, float* delta, const float* q, const float* k, const float* v,
+                             const float* d_o, const float* lse, int T, int d_k) {
     constexpr int DT = D / 16;
     extern __shared__ __align__(16) float fa_smem[];
     float* q_t = fa_smem;                 // [D][FA_LD]
@@ -196,18 +190,13 @@ __device__ void flash_bwd_dq(float* dq, const float* q, const float* k, const fl
     for (int i = 0; i < 4; i++) {
         const int qi = q0 + 4 * ty + i;
         row_lse[i] = qi < T ? lse[qi] : 0.0f;
-        row_delta[i] = qi < T ? delta[qi] : 0.0f;
+        row_delta[i] = 0.0f;
 #pragma unroll
         for (int j = 0; j < DT; j++) acc[i][j] = 0.0f;
     }
-    for (int k0 = 0; k0 <= q0 && k0 < T; k0 += FA_TILE) {
-        __syncthreads();
-        fa_load_t<D>(k_t, k, k0, T, d_k);
-        fa_load_t<D>(v_t, v, k0, T, d_k);
-        fa_load<D>(ks, k, k0, T, d_k);
-        __syncthreads();
-        float s[4][4], dp[4][4];
-        fa_rows_dot<D>(s, q_t, k_t, ty, tx);
+    // p and dp of one key tile, as both passes compute them
+    auto scores = [&](float (&p)[4][4], float (&dp)[4][4], int k0) {
+        fa_rows_dot<D>(p, q_t, k_t, ty, tx);
         fa_rows_dot<D>(dp, do_t, v_t, ty, tx);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -215,14 +204,41 @@ __device__ void flash_bwd_dq(float* dq, const float* q, const float* k, const fl
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const int kj = k0 + 4 * tx + j;
-                const float p = (kj <= qi && kj < T && qi < T) ? expf(s[i][j] * scale - row_lse[i]) : 0.0f;
-                s[i][j] = p * (dp[i][j] - row_delta[i]);  // ds
+                p[i][j] = (kj <= qi && kj < T && qi < T) ? expf(p[i][j] * scale - row_lse[i]) : 0.0f;
             }
         }
+    };
+    for (int k0 = 0; k0 <= q0 && k0 < T; k0 += FA_TILE) {  // pass 1: delta
+        __syncthreads();
+        fa_load_t<D>(k_t, k, k0, T, d_k);
+        fa_load_t<D>(v_t, v, k0, T, d_k);
+        __syncthreads();
+        float p[4][4], dp[4][4];
+        scores(p, dp, k0);
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) row_delta[i] += p[i][j] * dp[i][j];
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        row_delta[i] = fa_row_sum(row_delta[i]);
+        const int qi = q0 + 4 * ty + i;
+        if (tx == 0 && qi < T) delta[qi] = row_delta[i];
+    }
+    for (int k0 = 0; k0 <= q0 && k0 < T; k0 += FA_TILE) {  // pass 2: dq
+        __syncthreads();
+        fa_load_t<D>(k_t, k, k0, T, d_k);
+        fa_load_t<D>(v_t, v, k0, T, d_k);
+        fa_load<D>(ks, k, k0, T, d_k);
+        __syncthreads();
+        float p[4][4], dp[4][4];
+        scores(p, dp, k0);
 #pragma unroll
         for (int j = 0; j < 4; j++)
             *reinterpret_cast<float4*>(ds_t + (4 * tx + j) * FA_LD + 4 * ty) =
-                make_float4(s[0][j], s[1][j], s[2][j], s[3][j]);
+                make_float4(p[0][j] * (dp[0][j] - row_delta[0]), p[1][j] * (dp[1][j] - row_delta[1]),
+                            p[2][j] * (dp[2][j] - row_delta[2]), p[3][j] * (dp[3][j] - row_delta[3]));
         __syncthreads();
         fa_weigh<D>(acc, ds_t, ks, ty, tx);
     }
@@ -331,9 +347,9 @@ __device__ void flash_bwd_dkdv(float* dk, float* dv, const float* q, const float
         flash_fwd<D>(o, lse, q, k, v, T, d_k);                                                                  \
     }                                                                                                           \
     extern "C" __global__ void __launch_bounds__(FA_THREADS) k_flash_bwd_dq_d##D(                              \
-        float* dq, const float* q, const float* k, const float* v, const float* d_o, const float* lse,          \
-        const float* delta, int T, int d_k) {                                                                   \
-        flash_bwd_dq<D>(dq, q, k, v, d_o, lse, delta, T, d_k);                                                  \
+        float* dq, float* delta, const float* q, const float* k, const float* v, const float* d_o,              \
+        const float* lse, int T, int d_k) {                                                                     \
+        flash_bwd_dq<D>(dq, delta, q, k, v, d_o, lse, T, d_k);                                                  \
     }                                                                                                           \
     extern "C" __global__ void __launch_bounds__(FA_THREADS) k_flash_bwd_dkdv_d##D(                            \
         float* dk, float* dv, const float* q, const float* k, const float* v, const float* d_o,                 \
