@@ -1,8 +1,9 @@
-"""The microgpt command: train, sample, info.
+"""The microgpt command: train, sample, convert, info.
 
     microgpt train --steps 200            # GPU when there is one, else a small model on the CPU
     microgpt train --steps 400 --resume   # continue runs/microgpt/model.ckpt to step 400
     microgpt sample runs/microgpt/model.ckpt --max-new-tokens 200 --prompt "The " --top-p 0.9 --seed 1
+    microgpt convert runs/microgpt/model.ckpt hf-out/      # to a Hugging Face GPT-2 directory, and back
     microgpt info
 
 A user error is one line, `microgpt: error: ...`, naming the flag and the value typed, with exit status 2,
@@ -252,6 +253,39 @@ def cmd_sample(args) -> int:
     return 0
 
 
+def is_hf_dir(path) -> bool:
+    return Path(path).is_dir()
+
+
+def cmd_convert(args) -> int:
+    """ANDREA checkpoint <-> Hugging Face GPT-2 directory. DST is a directory (written as Hugging Face's)
+    unless it ends in .ckpt (an ANDREA checkpoint)."""
+    src, dst = args.src, args.dst
+    to_hf = not str(dst).endswith(".ckpt")
+    if to_hf and Path(dst).exists() and not Path(dst).is_dir():
+        raise UsageError(f"DST {dst!r} is a file: a Hugging Face checkpoint is a directory (an ANDREA one ends "
+                         f"in .ckpt)")
+    if not to_hf and Path(dst).is_dir():
+        raise UsageError(f"DST {dst!r} is a directory, not an ANDREA checkpoint file")
+    try:
+        if is_hf_dir(src):
+            model, step, extra = GPT.from_hf(src), 0, None
+        else:
+            saved = read_checkpoint(src, "SRC")
+            model, step, extra = GPT.from_checkpoint(saved), saved.step, saved.extra
+        if to_hf:
+            model.save_hf(dst)
+            if step:
+                print(f"microgpt: note: the Adam moments and the step ({step}) are not part of a Hugging Face "
+                      f"checkpoint: dropped", file=sys.stderr)
+        else:
+            model.save(dst, extra=extra)  # ANDREA to ANDREA: the moments and the step as they were
+    except (OSError, ValueError, ImportError) as e:
+        raise UsageError(f"convert {src!r} -> {dst!r}: {e}") from None
+    print(f"{src} -> {dst} ({'Hugging Face GPT-2' if to_hf else 'ANDREA checkpoint'}, {model.config})")
+    return 0
+
+
 def cmd_info(args) -> int:
     saved = read_checkpoint(args.checkpoint) if args.checkpoint else None  # the whole file, checked
     print(f"microgpt {__version__}")
@@ -329,6 +363,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--num-samples", type=count, default=1, help="samples of the prompt, drawn together")
     sp.add_argument("--seed", type=seed, default=None, help="the same seed gives the same text")
     sp.set_defaults(func=cmd_sample)
+
+    cv = sub.add_parser("convert", help="an ANDREA checkpoint to a Hugging Face GPT-2 directory and back")
+    cv.add_argument("src", help="an ANDREA checkpoint, or a Hugging Face GPT-2 directory (save_pretrained)")
+    cv.add_argument("dst", help="a directory (written as Hugging Face GPT-2), or a path ending in .ckpt (ANDREA)")
+    cv.set_defaults(func=cmd_convert)
 
     i = sub.add_parser("info", help="the device, the compiled architecture, the kernels, a checkpoint")
     i.add_argument("checkpoint", nargs="?", help="a checkpoint to check whole and describe")

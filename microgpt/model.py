@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from . import checkpoint
+from . import checkpoint, hf
 from .backend import Backend
 from .backend_cuda import CudaBackend
 from .backend_numpy import NumpyBackend
@@ -246,6 +246,21 @@ class GPT:
         model = cls(ckpt.config, backend=backend, variant=variant)
         model._restore(ckpt)
         return model
+
+    @classmethod
+    def from_hf(cls, path, backend: str = "numpy", variant: str | None = None) -> "GPT":
+        """The GPT-2 of a Hugging Face save_pretrained directory (config.json + model.safetensors), on backend:
+        its weights as microgpt.hf reads them; step 0, Adam moments zero. A config microgpt cannot compute is
+        refused by name (microgpt.hf)."""
+        config, state = hf.read_hf(path)
+        model = cls(config, backend=backend, variant=variant)
+        model.load_state_dict(state)
+        return model
+
+    def save_hf(self, path) -> None:
+        """Writes the weights as a Hugging Face GPT-2 directory that transformers.GPT2LMHeadModel
+        .from_pretrained loads (microgpt.hf); the Adam moments and the step are not part of that format."""
+        hf.write_hf(path, self.config, self.state_dict())
 
     def load_checkpoint(self, path) -> dict:
         """Restores weights, Adam m and v and the step from a checkpoint of this model's config, and returns

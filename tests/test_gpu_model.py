@@ -135,6 +135,20 @@ def test_bad_calls_are_refused_before_any_kernel(rng):
         GPT(SMALL, backend="cuda", dtype=np.float64)
 
 
+def test_a_hugging_face_gpt2_on_the_gpu_has_the_numpy_backends_logits(tmp_path, rng):
+    """GPT.from_hf on the cuda backend: the logits of the numpy backend (which tests/test_hf.py holds to
+    transformers' own) within the usual tolerance; save_hf from the GPU writes the same weights."""
+    pytest.importorskip("safetensors")
+    GPT(SMALL, seed=12).save_hf(tmp_path / "hf")
+    idx = rng.integers(0, SMALL.vocab_size, size=(2, SMALL.block_size))
+    gpu, cpu = GPT.from_hf(tmp_path / "hf", backend="cuda"), GPT.from_hf(tmp_path / "hf")
+    err = rel_err(gpu.forward(idx)[0], cpu.forward(idx)[0].astype(np.float64))
+    record("cuda vs numpy backend", "logits of a Hugging Face GPT-2", err)
+    assert err < 1e-5
+    gpu.save_hf(tmp_path / "back")
+    assert (tmp_path / "back" / "model.safetensors").read_bytes() == (tmp_path / "hf" / "model.safetensors").read_bytes()
+
+
 def test_generate_on_the_gpu(rng):
     gpu = GPT(SMALL, backend="cuda", seed=3)
     prompt = rng.integers(0, SMALL.vocab_size, size=(2, 4))

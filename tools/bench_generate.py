@@ -23,6 +23,7 @@ import numpy as np
 from microgpt import GPT, PRESETS, GPTConfig
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import gpu_or_exit  # noqa: E402
 
 QUICK = dict(config=GPTConfig(n_layer=2, n_head=2, d_model=32, block_size=64, vocab_size=257), B=[1, 2],
              prompt=[4], new=16)
@@ -94,7 +95,6 @@ def main(argv=None) -> int:
         if min(values) < 1:
             ap.error(f"{name} must be >= 1, got {min(values)}")
     if args.backend == "cuda" and not args.quick:
-        from timing import gpu_or_exit
         gpu_or_exit("bench_generate")
 
     if args.quick:
