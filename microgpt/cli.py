@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -23,10 +24,11 @@ import numpy as np
 from . import checkpoint, kernels
 from ._version import __version__
 from .config import PRESETS, GPTConfig
-from .data import BatchSampler, load_tokens, split
+from .convert import convert
+from .data import BatchSampler, builtin_corpus, load_tokens, split
 from .model import GPT
 from .runs import RunFolder, RunFolderError
-from .tokenizer import ByteTokenizer
+from .tokenizer import BPETokenizer, ByteTokenizer, recorded_tokenizer, train_bpe
 from .train import EXIT_INTERRUPTED, train_loop
 
 # Without a GPU the command still runs, on a model small enough for numpy to train in seconds.
@@ -104,7 +106,7 @@ def config_from_args(args, backend: str, vocab_size: int) -> GPTConfig:
     try:
         base = GPTConfig.preset(args.preset or "andrea-12m", vocab_size=vocab_size)
     except ValueError as e:
-        raise UsageError(f"--preset {args.preset}: {e} (the byte tokenizer's vocabulary is {vocab_size})") from None
+        raise UsageError(f"--preset {args.preset}: {e} (the tokenizer's vocabulary is {vocab_size})") from None
     fields = base.to_dict() | (CPU_SIZES if args.preset is None and backend == "numpy" else {})
     fields |= {k: getattr(args, k) for k in SIZE_FLAGS if getattr(args, k) is not None}
     try:
@@ -171,9 +173,23 @@ def read_checkpoint(path, flag=None):
 
 
 # ---------------------------------------------------------------------------------------------- commands
+def open_tokenizer(path, flag="--tokenizer"):
+    try:
+        return BPETokenizer(path)
+    except (OSError, ValueError, ImportError) as e:
+        raise UsageError(f"{flag} {path}: {e}") from None
+
+
+def run_tokenizer(given, extra: dict, where: str, resume: bool):
+    """The tokenizer of a saved run (tokenizer.recorded_tokenizer), --tokenizer where given."""
+    try:
+        return recorded_tokenizer(extra.get("tokenizer"), given, where, resume)
+    except (OSError, ValueError, ImportError) as e:
+        raise UsageError(str(e)) from None
+
+
 def cmd_train(args) -> int:
     backend = pick_backend(args.backend)
-    tokenizer = ByteTokenizer()
     run = RunFolder(args.out)
     ckpt = run.checkpoint
     if args.resume:
@@ -181,11 +197,15 @@ def cmd_train(args) -> int:
             raise UsageError(f"--resume: no checkpoint at {ckpt}")
         saved = read_checkpoint(ckpt, "--resume")
         config, extra = saved.config, saved.extra
+        tokenizer = run_tokenizer(args.tokenizer, extra, f"--resume: {ckpt}", resume=True)
         T = extra.get("T", config.block_size)
         check_resume_flags(args, config, T, extra)
     else:
+        tokenizer = open_tokenizer(args.tokenizer) if args.tokenizer is not None else ByteTokenizer()
         config = config_from_args(args, backend, tokenizer.vocab_size)
         saved, extra, T = None, {}, args.seq_len or config.block_size
+    if config.vocab_size < tokenizer.vocab_size:
+        raise UsageError(f"the model's vocab_size {config.vocab_size} is below the tokenizer's {tokenizer.vocab_size}")
     if T > config.block_size:
         raise UsageError(f"--seq-len {T} is above the model's block_size {config.block_size}")
     B = args.batch_size or run_batch_size(extra) or DEFAULT_BATCH_SIZE
@@ -221,10 +241,11 @@ def cmd_sample(args) -> int:
     except UnicodeError:
         raise UsageError(f"--prompt {args.prompt.encode('utf-8', 'surrogateescape')!r} is not valid UTF-8") from None
     saved = read_checkpoint(args.checkpoint)
-    tokenizer = ByteTokenizer()
+    tokenizer = run_tokenizer(args.tokenizer, saved.extra, args.checkpoint, resume=False)
     if saved.config.vocab_size < tokenizer.vocab_size:
-        raise UsageError(f"{args.checkpoint}: vocab_size {saved.config.vocab_size} is not the byte "
-                         f"tokenizer's {tokenizer.vocab_size}")
+        name = "byte tokenizer's" if isinstance(tokenizer, ByteTokenizer) else f"tokenizer {tokenizer.path}'s"
+        raise UsageError(f"{args.checkpoint}: vocab_size {saved.config.vocab_size} is below the {name} "
+                         f"{tokenizer.vocab_size}")
     if args.top_k is not None and args.top_k > saved.config.vocab_size:
         raise UsageError(f"--top-k {args.top_k} is above the model's vocab_size {saved.config.vocab_size}")
     model = GPT.from_checkpoint(saved, backend=pick_backend(args.backend, quiet=True), variant=args.variant)
@@ -253,36 +274,41 @@ def cmd_sample(args) -> int:
     return 0
 
 
-def is_hf_dir(path) -> bool:
-    return Path(path).is_dir()
-
-
 def cmd_convert(args) -> int:
-    """ANDREA checkpoint <-> Hugging Face GPT-2 directory. DST is a directory (written as Hugging Face's)
-    unless it ends in .ckpt (an ANDREA checkpoint)."""
-    src, dst = args.src, args.dst
-    to_hf = not str(dst).endswith(".ckpt")
-    if to_hf and Path(dst).exists() and not Path(dst).is_dir():
-        raise UsageError(f"DST {dst!r} is a file: a Hugging Face checkpoint is a directory (an ANDREA one ends "
-                         f"in .ckpt)")
-    if not to_hf and Path(dst).is_dir():
-        raise UsageError(f"DST {dst!r} is a directory, not an ANDREA checkpoint file")
+    """ANDREA checkpoint <-> Hugging Face GPT-2 directory (microgpt.convert)."""
     try:
-        if is_hf_dir(src):
-            model, step, extra = GPT.from_hf(src), 0, None
-        else:
-            saved = read_checkpoint(src, "SRC")
-            model, step, extra = GPT.from_checkpoint(saved), saved.step, saved.extra
-        if to_hf:
-            model.save_hf(dst)
-            if step:
-                print(f"microgpt: note: the Adam moments and the step ({step}) are not part of a Hugging Face "
-                      f"checkpoint: dropped", file=sys.stderr)
-        else:
-            model.save(dst, extra=extra)  # ANDREA to ANDREA: the moments and the step as they were
+        to_hf, config, dropped = convert(args.src, args.dst)
+    except checkpoint.CheckpointError as e:
+        raise UsageError(f"SRC: {e}") from None
     except (OSError, ValueError, ImportError) as e:
-        raise UsageError(f"convert {src!r} -> {dst!r}: {e}") from None
-    print(f"{src} -> {dst} ({'Hugging Face GPT-2' if to_hf else 'ANDREA checkpoint'}, {model.config})")
+        raise UsageError(f"convert {args.src!r} -> {args.dst!r}: {e}") from None
+    if dropped:
+        print(f"microgpt: note: the Adam moments and the step ({dropped}) are not part of a Hugging Face "
+              f"checkpoint: dropped", file=sys.stderr)
+    print(f"{args.src} -> {args.dst} ({'Hugging Face GPT-2' if to_hf else 'ANDREA checkpoint'}, {config})")
+    return 0
+
+
+def cmd_tokenizer_train(args) -> int:
+    if args.data is not None and not Path(args.data).is_file():
+        raise UsageError(f"--data {args.data}: no such file")
+    if Path(args.out).is_dir():
+        raise UsageError(f"--out {args.out} is a folder; expected the path of a tokenizer.json to write")
+    with tempfile.TemporaryDirectory() as tmp:
+        data = args.data
+        if data is None:  # the built-in corpus, as train takes it
+            data = str(Path(tmp) / "corpus.txt")
+            Path(data).write_text(builtin_corpus(), encoding="utf-8")
+        try:
+            tokenizer = train_bpe([data], args.vocab_size, args.out, show_progress=not args.no_progress)
+        except (OSError, ImportError, ValueError) as e:
+            raise UsageError(f"tokenizer train: {e}") from None
+    print(f"{args.out}: a byte-level BPE of {tokenizer.vocab_size:,} tokens (sha256 {tokenizer.sha256[:12]}...) "
+          f"from {args.data or '(built-in corpus)'}")
+    if tokenizer.vocab_size < args.vocab_size:
+        print(f"microgpt: note: the text held merges for {tokenizer.vocab_size:,} tokens, not the "
+              f"{args.vocab_size:,} asked for: a model trained with it has vocab_size {tokenizer.vocab_size:,}",
+              file=sys.stderr)
     return 0
 
 
@@ -328,6 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name in SIZE_FLAGS:
         t.add_argument(flag(name), dest=name, type=count, default=None)
     t.add_argument("--data", default=None, help="a UTF-8 text file (default: Python's pydoc topics)")
+    t.add_argument("--tokenizer", default=None, help="a BPE tokenizer.json (microgpt tokenizer train); the "
+                   "vocabulary size comes from it, and the checkpoint records it (default: bytes)")
     t.add_argument("--val-fraction", type=open_fraction, default=0.1)
     t.add_argument("--steps", type=count, default=200)
     t.add_argument("--batch-size", type=count, default=None,
@@ -354,6 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("checkpoint")
     sp.add_argument("--backend", choices=["auto", "numpy", "cuda"], default="auto")
     sp.add_argument("--variant", **variant)
+    sp.add_argument("--tokenizer", default=None, help="the tokenizer.json the model was trained with (default: "
+                    "the one its checkpoint records, or bytes)")
     sp.add_argument("--prompt", default="")
     sp.add_argument("--max-new-tokens", type=count0, default=200)
     sp.add_argument("--temperature", type=rate, default=0.8)
@@ -363,6 +393,16 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--num-samples", type=count, default=1, help="samples of the prompt, drawn together")
     sp.add_argument("--seed", type=seed, default=None, help="the same seed gives the same text")
     sp.set_defaults(func=cmd_sample)
+
+    tk = sub.add_parser("tokenizer", help="tokenizers: train a byte-level BPE")
+    tks = tk.add_subparsers(dest="tokenizer_command", required=True, parser_class=Parser)
+    tt = tks.add_parser("train", help="a byte-level BPE tokenizer.json from a text file")
+    tt.add_argument("--vocab-size", type=count, default=8449, help="tokens in all: the 256 bytes, "
+                    "<|endoftext|> and the merges (default: andrea-120m's 8449)")
+    tt.add_argument("--data", default=None, help="a UTF-8 text file (default: the built-in corpus)")
+    tt.add_argument("--out", default="tokenizer.json")
+    tt.add_argument("--no-progress", action="store_true")
+    tt.set_defaults(func=cmd_tokenizer_train)
 
     cv = sub.add_parser("convert", help="an ANDREA checkpoint to a Hugging Face GPT-2 directory and back")
     cv.add_argument("src", help="an ANDREA checkpoint, or a Hugging Face GPT-2 directory (save_pretrained)")

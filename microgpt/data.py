@@ -25,8 +25,10 @@ def builtin_corpus() -> str:
     return "\n\n".join(topics[k] for k in sorted(topics))
 
 
-def load_tokens(path: str | None = None, tokenizer: ByteTokenizer | None = None) -> np.ndarray:
-    """The tokens of a UTF-8 text file (bytes that are not UTF-8 read as U+FFFD), or of builtin_corpus()."""
+def load_tokens(path: str | None = None, tokenizer=None) -> np.ndarray:
+    """The tokens of a UTF-8 text file (bytes that are not UTF-8 read as U+FFFD), or of builtin_corpus(), by
+    the byte tokenizer or another with its interface; one with encode_batch (BPETokenizer) encodes the text
+    in pieces in parallel, cut where its pre-tokenizer cuts anyway, so the tokens are those of the whole."""
     tokenizer = tokenizer or ByteTokenizer()
     if path is None:
         text = builtin_corpus()
@@ -35,7 +37,28 @@ def load_tokens(path: str | None = None, tokenizer: ByteTokenizer | None = None)
         if not p.is_file():
             raise FileNotFoundError(f"data file {str(path)!r} does not exist")
         text = p.read_text(encoding="utf-8", errors="replace")
+    if hasattr(tokenizer, "encode_batch") and len(text) > PIECE:
+        pieces = tokenizer.encode_batch(text_pieces(text))
+        return np.concatenate(pieces) if pieces else np.empty(0, np.int32)
     return tokenizer.encode(text)
+
+
+PIECE = 1 << 20  # characters a piece of text holds, about
+
+
+def text_pieces(text: str, size: int = PIECE) -> list:
+    """text cut into pieces of about `size` characters, each cut just after a newline that a non-space
+    character follows: GPT-2's byte-level pre-tokenizer ends a token there whatever comes next, so encoding
+    the pieces gives the tokens of the whole."""
+    pieces, start = [], 0
+    while len(text) - start > size:
+        cut = start + size
+        while cut < len(text) and not (text[cut - 1] == "\n" and not text[cut].isspace()):
+            cut += 1
+        pieces.append(text[start:cut])
+        start = cut
+    pieces.append(text[start:])
+    return [p for p in pieces if p]
 
 
 def split(tokens: np.ndarray, val_fraction: float = 0.1) -> tuple[np.ndarray, np.ndarray]:

@@ -167,3 +167,4 @@ def write_hf(path, config: GPTConfig, state: dict) -> None:
             json.dump(config_to_hf(config), fh, indent=2)
             fh.write("\n")
     replace(os.path.join(path, CONFIG_FILE), write_config)
+

@@ -1,4 +1,5 @@
-"""ByteTokenizer: every UTF-8 byte a token (0..255), plus end-of-text (256).
+"""ByteTokenizer: every UTF-8 byte a token (0..255), plus end-of-text (256); BPETokenizer: a byte-level BPE
+read from a tokenizer.json, with the same interface (train_bpe trains one).
 
     tok = ByteTokenizer()
     ids = tok.encode("naïve ☃")     # int32 array of the text's UTF-8 bytes
@@ -10,6 +11,9 @@ sequence shows where the model ended a document. Sampled ids need not form valid
 each broken sequence into U+FFFD instead of failing. Both loops run in Cython (microgpt._host).
 """
 from __future__ import annotations
+
+import hashlib
+import os
 
 import numpy as np
 
@@ -33,6 +37,10 @@ class ByteTokenizer:
         """Text of a 1-D sequence of ids in [0, 257); an id outside raises ValueError naming it."""
         return _host.decode_ids(_as_ids(ids), self._eot_bytes)
 
+    def record(self) -> None:
+        """What a checkpoint keeps to find this tokenizer again: nothing, bytes are the default."""
+        return None
+
     def stream(self) -> "TextStream":
         """A decoder fed ids as they are sampled: push(ids) gives the text they complete, flush() the rest;
         together they give decode() of the whole sequence."""
@@ -40,26 +48,127 @@ class ByteTokenizer:
 
 
 class TextStream:
-    """Incremental decode: the bytes of a character split across pushes wait for the rest."""
+    """Incremental decode: the bytes of a character split across pushes (or tokens) wait for the rest."""
 
-    def __init__(self, tokenizer: ByteTokenizer):
+    def __init__(self, tokenizer):
         self.tokenizer = tokenizer
-        self.pending = []  # ids of a UTF-8 sequence not yet complete
+        self.pending = []  # ids whose text is not yet complete
 
     def push(self, ids) -> str:
         text = []
-        for i in _as_ids(ids).tolist():
-            if not 0 <= i < self.tokenizer.vocab_size:
-                raise ValueError(f"ids holds token id {i}, outside [0, {self.tokenizer.vocab_size})")
+        bytewise = isinstance(self.tokenizer, ByteTokenizer)
+        for i in _as_ids(ids, self.tokenizer.vocab_size).tolist():
             self.pending.append(i)
-            if i == self.tokenizer.eot or _complete(self.pending):
-                text.append(self.flush())
+            if bytewise:
+                if i == self.tokenizer.eot or _complete(self.pending):
+                    text.append(self.flush())
+            else:  # a token's bytes may end inside a character: its decode then ends in U+FFFD
+                piece = self.tokenizer.decode(self.pending)
+                if not piece.endswith("\ufffd"):
+                    text.append(piece)
+                    self.pending = []
         return "".join(text)
 
     def flush(self) -> str:
         text = self.tokenizer.decode(self.pending)
         self.pending = []
         return text
+
+
+class BPETokenizer:
+    """A byte-level BPE tokenizer read from a tokenizer.json (the Hugging Face `tokenizers` package: pip install
+    'microgpt[hf]'), with the ByteTokenizer's interface: vocab_size, eot, encode, decode, stream. Byte-level, so
+    any UTF-8 text round-trips; `<|endoftext|>` must be one of its tokens. train_bpe makes one."""
+
+    eot_text = ByteTokenizer.eot_text
+
+    def __init__(self, path):
+        tokenizers = _tokenizers()
+        self.path = os.path.abspath(os.fspath(path))
+        if not os.path.isfile(self.path):
+            raise FileNotFoundError(f"tokenizer {os.fspath(path)!r} does not exist")
+        try:
+            self._tok = tokenizers.Tokenizer.from_file(self.path)
+        except Exception as e:  # the package's own error type for a file that is not a tokenizer.json
+            raise ValueError(f"tokenizer {os.fspath(path)!r} is not a tokenizer.json: {e}") from None
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        eot = self._tok.token_to_id(self.eot_text)
+        if eot is None:
+            raise ValueError(f"tokenizer {os.fspath(path)!r} has no {self.eot_text} token")
+        self.eot = eot
+        with open(self.path, "rb") as fh:
+            self.sha256 = hashlib.sha256(fh.read()).hexdigest()
+
+    def encode(self, text: str) -> np.ndarray:
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        return np.array(self._tok.encode(text, add_special_tokens=False).ids, dtype=np.int32)
+
+    def encode_batch(self, texts: list) -> list:
+        """encode of each text, in parallel threads where the package allows."""
+        return [np.array(e.ids, dtype=np.int32) for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids) -> str:
+        a = _as_ids(ids, self.vocab_size)
+        return self._tok.decode(a.tolist(), skip_special_tokens=False)
+
+    def stream(self) -> "TextStream":
+        return TextStream(self)
+
+    def record(self) -> dict:
+        """What a checkpoint keeps to find this tokenizer again, and to know it unchanged."""
+        return {"path": self.path, "sha256": self.sha256}
+
+
+def recorded_tokenizer(record: dict | None, given=None, where: str = "the run", resume: bool = False):
+    """The tokenizer a checkpoint records (BPETokenizer.record(): found again by path, known unchanged by
+    sha256), or `given` (a path), which must be that one; bytes where none is recorded (and a given one is
+    refused where a run on bytes resumes). ValueError or FileNotFoundError say which and why."""
+    if given is not None:
+        tokenizer = BPETokenizer(given)
+        if record is not None and record.get("sha256") != tokenizer.sha256:
+            raise ValueError(f"--tokenizer {os.fspath(given)} is not the tokenizer {where} was trained with "
+                             f"({record.get('path')}, sha256 {str(record.get('sha256'))[:12]}...)")
+        if record is None and resume:
+            raise ValueError(f"--tokenizer {os.fspath(given)}: {where} was trained on bytes (no tokenizer recorded)")
+        return tokenizer
+    if record is None:
+        return ByteTokenizer()
+    path = record.get("path")
+    if not isinstance(path, str) or not os.path.isfile(path):
+        raise FileNotFoundError(f"{where} was trained with the tokenizer {path}, which is not there any more: "
+                                f"give it with --tokenizer")
+    tokenizer = BPETokenizer(path)
+    if tokenizer.sha256 != record.get("sha256"):
+        raise ValueError(f"{where}'s tokenizer {path} has changed since it was trained (sha256 "
+                         f"{tokenizer.sha256[:12]}..., recorded {str(record.get('sha256'))[:12]}...): give the one "
+                         f"it was trained with via --tokenizer")
+    return tokenizer
+
+
+def train_bpe(text_files: list, vocab_size: int, out, show_progress: bool = True) -> BPETokenizer:
+    """A byte-level BPE tokenizer of vocab_size tokens (the 256 bytes, <|endoftext|> and the merges learned
+    from the files), saved as a tokenizer.json at out."""
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)) or vocab_size < 257:
+        raise ValueError(f"vocab_size must be an int >= 257 (the 256 bytes and <|endoftext|>), got {vocab_size!r}")
+    tk = _tokenizers()
+    tok = tk.Tokenizer(tk.models.BPE())
+    tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tk.decoders.ByteLevel()
+    trainer = tk.trainers.BpeTrainer(vocab_size=int(vocab_size), special_tokens=[ByteTokenizer.eot_text],
+                                     initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),
+                                     show_progress=show_progress)
+    tok.train([os.fspath(f) for f in text_files], trainer)
+    tok.save(os.fspath(out))
+    return BPETokenizer(out)
+
+
+def _tokenizers():
+    try:
+        import tokenizers
+    except ImportError:
+        raise ImportError("a BPE tokenizer needs the tokenizers package: pip install 'microgpt[hf]'") from None
+    return tokenizers
 
 
 def _complete(ids) -> bool:
@@ -75,9 +184,9 @@ def _complete(ids) -> bool:
     return True                                # four continuation bytes: broken already
 
 
-def _as_ids(ids) -> np.ndarray:
+def _as_ids(ids, vocab_size: int = _host.VOCAB_SIZE) -> np.ndarray:
     """ids as a 1-D C-contiguous int32 or int64 array, checked before any narrowing cast so that no
-    out-of-range id wraps into a valid one."""
+    out-of-range id wraps into a valid one (and, for a vocabulary other than the bytes', checked here)."""
     try:
         a = np.asarray(ids)
     except (TypeError, ValueError, OverflowError) as e:
@@ -89,10 +198,10 @@ def _as_ids(ids) -> np.ndarray:
     if a.ndim > 1:
         raise ValueError(f"ids must be 1-D, got shape {a.shape}; decode one row at a time")
     a = a.reshape(-1)
-    if a.dtype == np.int32 or a.dtype == np.int64:
-        return np.ascontiguousarray(a)
-    bad = np.flatnonzero((a < 0) | (a >= ByteTokenizer.vocab_size))
+    if vocab_size == _host.VOCAB_SIZE and (a.dtype == np.int32 or a.dtype == np.int64):
+        return np.ascontiguousarray(a)  # the Cython decoder checks each id itself
+    bad = np.flatnonzero((a < 0) | (a >= vocab_size))
     if bad.size:
         i = int(bad[0])
-        raise ValueError(f"ids holds token id {a[i]} at index {i}, outside [0, {ByteTokenizer.vocab_size})")
-    return a.astype(np.int32)
+        raise ValueError(f"ids holds token id {a[i]} at index {i}, outside [0, {vocab_size})")
+    return np.ascontiguousarray(a, dtype=np.int32)

@@ -57,7 +57,8 @@ def train_loop(model, ckpt, train, val, args, tokenizer, resumed=False) -> int:
     def save():
         nonlocal last_saved
         try:
-            model.save(ckpt, extra={"train_sampler": train.state, "T": T})
+            record = tokenizer.record()  # a BPE tokenizer's path and sha256, for sample and --resume
+            model.save(ckpt, extra={"train_sampler": train.state, "T": T} | ({"tokenizer": record} if record else {}))
         except OSError as e:
             kept = f"{ckpt} (step {last_saved}) is intact" if last_saved is not None else "no checkpoint was written"
             print(f"microgpt: error: could not write the checkpoint at step {model.step_count}: "

@@ -140,7 +140,7 @@ def test_convert_to_hugging_face_and_back(tmp_path, rng, capsys):
 
 
 @pytest.mark.parametrize("src, dst, message", [
-    ("nope.ckpt", "out", "SRC: "),
+    ("nope.ckpt", "out", "nope.ckpt' does not exist (no such file)"),
     ("a.ckpt", "a.ckpt.json", "DST 'TMP/a.ckpt.json' is a file: a Hugging Face checkpoint is a directory"),
     ("a.ckpt", "sub/", None),  # fine: a new directory
     ("empty", "x.ckpt", "no config.json"),

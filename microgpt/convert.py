@@ -1,0 +1,33 @@
+"""`microgpt convert`: an ANDREA checkpoint to a Hugging Face GPT-2 directory and back (microgpt.hf holds the
+mapping, microgpt.checkpoint the ANDREA format)."""
+from __future__ import annotations
+
+import os
+
+from . import checkpoint
+from .config import GPTConfig
+from .model import GPT
+
+
+def convert(src, dst) -> tuple[bool, GPTConfig, int]:
+    """An ANDREA checkpoint or a Hugging Face directory (src) written as the other or the same (dst: a
+    directory, Hugging Face's, unless it ends in .ckpt). ANDREA to ANDREA keeps the Adam moments, the step and
+    the extra values; to Hugging Face they are dropped. Returns (to Hugging Face, the config, the step dropped
+    or 0)."""
+    src, dst = os.fspath(src), os.fspath(dst)
+    to_hf = not dst.endswith(".ckpt")
+    if to_hf and os.path.exists(dst) and not os.path.isdir(dst):
+        raise ValueError(f"DST {dst!r} is a file: a Hugging Face checkpoint is a directory (an ANDREA one ends "
+                         f"in .ckpt)")
+    if not to_hf and os.path.isdir(dst):
+        raise ValueError(f"DST {dst!r} is a directory, not an ANDREA checkpoint file")
+    if os.path.isdir(src):
+        model, extra = GPT.from_hf(src), None
+    else:
+        saved = checkpoint.read(src)
+        model, extra = GPT.from_checkpoint(saved), saved.extra
+    if to_hf:
+        model.save_hf(dst)
+        return True, model.config, model.step_count
+    model.save(dst, extra=extra)
+    return False, model.config, 0
