@@ -550,25 +550,35 @@ UINT64_MAX = 2 ** 64 - 1
 cdef class WindowSampler:
     """Fills (B, T+1) int32 buffers with windows tokens[s:s+T+1], s uniform in [0, len(tokens) - T).
 
-    One sampler belongs to one thread: fill() releases the GIL and advances the generator's state.
+    tokens: int32, or uint16 (a memory-mapped token file of a vocabulary up to 65536, read as it lies and
+    widened row by row). One sampler belongs to one thread: fill() releases the GIL and advances the
+    generator's state.
     """
     cdef object _tokens  # keeps the token array alive under the memoryview
     cdef const int32_t[::1] tokens
+    cdef const uint16_t[::1] tokens16
+    cdef bint narrow
+    cdef Py_ssize_t n_tokens
     cdef readonly Py_ssize_t T
     cdef uint64_t s[4]
 
     def __init__(self, tokens, Py_ssize_t T, seed):
         if T < 1:
             raise ValueError(f"T must be >= 1, got {T}")
-        if not isinstance(tokens, np.ndarray) or tokens.dtype != np.int32 or tokens.ndim != 1 \
+        if not isinstance(tokens, np.ndarray) or tokens.dtype not in (np.int32, np.uint16) or tokens.ndim != 1 \
                 or not tokens.flags.c_contiguous:
-            raise TypeError("tokens must be a 1-D C-contiguous int32 array")
+            raise TypeError("tokens must be a 1-D C-contiguous int32 or uint16 array")
         if tokens.shape[0] < T + 1:
             raise ValueError(f"tokens: {tokens.shape[0]} tokens are too few for windows of T+1={T + 1}")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed <= UINT64_MAX:
             raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
         self._tokens = tokens
-        self.tokens = tokens
+        self.narrow = tokens.dtype == np.uint16
+        if self.narrow:
+            self.tokens16 = tokens
+        else:
+            self.tokens = tokens
+        self.n_tokens = tokens.shape[0]
         self.T = T
         cdef uint64_t x = <uint64_t>int(seed)
         cdef int i
@@ -594,11 +604,15 @@ cdef class WindowSampler:
 
     def fill(self, int32_t[:, ::1] out) -> None:
         """Writes one window per row of out, which must be (B, T+1)."""
-        cdef Py_ssize_t b, B = out.shape[0], width = self.T + 1
-        cdef uint64_t start, n_starts = self.tokens.shape[0] - self.T
+        cdef Py_ssize_t b, j, B = out.shape[0], width = self.T + 1
+        cdef uint64_t start, n_starts = self.n_tokens - self.T
         if out.shape[1] != width:
             raise ValueError(f"out must have T+1={width} columns, got shape ({out.shape[0]}, {out.shape[1]})")
         with nogil:
             for b in range(B):
                 start = _below(self.s, n_starts)
-                memcpy(&out[b, 0], &self.tokens[start], width * sizeof(int32_t))
+                if self.narrow:
+                    for j in range(width):
+                        out[b, j] = self.tokens16[start + j]
+                else:
+                    memcpy(&out[b, 0], &self.tokens[start], width * sizeof(int32_t))

@@ -25,7 +25,7 @@ from . import checkpoint, kernels
 from ._version import __version__
 from .config import PRESETS, GPTConfig
 from .convert import convert
-from .data import BatchSampler, builtin_corpus, load_tokens, split
+from .data import BatchSampler, builtin_corpus, cached_tokens, load_tokens, split
 from .model import GPT
 from .runs import RunFolder, RunFolderError
 from .tokenizer import BPETokenizer, ByteTokenizer, recorded_tokenizer, train_bpe
@@ -149,8 +149,9 @@ def training_tokens(args, tokenizer, T):
             raise UsageError(f"--data {args.data}: no such file")
         if p.is_dir():
             raise UsageError(f"--data {args.data} is a folder; expected a UTF-8 text file")
-    try:
-        tokens = load_tokens(args.data, tokenizer)
+    try:  # a file is tokenized once, into a token file beside it that later runs map
+        tokens = load_tokens(None, tokenizer) if args.data is None else \
+            cached_tokens(args.data, tokenizer, progress=not args.no_progress)
     except OSError as e:
         raise UsageError(f"--data {args.data}: {e.strerror or e}") from None
     if len(tokens) == 0:

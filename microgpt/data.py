@@ -1,6 +1,7 @@
 """Training data: text -> tokens -> train/validation split -> seeded (B, T+1) batches.
 
     train, val = split(load_tokens())                # Python's pydoc topics, or load_tokens("file.txt")
+    tokens = cached_tokens("big.txt", tokenizer)     # tokenized once into big.txt.<tokenizer>.tokens, mapped
     sampler = BatchSampler(train, B=8, T=1024, seed=0)
     batch = sampler.fill(pinned)                     # any C-contiguous int32 (B, T+1) buffer, e.g. page-locked
     inputs, targets = batch[:, :-1], batch[:, 1:]
@@ -11,10 +12,14 @@ not on other draws. `state` is a JSON-able dict; a resumed run that assigns it c
 """
 from __future__ import annotations
 
+import json
+import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
 from pydoc_data.topics import topics
+from tqdm import tqdm
 
 from . import _host
 from .tokenizer import ByteTokenizer
@@ -31,19 +36,74 @@ def load_tokens(path: str | None = None, tokenizer=None) -> np.ndarray:
     in pieces in parallel, cut where its pre-tokenizer cuts anyway, so the tokens are those of the whole."""
     tokenizer = tokenizer or ByteTokenizer()
     if path is None:
-        text = builtin_corpus()
-    else:
-        p = Path(path)
-        if not p.is_file():
-            raise FileNotFoundError(f"data file {str(path)!r} does not exist")
-        text = p.read_text(encoding="utf-8", errors="replace")
-    if hasattr(tokenizer, "encode_batch") and len(text) > PIECE:
-        pieces = tokenizer.encode_batch(text_pieces(text))
-        return np.concatenate(pieces) if pieces else np.empty(0, np.int32)
-    return tokenizer.encode(text)
+        return tokenizer.encode(builtin_corpus())
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"data file {str(path)!r} does not exist")
+    return encode_file(path, tokenizer)
 
 
 PIECE = 1 << 20  # characters a piece of text holds, about
+TOKEN_FILE = "microgpt-tokens"
+
+
+def cached_tokens(path, tokenizer, progress: bool = False) -> np.ndarray:
+    """The tokens of the text file at path, memory-mapped from a token file beside it (nanoGPT's train.bin
+    habit): `path.<tokenizer>.tokens`, uint16 for a vocabulary up to 65536 and uint32 above, with a JSON
+    sidecar naming the text's size and modification time and the tokenizer (its sha256, or bytes). Written
+    once (to a temporary file, renamed into place) and read by every run after, until the text or the
+    tokenizer changes. Where nothing can be written beside the text, the tokens are kept in memory."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"data file {str(path)!r} does not exist")
+    record = tokenizer.record()
+    tag = "bytes" if record is None else record["sha256"][:16]
+    dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32
+    st = p.stat()
+    meta = {"format": TOKEN_FILE, "version": 1, "text_size": st.st_size, "text_mtime_ns": st.st_mtime_ns,
+            "tokenizer": tag, "dtype": np.dtype(dtype).name}
+    tokens_path, sidecar = p.with_name(f"{p.name}.{tag}.tokens"), p.with_name(f"{p.name}.{tag}.tokens.json")
+    try:
+        saved = json.loads(sidecar.read_text())
+        if {k: saved.get(k) for k in meta} == meta and tokens_path.stat().st_size == saved["count"] * \
+                np.dtype(dtype).itemsize:
+            return _mapped(tokens_path, dtype, saved["count"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # none yet, or another text or tokenizer's: made again
+    tokens = encode_file(p, tokenizer, progress)
+    try:
+        for target, data in ((tokens_path, tokens.astype(dtype).tobytes()),
+                             (sidecar, json.dumps(meta | {"count": int(tokens.size)}).encode())):
+            fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{target.name}.", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(data)
+                os.replace(tmp, target)
+            except BaseException:
+                os.unlink(tmp)
+                raise
+    except OSError:
+        return tokens  # a folder we may not write: the tokens stay in memory this time
+    return _mapped(tokens_path, dtype, tokens.size)
+
+
+def _mapped(path, dtype, count) -> np.ndarray:
+    return np.memmap(path, dtype=dtype, mode="r", shape=(count,)) if count else np.empty(0, dtype)
+
+
+def encode_file(path, tokenizer, progress: bool = False) -> np.ndarray:
+    """The tokens of a UTF-8 text file, by pieces (text_pieces) in batches where the tokenizer encodes in
+    parallel, with a progress bar over the text's characters if asked."""
+    text = Path(path).read_text(encoding="utf-8", errors="replace")
+    if not hasattr(tokenizer, "encode_batch"):
+        return tokenizer.encode(text)
+    pieces, out = text_pieces(text), []
+    with tqdm(total=len(text), unit="char", unit_scale=True, desc="tokenizing", disable=not progress,
+              leave=False) as bar:
+        for i in range(0, len(pieces), 16):
+            batch = pieces[i:i + 16]
+            out += tokenizer.encode_batch(batch)
+            bar.update(sum(len(b) for b in batch))
+    return np.concatenate(out) if out else np.empty(0, np.int32)
 
 
 def text_pieces(text: str, size: int = PIECE) -> list:
@@ -85,10 +145,15 @@ class BatchSampler:
     def __init__(self, tokens: np.ndarray, B: int, T: int, seed: int = 0):
         self.B = _positive_int("B", B)
         self.T = _positive_int("T", T)
-        tokens = np.asarray(tokens)
+        tokens = np.asarray(tokens)  # a memory-mapped token file stays mapped: a view, not a copy
         if tokens.ndim != 1 or (tokens.size and tokens.dtype.kind not in "iu"):
             raise TypeError(f"tokens must be a 1-D integer array, got dtype {tokens.dtype}, shape {tokens.shape}")
-        self.tokens = np.ascontiguousarray(tokens, dtype=np.int32)
+        if tokens.dtype == np.uint16 and tokens.flags.c_contiguous:
+            self.tokens = tokens  # a token file (cached_tokens), read as it lies: never copied into memory
+        elif tokens.dtype == np.uint32 and tokens.flags.c_contiguous:
+            self.tokens = tokens.view(np.int32)  # ids below 2**31 read the same
+        else:
+            self.tokens = np.ascontiguousarray(tokens, dtype=np.int32)
         self._windows = _host.WindowSampler(self.tokens, self.T, seed)
         self.batches_drawn = 0
 

@@ -262,3 +262,41 @@ def test_samplers_in_threads_draw_what_they_draw_alone():
         t.join()
     for a, b in zip(alone, together):
         assert all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+def test_a_text_file_is_tokenized_once_into_a_mapped_token_file(tmp_path, monkeypatch):
+    from microgpt import data
+    from microgpt.tokenizer import ByteTokenizer
+    text = tmp_path / "text.txt"
+    text.write_text("héllo wörld, " * 500, encoding="utf-8")
+    tok = ByteTokenizer()
+    first = data.cached_tokens(text, tok)
+    assert isinstance(first, np.memmap) and first.dtype == np.uint16
+    np.testing.assert_array_equal(first, tok.encode(text.read_text(encoding="utf-8")))
+    assert (tmp_path / "text.txt.bytes.tokens").stat().st_size == 2 * first.size
+
+    def no_second_encoding(*a, **k):
+        raise AssertionError("encoded again")
+    monkeypatch.setattr(data, "encode_file", no_second_encoding)
+    np.testing.assert_array_equal(data.cached_tokens(text, tok), first)  # mapped, not encoded
+    monkeypatch.undo()
+    with open(text, "a", encoding="utf-8") as fh:
+        fh.write("more")  # another text: encoded again
+    again = data.cached_tokens(text, tok)
+    assert again.size == first.size + 4 and bytes(again[-4:].astype(np.uint8)) == b"more"
+
+
+def test_the_sampler_reads_a_uint16_token_file_as_it_reads_int32(tmp_path):
+    from microgpt import data
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 60000, size=5000).astype(np.int32)
+    path = tmp_path / "t.bin"
+    tokens.astype(np.uint16).tofile(path)
+    mapped = np.memmap(path, dtype=np.uint16, mode="r")
+    a, b = data.BatchSampler(tokens, 4, 33, seed=3), data.BatchSampler(mapped, 4, 33, seed=3)
+    assert b.tokens is mapped or b.tokens.base is not None  # kept as it lies, not copied to int32
+    assert b.tokens.dtype == np.uint16
+    for _ in range(5):
+        np.testing.assert_array_equal(a.next(), b.next())
+    wide = data.BatchSampler(tokens.astype(np.uint32), 4, 33, seed=3)  # uint32: the same bytes as int32
+    np.testing.assert_array_equal(wide.next(), data.BatchSampler(tokens, 4, 33, seed=3).next())
