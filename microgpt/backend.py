@@ -56,6 +56,8 @@ class Backend(Protocol):
     def last_grad_norm(self) -> float | None:
         """The global gradient norm before clipping, of the last step (None before the first)."""
 
+    # Optional, for data-parallel training (microgpt.distributed): grad_buffer() -> the live flat gradient
+    # vector (a NumPy array, or a device array with __cuda_array_interface__) for a collective to sum in place.
     # Optional, for sampling: a key-value cache (the numpy backend has one; GPT.generate runs the whole
     # window for each token on a backend without it).
     #   prefill(idx (B, T), T <= block_size) -> the last position's logits (B, V), every layer's keys and

@@ -65,6 +65,12 @@ class CudaBackend:
         self.stream.synchronize()
         return self.flat[check_which(which)].get()
 
+    def grad_buffer(self):
+        """The device gradient vector (a GPUArray: torch.as_tensor wraps it through __cuda_array_interface__),
+        the backward's kernels done, for a collective to sum in place (microgpt.distributed)."""
+        self.stream.synchronize()
+        return self.flat["grads"]
+
     def push(self, which: str, values: np.ndarray) -> None:
         self.stream.synchronize()
         self.flat[check_which(which)].set(np.ascontiguousarray(values, dtype=np.float32))

@@ -44,6 +44,10 @@ class NumpyBackend:
     def zero_grad(self) -> None:
         self.buffers["grads"].fill(0)
 
+    def grad_buffer(self) -> np.ndarray:
+        """The live gradient vector, for a collective to sum in place (microgpt.distributed)."""
+        return self.flat["grads"]
+
     # -- forward / backward ---------------------------------------------------------------------------
     def forward(self, idx, targets=None, logits="all"):
         """Returns (logits, per-position losses or None); keeps what backward needs."""

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -134,8 +134,8 @@ def check_resume_flags(args, config: GPTConfig, T: int, extra: dict) -> None:
             changed.append(f"--preset {args.preset} (the checkpoint's model is {config})")
     if args.seq_len is not None and args.seq_len != T:
         changed.append(f"--seq-len {args.seq_len} (the checkpoint's run uses {T})")
-    B = run_batch_size(extra)
-    if args.batch_size is not None and B is not None and args.batch_size != B:
+    B, world = run_batch_size(extra), int(os.environ.get("WORLD_SIZE", 1))
+    if args.batch_size is not None and B is not None and world * args.batch_size != B:
         changed.append(f"--batch-size {args.batch_size} (the checkpoint's run uses {B})")
     if changed:
         raise UsageError(f"--resume continues the checkpoint's run, which these would change: {'; '.join(changed)}")
@@ -189,8 +189,23 @@ def run_tokenizer(given, extra: dict, where: str, resume: bool):
         raise UsageError(str(e)) from None
 
 
+def data_parallel(requested: str):
+    """Under torchrun (WORLD_SIZE set): (the backend, microgpt.distributed.DataParallel); else (backend, None)."""
+    if "WORLD_SIZE" not in os.environ:
+        return pick_backend(requested), None
+    try:
+        from .distributed import DataParallel, select_gpu  # torch: the [dist] extra, imported only here
+    except ImportError as e:
+        raise UsageError(f"WORLD_SIZE is set (torchrun) but torch.distributed is missing ({e}): pip install "
+                         f"'microgpt[dist]'") from None
+    select_gpu()
+    backend = pick_backend(requested, quiet=os.environ.get("RANK", "0") != "0")
+    return backend, DataParallel(backend)
+
+
 def cmd_train(args) -> int:
-    backend = pick_backend(args.backend)
+    backend, dp = data_parallel(args.backend)
+    world = dp.world if dp else 1
     run = RunFolder(args.out)
     ckpt = run.checkpoint
     if args.resume:
@@ -209,31 +224,35 @@ def cmd_train(args) -> int:
         raise UsageError(f"the model's vocab_size {config.vocab_size} is below the tokenizer's {tokenizer.vocab_size}")
     if T > config.block_size:
         raise UsageError(f"--seq-len {T} is above the model's block_size {config.block_size}")
-    B = args.batch_size or run_batch_size(extra) or DEFAULT_BATCH_SIZE
+    B = args.batch_size or (run_batch_size(extra) or world * DEFAULT_BATCH_SIZE) // world  # per process
     train_tokens, val_tokens = training_tokens(args, tokenizer, T)
-    train = BatchSampler(train_tokens, B, T, seed=args.seed)
-    val = BatchSampler(val_tokens, B, T, seed=args.seed + 1)
+    train = BatchSampler(train_tokens, world * B, T, seed=args.seed)  # the global batch, dealt to the ranks
+    val = BatchSampler(val_tokens, world * B, T, seed=args.seed + 1)
     if "train_sampler" in extra:
         try:  # the resumed run draws the batches the first would have
             train.state = extra["train_sampler"]
         except (TypeError, ValueError) as e:
             raise UsageError(f"--resume: the run's batches cannot continue on this data ({e}): resume with "
                              f"the --data and --val-fraction the run started with") from None
-    try:
-        run.open()  # a file, a place that cannot be written, a folder in use: refused before any step
+    lead = dp is None or dp.lead  # rank 0 alone writes the run and speaks
+    try:  # a file, a place that cannot be written, a folder in use: refused before any step
+        if lead:
+            run.open()
     except RunFolderError as e:
         raise UsageError(str(e)) from None
     try:
-        if saved is not None:
-            model = GPT.from_checkpoint(saved, backend=backend, variant=args.variant)
-            print(f"resumed {run.checkpoint} at step {model.step_count}")
-        else:
-            model = GPT(config, backend=backend, seed=args.seed, variant=args.variant)
-        print(f"training {model.num_params / 1e6:.2f}M parameters on {backend}: {config}, B={train.B}, "
-              f"T={T}, {len(train.tokens):,} train / {len(val.tokens):,} val tokens")
-        return train_loop(model, run.checkpoint, train, val, args, tokenizer, resumed=saved is not None)
+        model = GPT(config, backend=backend, seed=args.seed, variant=args.variant) if saved is None else \
+            GPT.from_checkpoint(saved, backend=backend, variant=args.variant)
+        if lead:
+            print((f"resumed {run.checkpoint} at step {model.step_count}\n" if saved else "") +
+                  f"training {model.num_params / 1e6:.2f}M parameters on {backend}: {config}, B={train.B}"
+                  f"{f' ({world} x {B})' if dp else ''}, T={T}, {len(train.tokens):,} train / {len(val.tokens):,} "
+                  f"val tokens")
+        return train_loop(model, run.checkpoint, train, val, args, tokenizer, resumed=saved is not None, dp=dp)
     finally:
         run.close()
+        if dp is not None:
+            dp.close()
 
 
 def cmd_sample(args) -> int:
@@ -295,15 +314,11 @@ def cmd_tokenizer_train(args) -> int:
         raise UsageError(f"--data {args.data}: no such file")
     if Path(args.out).is_dir():
         raise UsageError(f"--out {args.out} is a folder; expected the path of a tokenizer.json to write")
-    with tempfile.TemporaryDirectory() as tmp:
-        data = args.data
-        if data is None:  # the built-in corpus, as train takes it
-            data = str(Path(tmp) / "corpus.txt")
-            Path(data).write_text(builtin_corpus(), encoding="utf-8")
-        try:
-            tokenizer = train_bpe([data], args.vocab_size, args.out, show_progress=not args.no_progress)
-        except (OSError, ImportError, ValueError) as e:
-            raise UsageError(f"tokenizer train: {e}") from None
+    try:  # without --data, the built-in corpus, as train takes it
+        tokenizer = train_bpe([args.data] if args.data else [], args.vocab_size, args.out,
+                              show_progress=not args.no_progress, texts=None if args.data else [builtin_corpus()])
+    except (OSError, ImportError, ValueError) as e:
+        raise UsageError(f"tokenizer train: {e}") from None
     print(f"{args.out}: a byte-level BPE of {tokenizer.vocab_size:,} tokens (sha256 {tokenizer.sha256[:12]}...) "
           f"from {args.data or '(built-in corpus)'}")
     if tokenizer.vocab_size < args.vocab_size:

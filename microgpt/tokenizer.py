@@ -146,9 +146,9 @@ def recorded_tokenizer(record: dict | None, given=None, where: str = "the run", 
     return tokenizer
 
 
-def train_bpe(text_files: list, vocab_size: int, out, show_progress: bool = True) -> BPETokenizer:
+def train_bpe(text_files: list, vocab_size: int, out, show_progress: bool = True, texts=None) -> BPETokenizer:
     """A byte-level BPE tokenizer of vocab_size tokens (the 256 bytes, <|endoftext|> and the merges learned
-    from the files), saved as a tokenizer.json at out."""
+    from the files, or from the strings of `texts`), saved as a tokenizer.json at out."""
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)) or vocab_size < 257:
         raise ValueError(f"vocab_size must be an int >= 257 (the 256 bytes and <|endoftext|>), got {vocab_size!r}")
     tk = _tokenizers()
@@ -158,7 +158,10 @@ def train_bpe(text_files: list, vocab_size: int, out, show_progress: bool = True
     trainer = tk.trainers.BpeTrainer(vocab_size=int(vocab_size), special_tokens=[ByteTokenizer.eot_text],
                                      initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),
                                      show_progress=show_progress)
-    tok.train([os.fspath(f) for f in text_files], trainer)
+    if texts is not None:
+        tok.train_from_iterator(texts, trainer)
+    else:
+        tok.train([os.fspath(f) for f in text_files], trainer)
     tok.save(os.fspath(out))
     return BPETokenizer(out)
 

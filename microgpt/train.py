@@ -47,14 +47,19 @@ class StopAtStepEnd:
         print("\ninterrupted: finishing this step, then saving (Ctrl-C again to stop at once)", file=sys.stderr)
 
 
-def train_loop(model, ckpt, train, val, args, tokenizer, resumed=False) -> int:
+def train_loop(model, ckpt, train, val, args, tokenizer, resumed=False, dp=None) -> int:
     """Trains model from its step to args.steps (or args.stop_after steps of it) on batches of the samplers
     train and val, checkpointing at ckpt; returns the exit status: 0, 1 (a NaN loss, a failed save), or
-    130 (Ctrl-C, after saving)."""
+    130 (Ctrl-C, after saving). dp (microgpt.distributed.DataParallel): this process trains its rows of each
+    global batch, the gradients averaged over the processes; rank 0 alone logs, evaluates and saves."""
     T = train.T
     last_saved = model.step_count if resumed else None
+    lead = dp is None or dp.lead  # the other ranks only train: no output, no evaluation, no checkpoint
+    say = print if lead else (lambda *a, **k: None)  # noqa: E731
 
     def save():
+        if not lead:
+            return True
         nonlocal last_saved
         try:
             record = tokenizer.record()  # a BPE tokenizer's path and sha256, for sample and --resume
@@ -70,36 +75,43 @@ def train_loop(model, ckpt, train, val, args, tokenizer, resumed=False) -> int:
     val_batches = [val.next() for _ in range(args.eval_batches)]  # the same held-out batches every time
 
     def evaluate() -> float:
+        if not lead:
+            return math.nan
         return float(np.mean([model.forward(b[:, :-1], b[:, 1:], return_logits=False)[1] for b in val_batches]))
 
     first = model.step_count
     if first >= args.steps:
-        print(f"the checkpoint is at step {first}, --steps {args.steps}: nothing to train")
+        say(f"the checkpoint is at step {first}, --steps {args.steps}: nothing to train")
         return 0
     last = args.steps if args.stop_after is None else min(args.steps, first + args.stop_after)
-    tokens_per_step = train.B * T
+    tokens_per_step = train.B * T  # the global batch's, under dp too
     with StopAtStepEnd() as stop:
-        print(f"step {first:5d} | val loss {evaluate():.4f}")
+        say(f"step {first:5d} | val loss {evaluate():.4f}")
         bar = tqdm(range(first, last), desc="train", unit="step", dynamic_ncols=True, file=sys.stderr,
-                   disable=args.no_progress, initial=first, total=args.steps)
+                   disable=args.no_progress or not lead, initial=first, total=args.steps)
         t0 = time.perf_counter()
         for step in bar:
             lr = lr_at(step, args.lr, args.warmup, args.steps, args.min_lr_ratio)
-            batch = train.next()
+            batch = train.next() if dp is None else dp.shard(train.next())
             model.zero_grad()
             _, loss = model.forward(batch[:, :-1], batch[:, 1:], return_logits=False)
+            if dp is not None:  # every rank sees the global loss and any rank's Ctrl-C at the same step
+                loss, stop.requested = dp.agree(loss, stop.requested)
             if not math.isfinite(loss):
                 bar.close()
                 kept = f"the last good checkpoint is {ckpt} (step {last_saved})" if last_saved is not None \
                     else "no checkpoint was written"
-                print(f"step {step + 1}: the loss is {loss}; stopping ({kept})", file=sys.stderr)
+                if lead:
+                    print(f"step {step + 1}: the loss is {loss}; stopping ({kept})", file=sys.stderr)
                 return 1
             model.backward()
+            if dp is not None:
+                dp.average_gradients(model)
             model.step(lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip)
             done = step + 1
             tok_s = tokens_per_step * (done - first) / (time.perf_counter() - t0)
             bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}")
-            if done % args.eval_every == 0 or done == args.steps:
+            if lead and (done % args.eval_every == 0 or done == args.steps):
                 bar.write(f"step {done:5d} | train loss {loss:.4f} | val loss {evaluate():.4f} | "
                           f"lr {lr:.2e} | {tok_s:,.0f} tok/s")
             if done % args.ckpt_every == 0 or done == last or stop.requested:
@@ -108,11 +120,13 @@ def train_loop(model, ckpt, train, val, args, tokenizer, resumed=False) -> int:
                     return 1
             if stop.requested:
                 bar.close()
-                print(f"interrupted after step {done}: saved {ckpt}; continue with --resume")
+                say(f"interrupted after step {done}: saved {ckpt}; continue with --resume")
                 return EXIT_INTERRUPTED
     bar.close()
     if last < args.steps:
-        print(f"stopped after step {last} (--stop-after {args.stop_after}): saved {ckpt}; continue with --resume")
+        say(f"stopped after step {last} (--stop-after {args.stop_after}): saved {ckpt}; continue with --resume")
+        return 0
+    if not lead:
         return 0
     print(f"checkpoint: {ckpt} (step {last_saved})")
     prompt = tokenizer.encode("The ")

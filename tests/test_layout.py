@@ -14,7 +14,7 @@ MAX_LINES = 450
 ENGINE_MODULES = {"__init__", "source", "runtime", "checks", "registry"}
 # our modules that need an optional dependency at import: imported where it is used, so that the rest runs
 # without it
-OPTIONAL = {"microgpt.torch_gpt": "torch"}
+OPTIONAL = {"microgpt.torch_gpt": "torch", "microgpt.distributed": "torch"}
 
 
 def rel(p):

@@ -1,0 +1,55 @@
+"""Data-parallel training on the CPU: torchrun with two processes over gloo, each with --batch-size b, against
+one process with --batch-size 2b: the same batches, so the same losses, and weights equal up to the summation
+order; a resumed two-process run equals an uninterrupted one; rank 0 alone writes and speaks."""
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from microgpt import checkpoint
+
+pytest.importorskip("torch.distributed")
+
+ARGS = ["--backend", "numpy", "--n-layer", "1", "--n-head", "2", "--d-model", "32", "--block-size", "32",
+        "--eval-batches", "2", "--no-progress", "--sample-tokens", "10", "--eval-every", "3"]
+
+
+def run(args, procs=None, timeout=240):
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={procs}"] \
+        if procs else [sys.executable]
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    res = subprocess.run([*launcher, "-m", "microgpt", "train", *ARGS, *args], capture_output=True, text=True,
+                         timeout=timeout, env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res.stdout
+
+
+def losses(out):
+    return [float(x) for x in re.findall(r"loss (\d+\.\d+)", out)]
+
+
+def test_two_processes_train_as_one_with_the_global_batch(tmp_path, corpus):
+    two = run(["--data", corpus, "--steps", "6", "--batch-size", "2", "--out", str(tmp_path / "two")], procs=2)
+    one = run(["--data", corpus, "--steps", "6", "--batch-size", "4", "--out", str(tmp_path / "one")])
+    assert "B=4 (2 x 2)" in two and two.count("training ") == 1  # rank 0 alone speaks
+    np.testing.assert_allclose(losses(two), losses(one), rtol=1e-4)
+    a, b = checkpoint.read(tmp_path / "two" / "model.ckpt"), checkpoint.read(tmp_path / "one" / "model.ckpt")
+    assert a.step == b.step == 6 and a.extra["train_sampler"]["B"] == 4
+    # Adam divides each gradient by its own scale: where a gradient is near zero the summation order shows
+    # at the size of a step (lr), so the weights agree as a whole and to a small fraction of lr each
+    diff = np.abs(a.weights.astype(np.float64) - b.weights)
+    assert np.linalg.norm(diff) / np.linalg.norm(b.weights) < 1e-5 and diff.max() < 1e-5, diff.max()
+
+
+def test_a_resumed_two_process_run_equals_an_uninterrupted_one(tmp_path, corpus):
+    base = ["--data", corpus, "--batch-size", "2"]
+    run([*base, "--steps", "6", "--out", str(tmp_path / "whole")], procs=2)
+    run([*base, "--steps", "6", "--stop-after", "3", "--out", str(tmp_path / "parts")], procs=2)
+    run([*base, "--steps", "6", "--resume", "--out", str(tmp_path / "parts")], procs=2)
+    a, b = checkpoint.read(tmp_path / "whole" / "model.ckpt"), checkpoint.read(tmp_path / "parts" / "model.ckpt")
+    assert a.step == b.step == 6
+    for field in ("weights", "m", "v"):
+        np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
