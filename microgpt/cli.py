@@ -29,7 +29,7 @@ from .data import BatchSampler, builtin_corpus, cached_tokens, load_tokens, spli
 from .model import GPT
 from .runs import RunFolder, RunFolderError
 from .tokenizer import BPETokenizer, ByteTokenizer, recorded_tokenizer, train_bpe
-from .train import EXIT_INTERRUPTED, train_loop
+from .train import EXIT_INTERRUPTED, PeerFailed, train_loop
 
 # Without a GPU the command still runs, on a model small enough for numpy to train in seconds.
 CPU_SIZES = dict(n_layer=2, n_head=4, d_model=64, block_size=64)
@@ -441,6 +441,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("\nmicrogpt: interrupted; the last checkpoint written stands", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except PeerFailed as e:
+        print(f"microgpt: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -12,8 +12,8 @@ model, seeded alike, and:
     the gradient of the global batch's mean loss; every process then takes the same AdamW step;
   - all-reduces the loss and the stop request with it, so that a NaN or a Ctrl-C stops every rank at the
     same step.
-Rank 0 alone logs, evaluates, samples and writes checkpoints. A rank that fails exits, and torchrun ends
-the others. NVLink multicast is left as the machine sets it (NCCL_NVLS_ENABLE is not touched).
+Rank 0 alone logs, evaluates, samples and writes checkpoints. A rank that fails exits with its error, and
+the others stop at their next collective in one line (PeerFailed, exit 1), or torchrun ends them. NVLink multicast is left as the machine sets it (NCCL_NVLS_ENABLE is not touched).
 """
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ import os
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from .train import PeerFailed
 
 
 class DataParallel:
@@ -39,12 +41,19 @@ class DataParallel:
         b = batch.shape[0] // self.world
         return batch[self.rank * b:(self.rank + 1) * b]
 
+    def _all_reduce(self, t) -> None:
+        try:
+            dist.all_reduce(t)
+        except RuntimeError as e:  # a peer that exited: its own error says why
+            raise PeerFailed(f"rank {self.rank}: another process of the run stopped "
+                             f"({str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__})") from None
+
     def agree(self, loss: float, stop: bool) -> tuple[float, bool]:
         """The mean of the ranks' losses, and whether any rank asks to stop."""
         t = torch.tensor([loss, float(stop)], dtype=torch.float64)
         if self.device == "cuda":
             t = t.cuda()
-        dist.all_reduce(t)
+        self._all_reduce(t)
         total, stops = t.tolist()
         return total / self.world, stops > 0
 
@@ -52,7 +61,7 @@ class DataParallel:
         """The flat gradient vector, summed over the ranks in place and divided by their number."""
         grads = model.backend.grad_buffer()
         t = torch.from_numpy(grads) if isinstance(grads, np.ndarray) else torch.as_tensor(grads, device="cuda")
-        dist.all_reduce(t)
+        self._all_reduce(t)
         t.div_(self.world)
         if self.device == "cuda":
             torch.cuda.synchronize()  # the sum is in place before the next kernels read it

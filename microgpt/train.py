@@ -17,6 +17,10 @@ from tqdm import tqdm
 EXIT_INTERRUPTED = 130  # what a shell reports for a process ended by SIGINT
 
 
+class PeerFailed(RuntimeError):
+    """Another process of a data-parallel run stopped (microgpt.distributed): this one stops too, in one line."""
+
+
 def lr_at(step: int, lr: float, warmup: int, total: int, min_lr_ratio: float) -> float:
     """Linear warmup, then cosine decay to min_lr_ratio * lr at the last step."""
     if step < warmup:

@@ -53,3 +53,23 @@ def test_a_resumed_two_process_run_equals_an_uninterrupted_one(tmp_path, corpus)
     assert a.step == b.step == 6
     for field in ("weights", "m", "v"):
         np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
+
+
+def test_a_rank_that_fails_stops_the_others_without_a_hang(tmp_path, corpus):
+    """Rank 0 cannot take the run folder (another trainer holds it): it says so in one line and exits; rank 1,
+    already waiting at the first collective, stops in one line too (or torchrun ends it) -- no hang, and no
+    Python traceback of ours."""
+    from microgpt.runs import RunFolder
+    held = RunFolder(tmp_path / "busy")
+    held.open()
+    try:
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+        env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+        res = subprocess.run([*launcher, "-m", "microgpt", "train", *ARGS, "--data", corpus, "--steps", "3",
+                              "--batch-size", "2", "--out", str(tmp_path / "busy")], capture_output=True, text=True,
+                             timeout=120, env=env)
+    finally:
+        held.close()
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and "microgpt: error: --out" in out and "is in use by another trainer" in out, out
+    assert "[rank1]: Traceback" not in out and "[rank0]: Traceback" not in out, out
