@@ -262,10 +262,10 @@ def cmd_sample(args) -> int:
         raise UsageError(f"--prompt {args.prompt.encode('utf-8', 'surrogateescape')!r} is not valid UTF-8") from None
     saved = read_checkpoint(args.checkpoint)
     tokenizer = run_tokenizer(args.tokenizer, saved.extra, args.checkpoint, resume=False)
-    if saved.config.vocab_size < tokenizer.vocab_size:
+    if saved.config.vocab_size != tokenizer.vocab_size:  # ids the tokenizer has no text for, or never uses
         name = "byte tokenizer's" if isinstance(tokenizer, ByteTokenizer) else f"tokenizer {tokenizer.path}'s"
-        raise UsageError(f"{args.checkpoint}: vocab_size {saved.config.vocab_size} is below the {name} "
-                         f"{tokenizer.vocab_size}")
+        raise UsageError(f"{args.checkpoint}: vocab_size {saved.config.vocab_size} is not the {name} "
+                         f"{tokenizer.vocab_size}: give the tokenizer it was trained with (--tokenizer)")
     if args.top_k is not None and args.top_k > saved.config.vocab_size:
         raise UsageError(f"--top-k {args.top_k} is above the model's vocab_size {saved.config.vocab_size}")
     model = GPT.from_checkpoint(saved, backend=pick_backend(args.backend, quiet=True), variant=args.variant)

@@ -1,12 +1,17 @@
 """`microgpt convert`: an ANDREA checkpoint to a Hugging Face GPT-2 directory and back (microgpt.hf holds the
-mapping, microgpt.checkpoint the ANDREA format)."""
+mapping, microgpt.checkpoint the ANDREA format). The tokenizer a checkpoint records goes along as the
+directory's tokenizer.json, and a directory's tokenizer.json is recorded in the checkpoint made from it."""
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 
 from . import checkpoint
 from .config import GPTConfig
 from .model import GPT
+
+TOKENIZER_FILE = "tokenizer.json"  # where a Hugging Face model directory keeps its tokenizer
 
 
 def convert(src, dst) -> tuple[bool, GPTConfig, int]:
@@ -22,12 +27,23 @@ def convert(src, dst) -> tuple[bool, GPTConfig, int]:
     if not to_hf and os.path.isdir(dst):
         raise ValueError(f"DST {dst!r} is a directory, not an ANDREA checkpoint file")
     if os.path.isdir(src):
-        model, extra = GPT.from_hf(src), None
+        model, extra = GPT.from_hf(src), {}
+        hf_tokenizer = os.path.join(src, TOKENIZER_FILE)
+        if os.path.isfile(hf_tokenizer):  # recorded as training records its tokenizer, for sample
+            extra["tokenizer"] = {"path": os.path.abspath(hf_tokenizer), "sha256": _sha256(hf_tokenizer)}
     else:
         saved = checkpoint.read(src)
         model, extra = GPT.from_checkpoint(saved), saved.extra
     if to_hf:
         model.save_hf(dst)
+        record = extra.get("tokenizer")
+        if isinstance(record, dict) and os.path.isfile(str(record.get("path"))):
+            shutil.copyfile(record["path"], os.path.join(dst, TOKENIZER_FILE))  # beside the weights, as HF keeps it
         return True, model.config, model.step_count
     model.save(dst, extra=extra)
     return False, model.config, 0
+
+
+def _sha256(path) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.sha256(fh.read()).hexdigest()

@@ -32,8 +32,9 @@ def builtin_corpus() -> str:
 
 def load_tokens(path: str | None = None, tokenizer=None) -> np.ndarray:
     """The tokens of a UTF-8 text file (bytes that are not UTF-8 read as U+FFFD), or of builtin_corpus(), by
-    the byte tokenizer or another with its interface; one with encode_batch (BPETokenizer) encodes the text
-    in pieces in parallel, cut where its pre-tokenizer cuts anyway, so the tokens are those of the whole."""
+    the byte tokenizer or another with its interface; a BPETokenizer with GPT-2's pre-tokenizer (piecewise)
+    encodes the text in pieces in parallel, cut where its pre-tokenizer cuts anyway, so the tokens are those
+    of the whole."""
     tokenizer = tokenizer or ByteTokenizer()
     if path is None:
         return tokenizer.encode(builtin_corpus())
@@ -59,7 +60,7 @@ def cached_tokens(path, tokenizer, progress: bool = False) -> np.ndarray:
     tag = "bytes" if record is None else record["sha256"][:16]
     dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32
     st = p.stat()
-    meta = {"format": TOKEN_FILE, "version": 1, "text_size": st.st_size, "text_mtime_ns": st.st_mtime_ns,
+    meta = {"format": TOKEN_FILE, "version": 2, "text_size": st.st_size, "text_mtime_ns": st.st_mtime_ns,
             "tokenizer": tag, "dtype": np.dtype(dtype).name}
     tokens_path, sidecar = p.with_name(f"{p.name}.{tag}.tokens"), p.with_name(f"{p.name}.{tag}.tokens.json")
     try:
@@ -77,6 +78,7 @@ def cached_tokens(path, tokenizer, progress: bool = False) -> np.ndarray:
             try:
                 with os.fdopen(fd, "wb") as fh:
                     fh.write(data)
+                os.chmod(tmp, 0o644)  # as a checkpoint: readable by whoever shares the folder, not owner-only
                 os.replace(tmp, target)
             except BaseException:
                 os.unlink(tmp)
@@ -94,7 +96,7 @@ def encode_file(path, tokenizer, progress: bool = False) -> np.ndarray:
     """The tokens of a UTF-8 text file, by pieces (text_pieces) in batches where the tokenizer encodes in
     parallel, with a progress bar over the text's characters if asked."""
     text = Path(path).read_text(encoding="utf-8", errors="replace")
-    if not hasattr(tokenizer, "encode_batch"):
+    if not getattr(tokenizer, "piecewise", False):  # only GPT-2's pre-tokenizer is known to cut there
         return tokenizer.encode(text)
     pieces, out = text_pieces(text), []
     with tqdm(total=len(text), unit="char", unit_scale=True, desc="tokenizing", disable=not progress,
@@ -107,13 +109,15 @@ def encode_file(path, tokenizer, progress: bool = False) -> np.ndarray:
 
 
 def text_pieces(text: str, size: int = PIECE) -> list:
-    """text cut into pieces of about `size` characters, each cut just after a newline that a non-space
-    character follows: GPT-2's byte-level pre-tokenizer ends a token there whatever comes next, so encoding
-    the pieces gives the tokens of the whole."""
+    """text cut into pieces of about `size` characters, each cut just before a newline that a non-space
+    character follows: GPT-2's byte-level pre-tokenizer makes that newline a token of its own and ends the
+    whitespace before it there too, whatever comes next, so encoding the pieces gives the tokens of the whole
+    (a cut after the newline would leave a run such as two newlines whole at a piece's end, which a merge
+    can join)."""
     pieces, start = [], 0
     while len(text) - start > size:
         cut = start + size
-        while cut < len(text) and not (text[cut - 1] == "\n" and not text[cut].isspace()):
+        while cut < len(text) and not (text[cut] == "\n" and cut + 1 < len(text) and not text[cut + 1].isspace()):
             cut += 1
         pieces.append(text[start:cut])
         start = cut

@@ -156,6 +156,7 @@ def write_hf(path, config: GPTConfig, state: dict) -> None:
         os.close(fd)
         try:
             write(tmp)
+            os.chmod(tmp, 0o644)  # as save_pretrained leaves them, not mkstemp's owner-only
             os.replace(tmp, target)
         except BaseException:
             os.unlink(tmp)

@@ -33,7 +33,7 @@ def sample_next(logits: np.ndarray, temperature: float, top_k: int | None, top_p
     logits = np.asarray(logits, dtype=np.float64)
     if temperature == 0:
         return logits.argmax(axis=-1).astype(np.int32)
-    logits = logits / temperature
+    logits = (logits - logits.max(axis=-1, keepdims=True)) / temperature  # max first: no overflow at tiny T
     V = logits.shape[-1]
     if top_k is not None and top_k < V:
         kth = np.sort(logits, axis=-1)[:, -top_k][:, None]
@@ -48,5 +48,7 @@ def sample_next(logits: np.ndarray, temperature: float, top_k: int | None, top_p
         np.put_along_axis(keep, order, before < top_p, axis=-1)  # the first token is always kept
         p = np.where(keep, p, 0.0)
         p /= p.sum(axis=-1, keepdims=True)
-    u = rng.random((p.shape[0], 1))
-    return np.minimum((p.cumsum(axis=-1) < u).sum(axis=-1), V - 1).astype(np.int32)
+    # the first token whose cumulative mass passes u: a token of probability 0 is never drawn
+    cdf = p.cumsum(axis=-1)
+    u = rng.random((p.shape[0], 1)) * cdf[:, -1:]
+    return np.minimum((cdf <= u).sum(axis=-1), V - 1).astype(np.int32)

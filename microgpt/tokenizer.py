@@ -13,6 +13,7 @@ each broken sequence into U+FFFD instead of failing. Both loops run in Cython (m
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 
 import numpy as np
@@ -97,7 +98,13 @@ class BPETokenizer:
             raise ValueError(f"tokenizer {os.fspath(path)!r} has no {self.eot_text} token")
         self.eot = eot
         with open(self.path, "rb") as fh:
-            self.sha256 = hashlib.sha256(fh.read()).hexdigest()
+            raw = fh.read()
+        self.sha256 = hashlib.sha256(raw).hexdigest()
+        # GPT-2's byte-level pre-tokenizer (no prefix space, its regex): text may be encoded in pieces cut
+        # before a newline (microgpt.data.text_pieces); any other is encoded whole
+        pre = (json.loads(raw).get("pre_tokenizer") or {})
+        self.piecewise = pre.get("type") == "ByteLevel" and not pre.get("add_prefix_space", False) and \
+            pre.get("use_regex", True)
 
     def encode(self, text: str) -> np.ndarray:
         if not isinstance(text, str):
@@ -158,11 +165,16 @@ def train_bpe(text_files: list, vocab_size: int, out, show_progress: bool = True
     trainer = tk.trainers.BpeTrainer(vocab_size=int(vocab_size), special_tokens=[ByteTokenizer.eot_text],
                                      initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),
                                      show_progress=show_progress)
-    if texts is not None:
+    if texts is None:  # read here, as training reads --data: bytes that are not UTF-8 as U+FFFD
+        texts = [open(f, encoding="utf-8", errors="replace").read() for f in text_files]
+    folder = os.path.dirname(os.path.abspath(os.fspath(out)))
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"{os.fspath(out)}: the folder {folder} does not exist")
+    try:
         tok.train_from_iterator(texts, trainer)
-    else:
-        tok.train([os.fspath(f) for f in text_files], trainer)
-    tok.save(os.fspath(out))
+        tok.save(os.fspath(out))
+    except Exception as e:  # the package raises a bare Exception
+        raise ValueError(f"training the tokenizer failed: {e}") from None
     return BPETokenizer(out)
 
 

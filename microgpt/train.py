@@ -99,8 +99,9 @@ def train_loop(model, ckpt, train, val, args, tokenizer, resumed=False, dp=None)
             batch = train.next() if dp is None else dp.shard(train.next())
             model.zero_grad()
             _, loss = model.forward(batch[:, :-1], batch[:, 1:], return_logits=False)
+            stopping = stop.requested  # decided here, for every rank alike; a later Ctrl-C counts next step
             if dp is not None:  # every rank sees the global loss and any rank's Ctrl-C at the same step
-                loss, stop.requested = dp.agree(loss, stop.requested)
+                loss, stopping = dp.agree(loss, stop.requested)
             if not math.isfinite(loss):
                 bar.close()
                 kept = f"the last good checkpoint is {ckpt} (step {last_saved})" if last_saved is not None \
@@ -118,11 +119,11 @@ def train_loop(model, ckpt, train, val, args, tokenizer, resumed=False, dp=None)
             if lead and (done % args.eval_every == 0 or done == args.steps):
                 bar.write(f"step {done:5d} | train loss {loss:.4f} | val loss {evaluate():.4f} | "
                           f"lr {lr:.2e} | {tok_s:,.0f} tok/s")
-            if done % args.ckpt_every == 0 or done == last or stop.requested:
+            if done % args.ckpt_every == 0 or done == last or stopping:
                 if not save():
                     bar.close()
                     return 1
-            if stop.requested:
+            if stopping:
                 bar.close()
                 say(f"interrupted after step {done}: saved {ckpt}; continue with --resume")
                 return EXIT_INTERRUPTED

@@ -129,3 +129,51 @@ def test_train_and_sample_with_a_bpe_tokenizer_through_the_command(tmp_path, cor
     assert "argument --vocab-size: must be an integer >= 1, got '0'" in error(["tokenizer", "train", "--vocab-size", "0"])
     assert "vocab_size must be an int >= 257" in error(["tokenizer", "train", "--vocab-size", "100",
                                                         "--data", corpus, "--out", str(tmp_path / "t.json")])
+
+
+def test_pieces_match_the_whole_where_newline_runs_are_merged(tmp_path, rng):
+    """A vocabulary that merges two newlines (and spaces before a newline): a cut after a newline would keep
+    such a run whole at a piece's end and encode it otherwise than the whole text does."""
+    from microgpt import data
+    words = ["alpha", "beta", "gamma", " delta", "\n", "\n\n", "\n\n\n", "  \n", "\r\n", " \n\n", "\t"]
+    text = "".join(rng.choice(words) for _ in range(20000))
+    (tmp_path / "ws.txt").write_text(text, encoding="utf-8")
+    tok = train_bpe([tmp_path / "ws.txt"], 320, tmp_path / "ws.json", show_progress=False)
+    assert tok.piecewise and any(tok.decode([i]).isspace() and "\n\n" in tok.decode([i])
+                                 for i in range(tok.vocab_size))  # a merged newline run
+    whole = tok.encode(text)
+    for size in (3, 50, 997):
+        pieces = data.text_pieces(text, size)
+        assert "".join(pieces) == text
+        np.testing.assert_array_equal(np.concatenate(tok.encode_batch(pieces)), whole)
+
+
+def test_convert_carries_the_tokenizer_and_sample_refuses_a_vocabulary_it_cannot_decode(tmp_path, corpus, capsys):
+    import os
+    import stat
+    from microgpt import GPT, GPTConfig
+    from microgpt.cli import main
+
+    from helpers import SMALL_RUN
+    tok = tmp_path / "tok.json"
+    assert main(["tokenizer", "train", "--vocab-size", "280", "--data", corpus, "--out", str(tok),
+                 "--no-progress"]) == 0
+    assert main(["train", *SMALL_RUN, "--data", corpus, "--tokenizer", str(tok), "--steps", "2",
+                 "--out", str(tmp_path / "run")]) == 0
+    assert main(["convert", str(tmp_path / "run" / "model.ckpt"), str(tmp_path / "hf")]) == 0
+    assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == tok.read_bytes()  # beside the weights
+    assert stat.S_IMODE(os.stat(tmp_path / "hf" / "model.safetensors").st_mode) == 0o644
+    assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "back.ckpt")]) == 0
+    capsys.readouterr()
+    assert main(["sample", str(tmp_path / "back.ckpt"), "--backend", "numpy", "--prompt", "the ",
+                 "--max-new-tokens", "5", "--seed", "0"]) == 0  # the directory's tokenizer, recorded
+    assert capsys.readouterr().out.startswith("the ")
+    GPT(GPTConfig(n_layer=1, n_head=2, d_model=16, block_size=8, vocab_size=50)).save(tmp_path / "v50.ckpt")
+    assert main(["sample", str(tmp_path / "v50.ckpt"), "--backend", "numpy"]) == 2
+    err = capsys.readouterr().err
+    assert "vocab_size 50 is not the byte tokenizer's 257: give the tokenizer it was trained with" in err
+    assert main(["tokenizer", "train", "--data", corpus, "--out", str(tmp_path / "no" / "such" / "t.json")]) == 2
+    assert "the folder" in capsys.readouterr().err
+    (tmp_path / "latin1.txt").write_bytes("café crème ".encode("latin-1") * 200)  # not UTF-8: read as U+FFFD
+    assert main(["tokenizer", "train", "--vocab-size", "270", "--data", str(tmp_path / "latin1.txt"),
+                 "--out", str(tmp_path / "l.json"), "--no-progress"]) == 0

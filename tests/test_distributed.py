@@ -73,3 +73,32 @@ def test_a_rank_that_fails_stops_the_others_without_a_hang(tmp_path, corpus):
     out = res.stdout + res.stderr
     assert res.returncode != 0 and "microgpt: error: --out" in out and "is in use by another trainer" in out, out
     assert "[rank1]: Traceback" not in out and "[rank0]: Traceback" not in out, out
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_ctrl_c_on_one_rank_stops_every_rank_at_the_same_step_and_saves(tmp_path, corpus, rank):
+    """SIGINT reaches one rank during step 5's gradient all-reduce, after the step's agreement: every rank
+    finishes step 6, rank 0 saves it, and all exit as interrupted."""
+    script = tmp_path / "interrupt.py"
+    script.write_text(f"""
+import os, signal, sys
+from microgpt import distributed
+from microgpt.cli import main
+average = distributed.DataParallel.average_gradients
+calls = [0]
+def interrupting(self, model):
+    average(self, model)
+    calls[0] += 1
+    if self.rank == {rank} and calls[0] == 5:
+        os.kill(os.getpid(), signal.SIGINT)
+distributed.DataParallel.average_gradients = interrupting
+sys.exit(main(sys.argv[1:]))
+""")
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                          str(script), "train", *ARGS, "--data", corpus, "--steps", "20", "--batch-size", "2",
+                          "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=120, env=env)
+    out = res.stdout + res.stderr
+    assert "interrupted after step 6" in out, out
+    assert checkpoint.read(tmp_path / "run" / "model.ckpt").step == 6
+    assert "another process of the run stopped" not in out, out

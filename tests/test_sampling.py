@@ -127,3 +127,11 @@ def test_sample_streams_one_and_prints_several(tmp_path, corpus, capsys):
     assert main(base + ["--num-samples", "3"]) == 0
     several = capsys.readouterr()
     assert several.out.count("--- sample ") == 3 and "microgpt: 60 tokens in" in several.err
+
+
+def test_a_tiny_temperature_is_greedy_not_nan():
+    logits = np.array([[1.0, 3.0, 2.0], [0.5, -1.0, 0.25]])
+    draw = sample_next(logits, 1e-300, None, None, np.random.default_rng(0))
+    np.testing.assert_array_equal(draw, [1, 0])
+    zero_first = np.log(np.array([[0.0, 0.5, 0.5]]))  # a token of probability 0 is never drawn, u = 0 included
+    assert all(sample_next(zero_first, 1.0, None, None, np.random.default_rng(s))[0] != 0 for s in range(200))
