@@ -166,15 +166,20 @@ __device__ __forceinline__ void sgemm_tile(float* C, const float* A, const float
     }
 }
 
-// One kernel per (transposes, tile width), named k_sgemm_<op(A)><op(B)>, with _n64 for the 128 x 64 tile.
-#define SGEMM_KERNEL(name, TA, TB, BN)                                                                      \
-    extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 2)                                           \
-    name(float* C, const float* A, const float* B, const float* bias, int M, int N, int K, int lda, int ldb, \
-         int ldc, long long strideA, long long strideB, long long strideC, float alpha, float beta,        \
-         Causal causal, float fill) {                                                                       \
-        sgemm_tile<TA, TB, BN>(C, A, B, bias, M, N, K, lda, ldb, ldc, strideA, strideB, strideC, alpha,     \
-                               beta, causal, fill);                                                         \
+// A GEMM kernel: one tile function (sgemm_tile here, gemm_tc_tile and gemm_wg_tile in matmul_tc.cuh) at one
+// layout and tile width, under its launch bounds, with the SGEMM's arguments: every product kernel is
+// declared here, so that all of them take the same arguments in the same order.
+#define GEMM_KERNEL(name, TILE, TA, TB, BN, THREADS, MIN_BLOCKS)                                               \
+    extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)                                          \
+    name(float* C, const float* A, const float* B, const float* bias, int M, int N, int K, int lda, int ldb,   \
+         int ldc, long long strideA, long long strideB, long long strideC, float alpha, float beta,            \
+         Causal causal, float fill) {                                                                          \
+        TILE<TA, TB, BN>(C, A, B, bias, M, N, K, lda, ldb, ldc, strideA, strideB, strideC, alpha, beta, causal, \
+                         fill);                                                                                \
     }
+
+// One kernel per (transposes, tile width), named k_sgemm_<op(A)><op(B)>, with _n64 for the 128 x 64 tile.
+#define SGEMM_KERNEL(name, TA, TB, BN) GEMM_KERNEL(name, sgemm_tile, TA, TB, BN, GEMM_THREADS, 2)
 SGEMM_KERNEL(k_sgemm_nn, false, false, 128)
 SGEMM_KERNEL(k_sgemm_nn_n64, false, false, 64)
 SGEMM_KERNEL(k_sgemm_nt, false, true, 128)

@@ -319,16 +319,9 @@ __device__ __forceinline__ void gemm_tc_tile(float* C, const float* A, const flo
 #endif
 }
 
-// One kernel per (layout, tile width), named k_gemm_tc_<op(A)><op(B)>, with _n64 for the 128 x 64 tile;
-// the SGEMM's arguments.
-#define GEMM_TC_KERNEL(name, TA, TB, BN)                                                                       \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_MIN_BLOCKS)                                    \
-    name(float* C, const float* A, const float* B, const float* bias, int M, int N, int K, int lda, int ldb,   \
-         int ldc, long long strideA, long long strideB, long long strideC, float alpha, float beta,            \
-         Causal causal, float fill) {                                                                          \
-        gemm_tc_tile<TA, TB, BN>(C, A, B, bias, M, N, K, lda, ldb, ldc, strideA, strideB, strideC, alpha,     \
-                                 beta, causal, fill);                                                                  \
-    }
+// One kernel per (layout, tile width), named k_gemm_tc_<op(A)><op(B)>, with _n64 for the 128 x 64 tile
+// (GEMM_KERNEL of matmul_fast.cuh: the SGEMM's arguments).
+#define GEMM_TC_KERNEL(name, TA, TB, BN) GEMM_KERNEL(name, gemm_tc_tile, TA, TB, BN, TC_THREADS, TC_MIN_BLOCKS)
 GEMM_TC_KERNEL(k_gemm_tc_nn, false, false, 128)
 GEMM_TC_KERNEL(k_gemm_tc_nn_n64, false, false, 64)
 GEMM_TC_KERNEL(k_gemm_tc_nt, false, true, 128)
@@ -566,14 +559,7 @@ __device__ __forceinline__ void gemm_wg_tile(float* C, const float* A, const flo
 }
 
 // One kernel per layout and tile width, k_gemm_wg_<op(A)><op(B)>[_n64]; the SGEMM's arguments.
-#define GEMM_WG_KERNEL(name, TA, TB, BN)                                                                       \
-    extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)                                             \
-    name(float* C, const float* A, const float* B, const float* bias, int M, int N, int K, int lda, int ldb,   \
-         int ldc, long long strideA, long long strideB, long long strideC, float alpha, float beta,            \
-         Causal causal, float fill) {                                                                          \
-        gemm_wg_tile<TA, TB, BN>(C, A, B, bias, M, N, K, lda, ldb, ldc, strideA, strideB, strideC, alpha,      \
-                                 beta, causal, fill);                                                          \
-    }
+#define GEMM_WG_KERNEL(name, TA, TB, BN) GEMM_KERNEL(name, gemm_wg_tile, TA, TB, BN, TC_WG_THREADS, 1)
 GEMM_WG_KERNEL(k_gemm_wg_nn, false, false, 128)
 GEMM_WG_KERNEL(k_gemm_wg_nt, false, true, 128)
 GEMM_WG_KERNEL(k_gemm_wg_tn, true, false, 128)
