@@ -65,37 +65,34 @@ def rel_err(x, ref):
     return float((x - ref).norm() / ref.norm())
 
 
-def build(defines: dict) -> tuple:
+def kernels(prefix: str, defines: dict, smem: int) -> dict:
+    """The header built with these -D settings: its four layouts' kernels <prefix>_<op(A)><op(B)>, prepared
+    with the SGEMM's arguments and allowed `smem` bytes of dynamic shared memory."""
     e = K.engine()
     opts = ["-lineinfo"] + [f"-D{k}={v}" for k, v in defines.items()]
-    src = '#include "matmul_tc.cuh"\n'
-    mod = SourceModule(src, options=opts, arch=e.arch, no_extern_c=True, include_dirs=[str(ROOT / "cuda")])
-    smem = defines["TC_STAGES"] * 2 * 128 * (defines["TC_BK"] + 8) * 4
+    mod = SourceModule('#include "matmul_tc.cuh"\n', options=opts, arch=e.arch, no_extern_c=True,
+                       include_dirs=[str(ROOT / "cuda")])
     fns = {}
     for ops in ("nn", "nt", "tn", "tt"):
-        fn = mod.get_function(f"k_gemm_tc_{ops}")
+        fn = mod.get_function(f"{prefix}_{ops}")
         fn.prepare("PPPPiiiiiiqqqffif")
         fn.set_attribute(e.cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
         fns[ops] = fn
-    return fns, smem
+    return fns
+
+
+def build(defines: dict) -> tuple:
+    smem = defines["TC_STAGES"] * 2 * 128 * (defines["TC_BK"] + 8) * 4
+    return kernels("k_gemm_tc", defines, smem), smem
 
 
 def build_wg(defines: dict):
     """The wgmma kernels built with these settings: a product function for matmul_fast.gemm (split-K as the
     tc variant runs it)."""
-    e = K.engine()
-    opts = ["-lineinfo"] + [f"-D{k}={v}" for k, v in defines.items()]
-    mod = SourceModule('#include "matmul_tc.cuh"\n', options=opts, arch=e.arch, no_extern_c=True,
-                       include_dirs=[str(ROOT / "cuda")])
     threads = K.int_constants()["TC_WG_THREADS"]
     bufs, raw = defines.get("WG_BUFS", 2), defines.get("WG_RAW", 3)
     smem = bufs * 4 * 128 * 32 * 4 + raw * 2 * 128 * 32 * 4 + 2 * bufs * 8
-    fns = {}
-    for ops in ("nn", "nt", "tn", "tt"):
-        fn = mod.get_function(f"k_gemm_wg_{ops}")
-        fn.prepare("PPPPiiiiiiqqqffif")
-        fn.set_attribute(e.cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
-        fns[ops] = fn
+    fns = kernels("k_gemm_wg", defines, smem)
 
     def product(g, c, a, b, bias, stream):
         fn = fns[("t" if g.trans_a else "n") + ("t" if g.trans_b else "n")]

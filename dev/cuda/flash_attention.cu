@@ -74,6 +74,13 @@ __device__ __forceinline__ void fa_weigh(float (&out)[4][D / 16], const float* w
     }
 }
 
+// this thread's 4 x 4 of a 64 x 64 tile (rows 4 ty + i, columns 4 tx + j) stored transposed: w_t[col][row]
+__device__ __forceinline__ void fa_store_t(float* w_t, const float (&v)[4][4], int ty, int tx) {
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        *reinterpret_cast<float4*>(w_t + (4 * tx + j) * FA_LD + 4 * ty) = make_float4(v[0][j], v[1][j], v[2][j], v[3][j]);
+}
+
 // v reduced over the 16 threads of a row (a half-warp), the same order in every thread
 __device__ __forceinline__ float fa_row_max(float v) {
     for (int off = 8; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, off));
@@ -139,10 +146,7 @@ __device__ void flash_fwd(float* o, float* lse, const float* q, const float* k, 
 #pragma unroll
             for (int j = 0; j < DT; j++) acc[i][j] *= alpha;
         }
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-            *reinterpret_cast<float4*>(p_t + (4 * tx + j) * FA_LD + 4 * ty) =
-                make_float4(s[0][j], s[1][j], s[2][j], s[3][j]);
+        fa_store_t(p_t, s, ty, tx);
         __syncthreads();
         fa_weigh<D>(acc, p_t, vs, ty, tx);
     }
@@ -235,10 +239,10 @@ __device__ void flash_bwd_dq(float* dq, float* delta, const float* q, const floa
         float p[4][4], dp[4][4];
         scores(p, dp, k0);
 #pragma unroll
-        for (int j = 0; j < 4; j++)
-            *reinterpret_cast<float4*>(ds_t + (4 * tx + j) * FA_LD + 4 * ty) =
-                make_float4(p[0][j] * (dp[0][j] - row_delta[0]), p[1][j] * (dp[1][j] - row_delta[1]),
-                            p[2][j] * (dp[2][j] - row_delta[2]), p[3][j] * (dp[3][j] - row_delta[3]));
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) p[i][j] *= dp[i][j] - row_delta[i];  // ds
+        fa_store_t(ds_t, p, ty, tx);
         __syncthreads();
         fa_weigh<D>(acc, ds_t, ks, ty, tx);
     }
@@ -310,17 +314,11 @@ __device__ void flash_bwd_dkdv(float* dk, float* dv, const float* q, const float
                 dp[i][j] = s[i][j] * (dp[i][j] - row_delta[4 * tx + j]);              // ds^T
             }
         }
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-            *reinterpret_cast<float4*>(w_t + (4 * tx + j) * FA_LD + 4 * ty) =
-                make_float4(s[0][j], s[1][j], s[2][j], s[3][j]);
+        fa_store_t(w_t, s, ty, tx);
         __syncthreads();
         fa_weigh<D>(acc_v, w_t, dos, ty, tx);
         __syncthreads();  // p^T is read: ds^T takes its place
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-            *reinterpret_cast<float4*>(w_t + (4 * tx + j) * FA_LD + 4 * ty) =
-                make_float4(dp[0][j], dp[1][j], dp[2][j], dp[3][j]);
+        fa_store_t(w_t, dp, ty, tx);
         __syncthreads();
         fa_weigh<D>(acc_k, w_t, qs, ty, tx);
     }
