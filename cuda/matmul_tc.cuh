@@ -10,9 +10,10 @@
 // error stays flat in K and below the SIMT kernel's (dev/NOTES.md has the measurements).
 //
 // A block computes a 128 x BN tile of C with 8 warps, each 32 columns wide: for BN = 128, 2 along M x 4
-// along N, each warp 64 x 32 as 4 x 4 mma.m16n8k8 tiles; for BN = 64 (attention's d_k), 4 x 2, each 32 x 32. The tiles of A and B are copied into shared memory as they lie in global memory
-// (cp.async, TC_STAGES deep, in dynamic shared memory, so no transposition is needed for any of the four layouts); the fragment
-// loads read them K-contiguous or M/N-contiguous, padded so that a warp's loads hit 32 distinct banks.
+// along N, each warp 64 x 32 as 4 x 4 mma.m16n8k8 tiles; for BN = 64 (attention's d_k), 4 x 2, each 32 x 32.
+// The tiles of A and B are copied into shared memory as they lie in global memory (cp.async, TC_STAGES deep,
+// in dynamic shared memory, so no transposition is needed for any of the four layouts); the fragment loads
+// read them K-contiguous or M/N-contiguous, padded so that a warp's loads hit 32 distinct banks.
 // Within each k8 step the mma's logical k = t and t + 4 are read from the adjacent physical columns 2t and
 // 2t + 1, for A and B alike (a relabelling of the sum's terms), so that a K-contiguous tile gives both
 // halves of a fragment in one 8-byte load.

@@ -78,7 +78,8 @@ __device__ __forceinline__ void fa_weigh(float (&out)[4][D / 16], const float* w
 __device__ __forceinline__ void fa_store_t(float* w_t, const float (&v)[4][4], int ty, int tx) {
 #pragma unroll
     for (int j = 0; j < 4; j++)
-        *reinterpret_cast<float4*>(w_t + (4 * tx + j) * FA_LD + 4 * ty) = make_float4(v[0][j], v[1][j], v[2][j], v[3][j]);
+        *reinterpret_cast<float4*>(w_t + (4 * tx + j) * FA_LD + 4 * ty) =
+            make_float4(v[0][j], v[1][j], v[2][j], v[3][j]);
 }
 
 // v reduced over the 16 threads of a row (a half-warp), the same order in every thread
