@@ -53,7 +53,8 @@ VERSION = 2
 FILE_DTYPE = np.dtype("<f4")
 READ_ATTEMPTS = 4  # a reader racing saves reads again; more than a few misses in a row is a corrupt file
 
-__all__ = ["Checkpoint", "CheckpointError", "FORMAT", "VERSION", "save", "read", "read_meta", "sidecar_path"]
+__all__ = ["Checkpoint", "CheckpointError", "FORMAT", "VERSION", "save", "read", "read_meta", "sidecar_path",
+           "replace_file"]
 
 
 class Checkpoint(NamedTuple):
@@ -154,6 +155,24 @@ def _file_vector(label, a, n):
     if a.size != n:
         raise ValueError(f"{label} holds {a.size} numbers, the config has n_params={n}")
     return np.ascontiguousarray(a.reshape(-1), dtype=FILE_DTYPE).view(np.uint8)
+
+
+def replace_file(path, data: bytes) -> None:
+    """path replaced by data in one rename, as save() writes each of its files: a temporary file beside it,
+    flushed to disk, with the permissions of the file it replaces (or rw-r--r--). A reader sees the old
+    file or the new one, never part of either."""
+    name = os.fspath(path)
+    temps = []
+    try:
+        tmp = _write_temp_beside(name, _mode_for(name), lambda fd: _fs.write_bytes(fd, data), temps)
+        _fs.replace(tmp, name)
+        temps.remove(tmp)
+    finally:
+        for tmp in temps:  # only after a failure
+            try:
+                _fs.unlink(tmp)
+            except OSError:
+                pass
 
 
 def _mode_for(path):

@@ -13,8 +13,6 @@ not on other draws. `state` is a JSON-able dict; a resumed run that assigns it c
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +20,7 @@ from pydoc_data.topics import topics
 from tqdm import tqdm
 
 from . import _host
+from .checkpoint import replace_file
 from .tokenizer import ByteTokenizer
 
 
@@ -51,7 +50,7 @@ def cached_tokens(path, tokenizer, progress: bool = False) -> np.ndarray:
     """The tokens of the text file at path, memory-mapped from a token file beside it (nanoGPT's train.bin
     habit): `path.<tokenizer>.tokens`, uint16 for a vocabulary up to 65536 and uint32 above, with a JSON
     sidecar naming the text's size and modification time and the tokenizer (its sha256, or bytes). Written
-    once (to a temporary file, renamed into place) and read by every run after, until the text or the
+    once (checkpoint.replace_file: one rename) and read by every run after, until the text or the
     tokenizer changes. Where nothing can be written beside the text, the tokens are kept in memory."""
     p = Path(path)
     if not p.is_file():
@@ -72,17 +71,8 @@ def cached_tokens(path, tokenizer, progress: bool = False) -> np.ndarray:
         pass  # none yet, or another text or tokenizer's: made again
     tokens = encode_file(p, tokenizer, progress)
     try:
-        for target, data in ((tokens_path, tokens.astype(dtype).tobytes()),
-                             (sidecar, json.dumps(meta | {"count": int(tokens.size)}).encode())):
-            fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{target.name}.", suffix=".tmp")
-            try:
-                with os.fdopen(fd, "wb") as fh:
-                    fh.write(data)
-                os.chmod(tmp, 0o644)  # as a checkpoint: readable by whoever shares the folder, not owner-only
-                os.replace(tmp, target)
-            except BaseException:
-                os.unlink(tmp)
-                raise
+        replace_file(tokens_path, tokens.astype(dtype).tobytes())
+        replace_file(sidecar, json.dumps(meta | {"count": int(tokens.size)}).encode())
     except OSError:
         return tokens  # a folder we may not write: the tokens stay in memory this time
     return _mapped(tokens_path, dtype, tokens.size)

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 
 import numpy as np
 
+from .checkpoint import replace_file
 from .config import GPTConfig
 from .params import param_table
 
@@ -138,8 +138,8 @@ def read_hf(path) -> tuple[GPTConfig, dict]:
 
 def write_hf(path, config: GPTConfig, state: dict) -> None:
     """A directory that GPT2LMHeadModel.from_pretrained loads: config.json and model.safetensors (float32,
-    the head tied to wte and not stored, as save_pretrained writes it). Each file is written beside its target
-    and renamed into place."""
+    the head tied to wte and not stored, as save_pretrained writes it). Each file is replaced in one rename
+    (checkpoint.replace_file)."""
     path = os.fspath(path)
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"{path} exists and is not a directory")
@@ -149,23 +149,6 @@ def write_hf(path, config: GPTConfig, state: dict) -> None:
         name, transposed = hf_name(spec.name)
         a = np.asarray(state[spec.name], dtype=np.float32)
         tensors[f"transformer.{name}"] = np.ascontiguousarray(a.T if transposed else a)
-    st = _safetensors()
-
-    def replace(target, write):
-        fd, tmp = tempfile.mkstemp(dir=path, prefix=f".{os.path.basename(target)}.", suffix=".tmp")
-        os.close(fd)
-        try:
-            write(tmp)
-            os.chmod(tmp, 0o644)  # as save_pretrained leaves them, not mkstemp's owner-only
-            os.replace(tmp, target)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    replace(os.path.join(path, WEIGHTS_FILE), lambda f: st.save_file(tensors, f, metadata={"format": "pt"}))
-
-    def write_config(f):
-        with open(f, "w", encoding="utf-8") as fh:
-            json.dump(config_to_hf(config), fh, indent=2)
-            fh.write("\n")
-    replace(os.path.join(path, CONFIG_FILE), write_config)
-
+    weights = _safetensors().save(tensors, metadata={"format": "pt"})
+    replace_file(os.path.join(path, WEIGHTS_FILE), weights)
+    replace_file(os.path.join(path, CONFIG_FILE), (json.dumps(config_to_hf(config), indent=2) + "\n").encode())
