@@ -18,31 +18,160 @@ __device__ __forceinline__ float warp_max(float v) {
 // the row of this warp in a 1-D launch of 32 threads a row
 __device__ __forceinline__ long long warp_row() { return thread_index() / 32; }
 
-extern "C" __global__ void k_softmax_fwd_fast(float* probs, const float* x, int rows, int cols) {
-    long long r = warp_row();
+// The softmax rows: a warp per row, which it holds in registers (up to ROW_REGS * 32 columns; longer rows
+// are read again from the caches), loaded VEC floats at a time (4: one 16-byte load, where the rows are
+// aligned to it). Only a row's first n columns are read: n = cols, or with causal = 1 (square (T, T)
+// matrices masked above the diagonal, as causal_mask_fwd leaves them) n = i + 1 for row i, since
+// exp(MASK_VALUE - max) is 0 in FP32; the columns from n on are written 0, as the full softmax gives them.
+constexpr int ROW_REGS = 32;
+
+template <int VEC>
+__device__ __forceinline__ void load_vec(float (&v)[VEC], const float* p) {
+    if constexpr (VEC == 4) {
+        float4 f = *reinterpret_cast<const float4*>(p);
+        v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+    } else {
+        v[0] = p[0];
+    }
+}
+
+template <int VEC>
+__device__ __forceinline__ void store_vec(float* p, const float (&v)[VEC]) {
+    if constexpr (VEC == 4)
+        *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+    else
+        p[0] = v[0];
+}
+
+// zeros over columns [from, cols) of a row, by the warp
+__device__ __forceinline__ void zero_tail(float* row, int from, int cols) {
+    for (int j = from + threadIdx.x % 32; j < cols; j += 32) row[j] = 0.0f;
+}
+
+// The first column of chunk k of this lane: chunks of VEC columns, the warp's 32 side by side.
+template <int VEC>
+__device__ __forceinline__ int chunk_col(int k) { return (k * 32 + threadIdx.x % 32) * VEC; }
+
+template <int VEC>
+__device__ __forceinline__ void softmax_row_regs(float* pr, const float* xr, int n, int cols) {
+    constexpr int CHUNKS = ROW_REGS / VEC;
+    float v[CHUNKS][VEC] = {};
+    float m = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < CHUNKS; k++) {
+        int c = chunk_col<VEC>(k);
+        if (c < n) load_vec<VEC>(v[k], xr + c);
+#pragma unroll
+        for (int e = 0; e < VEC; e++)
+            if (c + e < n) m = fmaxf(m, v[k][e]);
+    }
+    m = warp_max(m);
+    float sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < CHUNKS; k++)
+#pragma unroll
+        for (int e = 0; e < VEC; e++) {
+            v[k][e] = chunk_col<VEC>(k) + e < n ? expf(v[k][e] - m) : 0.0f;
+            sum += v[k][e];
+        }
+    const float inv_sum = 1.0f / warp_sum(sum);  // one division a row, not one an element
+#pragma unroll
+    for (int k = 0; k < CHUNKS; k++) {
+        int c = chunk_col<VEC>(k);
+        if (c >= cols) break;
+#pragma unroll
+        for (int e = 0; e < VEC; e++) v[k][e] = c + e < n ? v[k][e] * inv_sum : 0.0f;
+        store_vec<VEC>(pr + c, v[k]);
+    }
+    zero_tail(pr, ROW_REGS * 32, cols);
+}
+
+// a row longer than the registers hold: each pass reads it again
+__device__ __forceinline__ void softmax_row_loop(float* pr, const float* xr, int n, int cols) {
     int lane = threadIdx.x % 32;
+    float m = -INFINITY;
+    for (int j = lane; j < n; j += 32) m = fmaxf(m, xr[j]);
+    m = warp_max(m);
+    float sum = 0.0f;
+    for (int j = lane; j < n; j += 32) sum += expf(xr[j] - m);
+    const float inv_sum = 1.0f / warp_sum(sum);
+    for (int j = lane; j < n; j += 32) pr[j] = expf(xr[j] - m) * inv_sum;
+    zero_tail(pr, n, cols);
+}
+
+__device__ __forceinline__ bool aligned16(const void* a, const void* b, int cols) {
+    return cols % 4 == 0 && ((unsigned long long)a | (unsigned long long)b) % 16 == 0;
+}
+
+// Three blocks an SM (80 registers, no spills, where it would take 96): more rows in flight for a kernel that
+// waits on memory. 256 threads a block, as every launcher (runtime.BLOCK).
+extern "C" __global__ void __launch_bounds__(256, 3)
+    k_softmax_fwd_fast(float* probs, const float* x, int rows, int cols, int causal) {
+    long long r = warp_row();
     if (r >= rows) return;  // the whole warp leaves together
     const float* xr = x + r * cols;
     float* pr = probs + r * cols;
-    float m = -INFINITY;
-    for (int j = lane; j < cols; j += 32) m = fmaxf(m, xr[j]);
-    m = warp_max(m);
-    float sum = 0.0f;
-    for (int j = lane; j < cols; j += 32) sum += expf(xr[j] - m);
-    sum = warp_sum(sum);
-    for (int j = lane; j < cols; j += 32) pr[j] = expf(xr[j] - m) / sum;
+    int n = causal ? (int)(r % cols) + 1 : cols;
+    if (n > ROW_REGS * 32)
+        softmax_row_loop(pr, xr, n, cols);
+    else if (aligned16(x, probs, cols))
+        softmax_row_regs<4>(pr, xr, n, cols);
+    else
+        softmax_row_regs<1>(pr, xr, n, cols);
 }
 
-extern "C" __global__ void k_softmax_bwd_fast(float* dx, const float* dprobs, const float* probs, int rows, int cols) {
-    long long r = warp_row();
+// dx = p * (dp - sum_j dp[j] * p[j]) over the row's first n columns, 0 after them (p is 0 there).
+template <int VEC>
+__device__ __forceinline__ void softmax_bwd_row_regs(float* dxr, const float* dp, const float* p, int n, int cols) {
+    constexpr int CHUNKS = ROW_REGS / VEC;
+    float vp[CHUNKS][VEC] = {}, vdp[CHUNKS][VEC] = {};
+    float d = 0.0f;
+#pragma unroll
+    for (int k = 0; k < CHUNKS; k++) {
+        int c = chunk_col<VEC>(k);
+        if (c < n) {
+            load_vec<VEC>(vp[k], p + c);
+            load_vec<VEC>(vdp[k], dp + c);
+        }
+#pragma unroll
+        for (int e = 0; e < VEC; e++)
+            if (c + e < n) d += vdp[k][e] * vp[k][e];
+    }
+    d = warp_sum(d);
+#pragma unroll
+    for (int k = 0; k < CHUNKS; k++) {
+        int c = chunk_col<VEC>(k);
+        if (c >= cols) break;
+#pragma unroll
+        for (int e = 0; e < VEC; e++) vp[k][e] = c + e < n ? vp[k][e] * (vdp[k][e] - d) : 0.0f;
+        store_vec<VEC>(dxr + c, vp[k]);
+    }
+    zero_tail(dxr, ROW_REGS * 32, cols);
+}
+
+__device__ __forceinline__ void softmax_bwd_row_loop(float* dxr, const float* dp, const float* p, int n, int cols) {
     int lane = threadIdx.x % 32;
+    float d = 0.0f;
+    for (int j = lane; j < n; j += 32) d += dp[j] * p[j];
+    d = warp_sum(d);
+    for (int j = lane; j < n; j += 32) dxr[j] = p[j] * (dp[j] - d);
+    zero_tail(dxr, n, cols);
+}
+
+extern "C" __global__ void k_softmax_bwd_fast(float* dx, const float* dprobs, const float* probs, int rows, int cols,
+                                              int causal) {
+    long long r = warp_row();
     if (r >= rows) return;
     const float* dp = dprobs + r * cols;
     const float* p = probs + r * cols;
-    float d = 0.0f;
-    for (int j = lane; j < cols; j += 32) d += dp[j] * p[j];
-    d = warp_sum(d);
-    for (int j = lane; j < cols; j += 32) dx[r * cols + j] = p[j] * (dp[j] - d);
+    float* dxr = dx + r * cols;
+    int n = causal ? (int)(r % cols) + 1 : cols;
+    if (n > ROW_REGS * 32)
+        softmax_bwd_row_loop(dxr, dp, p, n, cols);
+    else if (aligned16(dprobs, probs, cols) && (unsigned long long)dx % 16 == 0)
+        softmax_bwd_row_regs<4>(dxr, dp, p, n, cols);
+    else
+        softmax_bwd_row_regs<1>(dxr, dp, p, n, cols);
 }
 
 // Row n of x normalised, from its sum m (x's row read again for the variance and the output: the warp's

@@ -75,7 +75,7 @@ def kernels(prefix: str, defines: dict, smem: int) -> dict:
     fns = {}
     for ops in ("nn", "nt", "tn", "tt"):
         fn = mod.get_function(f"{prefix}_{ops}")
-        fn.prepare("PPPPiiiiiiqqqffif")
+        fn.prepare(K.kernel_signatures()[f"{prefix}_{ops}"])  # the format GEMM_KERNEL declares
         fn.set_attribute(e.cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
         fns[ops] = fn
     return fns

@@ -285,22 +285,59 @@ def test_causal_mask(K, dev, shape, ga):
 
 
 @VARIANT
-def test_softmax(K, dev, shape, variant):
+@pytest.mark.parametrize("causal", [False, True], ids=["rows", "causal"])
+def test_softmax(K, dev, shape, variant, causal):
     B, T, C, NH, V = shape
     x_h, x = dev.randn(B, NH, T, T, scale=3.0)
     x_h = R.causal_mask_fwd(x_h)  # the rows the engine feeds it: masked scores
     x.set(x_h)
     p = dev.poisoned(B, NH, T, T)
-    K.launcher("softmax_fwd", variant)(p, x)
+    K.launcher("softmax_fwd", variant)(p, x, causal=causal)
     ref = R.softmax_fwd(x_h.astype(np.float64))
-    close("k_softmax_fwd", p.get(), ref, REDUCTION, variant)
+    close("k_softmax_fwd" + "_causal" * causal, p.get(), ref, REDUCTION, variant)
     np.testing.assert_allclose(p.get().sum(-1), 1.0, atol=1e-5)
 
     dp_h, dp = dev.randn(B, NH, T, T)
     dx = dev.poisoned(B, NH, T, T)
+    K.launcher("softmax_bwd", variant)(dx, dp, p, causal=causal)
+    close("k_softmax_bwd" + "_causal" * causal, dx.get(),
+          R.softmax_bwd(dp_h.astype(np.float64), p.get().astype(np.float64)), REDUCTION, variant)
+    if causal:  # never read above the diagonal, and written 0 there
+        upper = np.triu(np.ones((T, T), bool), 1)
+        assert not p.get()[..., upper].any() and not dx.get()[..., upper].any()
+
+
+# rows of every length class of the fast kernel: a few columns, not a multiple of 4 (one float a load),
+# a multiple of 4 (16-byte loads), up to and past the 1024 columns that the registers hold
+@VARIANT
+@pytest.mark.parametrize("cols", [1, 5, 36, 1000, 1023, 1024, 1025, 1028, 3000])
+def test_softmax_rows_of_any_length(K, dev, variant, cols):
+    x_h, x = dev.randn(3, 5, cols, scale=4.0)
+    p = dev.poisoned(3, 5, cols)
+    K.launcher("softmax_fwd", variant)(p, x)
+    close("k_softmax_fwd", p.get(), R.softmax_fwd(x_h.astype(np.float64)), REDUCTION, variant)
+    dp_h, dp = dev.randn(3, 5, cols)
+    dx = dev.poisoned(3, 5, cols)
     K.launcher("softmax_bwd", variant)(dx, dp, p)
     close("k_softmax_bwd", dx.get(), R.softmax_bwd(dp_h.astype(np.float64), p.get().astype(np.float64)),
           REDUCTION, variant)
+
+
+# causal matrices whose late rows pass the registers' 1024 columns, of odd and even T
+@VARIANT
+@pytest.mark.parametrize("T", [1030, 1100, 2048])
+def test_causal_softmax_long_rows(K, dev, variant, T):
+    x_h, x = dev.randn(1, 2, T, T, scale=3.0)
+    x_h = R.causal_mask_fwd(x_h)
+    x.set(x_h)
+    p = dev.poisoned(1, 2, T, T)
+    K.launcher("softmax_fwd", variant)(p, x, causal=True)
+    close("k_softmax_fwd_causal", p.get(), R.softmax_fwd(x_h.astype(np.float64)), REDUCTION, variant)
+    dp_h, dp = dev.randn(1, 2, T, T)
+    dx = dev.poisoned(1, 2, T, T)
+    K.launcher("softmax_bwd", variant)(dx, dp, p, causal=True)
+    close("k_softmax_bwd_causal", dx.get(),
+          R.softmax_bwd(dp_h.astype(np.float64), p.get().astype(np.float64)), REDUCTION, variant)
 
 
 def test_attn_values(K, dev, shape, rng):

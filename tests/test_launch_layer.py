@@ -237,6 +237,12 @@ def test_bad_arguments_are_refused_naming_them(fake):
                 K.launcher("layernorm_bwd", variant)(out, w, w, x, x, w, mean, rstd, accumulate=1)
             with pytest.raises(ValueError, match=r"branch must have shape \(2, 3, 8\)"):
                 K.launcher("residual_layernorm_fwd", variant)(out, out, mean, rstd, x, f32(2, 8), w, w)
+            with pytest.raises(ValueError, match=r"x must be square matrices \(\.\.\., T, T\) where causal=True"):
+                K.launcher("softmax_fwd", variant)(x, x, causal=True)
+            with pytest.raises(ValueError, match=r"probs must be square matrices"):
+                K.launcher("softmax_bwd", variant)(x, x, x, causal=True)
+            with pytest.raises(TypeError, match="causal must be True or False, got 'yes'"):
+                K.launcher("softmax_fwd", variant)(f32(2, 8, 8), f32(2, 8, 8), causal="yes")
         with pytest.raises(ValueError, match="out must be C-contiguous"):
             K.gelu_fwd(FakeArray((3, 8), strides=(4, 12)), f32(3, 8))
         with pytest.raises(ValueError, match="x must not be empty"):

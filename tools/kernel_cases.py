@@ -13,6 +13,7 @@ from typing import Callable
 import numpy as np
 
 from microgpt import kernels as K
+from microgpt.reference import MASK_VALUE
 
 F = 4  # bytes per float32 / int32
 
@@ -150,8 +151,8 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
                                                                                      trans_b=True, stream=s),
                 F * (N * C + OUT * C + N * OUT), 2 * N * C * OUT)
     # the tensor-core products in each layout at mlp.fc's shape with K and N swapped (K = 4 C is long enough
-    # for them at any width: matmul_tc.TC_MIN_K, WG_MIN_K; at least WG_MIN_K + 5 where C is tiny), on the 128 x 128 tile and, d_k wide, the 128 x 64 one: the
-    # device's kernel (wgmma on Hopper) and the mma.sync one
+    # for them at any width: matmul_tc.TC_MIN_K, WG_MIN_K; at least WG_MIN_K + 5 where C is tiny), on the
+    # 128 x 128 tile and, d_k wide, the 128 x 64 one: the device's kernel (wgmma on Hopper) and the mma.sync one
     if "tc" in variants:
         H = max(4 * C, K.matmul_tc.WG_MIN_K + 5)  # small shapes (the sanitizer's) still reach both kernels
         for ta in (False, True):
@@ -196,6 +197,18 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
         add(case, lambda s, sc, fwd=fwd: fwd(probs, sc, stream=s), F * 2 * att, 5 * att, dss)
     for case, bwd in own("softmax_bwd"):
         add(case, lambda s, p, bwd=bwd: bwd(dscores, dss[0][0], p, stream=s), F * 3 * att, 4 * att, ps)
+    causal_ps = [(ga.to_gpu(np.tril(p.get())),) for (p,) in ps]
+    # as the attention pipeline runs them: causal rows, of which the fast kernels read the lower triangle
+    # (the bytes counted) and write every entry
+    causal = BH * T * (T + 1) // 2  # the entries on and below the diagonals
+    lower = np.tril(np.ones((T, T), bool))
+    masked_ss = [(ga.to_gpu(np.where(lower, d.get(), np.float32(MASK_VALUE))),) for (d,) in dss]
+    for case, fwd in own("softmax_fwd", with_reference=False):
+        add(f"{case} (causal)", lambda s, sc, fwd=fwd: fwd(probs, sc, causal=True, stream=s), F * (causal + att),
+            5 * causal, masked_ss)
+    for case, bwd in own("softmax_bwd", with_reference=False):
+        add(f"{case} (causal)", lambda s, p, bwd=bwd: bwd(dscores, dss[0][0], p, causal=True, stream=s),
+            F * (2 * causal + att), 4 * causal, causal_ps)
     heads = empty(B, NH, T, d_k)
     dprobs = empty(B, NH, T, T)
     if reference:
@@ -205,8 +218,6 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
             F * (2 * att + 4 * BH * T * d_k), 4 * att * d_k, ps)
     # the fast variants' causal products (the reference ones are the stages above): half the scores
     # are the mask's constants, and not computed
-    causal = BH * T * (T + 1) // 2
-    causal_ps = [(ga.to_gpu(np.tril(p.get())),) for (p,) in ps]
     for case, fwd in own("causal_scores_fwd", with_reference=False):
         add(case, lambda s, qi, ki, fwd=fwd: fwd(scores, qi, ki, stream=s), F * (att + 2 * BH * T * d_k),
             2 * causal * d_k, qks)

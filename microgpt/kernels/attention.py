@@ -10,7 +10,7 @@ kernel; here they are the two literal kernels one after the other.
 """
 from __future__ import annotations
 
-from .checks import head_dims, ptr, rows, shape_of
+from .checks import causal_flag, head_dims, ptr, rows, shape_of
 from .runtime import blocks, launch
 
 
@@ -82,15 +82,21 @@ def causal_scores_bwd(dq, dk, dscores, q, k, *, stream=None):
     attn_scores_bwd(dq, dk, dscores, q, k, stream=stream)
 
 
-def softmax_fwd(probs, x, *, stream=None):
-    """Row-wise softmax over the last axis of x (..., cols)."""
+def softmax_fwd(probs, x, *, causal=False, stream=None):
+    """Row-wise softmax over the last axis of x (..., cols). causal=True says x holds square matrices
+    masked above the diagonal (as causal_mask_fwd writes them), which the fast kernel need not read; this
+    one reads the whole row, and the masked entries come out 0 either way."""
     shape = shape_of("x", x)
+    causal_flag("x", shape, causal)
     n_rows, cols = rows(shape)
     launch("k_softmax_fwd", [ptr("probs", probs, shape), ptr("x", x, shape), n_rows, cols], blocks(n_rows), stream)
 
 
-def softmax_bwd(dx, dprobs, probs, *, stream=None):
+def softmax_bwd(dx, dprobs, probs, *, causal=False, stream=None):
+    """dx = probs * (dprobs - rowsum(dprobs * probs)); causal=True as softmax_fwd (probs 0 above the
+    diagonal, so dx is 0 there too)."""
     shape = shape_of("probs", probs)
+    causal_flag("probs", shape, causal)
     n_rows, cols = rows(shape)
     args = [ptr("dx", dx, shape), ptr("dprobs", dprobs, shape), ptr("probs", probs, shape), n_rows, cols]
     launch("k_softmax_bwd", args, blocks(n_rows), stream)

@@ -90,6 +90,14 @@ def flag(name, value) -> int:
     return int(value)
 
 
+def causal_flag(name, shape, causal) -> int:
+    """flag() of a row-wise kernel's causal argument: causal rows are those of square (..., T, T) matrices."""
+    value = flag("causal", causal)
+    if value and (len(shape) < 2 or shape[-1] != shape[-2]):
+        raise ValueError(f"{name} must be square matrices (..., T, T) where causal=True, got shape {shape}")
+    return value
+
+
 def rows(shape) -> tuple[int, int]:
     """(rows, last) of an array of shape (..., last)."""
     return math.prod(shape[:-1]), shape[-1]

@@ -4,24 +4,28 @@ from __future__ import annotations
 
 import math
 
-from .checks import check_ids, flag, ptr, rows, shape_of
+from .checks import causal_flag, check_ids, flag, ptr, rows, shape_of
 from .colsum import chunks, reduce_chunks
 from .runtime import BLOCK, blocks, launch, scratch
 
 WARP = 32
 
 
-def softmax_fwd_fast(probs, x, *, stream=None):
+def softmax_fwd_fast(probs, x, *, causal=False, stream=None):
+    """As softmax_fwd, a warp per row held in registers; causal=True reads row i's first i + 1 columns
+    only and writes the rest 0."""
     shape = shape_of("x", x)
     n_rows, cols = rows(shape)
-    launch("k_softmax_fwd_fast", [ptr("probs", probs, shape), ptr("x", x, shape), n_rows, cols],
-           blocks(n_rows * WARP), stream)
+    args = [ptr("probs", probs, shape), ptr("x", x, shape), n_rows, cols, causal_flag("x", shape, causal)]
+    launch("k_softmax_fwd_fast", args, blocks(n_rows * WARP), stream)
 
 
-def softmax_bwd_fast(dx, dprobs, probs, *, stream=None):
+def softmax_bwd_fast(dx, dprobs, probs, *, causal=False, stream=None):
+    """As softmax_bwd; causal=True reads row i's first i + 1 columns only and writes the rest 0."""
     shape = shape_of("probs", probs)
     n_rows, cols = rows(shape)
-    args = [ptr("dx", dx, shape), ptr("dprobs", dprobs, shape), ptr("probs", probs, shape), n_rows, cols]
+    args = [ptr("dx", dx, shape), ptr("dprobs", dprobs, shape), ptr("probs", probs, shape), n_rows, cols,
+            causal_flag("probs", shape, causal)]
     launch("k_softmax_bwd_fast", args, blocks(n_rows * WARP), stream)
 
 
