@@ -1,6 +1,7 @@
 """Data-parallel training on the CPU: torchrun with two processes over gloo, each with --batch-size b, against
 one process with --batch-size 2b: the same batches, so the same losses, and weights equal up to the summation
 order; a resumed two-process run equals an uninterrupted one; rank 0 alone writes and speaks."""
+import json
 import os
 import re
 import subprocess
@@ -102,3 +103,20 @@ sys.exit(main(sys.argv[1:]))
     assert "interrupted after step 6" in out, out
     assert checkpoint.read(tmp_path / "run" / "model.ckpt").step == 6
     assert "another process of the run stopped" not in out, out
+
+
+def test_the_scaling_benchmark_times_one_process_and_two():
+    """tools/bench_distributed.py on CPUs (gloo): torchrun of 1 and of 2 processes, microgpt and PyTorch DDP."""
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    tool = os.path.join(os.path.dirname(__file__), "..", "tools", "bench_distributed.py")
+    res = subprocess.run([sys.executable, tool, "--backend", "numpy", "--quick", "--nproc", "2", "--json"],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = json.loads(res.stdout.splitlines()[-1])
+    one, two = out["rows"]
+    assert (one["world"], two["world"]) == (1, 2)
+    assert two["tokens_per_step"] == 2 * one["tokens_per_step"] == 2 * out["B_per_process"] * out["T"]
+    for r in (one, two):
+        assert r["losses_finite"] and r["microgpt_step_ms"] > 0 and r["torch_step_ms"] > 0
+    assert two["microgpt_scaling"] == pytest.approx(two["microgpt_tokens_per_s"] / one["microgpt_tokens_per_s"])
+    assert two["torch_scaling"] == pytest.approx(two["torch_tokens_per_s"] / one["torch_tokens_per_s"])
