@@ -140,11 +140,13 @@ def test_a_hugging_face_gpt2_on_the_gpu_has_the_numpy_backends_logits(tmp_path, 
     transformers' own) within the usual tolerance; save_hf from the GPU writes the same weights."""
     pytest.importorskip("safetensors")
     GPT(SMALL, seed=12).save_hf(tmp_path / "hf")
-    idx = rng.integers(0, SMALL.vocab_size, size=(2, SMALL.block_size))
+    idx, targets = rng.integers(0, SMALL.vocab_size, size=(2, 2, SMALL.block_size))
     gpu, cpu = GPT.from_hf(tmp_path / "hf", backend="cuda"), GPT.from_hf(tmp_path / "hf")
-    err = rel_err(gpu.forward(idx)[0], cpu.forward(idx)[0].astype(np.float64))
+    (logits, loss), (cpu_logits, cpu_loss) = gpu.forward(idx, targets), cpu.forward(idx, targets)
+    err = rel_err(logits, cpu_logits.astype(np.float64))
     record("cuda vs numpy backend", "logits of a Hugging Face GPT-2", err)
     assert err < 1e-5
+    assert abs(loss - cpu_loss) <= 1e-5 * abs(cpu_loss), (loss, cpu_loss)
     gpu.save_hf(tmp_path / "back")
     assert (tmp_path / "back" / "model.safetensors").read_bytes() == (tmp_path / "hf" / "model.safetensors").read_bytes()
 
