@@ -17,9 +17,36 @@ def gpu_or_exit(tool: str) -> str:
         sys.exit(2)
 
 
+# A kernel that keeps the GPU busy while the host queues the start event and the launches to time: without
+# it a short kernel's time includes the host's (a checked launcher's Python), since the GPU records the start
+# as soon as it reaches it and then waits for the launch. One thread, spinning on the global timer.
+_SPIN_SOURCE = r"""
+extern "C" __global__ void k_timing_spin(long long ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < (unsigned long long)ns);
+}
+"""
+SPIN_NS = 2_000_000  # longer than queuing any launch sequence the tools time
+_spin = None
+
+
+def spin(stream) -> None:
+    """Queues SPIN_NS of a one-thread spin on `stream` (compiled once, beside the engine's module)."""
+    global _spin
+    if _spin is None:
+        from pycuda.compiler import SourceModule
+        _spin = SourceModule(_SPIN_SOURCE, no_extern_c=True, arch=kernels.engine().arch).get_function("k_timing_spin")
+        _spin.prepare("q")
+    _spin.prepared_async_call((1, 1, 1), (1, 1, 1), stream, SPIN_NS)
+
+
 def cuda_median_ms(launch, iters, warmup, stream, rotate=None):
-    """Median milliseconds of launch(stream), each timed alone with CUDA events on `stream`; rotate()
-    (if given) switches the inputs before each timed launch, so that the cache does not flatter."""
+    """Median milliseconds of launch(stream), each timed alone with CUDA events on `stream`, the GPU kept busy
+    (spin) while the host queues it; rotate() (if given) switches the inputs before each timed launch, so that
+    the cache does not flatter."""
     cuda = kernels.engine().cuda
     for _ in range(warmup):
         launch(stream)
@@ -27,6 +54,7 @@ def cuda_median_ms(launch, iters, warmup, stream, rotate=None):
     for _ in range(iters):
         if rotate:
             rotate()
+        spin(stream)
         start.record(stream)
         launch(stream)
         end.record(stream)
@@ -36,13 +64,15 @@ def cuda_median_ms(launch, iters, warmup, stream, rotate=None):
 
 
 def torch_median_ms(fn, iters, warmup):
-    """Median milliseconds of fn() on PyTorch's current stream, each timed alone with torch events."""
+    """Median milliseconds of fn() on PyTorch's current stream, each timed alone with torch events, the GPU
+    kept busy (torch.cuda._sleep) while the host queues it, as cuda_median_ms does ours."""
     import torch
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(iters):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(4_000_000)  # cycles: about 2 ms at the H200's clock
         s.record()
         fn()
         e.record()
