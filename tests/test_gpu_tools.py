@@ -45,6 +45,20 @@ def test_bench_train_quick():
     assert (r["ratio_vs_torch"] is None) == (r["torch_tokens_per_s"] is None)
 
 
+def test_profile_step_quick():
+    """Every launch of the step's plans is timed: the kernels' times add up to the plans', within the step."""
+    res = run("profile_step.py", "--quick", "--json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    r = json.loads(res.stdout)
+    names = {row["kernel"] for row in r["kernels"]}
+    assert {"k_adamw"}.isdisjoint(names) and "k_crossentropy_bwd" in names  # the plans hold no optimizer
+    assert set(r["phases_ms"]) == {"forward", "backward"}
+    for phase, total in r["phases_ms"].items():
+        assert sum(row["ms"] for row in r["kernels"] if row["phase"] == phase) == pytest.approx(total)
+        assert 0 < total < r["step_ms"]
+    assert all(row["ms"] >= 0 and row["launches"] >= 1 for row in r["kernels"])
+
+
 def test_ncu_kernel_quick():
     if shutil.which("ncu") is None:
         pytest.skip("ncu is not on PATH")
