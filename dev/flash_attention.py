@@ -5,8 +5,7 @@ against PyTorch's SDPA (FP32, TF32 off) and the tc variant's pipeline.
 
     python dev/flash_attention.py            # the checks, then the times at B=8, 12 heads, d_k=64
     python dev/flash_attention.py --check    # the checks only
-    python dev/flash_attention.py --tc       # the forward on the tensor cores (flash_attention_tc.cu, 3xTF32),
-                                             # the backward from its log-sum-exp as before
+    python dev/flash_attention.py --tc       # the kernels on the tensor cores (flash_attention_tc.cu, 3xTF32)
 
 Needs a GPU and PyTorch. A check prints the worst relative error (||x - ref|| / ||ref||) of O, dQ, dK, dV
 and the fast pipeline's; it fails (exit 1) where flash's passes 1.5x the fast one's.
@@ -45,6 +44,7 @@ def smem(kind: str, D: int) -> int:
     """Bytes of dynamic shared memory, as the kernels lay it out."""
     floats = {"fwd": 2 * D * LD + TILE * (D + 4) + TILE * LD,
               "tc_fwd": 2 * (2 * TILE * (D + 8) + TILE * (D + 4)),  # FtLayout: Q, K, V as hi and lo
+              "tc_dq": 6 * TILE * (D + 8) + 2 * TILE, "tc_dkdv": 6 * TILE * (D + 8) + 2 * TILE,  # FtBwdLayout
               "dq": 4 * D * LD + TILE * (D + 4) + TILE * LD,
               "dkdv": 4 * D * LD + 2 * TILE * (D + 4) + TILE * LD + 2 * TILE}[kind]
     return 4 * floats
@@ -72,15 +72,17 @@ class Flash:
             mod = SourceModule((HERE / "cuda" / "flash_attention_tc.cu").read_text(), options=["-lineinfo"],
                                arch=e.arch, no_extern_c=True, include_dirs=[str(ROOT / "cuda")])
             for D in (32, 64, 128):
-                if smem("tc_fwd", D) > limit:
-                    continue
-                fn = mod.get_function(f"k_flash_tc_fwd_d{D}")
-                fn.prepare("PPPPPii")
-                fn.set_attribute(e.cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem("tc_fwd", D))
-                self.fns["tc_fwd", D] = fn
+                for kind, fmt in (("tc_fwd", "PPPPPii"), ("tc_dq", "PPPPPPPii"), ("tc_dkdv", "PPPPPPPPii")):
+                    if smem(kind, D) > limit:
+                        continue
+                    fn = mod.get_function({"tc_fwd": "k_flash_tc_fwd", "tc_dq": "k_flash_tc_bwd_dq",
+                                           "tc_dkdv": "k_flash_tc_bwd_dkdv"}[kind] + f"_d{D}")
+                    fn.prepare(fmt)
+                    fn.set_attribute(e.cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem(kind, D))
+                    self.fns[kind, D] = fn
 
     def _call(self, kind, D, grid, stream, *args):
-        threads = TC_THREADS if kind == "tc_fwd" else THREADS
+        threads = TC_THREADS if kind.startswith("tc_") else THREADS
         self.fns[kind, D].prepared_async_call(grid, (threads, 1, 1), stream, *args, shared_size=smem(kind, D))
 
     def forward(self, o, lse, q, k, v, stream=None):
@@ -95,9 +97,10 @@ class Flash:
         B, NH, T, d_k = q.shape
         D, grid = padded(d_k), (math.ceil(T / TILE), B * NH)
         qkv = [t.data_ptr() for t in (q, k, v, d_o)]
-        self._call("dq", D, grid, stream, dq.data_ptr(), delta.data_ptr(), *qkv, lse.data_ptr(), T, d_k)
-        self._call("dkdv", D, grid, stream, dk.data_ptr(), dv.data_ptr(), *qkv, lse.data_ptr(), delta.data_ptr(),
-                   T, d_k)
+        tc = "tc_" if self.tc else ""
+        self._call(tc + "dq", D, grid, stream, dq.data_ptr(), delta.data_ptr(), *qkv, lse.data_ptr(), T, d_k)
+        self._call(tc + "dkdv", D, grid, stream, dk.data_ptr(), dv.data_ptr(), *qkv, lse.data_ptr(),
+                   delta.data_ptr(), T, d_k)
 
 
 def reference(q, k, v, d_o):
