@@ -32,16 +32,18 @@ struct FtLayout {
 };
 
 // rows [r0, r0 + 64) of the (T, d_k) matrix p, split into hi[row * ld + d] and lo[...], zero past T and past
-// d_k up to D (zeros split into zeros: the padding adds exact zeros to every product)
-template <int D>
+// d_k up to D (zeros split into zeros: the padding adds exact zeros to every product). SWIZZLE (the backward's
+// tiles, read both as row pairs of d and 8 d apart across a quad): column d of row r at d ^ ((r & 4) << 1)
+template <int D, bool SWIZZLE = false>
 __device__ __forceinline__ void ft_load_split(float* hi, float* lo, int ld, const float* p, int r0, int T, int d_k) {
     for (int e = threadIdx.x; e < 64 * D; e += FT_THREADS) {
         const int r = e / D, d = e % D;
         const float x = (r0 + r < T && d < d_k) ? p[(long long)(r0 + r) * d_k + d] : 0.0f;
         uint32_t h, l;
         tf32_split(x, h, l);
-        hi[r * ld + d] = __uint_as_float(h);
-        lo[r * ld + d] = __uint_as_float(l);
+        const int at = r * ld + (SWIZZLE ? d ^ ((r & 4) << 1) : d);
+        hi[at] = __uint_as_float(h);
+        lo[at] = __uint_as_float(l);
     }
 }
 
@@ -229,7 +231,7 @@ __device__ __forceinline__ void ft_rows_dot(float (&acc)[8][4], const float* a, 
         for (int r = 0; r < 4; r++) tf32_split(av[r], a_hi[r], a_lo[r]);
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            const int at = (8 * j + g) * ldb + kk + 2 * t;
+            const int at = (8 * j + g) * ldb + ((kk + 2 * t) ^ ((g & 4) << 1));  // row 8j + g, swizzled
             const float2 bh = *reinterpret_cast<const float2*>(b_hi + at);
             const float2 bl = *reinterpret_cast<const float2*>(b_lo + at);
             const uint32_t bhi[2] = {__float_as_uint(bh.x), __float_as_uint(bh.y)};
@@ -258,7 +260,9 @@ __device__ __forceinline__ void ft_weigh(float (&out)[D / 8][4], const float (&w
         for (int r = 0; r < 4; r++) tf32_split(a[r], a_hi[r], a_lo[r]);
 #pragma unroll
         for (int n = 0; n < D / 8; n++) {
-            const int at = (8 * kb + 2 * t) * ld + 8 * n + g;  // M[row 8kb + 2t][d 8n + g], the next row
+            // M[row 8kb + 2t][d 8n + g] and the next row, swizzled alike (rows 2t, 2t + 1 share bit 2): without
+            // it rows 2t and 2t + 4, 16 rows of D + 8 apart, share banks
+            const int at = (8 * kb + 2 * t) * ld + ((8 * n + g) ^ ((t & 2) << 2));
             const uint32_t b_hi[2] = {__float_as_uint(m_hi[at]), __float_as_uint(m_hi[at + ld])};
             const uint32_t b_lo[2] = {__float_as_uint(m_lo[at]), __float_as_uint(m_lo[at + ld])};
             float p[4];
@@ -316,14 +320,16 @@ __device__ void flash_tc_bwd_dq(float* dq, float* delta, const float* q, const f
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 const int key = k0 + 8 * j + 2 * t + e;
-                p[j][e] = (key <= row_a && key < T && row_a < T) ? expf(p[j][e] * scale - lse_a) : 0.0f;
-                p[j][2 + e] = (key <= row_b && key < T && row_b < T) ? expf(p[j][2 + e] * scale - lse_b) : 0.0f;
+                // _rn: s * scale rounded as the forward rounds it (no FMA with lse), so p is 1 where it was
+                const bool seen_a = key <= row_a && key < T && row_a < T, seen_b = key <= row_b && key < T && row_b < T;
+                p[j][e] = seen_a ? expf(__fmul_rn(p[j][e], scale) - lse_a) : 0.0f;
+                p[j][2 + e] = seen_b ? expf(__fmul_rn(p[j][2 + e], scale) - lse_b) : 0.0f;
             }
     };
     auto load_kv = [&](int k0) {
         __syncthreads();  // the previous tile is read (and, the first time, Q and dO are stored)
-        ft_load_split<D>(k_hi, k_lo, L::LD, k, k0, T, d_k);
-        ft_load_split<D>(v_hi, v_lo, L::LD, v, k0, T, d_k);
+        ft_load_split<D, true>(k_hi, k_lo, L::LD, k, k0, T, d_k);
+        ft_load_split<D, true>(v_hi, v_lo, L::LD, v, k0, T, d_k);
         __syncthreads();
     };
 
@@ -413,8 +419,8 @@ __device__ void flash_tc_bwd_dkdv(float* dk, float* dv, const float* q, const fl
         for (int r = 0; r < 4; r++) acc_k[n][r] = 0.0f, acc_v[n][r] = 0.0f;
     for (int q0 = k0; q0 < T; q0 += FT_ROWS) {  // the queries that see these keys: from the diagonal on
         __syncthreads();  // the previous tile is read (and, the first time, K and V are stored)
-        ft_load_split<D>(q_hi, q_lo, L::LD, q, q0, T, d_k);
-        ft_load_split<D>(do_hi, do_lo, L::LD, d_o, q0, T, d_k);
+        ft_load_split<D, true>(q_hi, q_lo, L::LD, q, q0, T, d_k);
+        ft_load_split<D, true>(do_hi, do_lo, L::LD, d_o, q0, T, d_k);
         if (threadIdx.x < 64) {
             const int qi = q0 + threadIdx.x;
             tile_lse[threadIdx.x] = qi < T ? lse[qi] : 0.0f;
@@ -432,8 +438,8 @@ __device__ void flash_tc_bwd_dkdv(float* dk, float* dv, const float* q, const fl
                 const int col = 8 * j + 2 * t + e, qi = q0 + col;
                 const float l = tile_lse[col], dl = tile_delta[col];
                 const bool seen_a = key_a <= qi && qi < T && key_a < T, seen_b = key_b <= qi && qi < T && key_b < T;
-                pt[j][e] = seen_a ? expf(pt[j][e] * scale - l) : 0.0f;
-                pt[j][2 + e] = seen_b ? expf(pt[j][2 + e] * scale - l) : 0.0f;
+                pt[j][e] = seen_a ? expf(__fmul_rn(pt[j][e], scale) - l) : 0.0f;
+                pt[j][2 + e] = seen_b ? expf(__fmul_rn(pt[j][2 + e], scale) - l) : 0.0f;
                 dpt[j][e] = pt[j][e] * (dpt[j][e] - dl);  // ds^T
                 dpt[j][2 + e] = pt[j][2 + e] * (dpt[j][2 + e] - dl);
             }
