@@ -20,9 +20,8 @@ scalar paths). Exit status 1 if any check fails.
 The times are medians of CUDA events over launches rotating among --sets copies of the inputs, as
 tools/profile_kernels.py times them, with the bytes each kernel must move counted as tools/kernel_cases.py
 counts them (layernorm_bwd_fast: its dx kernel only), against the copy bandwidth measured in the same run.
-"ms" is the kernel alone: a spin kernel queued before each start event keeps the GPU busy while Python
-queues the launch. "paced" is without it, as tools/profile_kernels.py measures (there through the checked
-launchers, slower still): a short kernel's figure then includes the host's time to queue it.
+The times are the kernels' alone: tools/timing.py queues a spin kernel before each start event, so that the
+GPU stays busy while Python queues the launch.
 """
 from __future__ import annotations
 
@@ -51,7 +50,6 @@ WARP = 32
 # A layernorm's error may be at most BAR times the current kernel's, or FLOOR (one float32 ulp at 1): below it
 # both are at float32's own rounding, and over a few values (the 7 means of an odd shape) their ratio is noise.
 BAR, FLOOR = 1.5, 2.0 ** -23
-SPIN_NS = 200_000  # the GPU's busy time queued ahead of each timed launch: longer than Python takes to queue it
 PRESET = GPTConfig.preset("andrea-120m")
 
 
@@ -83,7 +81,7 @@ class V2:
         signatures = K.kernel_signatures(text)
         self.fns = {}
         for name, fmt in signatures.items():
-            if not (name.endswith("_v2") or name == "k_spin"):
+            if not name.endswith("_v2"):
                 continue  # the engine's kernels that rows_fast.cuh brings in
             if name.endswith("_v2") and fmt != e.signatures[name[:-3]]:
                 raise RuntimeError(f"{name} takes {fmt}, {name[:-3]} {e.signatures[name[:-3]]}: not the same arguments")
@@ -114,9 +112,6 @@ class V2:
         self.fns[name].prepared_async_call(grid or self.grid(name, args), (self.block, 1, 1), stream, *args)
         if stream is None:
             self.cuda.Context.synchronize()
-
-    def spin(self, stream) -> None:
-        self.fns["k_spin"].prepared_async_call((1, 1), (1, 1, 1), stream, SPIN_NS)
 
 
 class Dev:
@@ -422,8 +417,7 @@ def bench(v2, seed: int, iters: int, sets: int) -> None:
     bw = copy_bandwidth(stream)
     print(f"\n{K.device_summary()}: andrea-120m B=8 T={PRESET.block_size}; copy {bw / 1e3:.2f} TB/s; "
           f"median of {iters}, {sets} input sets")
-    hdr = (f"{'kernel':<32}{'MB':>7}{'ms':>9}{'v2 ms':>8}{'GB/s':>7}{'v2 GB/s':>8}{'%copy':>7}{'v2 %':>6}"
-           f"{'x':>6}{'paced ms':>10}{'v2':>7}")
+    hdr = f"{'kernel':<32}{'MB':>7}{'ms':>9}{'v2 ms':>8}{'GB/s':>7}{'v2 GB/s':>8}{'%copy':>7}{'v2 %':>6}{'x':>6}"
     print(hdr)
     print("-" * len(hdr))
     for label, kernel, nbytes, calls in timing_cases(rng, sets):
@@ -439,17 +433,12 @@ def bench(v2, seed: int, iters: int, sets: int) -> None:
         def new(s):
             v2.launch(new_name, entries[state["i"]][3], new_grids[state["i"]], s)
 
-        def rotate(spin):
-            def step():
-                state["i"] = (state["i"] + 1) % len(entries)
-                if spin:
-                    v2.spin(stream)
-            return step
-        ms = [cuda_median_ms(fn, iters, 3, stream, rotate(spin)) for spin in (True, False) for fn in (current, new)]
-        gbs = [nbytes / t / 1e6 for t in ms[:2]]
+        def rotate():
+            state["i"] = (state["i"] + 1) % len(entries)
+        ms = [cuda_median_ms(fn, iters, 3, stream, rotate) for fn in (current, new)]
+        gbs = [nbytes / t / 1e6 for t in ms]
         print(f"{label:<32}{nbytes / 1e6:>7.1f}{ms[0]:>9.4f}{ms[1]:>8.4f}{gbs[0]:>7.0f}{gbs[1]:>8.0f}"
-              f"{100 * gbs[0] / bw:>7.1f}{100 * gbs[1] / bw:>6.1f}{ms[0] / ms[1]:>6.2f}{ms[2]:>10.4f}{ms[3]:>7.4f}",
-              flush=True)
+              f"{100 * gbs[0] / bw:>7.1f}{100 * gbs[1] / bw:>6.1f}{ms[0] / ms[1]:>6.2f}", flush=True)
 
 
 def main() -> int:

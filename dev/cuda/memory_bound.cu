@@ -606,15 +606,3 @@ extern "C" __global__ void __launch_bounds__(256)
     else
         embed_row<1>(xr, er, pr, C);
 }
-
-// ------------------------------------------------------------------------------------------------ timing
-// Not a candidate: dev/memory_bound.py queues it before each timed launch so that the GPU is still busy
-// while Python queues the start event and the launch, and the events then time the kernel alone rather than
-// the host's pace. Spins one thread for ns nanoseconds of the global timer.
-extern "C" __global__ void k_spin(long long ns) {
-    unsigned long long t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    do {
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    } while (t - t0 < (unsigned long long)ns);
-}
