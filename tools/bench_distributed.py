@@ -26,16 +26,10 @@ import numpy as np
 
 from microgpt import GPT, PRESETS, GPTConfig, kernels
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_train import batches, torch_step  # noqa: E402  (the same batches and PyTorch step as one GPU)
+
 RESULT = "RESULT "  # the line of rank 0's JSON in a worker's output
-
-
-def config(args) -> GPTConfig:
-    return GPTConfig.preset(args.preset, vocab_size=257 if PRESETS[args.preset][4] is None else None)
-
-
-def batches(vocab_size, rows, T, n=4, seed=0):
-    rng = np.random.default_rng(seed)
-    return [rng.integers(0, vocab_size, size=(rows, T + 1)).astype(np.int32) for _ in range(n)]
 
 
 def timed(step, warmup, steps, sync) -> float:
@@ -54,7 +48,7 @@ def timed(step, warmup, steps, sync) -> float:
 
 def time_microgpt(cfg, dp, args, T):
     model = GPT(cfg, backend=args.backend, seed=0)
-    data = batches(cfg.vocab_size, dp.world * args.B, T)
+    data = batches(cfg, dp.world * args.B, T)
     losses = []
 
     def step(i):  # as train_loop runs a step
@@ -81,16 +75,8 @@ def time_torch(cfg, dp, args, T):
     model = TorchGPT(cfg, attention="sdpa").load_numpy(GPT(cfg, seed=0).state_dict())
     model = DistributedDataParallel(model.cuda() if cuda else model, device_ids=[0] if cuda else None)
     opt = torch.optim.AdamW(model.module.param_groups(0.1), lr=3e-4, betas=(0.9, 0.95), fused=cuda)
-    data = [torch.from_numpy(dp.shard(b)).long() for b in batches(cfg.vocab_size, dp.world * args.B, T)]
-    data = [b.cuda() for b in data] if cuda else data
-
-    def step(i):
-        b = data[i % len(data)]
-        opt.zero_grad(set_to_none=True)
-        _, loss = model(b[:, :-1], b[:, 1:])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+    data = [torch.from_numpy(dp.shard(b)).long() for b in batches(cfg, dp.world * args.B, T)]
+    step = torch_step(model, opt, [b.cuda() for b in data] if cuda else data)
     seconds = timed(step, args.warmup, args.steps, torch.cuda.synchronize if cuda else lambda: None)
     return seconds, f"PyTorch {torch.__version__}"
 
@@ -100,7 +86,7 @@ def worker(args) -> None:
     from microgpt.distributed import DataParallel, select_gpu
     select_gpu()
     dp = DataParallel(args.backend)
-    cfg = config(args)
+    cfg = GPTConfig.preset(args.preset)
     T = args.T or cfg.block_size
     tokens = dp.world * args.B * T  # a step, all processes together
     seconds, losses = time_microgpt(cfg, dp, args, T)
@@ -184,7 +170,7 @@ def main() -> int:
     passthrough = ["--preset", args.preset, "-B", str(args.B), "--steps", str(args.steps), "--warmup",
                    str(args.warmup), "--backend", args.backend] + (["-T", str(args.T)] if args.T else []) + \
         (["--no-torch"] if args.no_torch else [])
-    T = args.T or config(args).block_size
+    T = args.T or GPTConfig.preset(args.preset).block_size
     result = report([launch(k, passthrough) for k in (1, n)], args, T)
     if args.json:
         print(json.dumps(result))

@@ -102,7 +102,7 @@ def main(argv=None) -> int:
         args.backend, args.B, args.prompt, args.new, args.no_peer = "numpy", QUICK["B"], QUICK["prompt"], \
             QUICK["new"], True
     else:
-        configs = {p: GPTConfig.preset(p, vocab_size=257 if PRESETS[p][4] is None else None) for p in args.preset}
+        configs = {p: GPTConfig.preset(p) for p in args.preset}
     rows = []
     for name, cfg in configs.items():
         peer, peer_note = (None, "skipped (--no-peer)") if args.no_peer else transformers_peer(cfg)

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import gpu_or_exit  # noqa: E402
 
 
-def batches(cfg, B, T, n, seed=0):
+def batches(cfg, B, T, n=4, seed=0):
     rng = np.random.default_rng(seed)
     return [rng.integers(0, cfg.vocab_size, size=(B, T + 1)).astype(np.int32) for _ in range(n)]
 
@@ -55,6 +55,22 @@ def time_microgpt(cfg, B, T, steps, warmup, variant):
     return (time.perf_counter() - t0) / steps, losses
 
 
+def torch_step(model, opt, data):
+    """The PyTorch peer's training step on batch i of data, as a user writes it (also under DDP, where model
+    is the wrapper): forward, backward, clipping, AdamW; returns the loss."""
+    import torch
+
+    def step(i):
+        b = data[i % len(data)]
+        opt.zero_grad(set_to_none=True)
+        _, loss = model(b[:, :-1], b[:, 1:])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        return loss
+    return step
+
+
 def time_torch(cfg, B, T, steps, warmup):
     try:
         import torch
@@ -67,16 +83,7 @@ def time_torch(cfg, B, T, steps, warmup):
     torch.backends.cudnn.allow_tf32 = False
     model = TorchGPT(cfg, attention="sdpa").load_numpy(GPT(cfg).state_dict()).cuda()
     opt = torch.optim.AdamW(model.param_groups(0.1), lr=3e-4, betas=(0.9, 0.95), fused=True)
-    data = [torch.from_numpy(b).long().cuda() for b in batches(cfg, B, T, 4)]
-
-    def step(i):
-        b = data[i % len(data)]
-        opt.zero_grad(set_to_none=True)
-        _, loss = model(b[:, :-1], b[:, 1:])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        return loss
+    step = torch_step(model, opt, [torch.from_numpy(b).long().cuda() for b in batches(cfg, B, T)])
     for i in range(warmup):
         step(i)
     torch.cuda.synchronize()

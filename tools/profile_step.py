@@ -104,7 +104,7 @@ def main() -> int:
     if args.quick:
         args.preset, args.B, args.T, args.steps, args.reps = "andrea-12m", 2, 128, 2, 2
     device = gpu_or_exit("profile_step")
-    cfg = GPTConfig.preset(args.preset, vocab_size=257 if PRESETS[args.preset][4] is None else None)
+    cfg = GPTConfig.preset(args.preset)
     result = profile(cfg, args.B, args.T or cfg.block_size, args.variant, args.steps, args.reps)
     if args.json:
         print(json.dumps(dict(device=device, preset=args.preset, **result)))
