@@ -43,8 +43,9 @@ def padded(d_k: int) -> int:
 def smem(kind: str, D: int) -> int:
     """Bytes of dynamic shared memory, as the kernels lay it out."""
     floats = {"fwd": 2 * D * LD + TILE * (D + 4) + TILE * LD,
-              "tc_fwd": 2 * (2 * TILE * (D + 8) + TILE * (D + 4)),  # FtLayout: Q, K, V as hi and lo
-              "tc_dq": 6 * TILE * (D + 8) + 2 * TILE, "tc_dkdv": 6 * TILE * (D + 8) + 2 * TILE,  # FtBwdLayout
+              # FtLayout of flash_attention_tc.cu: FWD_FLOATS, BWD_FLOATS
+              "tc_fwd": 5 * TILE * (D + 8),
+              "tc_dq": 6 * TILE * (D + 8) + 2 * TILE, "tc_dkdv": 6 * TILE * (D + 8) + 2 * TILE,
               "dq": 4 * D * LD + TILE * (D + 4) + TILE * LD,
               "dkdv": 4 * D * LD + 2 * TILE * (D + 4) + TILE * LD + 2 * TILE}[kind]
     return 4 * floats

@@ -7,9 +7,10 @@
 // b * NH + h), the longest rows first, and streams 64-key tiles up to the diagonal; an online softmax in FP32
 // (a running max and sum per row); lse[i] = max + log(sum) for the backward. Four warps, each 16 query rows
 // (one m16 tile of mma.sync m16n8k8).
-//   - S = Q K^T: each operand split once, as it is stored to shared memory, into a TF32 high part and the
-//     rest; hi*lo + lo*hi + hi*hi on the tensor cores for each 8 of d, added into an FP32 running sum; then
-//     times 1.0f / sqrtf(d_k), as the literal line scales the dot product.
+//   - S = Q K^T: each operand split into a TF32 high part and the rest (a warp's own Q rows as it reads them,
+//     the K rows every warp reads once, as they are stored to shared memory); hi*lo + lo*hi + hi*hi on the
+//     tensor cores for each 8 of d, added into an FP32 running sum; then times 1.0f / sqrtf(d_k), as the
+//     literal line scales the dot product.
 //   - P V: P stays in registers. The accumulator layout of S (row g: columns 2t, 2t+1 of each 8) is the A
 //     operand's layout once the 8 keys of a step are relabelled (logical column t = key 2t, t + 4 = key
 //     2t + 1), so P feeds the next mma without a trip through shared memory; V's rows are read with the same
@@ -21,190 +22,31 @@
 #define FT_KEYS 64  // keys a tile
 #define FT_THREADS 128
 
-// Shared memory of one block for head dimension D (d_k padded to 32, 64 or 128): Q, K, V as hi and lo
-// halves. Q and K rows are read as pairs of d (float2), 8 floats of padding keep a warp's reads on distinct
-// banks; V's rows are read 8 d apart across a quad, 4 floats of padding do the same there.
+// Shared memory at row stride D + 8 (d_k padded to 32, 64 or 128): tiles of 64 rows, raw or split into hi and
+// lo. Row pairs of d (float2) then fall on distinct banks across a warp; the split tiles are also read 8 d
+// apart across a quad, which their swizzle (ft_load_split) keeps off each other's banks. The forward holds Q
+// raw and K, V split; the backward two operands raw, two split, and a query tile's lse and delta.
 template <int D>
 struct FtLayout {
-    static constexpr int LDQ = D + 8, LDV = D + 4;
-    static constexpr int Q = FT_ROWS * LDQ, K = FT_KEYS * LDQ, V = FT_KEYS * LDV;
-    static constexpr int FLOATS = 2 * (Q + K + V);
+    static constexpr int LD = D + 8, TILE = 64 * LD;
+    static constexpr int FWD_FLOATS = 5 * TILE, BWD_FLOATS = 6 * TILE + 2 * 64;
 };
 
-// rows [r0, r0 + 64) of the (T, d_k) matrix p, split into hi[row * ld + d] and lo[...], zero past T and past
-// d_k up to D (zeros split into zeros: the padding adds exact zeros to every product). SWIZZLE (the backward's
-// tiles, read both as row pairs of d and 8 d apart across a quad): column d of row r at d ^ ((r & 4) << 1)
-template <int D, bool SWIZZLE = false>
+// rows [r0, r0 + 64) of the (T, d_k) matrix p, split into hi and lo, zero past T and past d_k up to D (zeros
+// split into zeros: the padding adds exact zeros to every product); column d of row r at r * ld + (d ^ ((r & 4)
+// << 1)), swizzled for reads both as row pairs of d and 8 d apart across a quad (ft_rows_dot, ft_weigh)
+template <int D>
 __device__ __forceinline__ void ft_load_split(float* hi, float* lo, int ld, const float* p, int r0, int T, int d_k) {
     for (int e = threadIdx.x; e < 64 * D; e += FT_THREADS) {
         const int r = e / D, d = e % D;
         const float x = (r0 + r < T && d < d_k) ? p[(long long)(r0 + r) * d_k + d] : 0.0f;
         uint32_t h, l;
         tf32_split(x, h, l);
-        const int at = r * ld + (SWIZZLE ? d ^ ((r & 4) << 1) : d);
+        const int at = r * ld + (d ^ ((r & 4) << 1));
         hi[at] = __uint_as_float(h);
         lo[at] = __uint_as_float(l);
     }
 }
-
-// the max and the sum over the four threads of a quad (the threads holding one row's columns)
-__device__ __forceinline__ float quad_max(float v) {
-    v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, 1));
-    return fmaxf(v, __shfl_xor_sync(0xffffffff, v, 2));
-}
-__device__ __forceinline__ float quad_sum(float v) {
-    v += __shfl_xor_sync(0xffffffff, v, 1);
-    return v + __shfl_xor_sync(0xffffffff, v, 2);
-}
-
-template <int D>
-__device__ void flash_tc_fwd(float* o, float* lse, const float* q, const float* k, const float* v, int T, int d_k) {
-#if TC_AVAILABLE
-    using L = FtLayout<D>;
-    constexpr int ND = D / 8;  // n8 tiles of the output's d
-    extern __shared__ __align__(16) float ft_smem[];
-    float* q_hi = ft_smem;
-    float* q_lo = q_hi + L::Q;
-    float* k_hi = q_lo + L::Q;
-    float* k_lo = k_hi + L::K;
-    float* v_hi = k_lo + L::K;
-    float* v_lo = v_hi + L::V;
-    const long long head = (long long)blockIdx.y * T * d_k;
-    q += head, k += head, v += head, o += head;
-    lse += (long long)blockIdx.y * T;
-    const int q0 = (gridDim.x - 1 - blockIdx.x) * FT_ROWS;  // the longest rows first
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int row_a = q0 + warp * 16 + g, row_b = row_a + 8;  // this thread's two query rows
-    const float scale = 1.0f / sqrtf((float)d_k);
-
-    ft_load_split<D>(q_hi, q_lo, L::LDQ, q, q0, T, d_k);
-    const int qw = (warp * 16 + g) * L::LDQ + 2 * t;  // this thread's (row g, d 2t) of the warp's Q rows
-    float acc[ND][4];  // O: of n8 tile n, (row_a, 8n + 2t), (row_a, 8n + 2t + 1), (row_b, ...), (row_b, ...)
-#pragma unroll
-    for (int n = 0; n < ND; n++)
-#pragma unroll
-        for (int r = 0; r < 4; r++) acc[n][r] = 0.0f;
-    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
-
-    for (int k0 = 0; k0 <= q0 && k0 < T; k0 += FT_KEYS) {
-        __syncthreads();  // the previous tile's K and V are read (and, the first time, Q is stored)
-        ft_load_split<D>(k_hi, k_lo, L::LDQ, k, k0, T, d_k);
-        ft_load_split<D>(v_hi, v_lo, L::LDV, v, k0, T, d_k);
-        __syncthreads();
-
-        // s[j]: this warp's 16 rows against keys k0 + 8 j .. + 7, in the accumulator layout
-        float s[8][4];
-#pragma unroll
-        for (int kk = 0; kk < D; kk += 8) {
-            uint32_t a_hi[4], a_lo[4];
-            {
-                const float2 h0 = *reinterpret_cast<const float2*>(q_hi + qw + kk);
-                const float2 h1 = *reinterpret_cast<const float2*>(q_hi + qw + 8 * L::LDQ + kk);
-                const float2 l0 = *reinterpret_cast<const float2*>(q_lo + qw + kk);
-                const float2 l1 = *reinterpret_cast<const float2*>(q_lo + qw + 8 * L::LDQ + kk);
-                // (g, t) = d 2t, (g + 8, t), (g, t + 4) = d 2t + 1, (g + 8, t + 4)
-                a_hi[0] = __float_as_uint(h0.x), a_hi[1] = __float_as_uint(h1.x);
-                a_hi[2] = __float_as_uint(h0.y), a_hi[3] = __float_as_uint(h1.y);
-                a_lo[0] = __float_as_uint(l0.x), a_lo[1] = __float_as_uint(l1.x);
-                a_lo[2] = __float_as_uint(l0.y), a_lo[3] = __float_as_uint(l1.y);
-            }
-            float p[8][4];
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                const int at = (8 * j + g) * L::LDQ + kk + 2 * t;  // K[key 8j + g][d 2t], [d 2t + 1]
-                const float2 bh = *reinterpret_cast<const float2*>(k_hi + at);
-                const float2 bl = *reinterpret_cast<const float2*>(k_lo + at);
-                const uint32_t b_hi[2] = {__float_as_uint(bh.x), __float_as_uint(bh.y)};
-                const uint32_t b_lo[2] = {__float_as_uint(bl.x), __float_as_uint(bl.y)};
-                mma_tf32_first(p[j], a_lo, b_hi);  // the small products first
-                mma_tf32(p[j], a_hi, b_lo);
-                mma_tf32(p[j], a_hi, b_hi);
-            }
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-#pragma unroll
-                for (int r = 0; r < 4; r++) s[j][r] = kk == 0 ? p[j][r] : s[j][r] + p[j][r];
-        }
-
-        // scale and mask; the online softmax of rows a (s[j][0..1]) and b (s[j][2..3])
-        float mx_a = -INFINITY, mx_b = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int key = k0 + 8 * j + 2 * t + e;
-                s[j][e] = (key <= row_a && key < T) ? s[j][e] * scale : -INFINITY;
-                s[j][2 + e] = (key <= row_b && key < T) ? s[j][2 + e] * scale : -INFINITY;
-                mx_a = fmaxf(mx_a, s[j][e]);
-                mx_b = fmaxf(mx_b, s[j][2 + e]);
-            }
-        // finite: key k0 <= q0 <= row is in every tile, for the padding rows past T too
-        const float new_a = fmaxf(m_a, quad_max(mx_a)), new_b = fmaxf(m_b, quad_max(mx_b));
-        const float alpha_a = expf(m_a - new_a), alpha_b = expf(m_b - new_b);
-        float sum_a = 0.0f, sum_b = 0.0f;
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                s[j][e] = expf(s[j][e] - new_a);
-                s[j][2 + e] = expf(s[j][2 + e] - new_b);
-                sum_a += s[j][e];
-                sum_b += s[j][2 + e];
-            }
-        l_a = l_a * alpha_a + quad_sum(sum_a);
-        l_b = l_b * alpha_b + quad_sum(sum_b);
-        m_a = new_a, m_b = new_b;
-#pragma unroll
-        for (int n = 0; n < ND; n++) {
-            acc[n][0] *= alpha_a, acc[n][1] *= alpha_a;
-            acc[n][2] *= alpha_b, acc[n][3] *= alpha_b;
-        }
-
-        // O += P V, a step of 8 keys at a time; P's accumulator layout is the A operand's, relabelled
-#pragma unroll
-        for (int kb = 0; kb < 8; kb++) {
-            uint32_t a_hi[4], a_lo[4];
-            const float a[4] = {s[kb][0], s[kb][2], s[kb][1], s[kb][3]};  // (g, 2t), (g + 8, 2t), (g, 2t + 1), ...
-#pragma unroll
-            for (int r = 0; r < 4; r++) tf32_split(a[r], a_hi[r], a_lo[r]);
-#pragma unroll
-            for (int n = 0; n < ND; n++) {  // each tile's step added at once: at D = 128 a whole row of them spilled
-                const int at = (8 * kb + 2 * t) * L::LDV + 8 * n + g;  // V[key 8kb + 2t][d 8n + g], next key
-                const uint32_t b_hi[2] = {__float_as_uint(v_hi[at]), __float_as_uint(v_hi[at + L::LDV])};
-                const uint32_t b_lo[2] = {__float_as_uint(v_lo[at]), __float_as_uint(v_lo[at + L::LDV])};
-                float p[4];
-                mma_tf32_first(p, a_lo, b_hi);
-                mma_tf32(p, a_hi, b_lo);
-                mma_tf32(p, a_hi, b_hi);
-#pragma unroll
-                for (int r = 0; r < 4; r++) acc[n][r] += p[r];
-            }
-        }
-    }
-
-#pragma unroll
-    for (int n = 0; n < ND; n++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const int d = 8 * n + 2 * t + e;
-            if (d >= d_k) continue;
-            if (row_a < T) o[(long long)row_a * d_k + d] = acc[n][e] / l_a;
-            if (row_b < T) o[(long long)row_b * d_k + d] = acc[n][2 + e] / l_b;
-        }
-    if (t == 0) {
-        if (row_a < T) lse[row_a] = m_a + logf(l_a);
-        if (row_b < T) lse[row_b] = m_b + logf(l_b);
-    }
-#else
-    __trap();  // mma.sync TF32 needs sm_80
-#endif
-}
-
-// ---------------------------------------------------------------------------------------------- backward
-// The SIMT kernels' schedule (flash_attention.cu: dq with delta = rowsum(P dP) from a first pass, then dK and dV
-// for a block of keys from the diagonal on) with every product on the tensor cores as in the forward. A warp's
-// own 16 rows of an operand are read raw and split as they are loaded (no other warp reads them); the rows all
-// four warps read are split once, as they are stored to shared memory. Not yet run on a GPU.
 
 // rows [r0, r0 + 64) of the (T, d_k) matrix p as they are: s[row * ld + d], zero past T and past d_k up to D
 template <int D>
@@ -275,13 +117,117 @@ __device__ __forceinline__ void ft_weigh(float (&out)[D / 8][4], const float (&w
     }
 }
 
-// Shared memory of the backward kernels: two operands raw, two split (hi and lo), all at row stride D + 8;
-// the dK, dV kernel adds a tile's lse and delta.
+// the max and the sum over the four threads of a quad (the threads holding one row's columns)
+__device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffff, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffff, v, 1);
+    return v + __shfl_xor_sync(0xffffffff, v, 2);
+}
+
+// ---------------------------------------------------------------------------------------------- forward
 template <int D>
-struct FtBwdLayout {
-    static constexpr int LD = D + 8, TILE = 64 * LD;
-    static constexpr int FLOATS = 6 * TILE + 2 * 64;
-};
+__device__ void flash_tc_fwd(float* o, float* lse, const float* q, const float* k, const float* v, int T, int d_k) {
+#if TC_AVAILABLE
+    using L = FtLayout<D>;
+    constexpr int ND = D / 8;  // n8 tiles of the output's d
+    extern __shared__ __align__(16) float ft_smem[];
+    float* qs = ft_smem;  // raw
+    float* k_hi = qs + L::TILE;
+    float* k_lo = k_hi + L::TILE;
+    float* v_hi = k_lo + L::TILE;
+    float* v_lo = v_hi + L::TILE;
+    const long long head = (long long)blockIdx.y * T * d_k;
+    q += head, k += head, v += head, o += head;
+    lse += (long long)blockIdx.y * T;
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * FT_ROWS;  // the longest rows first
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int row_a = q0 + warp * 16 + g, row_b = row_a + 8;  // this thread's two query rows
+    const float scale = 1.0f / sqrtf((float)d_k);
+
+    ft_load<D>(qs, L::LD, q, q0, T, d_k);
+    const float* q_w = qs + warp * 16 * L::LD;  // the warp's 16 rows
+    float acc[ND][4];  // O: of n8 tile n, (row_a, 8n + 2t), (row_a, 8n + 2t + 1), (row_b, ...), (row_b, ...)
+#pragma unroll
+    for (int n = 0; n < ND; n++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) acc[n][r] = 0.0f;
+    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
+
+    for (int k0 = 0; k0 <= q0 && k0 < T; k0 += FT_KEYS) {
+        __syncthreads();  // the previous tile's K and V are read (and, the first time, Q is stored)
+        ft_load_split<D>(k_hi, k_lo, L::LD, k, k0, T, d_k);
+        ft_load_split<D>(v_hi, v_lo, L::LD, v, k0, T, d_k);
+        __syncthreads();
+
+        // s[j]: this warp's 16 rows against keys k0 + 8 j .. + 7, in the accumulator layout
+        float s[8][4];
+        ft_rows_dot<D>(s, q_w, L::LD, k_hi, k_lo, L::LD);
+
+        // scale and mask; the online softmax of rows a (s[j][0..1]) and b (s[j][2..3])
+        float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int key = k0 + 8 * j + 2 * t + e;
+                s[j][e] = (key <= row_a && key < T) ? s[j][e] * scale : -INFINITY;
+                s[j][2 + e] = (key <= row_b && key < T) ? s[j][2 + e] * scale : -INFINITY;
+                mx_a = fmaxf(mx_a, s[j][e]);
+                mx_b = fmaxf(mx_b, s[j][2 + e]);
+            }
+        // finite: key k0 <= q0 <= row is in every tile, for the padding rows past T too
+        const float new_a = fmaxf(m_a, quad_max(mx_a)), new_b = fmaxf(m_b, quad_max(mx_b));
+        const float alpha_a = expf(m_a - new_a), alpha_b = expf(m_b - new_b);
+        float sum_a = 0.0f, sum_b = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                s[j][e] = expf(s[j][e] - new_a);
+                s[j][2 + e] = expf(s[j][2 + e] - new_b);
+                sum_a += s[j][e];
+                sum_b += s[j][2 + e];
+            }
+        l_a = l_a * alpha_a + quad_sum(sum_a);
+        l_b = l_b * alpha_b + quad_sum(sum_b);
+        m_a = new_a, m_b = new_b;
+#pragma unroll
+        for (int n = 0; n < ND; n++) {
+            acc[n][0] *= alpha_a, acc[n][1] *= alpha_a;
+            acc[n][2] *= alpha_b, acc[n][3] *= alpha_b;
+        }
+
+        // O += P V; P's accumulator layout is the A operand's, relabelled (ft_weigh)
+        ft_weigh<D>(acc, s, v_hi, v_lo, L::LD);
+    }
+
+#pragma unroll
+    for (int n = 0; n < ND; n++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int d = 8 * n + 2 * t + e;
+            if (d >= d_k) continue;
+            if (row_a < T) o[(long long)row_a * d_k + d] = acc[n][e] / l_a;
+            if (row_b < T) o[(long long)row_b * d_k + d] = acc[n][2 + e] / l_b;
+        }
+    if (t == 0) {
+        if (row_a < T) lse[row_a] = m_a + logf(l_a);
+        if (row_b < T) lse[row_b] = m_b + logf(l_b);
+    }
+#else
+    __trap();  // mma.sync TF32 needs sm_80
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------- backward
+// The SIMT kernels' schedule (flash_attention.cu: dq with delta = rowsum(P dP) from a first pass, then dK and dV
+// for a block of keys from the diagonal on) with every product on the tensor cores as in the forward. A warp's
+// own 16 rows of an operand are read raw and split as they are loaded (no other warp reads them), as the
+// forward's Q; the rows all four warps read are split once, as they are stored to shared memory. Not yet run
+// on a GPU.
 
 // dq = scale * sum over keys of ds k, ds = p (dp - delta), dp = do v^T, p = exp(q k^T * scale - lse); delta
 // (the row's sum of p dp, from a first pass) written for the dK, dV kernel
@@ -289,7 +235,7 @@ template <int D>
 __device__ void flash_tc_bwd_dq(float* dq, float* delta, const float* q, const float* k, const float* v,
                                 const float* d_o, const float* lse, int T, int d_k) {
 #if TC_AVAILABLE
-    using L = FtBwdLayout<D>;
+    using L = FtLayout<D>;
     constexpr int ND = D / 8;
     extern __shared__ __align__(16) float ft_smem[];
     float* qs = ft_smem;            // raw
@@ -328,8 +274,8 @@ __device__ void flash_tc_bwd_dq(float* dq, float* delta, const float* q, const f
     };
     auto load_kv = [&](int k0) {
         __syncthreads();  // the previous tile is read (and, the first time, Q and dO are stored)
-        ft_load_split<D, true>(k_hi, k_lo, L::LD, k, k0, T, d_k);
-        ft_load_split<D, true>(v_hi, v_lo, L::LD, v, k0, T, d_k);
+        ft_load_split<D>(k_hi, k_lo, L::LD, k, k0, T, d_k);
+        ft_load_split<D>(v_hi, v_lo, L::LD, v, k0, T, d_k);
         __syncthreads();
     };
 
@@ -389,7 +335,7 @@ template <int D>
 __device__ void flash_tc_bwd_dkdv(float* dk, float* dv, const float* q, const float* k, const float* v,
                                   const float* d_o, const float* lse, const float* delta, int T, int d_k) {
 #if TC_AVAILABLE
-    using L = FtBwdLayout<D>;
+    using L = FtLayout<D>;
     constexpr int ND = D / 8;
     extern __shared__ __align__(16) float ft_smem[];
     float* ks = ft_smem;            // raw: the block's keys
@@ -419,8 +365,8 @@ __device__ void flash_tc_bwd_dkdv(float* dk, float* dv, const float* q, const fl
         for (int r = 0; r < 4; r++) acc_k[n][r] = 0.0f, acc_v[n][r] = 0.0f;
     for (int q0 = k0; q0 < T; q0 += FT_ROWS) {  // the queries that see these keys: from the diagonal on
         __syncthreads();  // the previous tile is read (and, the first time, K and V are stored)
-        ft_load_split<D, true>(q_hi, q_lo, L::LD, q, q0, T, d_k);
-        ft_load_split<D, true>(do_hi, do_lo, L::LD, d_o, q0, T, d_k);
+        ft_load_split<D>(q_hi, q_lo, L::LD, q, q0, T, d_k);
+        ft_load_split<D>(do_hi, do_lo, L::LD, d_o, q0, T, d_k);
         if (threadIdx.x < 64) {
             const int qi = q0 + threadIdx.x;
             tile_lse[threadIdx.x] = qi < T ? lse[qi] : 0.0f;
