@@ -6,6 +6,7 @@ against PyTorch's SDPA (FP32, TF32 off) and the tc variant's pipeline.
     python dev/flash_attention.py            # the checks, then the times at B=8, 12 heads, d_k=64
     python dev/flash_attention.py --check    # the checks only
     python dev/flash_attention.py --tc       # the kernels on the tensor cores (flash_attention_tc.cu, 3xTF32)
+    python dev/flash_attention.py --tc2      # their second version (flash_attention_tc2.cu), 4 and 8 warps a block
 
 Needs a GPU and PyTorch. A check prints the worst relative error (||x - ref|| / ||ref||) of O, dQ, dK, dV
 and the fast pipeline's; it fails (exit 1) where flash's passes 1.5x the fast one's.
@@ -104,6 +105,57 @@ class Flash:
                    delta.data_ptr(), T, d_k)
 
 
+class Flash2:
+    """The kernels of flash_attention_tc2.cu: fwd_warps and bwd_warps warps a block (16 rows each)."""
+
+    def __init__(self, fwd_warps=4, bwd_warps=4, defines=()):
+        e = K.engine()
+        self.warps = {"fwd": fwd_warps, "dq": bwd_warps, "dkdv": bwd_warps}
+        mod = SourceModule((HERE / "cuda" / "flash_attention_tc2.cu").read_text(),
+                           options=["-lineinfo"] + [f"-D{d}" for d in defines],
+                           arch=e.arch, no_extern_c=True, include_dirs=[str(ROOT / "cuda")])
+        limit = e.device.get_attribute(e.cuda.device_attribute.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        self.fns = {}
+        for D in (32, 64, 128):
+            for kind, fmt in (("fwd", "PPPPPii"), ("dq", "PPPPPPPPii"), ("dkdv", "PPPPPPPPii")):
+                name = f"k_flash2_{'bwd_' if kind != 'fwd' else ''}{kind}_d{D}_w{self.warps[kind]}"
+                try:
+                    fn = mod.get_function(name)
+                except Exception:  # not instantiated for this width
+                    continue
+                if self.smem(kind, D) > limit:
+                    continue
+                fn.prepare(fmt)
+                fn.set_attribute(e.cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.smem(kind, D))
+                self.fns[kind, D] = fn
+
+    def smem(self, kind, D):
+        """F2Smem of flash_attention_tc2.cu, in bytes."""
+        ld, rows, tile = D + 8, 16 * self.warps[kind], TILE * (D + 8)
+        return 4 * {"fwd": rows * ld + 4 * tile, "dq": 2 * rows * ld + 4 * tile,
+                    "dkdv": 2 * rows * ld + 4 * tile + 4 * TILE}[kind]
+
+    def supports(self, d_k):
+        return all((kind, padded(d_k)) in self.fns for kind in ("fwd", "dq", "dkdv"))
+
+    def _call(self, kind, T, d_k, B_NH, stream, *args):
+        D, rows = padded(d_k), 16 * self.warps[kind]
+        self.fns[kind, D].prepared_async_call((math.ceil(T / rows), B_NH), (32 * self.warps[kind], 1, 1), stream,
+                                              *args, T, d_k, shared_size=self.smem(kind, D))
+
+    def forward(self, o, lse, q, k, v, stream=None):
+        B, NH, T, d_k = q.shape
+        self._call("fwd", T, d_k, B * NH, stream, o.data_ptr(), lse.data_ptr(), q.data_ptr(), k.data_ptr(),
+                   v.data_ptr())
+
+    def backward(self, dq, dk, dv, delta, d_o, lse, q, k, v, o, stream=None):
+        B, NH, T, d_k = q.shape
+        q, k, v, o, d_o, lse = (t.data_ptr() for t in (q, k, v, o, d_o, lse))
+        self._call("dq", T, d_k, B * NH, stream, dq.data_ptr(), delta.data_ptr(), q, k, v, o, d_o, lse)
+        self._call("dkdv", T, d_k, B * NH, stream, dk.data_ptr(), dv.data_ptr(), q, k, v, d_o, lse,
+                   delta.data_ptr())
+
+
 def reference(q, k, v, d_o):
     """O, dQ, dK, dV in float64 with autograd, the scale rounded to float32 as the kernels take it."""
     q, k, v = (t.double().requires_grad_() for t in (q, k, v))
@@ -151,8 +203,13 @@ def check(flash) -> bool:
         nan = lambda *s: torch.full(s, float("nan"), device="cuda")  # noqa: E731
         o, lse = nan(B, NH, T, d_k), nan(B, NH, T)
         dq, dk, dv, delta = nan(B, NH, T, d_k), nan(B, NH, T, d_k), nan(B, NH, T, d_k), nan(B, NH, T)
+        if isinstance(flash, Flash2) and not flash.supports(d_k):
+            continue
         flash.forward(o, lse, q, k, v)
-        flash.backward(dq, dk, dv, delta, d_o, lse, q, k, v)
+        if isinstance(flash, Flash2):
+            flash.backward(dq, dk, dv, delta, d_o, lse, q, k, v, o)
+        else:
+            flash.backward(dq, dk, dv, delta, d_o, lse, q, k, v)
         torch.cuda.synchronize()
         ours = [rel_err(x, r) for x, r in zip((o, dq, dk, dv), ref)]
         theirs = [rel_err(x, r) for x, r in zip(pipeline(fast, q, k, v, d_o), ref)]
@@ -177,20 +234,35 @@ def bench(flash) -> None:
         o, lse = torch.empty_like(q), torch.empty(B, NH, T, device="cuda")
         dq, dk, dv, delta = torch.empty_like(q), torch.empty_like(q), torch.empty_like(q), torch.empty_like(lse)
         t_f = cuda_median_ms(lambda s: flash.forward(o, lse, q, k, v, s), 20, 3, stream)
-        t_fb = cuda_median_ms(lambda s: (flash.forward(o, lse, q, k, v, s),
-                                         flash.backward(dq, dk, dv, delta, d_o, lse, q, k, v, s)), 20, 3, stream)
+        if isinstance(flash, Flash2):
+            t_fb = cuda_median_ms(lambda s: (flash.forward(o, lse, q, k, v, s),
+                                             flash.backward(dq, dk, dv, delta, d_o, lse, q, k, v, o, s)), 20, 3,
+                                  stream)
+        else:
+            t_fb = cuda_median_ms(lambda s: (flash.forward(o, lse, q, k, v, s),
+                                             flash.backward(dq, dk, dv, delta, d_o, lse, q, k, v, s)), 20, 3,
+                                  stream)
         qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
         sdpa = torch.nn.functional.scaled_dot_product_attention
         t_sf = torch_median_ms(lambda: sdpa(qg, kg, vg, is_causal=True), 20, 3)
         t_sfb = torch_median_ms(lambda: torch.autograd.grad(sdpa(qg, kg, vg, is_causal=True), (qg, kg, vg), d_o),
                                 20, 3)  # grad, not backward: no accumulation into .grad
         t_tc = float("nan")
-        if T <= 2048:  # the pipeline's T x T buffers (allocated inside: an upper bound on its time)
+        if T <= 2048 and not isinstance(flash, Flash2):  # the pipeline's T x T buffers (allocated inside: an upper bound on its time)
             t_tc = torch_median_ms(lambda: pipeline(tc, q, k, v, d_o), 5, 1)
         print(f"{T:>6}{t_f:>11.3f}{t_fb:>9.3f}{t_sf:>10.3f}{t_sfb:>9.3f}{t_tc:>12.3f}", flush=True)
 
 
 def main(argv) -> int:
+    if "--tc2" in argv:
+        ok = True
+        for fw, bw, defines in ((4, 4, ()), (4, 4, ("F2_SMALL=1",)), (8, 8, ())):
+            print(f"flash_attention_tc2.cu, {fw} warps a block forward, {bw} backward {' '.join(defines)}")
+            flash = Flash2(fw, bw, defines)
+            ok &= check(flash)
+            if "--check" not in argv:
+                bench(flash)
+        return 0 if ok else 1
     flash = Flash(tc="--tc" in argv)
     ok = check(flash)
     if "--check" not in argv:
