@@ -513,8 +513,8 @@ __device__ void flash2_bwd_dkdv(float* dk, float* dv, const float* q, const floa
 
 // The kernels for each padded width D and WARPS: grid (ceil(T / (16 WARPS)), B * NH), 32 WARPS threads,
 // F2Smem's floats of dynamic shared memory.
-#define FLASH2_KERNELS(D, W)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(32 * W) k_flash2_fwd_d##D##_w##W(                            \
+#define FLASH2_KERNELS(D, W, FWD_BLOCKS)                                                                       \
+    extern "C" __global__ void F2_BOUNDS_##FWD_BLOCKS(W) k_flash2_fwd_d##D##_w##W(                            \
         float* o, float* lse, const float* q, const float* k, const float* v, int T, int d_k) {               \
         flash2_fwd<D, W>(o, lse, q, k, v, T, d_k);                                                             \
     }                                                                                                          \
@@ -528,8 +528,12 @@ __device__ void flash2_bwd_dkdv(float* dk, float* dv, const float* q, const floa
         const float* lse, const float* delta, int T, int d_k) {                                                \
         flash2_bwd_dkdv<D, W>(dk, dv, q, k, v, d_o, lse, delta, T, d_k);                                       \
     }
-FLASH2_KERNELS(32, 4)
-FLASH2_KERNELS(64, 4)
-FLASH2_KERNELS(128, 4)
-FLASH2_KERNELS(64, 8)
+// FWD_BLOCKS: blocks an SM the forward's registers must allow (8 warps: two, at 128 registers, without spills;
+// 4 warps: left to ptxas, which takes 187 at d_k 64 without spills where a bound of 1 gives 255 and spills)
+#define F2_BOUNDS_1(W) __launch_bounds__(32 * W)
+#define F2_BOUNDS_2(W) __launch_bounds__(32 * W, 2)
+FLASH2_KERNELS(32, 4, 1)
+FLASH2_KERNELS(64, 4, 1)
+FLASH2_KERNELS(128, 4, 1)
+FLASH2_KERNELS(64, 8, 2)
 #undef FLASH2_KERNELS
