@@ -23,5 +23,6 @@
 #include "colsum.cuh"
 #include "matmul_fast.cuh"
 #include "rows_fast.cuh"
+#include "layernorm_fast.cuh"
 // the tensor-core products (sm_80 and later)
 #include "matmul_tc.cuh"

@@ -1,7 +1,8 @@
-// Fast variants of the row-wise kernels: a warp per row (softmax, layernorm) or a block per row (the
-// cross-entropy over the vocabulary), so that a warp reads a row in coalesced 128-byte lines and the
-// reductions run in registers. Each reduction has a fixed order, so results repeat bit for bit.
-// Tested against the one-thread-per-row reference kernels.
+// Fast variants of the row-wise kernels: a warp per row (softmax) or a block per row (the cross-entropy over
+// the vocabulary), so that a warp reads a row in coalesced 128-byte lines and the reductions run in registers.
+// Each reduction has a fixed order, so results repeat bit for bit. Tested against the one-thread-per-row
+// reference kernels. The 16-byte loads and stores, and the alignment tests that choose them, are shared with
+// layernorm_fast.cuh.
 #pragma once
 #include "common.cuh"
 
@@ -41,6 +42,29 @@ __device__ __forceinline__ void store_vec(float* p, const float (&v)[VEC]) {
         *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
     else
         p[0] = v[0];
+}
+
+// The memory-bound fast kernels (layernorm_fast's) keep MB_UNROLL independent chunks (16-byte loads where
+// aligned) a thread in flight, every load of a batch issued before its first store: a store may alias a later
+// load, so the compiler cannot hoist loads over stores for us.
+enum MemoryBoundLaunch : int {
+    MB_UNROLL = 4,
+};
+
+// every pointer given on a 16-byte boundary (the unused ones are null, which is)
+__device__ __forceinline__ bool all_aligned16(const void* a, const void* b, const void* c = nullptr,
+                                              const void* d = nullptr, const void* e = nullptr,
+                                              const void* f = nullptr) {
+    return ((unsigned long long)a | (unsigned long long)b | (unsigned long long)c | (unsigned long long)d |
+            (unsigned long long)e | (unsigned long long)f) % 16 == 0;
+}
+
+// Rows of C floats in 16-byte chunks need C % 4 == 0 and every row-wide pointer aligned (then every row
+// start is).
+__device__ __forceinline__ bool rows_vec4(int C, const void* a, const void* b, const void* c = nullptr,
+                                          const void* d = nullptr, const void* e = nullptr,
+                                          const void* f = nullptr) {
+    return C % 4 == 0 && all_aligned16(a, b, c, d, e, f);
 }
 
 // zeros over columns [from, cols) of a row, by the warp
@@ -172,112 +196,6 @@ extern "C" __global__ void k_softmax_bwd_fast(float* dx, const float* dprobs, co
         softmax_bwd_row_regs<4>(dxr, dp, p, n, cols);
     else
         softmax_bwd_row_regs<1>(dxr, dp, p, n, cols);
-}
-
-// Row n of x normalised, from its sum m (x's row read again for the variance and the output: the warp's
-// own recent reads and writes, served from the caches).
-__device__ __forceinline__ void layernorm_row(float* out, float* mean, float* rstd, const float* x, const float* w,
-                                              const float* b, long long n, int C, float m) {
-    int lane = threadIdx.x % 32;
-    const float* xr = x + n * C;
-    m = warp_sum(m) / C;
-    float var = 0.0f;
-    for (int c = lane; c < C; c += 32) {
-        float d = xr[c] - m;
-        var += d * d;
-    }
-    float s = 1.0f / sqrtf(warp_sum(var) / C + LN_EPS);
-    float* o = out + n * C;
-    for (int c = lane; c < C; c += 32) o[c] = (xr[c] - m) * s * w[c] + b[c];
-    if (lane == 0) {
-        mean[n] = m;
-        rstd[n] = s;
-    }
-}
-
-extern "C" __global__ void k_layernorm_fwd_fast(float* out, float* mean, float* rstd, const float* x,
-                                                const float* w, const float* b, int N, int C) {
-    long long n = warp_row();
-    int lane = threadIdx.x % 32;
-    if (n >= N) return;
-    const float* xr = x + n * C;
-    float m = 0.0f;
-    for (int c = lane; c < C; c += 32) m += xr[c];
-    layernorm_row(out, mean, rstd, x, w, b, n, C, m);
-}
-
-// The residual add and the layernorm that reads its sum, in one pass over the row: x = resid + branch
-// (written: the next residual add and the backward read it), out = layernorm(x). The same roundings as
-// k_residual_fwd then k_layernorm_fwd_fast.
-extern "C" __global__ void k_residual_layernorm_fwd_fast(float* x, float* out, float* mean, float* rstd,
-                                                         const float* resid, const float* branch, const float* w,
-                                                         const float* b, int N, int C) {
-    long long n = warp_row();
-    int lane = threadIdx.x % 32;
-    if (n >= N) return;
-    float* xr = x + n * C;
-    float m = 0.0f;
-    for (int c = lane; c < C; c += 32) {
-        float v = resid[n * C + c] + branch[n * C + c];
-        xr[c] = v;
-        m += v;
-    }
-    layernorm_row(out, mean, rstd, x, w, b, n, C, m);
-}
-
-// dx only (written, or added into where accumulate != 0, as k_layernorm_bwd), a warp per row; dw and db come
-// from k_layernorm_bwd_fast_wb.
-extern "C" __global__ void k_layernorm_bwd_fast(float* dx, const float* dout, const float* x, const float* w,
-                                                const float* mean, const float* rstd, int N, int C,
-                                                int accumulate) {
-    long long n = warp_row();
-    int lane = threadIdx.x % 32;
-    if (n >= N) return;
-    const float* xr = x + n * C;
-    const float* dr = dout + n * C;
-    float m = mean[n], s = rstd[n];
-    float mean_dxhat = 0.0f, mean_dxhat_xhat = 0.0f;
-    for (int c = lane; c < C; c += 32) {
-        float dxhat = dr[c] * w[c];
-        mean_dxhat += dxhat;
-        mean_dxhat_xhat += dxhat * (xr[c] - m) * s;
-    }
-    mean_dxhat = warp_sum(mean_dxhat) / C;
-    mean_dxhat_xhat = warp_sum(mean_dxhat_xhat) / C;
-    for (int c = lane; c < C; c += 32) {
-        float xhat = (xr[c] - m) * s;
-        float v = s * (dr[c] * w[c] - mean_dxhat - xhat * mean_dxhat_xhat);
-        dx[n * C + c] = accumulate ? __fadd_rn(dx[n * C + c], v) : v;  // _rn: no FMA with the product above
-    }
-}
-
-// Pass 1 of dw, db: per (group of 32 columns, chunk of rows), as k_colsum_partial; k_colsum_reduce adds
-// the chunks into dw and db.
-extern "C" __global__ void k_layernorm_bwd_fast_wb(float* dw_partials, float* db_partials, const float* dout,
-                                                   const float* x, const float* mean, const float* rstd,
-                                                   int N, int C, int rows_per_chunk) {
-    __shared__ float part_w[8][32], part_b[8][32];
-    int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
-    int c = blockIdx.x * 32 + tx;
-    int r0 = blockIdx.y * rows_per_chunk, r1 = min(N, r0 + rows_per_chunk);
-    float sw = 0.0f, sb = 0.0f;
-    if (c < C)
-        for (int r = r0 + ty; r < r1; r += 8) {
-            float d = dout[(long long)r * C + c];
-            sw += d * (x[(long long)r * C + c] - mean[r]) * rstd[r];
-            sb += d;
-        }
-    part_w[ty][tx] = sw;
-    part_b[ty][tx] = sb;
-    __syncthreads();
-    if (ty == 0 && c < C) {
-        for (int k = 1; k < 8; k++) {
-            sw += part_w[k][tx];
-            sb += part_b[k][tx];
-        }
-        dw_partials[(long long)blockIdx.y * C + c] = sw;
-        db_partials[(long long)blockIdx.y * C + c] = sb;
-    }
 }
 
 // Sum of the block's threads, in a fixed order; every thread gets it. `scratch` holds 32 floats.

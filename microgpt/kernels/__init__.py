@@ -7,8 +7,8 @@
     K.layernorm_fwd(out, mean, rstd, x, w, b)
 
 The package mirrors cuda/: one module per header, holding that header's launchers (embed, layernorm,
-matmul, attention, pointwise, crossentropy, adamw; colsum, matmul_fast, rows_fast for the fast variant;
-matmul_tc for the tc variant's tensor-core products).
+matmul, attention, pointwise, crossentropy, adamw; colsum, matmul_fast, rows_fast and layernorm_fast for the
+fast variant; matmul_tc for the tc variant's tensor-core products).
 Beside them: source (what nvcc compiles, and the argument formats read from it), runtime (compile once,
 the primary context, launch, record and replay, KernelError), checks (the argument checks) and registry
 (which launcher each op runs in each variant).
@@ -28,6 +28,7 @@ from .embed import embed_bwd, embed_fwd, token_order
 from .runtime import (BLOCK, SYNC_EVERY_LAUNCH, KernelError, Plan, blocks, device_summary, engine, launch, recording,
                      release_at_exit, replay, synchronize)
 from .layernorm import layernorm_bwd, layernorm_fwd, residual_layernorm_fwd
+from .layernorm_fast import layernorm_bwd_fast, layernorm_fwd_fast, residual_layernorm_fwd_fast
 from .matmul import matmul_bwd, matmul_fwd
 from .matmul_fast import (GEMM_TILE, Causal, Gemm, MatrixProducts, attn_scores_bwd_fast, attn_scores_fwd_fast,
                           attn_values_bwd_fast, attn_values_fwd_fast, causal_scores_bwd_fast, causal_scores_fwd_fast,
@@ -36,8 +37,7 @@ from .matmul_tc import (attn_values_bwd_tc, attn_values_fwd_tc, causal_scores_bw
                         matmul_bwd_tc, matmul_fwd_tc, sgemm_tc, tensor_cores, warpgroup_mma)
 from .pointwise import gelu_bwd, gelu_fwd, residual_bwd, residual_fwd
 from .registry import DEFAULT_VARIANT, OPS, VARIANTS, Kernels, Variant, launcher, resolve, select
-from .rows_fast import (crossentropy_fwd_fast, layernorm_bwd_fast, layernorm_fwd_fast, residual_layernorm_fwd_fast,
-                        softmax_bwd_fast, softmax_fwd_fast)
+from .rows_fast import crossentropy_fwd_fast, softmax_bwd_fast, softmax_fwd_fast
 from .source import (NVCC_OPTIONS, cuda_source_dir, full_source, int_constants, kernel_headers, kernel_names,
                      kernel_signatures, preprocessed)
 from ..reference import MASK_VALUE

@@ -6,13 +6,18 @@ from .pointwise import residual_fwd
 from .runtime import blocks, launch
 
 
-def layernorm_fwd(out, mean, rstd, x, w, b, *, stream=None):
-    """x (..., C) normalised over C; mean and rstd (...) saved for backward."""
+def layernorm_fwd_args(out, mean, rstd, x, w, b) -> list:
+    """The checked arguments of k_layernorm_fwd and k_layernorm_fwd_fast: out, mean, rstd, x, w, b, N, C."""
     shape = shape_of("x", x)
     N, C = rows(shape)
-    args = [ptr("out", out, shape), ptr("mean", mean, shape[:-1]), ptr("rstd", rstd, shape[:-1]),
+    return [ptr("out", out, shape), ptr("mean", mean, shape[:-1]), ptr("rstd", rstd, shape[:-1]),
             ptr("x", x, shape), ptr("w", w, (C,)), ptr("b", b, (C,)), N, C]
-    launch("k_layernorm_fwd", args, blocks(N), stream)
+
+
+def layernorm_fwd(out, mean, rstd, x, w, b, *, stream=None):
+    """x (..., C) normalised over C; mean and rstd (...) saved for backward."""
+    args = layernorm_fwd_args(out, mean, rstd, x, w, b)
+    launch("k_layernorm_fwd", args, blocks(args[-2]), stream)
 
 
 def layernorm_bwd(dx, dw, db, dout, x, w, mean, rstd, *, accumulate=False, stream=None):

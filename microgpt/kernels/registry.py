@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from . import attention, crossentropy, embed, layernorm, matmul, matmul_fast, matmul_tc, pointwise, rows_fast
+from . import (attention, crossentropy, embed, layernorm, layernorm_fast, matmul, matmul_fast, matmul_tc, pointwise,
+               rows_fast)
 from .adamw import adamw, global_norm
 
 
@@ -40,10 +41,10 @@ DEFAULT_VARIANT = "tc"
 OPS: dict[str, dict[str, Callable]] = {
     "embed_fwd": {"reference": embed.embed_fwd},
     "embed_bwd": {"reference": embed.embed_bwd},
-    "layernorm_fwd": {"reference": layernorm.layernorm_fwd, "fast": rows_fast.layernorm_fwd_fast},
-    "layernorm_bwd": {"reference": layernorm.layernorm_bwd, "fast": rows_fast.layernorm_bwd_fast},
+    "layernorm_fwd": {"reference": layernorm.layernorm_fwd, "fast": layernorm_fast.layernorm_fwd_fast},
+    "layernorm_bwd": {"reference": layernorm.layernorm_bwd, "fast": layernorm_fast.layernorm_bwd_fast},
     "residual_layernorm_fwd": {"reference": layernorm.residual_layernorm_fwd,
-                               "fast": rows_fast.residual_layernorm_fwd_fast},
+                               "fast": layernorm_fast.residual_layernorm_fwd_fast},
     "matmul_fwd": {"reference": matmul.matmul_fwd, "fast": matmul_fast.matmul_fwd_fast, "tc": matmul_tc.matmul_fwd_tc},
     "matmul_bwd": {"reference": matmul.matmul_bwd, "fast": matmul_fast.matmul_bwd_fast, "tc": matmul_tc.matmul_bwd_tc},
     "split_heads_fwd": {"reference": attention.split_heads_fwd},
