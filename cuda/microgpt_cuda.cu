@@ -24,5 +24,7 @@
 #include "matmul_fast.cuh"
 #include "rows_fast.cuh"
 #include "layernorm_fast.cuh"
+#include "pointwise_fast.cuh"
+#include "heads_fast.cuh"
 // the tensor-core products (sm_80 and later)
 #include "matmul_tc.cuh"

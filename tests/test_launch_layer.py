@@ -216,9 +216,10 @@ def test_every_op_has_a_reference_launcher_and_fast_ones_follow_the_naming():
 def test_select_gives_every_op_and_falls_back_to_the_reference():
     ops = K.select("fast")
     assert ops.variant is K.VARIANTS["fast"]
-    assert ops.embed_fwd is K.embed_fwd and ops.matmul_fwd is K.matmul_fwd_fast
+    assert ops.embed_bwd is K.embed_bwd and ops.matmul_fwd is K.matmul_fwd_fast
     assert all(callable(getattr(ops, op)) for op in K.OPS)
-    assert registry.launcher("gelu_fwd", "fast") is K.gelu_fwd
+    assert registry.launcher("residual_fwd", "fast") is K.residual_fwd
+    assert registry.launcher("gelu_fwd", "tc") is K.gelu_fwd_fast  # tc has none of its own: fast's
 
 
 # ---------------------------------------------------------------------------------------------- argument checks
@@ -243,10 +244,23 @@ def test_bad_arguments_are_refused_naming_them(fake):
                 K.launcher("softmax_bwd", variant)(x, x, x, causal=True)
             with pytest.raises(TypeError, match="causal must be True or False, got 'yes'"):
                 K.launcher("softmax_fwd", variant)(f32(2, 8, 8), f32(2, 8, 8), causal="yes")
-        with pytest.raises(ValueError, match="out must be C-contiguous"):
-            K.gelu_fwd(FakeArray((3, 8), strides=(4, 12)), f32(3, 8))
-        with pytest.raises(ValueError, match="x must not be empty"):
-            K.gelu_fwd(f32(0, 8), f32(0, 8))
+        for variant in K.VARIANTS:  # the fast elementwise launchers check as the reference ones
+            with pytest.raises(ValueError, match="out must be C-contiguous"):
+                K.launcher("gelu_fwd", variant)(FakeArray((3, 8), strides=(4, 12)), f32(3, 8))
+            with pytest.raises(ValueError, match="x must not be empty"):
+                K.launcher("gelu_fwd", variant)(f32(0, 8), f32(0, 8))
+            with pytest.raises(ValueError, match=r"dout must have shape \(3, 8\)"):
+                K.launcher("gelu_bwd", variant)(f32(3, 8), f32(8, 3), f32(3, 8))
+            with pytest.raises(ValueError, match="qkv's last dimension 24 must be 3 \\* C with n_head=3"):
+                K.launcher("split_heads_fwd", variant)(f32(1, 3, 2, 2), f32(1, 3, 2, 2), f32(1, 3, 2, 2),
+                                                       f32(1, 2, 24), 3)
+            with pytest.raises(ValueError, match="n_head=5 must divide dy's last dimension 8"):
+                K.launcher("merge_heads_bwd", variant)(f32(1, 5, 2, 1), f32(1, 2, 8), 5)
+            with pytest.raises(ValueError, match=r"dlosses must have shape \(2, 3\)"):
+                K.launcher("crossentropy_bwd", variant)(f32(2, 3, 9), f32(2, 3, 9), i32(2, 3), f32(3, 2),
+                                                        check_token_ids=False)
+            with pytest.raises(ValueError, match="idx has T=5 positions, above wpe's 4"):
+                K.launcher("embed_fwd", variant)(f32(1, 5, 8), i32(1, 5), f32(10, 8), f32(4, 8))
         with pytest.raises(ValueError, match="inner dimensions differ"):
             K.sgemm(f32(4, 5), f32(4, 3), f32(2, 5))
         with pytest.raises(ValueError, match="step must be an int >= 1"):
@@ -256,8 +270,12 @@ def test_bad_arguments_are_refused_naming_them(fake):
 
 def test_token_ids_outside_the_vocabulary_are_refused(fake, monkeypatch):
     monkeypatch.setattr(fake.cuda, "memcpy_dtoh", lambda host, p: host.fill(10))
-    with K.recording() as plan, pytest.raises(ValueError, match=r"idx holds token id 10, outside \[0, 10\)"):
-        K.embed_fwd(f32(2, 3, 4), i32(2, 3), f32(10, 4), f32(3, 4))
+    with K.recording() as plan:
+        for variant in K.VARIANTS:
+            with pytest.raises(ValueError, match=r"idx holds token id 10, outside \[0, 10\)"):
+                K.launcher("embed_fwd", variant)(f32(2, 3, 4), i32(2, 3), f32(10, 4), f32(3, 4))
+            with pytest.raises(ValueError, match=r"targets holds token id 10, outside \[0, 9\)"):
+                K.launcher("crossentropy_bwd", variant)(f32(2, 3, 9), f32(2, 3, 9), i32(2, 3), f32(2, 3))
     assert plan == []
 
 

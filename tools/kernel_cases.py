@@ -100,8 +100,9 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
     idx = [(ints(V, B, T),) for _ in range(sets)]
     wte, wpe = randn(V, C, scale=0.02), randn(T, C, scale=0.02)
     x, dx = empty(B, T, C), empty(B, T, C)
-    add("k_embed_fwd", lambda s, i: K.embed_fwd(x, i, wte, wpe, check_token_ids=False, stream=s),
-        F * (N + 2 * N * C + T * C), N * C, idx)
+    for case, fwd in own("embed_fwd"):
+        add(case, lambda s, i, fwd=fwd: fwd(x, i, wte, wpe, check_token_ids=False, stream=s),
+            F * (N + 2 * N * C + T * C), N * C, idx)
     dwte, dwpe = randn(V, C), randn(T, C)
     dx_in = [(randn(B, T, C), i, ga.to_gpu(K.token_order(i.get()))) for (i,) in idx]
     add("k_embed_bwd", lambda s, d, i, o: K.embed_bwd(dwte, dwpe, d, i, o, check_token_ids=False, stream=s),
@@ -171,11 +172,13 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
 
     qkvs = [(randn(B, T, 3 * C),) for _ in range(sets)]
     q, k, v = (empty(B, NH, T, d_k) for _ in range(3))
-    add("k_split_heads_fwd", lambda s, qkv: K.split_heads_fwd(q, k, v, qkv, NH, stream=s), F * 6 * N * C, 0, qkvs)
+    for case, fwd in own("split_heads_fwd"):
+        add(case, lambda s, qkv, fwd=fwd: fwd(q, k, v, qkv, NH, stream=s), F * 6 * N * C, 0, qkvs)
     K.split_heads_fwd(q, k, v, qkvs[0][0], NH)
     dqkv = empty(B, T, 3 * C)
     dq, dk, dv = (randn(B, NH, T, d_k) for _ in range(3))
-    add("k_split_heads_bwd", lambda s: K.split_heads_bwd(dqkv, dq, dk, dv, stream=s), F * 6 * N * C, 0)
+    for case, bwd in own("split_heads_bwd"):
+        add(case, lambda s, bwd=bwd: bwd(dqkv, dq, dk, dv, stream=s), F * 6 * N * C, 0)
 
     att = BH * T * T
     scores = empty(B, NH, T, T)
@@ -231,13 +234,17 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
         add(case, lambda s, p, bwd=bwd: bwd(dq, dk, p, q, k, stream=s), F * (att + 4 * BH * T * d_k),
             4 * causal * d_k, causal_ps)
     y = empty(B, T, C)
-    add("k_merge_heads_fwd", lambda s: K.merge_heads_fwd(y, heads, stream=s), F * 2 * N * C, 0)
-    add("k_merge_heads_bwd", lambda s: K.merge_heads_bwd(heads, y, NH, stream=s), F * 2 * N * C, 0)
+    for case, fwd in own("merge_heads_fwd"):
+        add(case, lambda s, fwd=fwd: fwd(y, heads, stream=s), F * 2 * N * C, 0)
+    for case, bwd in own("merge_heads_bwd"):
+        add(case, lambda s, bwd=bwd: bwd(heads, y, NH, stream=s), F * 2 * N * C, 0)
 
     hs = [(randn(B, T, 4 * C),) for _ in range(sets)]
     h_out = empty(B, T, 4 * C)
-    add("k_gelu_fwd", lambda s, h: K.gelu_fwd(h_out, h, stream=s), F * 8 * N * C, 10 * 4 * N * C, hs)
-    add("k_gelu_bwd", lambda s, h: K.gelu_bwd(h_out, hs[0][0], h, stream=s), F * 12 * N * C, 16 * 4 * N * C, hs)
+    for case, fwd in own("gelu_fwd"):
+        add(case, lambda s, h, fwd=fwd: fwd(h_out, h, stream=s), F * 8 * N * C, 10 * 4 * N * C, hs)
+    for case, bwd in own("gelu_bwd"):
+        add(case, lambda s, h, bwd=bwd: bwd(h_out, hs[0][0], h, stream=s), F * 12 * N * C, 16 * 4 * N * C, hs)
     res = empty(B, T, C)
     add("k_residual_fwd", lambda s, xi: K.residual_fwd(res, xi, x, stream=s), F * 3 * N * C, N * C, xs)
     add("k_residual_bwd", lambda s, xi: K.residual_bwd(res, dx, xi, stream=s), F * 3 * N * C, 0, xs)
@@ -249,9 +256,9 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
             F * (2 * N * V + 2 * N), 4 * N * V, logits)
     dlosses = ga.to_gpu(np.full((B, T), 1.0 / N, np.float32))
     dlogits = empty(B, T, V)
-    add("k_crossentropy_bwd",
-        lambda s, lg, tg: K.crossentropy_bwd(dlogits, lg, tg, dlosses, check_token_ids=False, stream=s),
-        F * (2 * N * V + 2 * N), 2 * N * V, logits)
+    for case, bwd in own("crossentropy_bwd"):
+        add(case, lambda s, lg, tg, bwd=bwd: bwd(dlogits, lg, tg, dlosses, check_token_ids=False, stream=s),
+            F * (2 * N * V + 2 * N), 2 * N * V, logits)
 
     P = n_params or (V * C + T * C + 12 * C * C + 13 * C)
     params, grads, m = randn(P, scale=0.02), randn(P, scale=1e-3), randn(P, scale=1e-4)

@@ -7,8 +7,8 @@
     K.layernorm_fwd(out, mean, rstd, x, w, b)
 
 The package mirrors cuda/: one module per header, holding that header's launchers (embed, layernorm,
-matmul, attention, pointwise, crossentropy, adamw; colsum, matmul_fast, rows_fast and layernorm_fast for the
-fast variant; matmul_tc for the tc variant's tensor-core products).
+matmul, attention, pointwise, crossentropy, adamw; colsum, matmul_fast, rows_fast, layernorm_fast,
+pointwise_fast and heads_fast for the fast variant; matmul_tc for the tc variant's tensor-core products).
 Beside them: source (what nvcc compiles, and the argument formats read from it), runtime (compile once,
 the primary context, launch, record and replay, KernelError), checks (the argument checks) and registry
 (which launcher each op runs in each variant).
@@ -25,6 +25,7 @@ from .checks import check_ids, opt_ptr, ptr, shape_of
 from .colsum import colsum
 from .crossentropy import crossentropy_bwd, crossentropy_fwd
 from .embed import embed_bwd, embed_fwd, token_order
+from .heads_fast import merge_heads_bwd_fast, merge_heads_fwd_fast, split_heads_bwd_fast, split_heads_fwd_fast
 from .runtime import (BLOCK, SYNC_EVERY_LAUNCH, KernelError, Plan, blocks, device_summary, engine, launch, recording,
                      release_at_exit, replay, synchronize)
 from .layernorm import layernorm_bwd, layernorm_fwd, residual_layernorm_fwd
@@ -36,8 +37,10 @@ from .matmul_fast import (GEMM_TILE, Causal, Gemm, MatrixProducts, attn_scores_b
 from .matmul_tc import (attn_values_bwd_tc, attn_values_fwd_tc, causal_scores_bwd_tc, causal_scores_fwd_tc, gemm_tc,
                         matmul_bwd_tc, matmul_fwd_tc, sgemm_tc, tensor_cores, warpgroup_mma)
 from .pointwise import gelu_bwd, gelu_fwd, residual_bwd, residual_fwd
+from .pointwise_fast import gelu_bwd_fast, gelu_fwd_fast
 from .registry import DEFAULT_VARIANT, OPS, VARIANTS, Kernels, Variant, launcher, resolve, select
-from .rows_fast import crossentropy_fwd_fast, softmax_bwd_fast, softmax_fwd_fast
+from .rows_fast import (crossentropy_bwd_fast, crossentropy_fwd_fast, embed_fwd_fast, softmax_bwd_fast,
+                        softmax_fwd_fast)
 from .source import (NVCC_OPTIONS, cuda_source_dir, full_source, int_constants, kernel_headers, kernel_names,
                      kernel_signatures, preprocessed)
 from ..reference import MASK_VALUE

@@ -14,22 +14,34 @@ from .checks import causal_flag, head_dims, ptr, rows, shape_of
 from .runtime import blocks, launch
 
 
-def split_heads_fwd(q, k, v, qkv, n_head, *, stream=None):
-    """qkv (B, T, 3C) -> q, k, v (B, NH, T, d_k)."""
+def split_heads_fwd_args(q, k, v, qkv, n_head) -> list:
+    """The checked arguments of k_split_heads_fwd and k_split_heads_fwd_fast: q, k, v, qkv, B, T, NH, d_k."""
     B, T, C3 = shape_of("qkv", qkv, 3)
     if C3 % 3 or (C3 // 3) % n_head:
         raise ValueError(f"qkv's last dimension {C3} must be 3 * C with n_head={n_head} dividing C")
     d_k = C3 // 3 // n_head
     hs = (B, n_head, T, d_k)
-    args = [ptr("q", q, hs), ptr("k", k, hs), ptr("v", v, hs), ptr("qkv", qkv, (B, T, C3)), B, T, n_head, d_k]
-    launch("k_split_heads_fwd", args, blocks(B * T * C3 // 3), stream)
+    return [ptr("q", q, hs), ptr("k", k, hs), ptr("v", v, hs), ptr("qkv", qkv, (B, T, C3)), B, T, n_head, d_k]
+
+
+def split_heads_bwd_args(dqkv, dq, dk, dv) -> list:
+    """The checked arguments of k_split_heads_bwd and k_split_heads_bwd_fast: dqkv, dq, dk, dv, B, T, NH, d_k."""
+    B, NH, T, d_k = head_dims("dq", dq)
+    hs = (B, NH, T, d_k)
+    return [ptr("dqkv", dqkv, (B, T, 3 * NH * d_k)), ptr("dq", dq, hs), ptr("dk", dk, hs), ptr("dv", dv, hs),
+            B, T, NH, d_k]
+
+
+def split_heads_fwd(q, k, v, qkv, n_head, *, stream=None):
+    """qkv (B, T, 3C) -> q, k, v (B, NH, T, d_k)."""
+    args = split_heads_fwd_args(q, k, v, qkv, n_head)
+    B, T, NH, d_k = args[-4:]
+    launch("k_split_heads_fwd", args, blocks(B * T * NH * d_k), stream)
 
 
 def split_heads_bwd(dqkv, dq, dk, dv, *, stream=None):
-    B, NH, T, d_k = head_dims("dq", dq)
-    hs = (B, NH, T, d_k)
-    args = [ptr("dqkv", dqkv, (B, T, 3 * NH * d_k)), ptr("dq", dq, hs), ptr("dk", dk, hs), ptr("dv", dv, hs),
-            B, T, NH, d_k]
+    args = split_heads_bwd_args(dqkv, dq, dk, dv)
+    B, T, NH, d_k = args[-4:]
     launch("k_split_heads_bwd", args, blocks(B * T * 3 * NH * d_k), stream)
 
 
@@ -118,17 +130,29 @@ def attn_values_bwd(dprobs, dv, dout, probs, v, *, stream=None):
     launch("k_attn_values_bwd", args, (blocks(B * NH * T * max(T, d_k)), 2), stream)
 
 
-def merge_heads_fwd(y, heads, *, stream=None):
-    """heads (B, NH, T, d_k) -> y (B, T, NH * d_k)."""
+def merge_heads_fwd_args(y, heads) -> list:
+    """The checked arguments of k_merge_heads_fwd and k_merge_heads_fwd_fast: y, heads, B, T, NH, d_k."""
     B, NH, T, d_k = head_dims("heads", heads)
-    args = [ptr("y", y, (B, T, NH * d_k)), ptr("heads", heads, (B, NH, T, d_k)), B, T, NH, d_k]
-    launch("k_merge_heads_fwd", args, blocks(B * NH * T * d_k), stream)
+    return [ptr("y", y, (B, T, NH * d_k)), ptr("heads", heads, (B, NH, T, d_k)), B, T, NH, d_k]
 
 
-def merge_heads_bwd(dheads, dy, n_head, *, stream=None):
+def merge_heads_bwd_args(dheads, dy, n_head) -> list:
+    """The checked arguments of k_merge_heads_bwd and k_merge_heads_bwd_fast: dheads, dy, B, T, NH, d_k."""
     B, T, C = shape_of("dy", dy, 3)
     if C % n_head:
         raise ValueError(f"n_head={n_head} must divide dy's last dimension {C}")
     d_k = C // n_head
-    args = [ptr("dheads", dheads, (B, n_head, T, d_k)), ptr("dy", dy, (B, T, C)), B, T, n_head, d_k]
-    launch("k_merge_heads_bwd", args, blocks(B * T * C), stream)
+    return [ptr("dheads", dheads, (B, n_head, T, d_k)), ptr("dy", dy, (B, T, C)), B, T, n_head, d_k]
+
+
+def merge_heads_fwd(y, heads, *, stream=None):
+    """heads (B, NH, T, d_k) -> y (B, T, NH * d_k)."""
+    args = merge_heads_fwd_args(y, heads)
+    B, T, NH, d_k = args[-4:]
+    launch("k_merge_heads_fwd", args, blocks(B * NH * T * d_k), stream)
+
+
+def merge_heads_bwd(dheads, dy, n_head, *, stream=None):
+    args = merge_heads_bwd_args(dheads, dy, n_head)
+    B, T, NH, d_k = args[-4:]
+    launch("k_merge_heads_bwd", args, blocks(B * T * NH * d_k), stream)

@@ -14,10 +14,17 @@ def crossentropy_fwd(losses, probs, logits, targets, *, check_token_ids=True, st
     launch("k_crossentropy_fwd", args, blocks(N), stream)
 
 
-def crossentropy_bwd(dlogits, probs, targets, dlosses, *, check_token_ids=True, stream=None):
-    """dlogits = (probs - onehot(targets)) * dlosses, per position."""
+def crossentropy_bwd_args(dlogits, probs, targets, dlosses, check_token_ids=True) -> list:
+    """The checked arguments of k_crossentropy_bwd and k_crossentropy_bwd_fast: dlogits, probs, targets,
+    dlosses, N, V."""
     shape = shape_of("probs", probs)
     N, V = rows(shape)
-    args = [ptr("dlogits", dlogits, shape), ptr("probs", probs, shape),
+    return [ptr("dlogits", dlogits, shape), ptr("probs", probs, shape),
             check_ids("targets", targets, shape[:-1], V, check_token_ids), ptr("dlosses", dlosses, shape[:-1]), N, V]
+
+
+def crossentropy_bwd(dlogits, probs, targets, dlosses, *, check_token_ids=True, stream=None):
+    """dlogits = (probs - onehot(targets)) * dlosses, per position."""
+    args = crossentropy_bwd_args(dlogits, probs, targets, dlosses, check_token_ids)
+    N, V = args[-2:]
     launch("k_crossentropy_bwd", args, blocks(N * V), stream)

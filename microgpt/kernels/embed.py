@@ -7,15 +7,22 @@ from .checks import check_ids, ptr, read_ids, shape_of
 from .runtime import blocks, engine, launch
 
 
-def embed_fwd(x, idx, wte, wpe, *, check_token_ids=True, stream=None):
-    """x (B, T, C) = wte[idx] + wpe[:T]."""
+def embed_fwd_args(x, idx, wte, wpe, check_token_ids=True) -> list:
+    """The checked arguments of k_embed_fwd and k_embed_fwd_fast: x, idx, wte, wpe, B, T, C (with
+    check_token_ids, idx read back and refused unless every id lies in the vocabulary)."""
     B, T = shape_of("idx", idx, 2)
     V, C = shape_of("wte", wte, 2)
     T_max = shape_of("wpe", wpe, 2)[0]
     if T > T_max:
         raise ValueError(f"idx has T={T} positions, above wpe's {T_max}")
-    args = [ptr("x", x, (B, T, C)), check_ids("idx", idx, (B, T), V, check_token_ids),
+    return [ptr("x", x, (B, T, C)), check_ids("idx", idx, (B, T), V, check_token_ids),
             ptr("wte", wte, (V, C)), ptr("wpe", wpe, (T_max, C)), B, T, C]
+
+
+def embed_fwd(x, idx, wte, wpe, *, check_token_ids=True, stream=None):
+    """x (B, T, C) = wte[idx] + wpe[:T]."""
+    args = embed_fwd_args(x, idx, wte, wpe, check_token_ids)
+    B, T, C = args[-3:]
     launch("k_embed_fwd", args, blocks(B * T * C), stream)
 
 

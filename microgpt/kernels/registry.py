@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from . import (attention, crossentropy, embed, layernorm, layernorm_fast, matmul, matmul_fast, matmul_tc, pointwise,
-               rows_fast)
+from . import (attention, crossentropy, embed, heads_fast, layernorm, layernorm_fast, matmul, matmul_fast, matmul_tc,
+               pointwise, pointwise_fast, rows_fast)
 from .adamw import adamw, global_norm
 
 
@@ -30,7 +30,8 @@ VARIANTS = {v.name: v for v in (
     Variant("reference", "the readable kernels, one stage a kernel, the literal scores line among them", True,
             None),
     Variant("fast", "tiled SGEMM (the mask fused into the scores, causal tile skipping, deterministic "
-                    "split-K), warp-per-row softmax and layernorm, block-per-row cross-entropy", False, "reference"),
+                    "split-K), warp-per-row softmax and layernorm, block-per-row cross-entropy, GELU, head "
+                    "split/merge and embedding in 16-byte loads", False, "reference"),
     Variant("tc", "fast, with every matrix product on the tensor cores at FP32 accuracy (3xTF32, the running "
                   "sum in FP32 registers; the SIMT SGEMM before sm_80)", False, "fast"),
 )}
@@ -39,7 +40,7 @@ VARIANTS = {v.name: v for v in (
 DEFAULT_VARIANT = "tc"
 
 OPS: dict[str, dict[str, Callable]] = {
-    "embed_fwd": {"reference": embed.embed_fwd},
+    "embed_fwd": {"reference": embed.embed_fwd, "fast": rows_fast.embed_fwd_fast},
     "embed_bwd": {"reference": embed.embed_bwd},
     "layernorm_fwd": {"reference": layernorm.layernorm_fwd, "fast": layernorm_fast.layernorm_fwd_fast},
     "layernorm_bwd": {"reference": layernorm.layernorm_bwd, "fast": layernorm_fast.layernorm_bwd_fast},
@@ -47,8 +48,8 @@ OPS: dict[str, dict[str, Callable]] = {
                                "fast": layernorm_fast.residual_layernorm_fwd_fast},
     "matmul_fwd": {"reference": matmul.matmul_fwd, "fast": matmul_fast.matmul_fwd_fast, "tc": matmul_tc.matmul_fwd_tc},
     "matmul_bwd": {"reference": matmul.matmul_bwd, "fast": matmul_fast.matmul_bwd_fast, "tc": matmul_tc.matmul_bwd_tc},
-    "split_heads_fwd": {"reference": attention.split_heads_fwd},
-    "split_heads_bwd": {"reference": attention.split_heads_bwd},
+    "split_heads_fwd": {"reference": attention.split_heads_fwd, "fast": heads_fast.split_heads_fwd_fast},
+    "split_heads_bwd": {"reference": attention.split_heads_bwd, "fast": heads_fast.split_heads_bwd_fast},
     "attn_scores_fwd": {"reference": attention.attn_scores_fwd},
     "attn_scores_bwd": {"reference": attention.attn_scores_bwd},
     "causal_mask_fwd": {"reference": attention.causal_mask_fwd},
@@ -63,14 +64,14 @@ OPS: dict[str, dict[str, Callable]] = {
                         "tc": matmul_tc.attn_values_fwd_tc},
     "attn_values_bwd": {"reference": attention.attn_values_bwd, "fast": matmul_fast.attn_values_bwd_fast,
                         "tc": matmul_tc.attn_values_bwd_tc},
-    "merge_heads_fwd": {"reference": attention.merge_heads_fwd},
-    "merge_heads_bwd": {"reference": attention.merge_heads_bwd},
-    "gelu_fwd": {"reference": pointwise.gelu_fwd},
-    "gelu_bwd": {"reference": pointwise.gelu_bwd},
+    "merge_heads_fwd": {"reference": attention.merge_heads_fwd, "fast": heads_fast.merge_heads_fwd_fast},
+    "merge_heads_bwd": {"reference": attention.merge_heads_bwd, "fast": heads_fast.merge_heads_bwd_fast},
+    "gelu_fwd": {"reference": pointwise.gelu_fwd, "fast": pointwise_fast.gelu_fwd_fast},
+    "gelu_bwd": {"reference": pointwise.gelu_bwd, "fast": pointwise_fast.gelu_bwd_fast},
     "residual_fwd": {"reference": pointwise.residual_fwd},
     "residual_bwd": {"reference": pointwise.residual_bwd},
     "crossentropy_fwd": {"reference": crossentropy.crossentropy_fwd, "fast": rows_fast.crossentropy_fwd_fast},
-    "crossentropy_bwd": {"reference": crossentropy.crossentropy_bwd},
+    "crossentropy_bwd": {"reference": crossentropy.crossentropy_bwd, "fast": rows_fast.crossentropy_bwd_fast},
     "global_norm": {"reference": global_norm},
     "adamw": {"reference": adamw},
 }
