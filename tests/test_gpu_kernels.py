@@ -4,7 +4,10 @@ Fresh random float32 inputs each run; outputs poisoned with NaN before the launc
 kernel forgets fails); weight gradients, which kernels add into, start from random values instead and
 are compared with start + reference. The reference runs in float64 on the same float32 inputs; the
 tolerance of each comparison is written beside it: 1e-6 for elementwise kernels, 1e-5 for reductions
-and matmuls (relative error ||out - ref|| / ||ref||).
+and matmuls (relative error ||out - ref|| / ||ref||). A fast kernel that computes each element as its reference
+kernel does (GELU, the head split and merge, the cross-entropy gradient, the embedding) must also give the
+reference kernel's bits, on the same inputs; those kernels are run on odd sizes and on arrays one float off a
+16-byte boundary too, which take their scalar paths.
 """
 import numpy as np
 import pytest
@@ -60,21 +63,52 @@ def shape(request):
     return SHAPES[request.param]
 
 
+VARIANT = pytest.mark.parametrize("variant", list(VARIANTS))
+FAST = pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "reference"])
+
+
+class Shifted:
+    """A device array `offset` elements past the start of its own allocation (offset 1: off a 16-byte boundary),
+    by __cuda_array_interface__ as the launchers take arrays, with get() and set() as a GPUArray's."""
+
+    def __init__(self, ga, host, offset):
+        self._base = ga.empty(host.size + offset, host.dtype)  # kept: the memory lives as long as this
+        self.shape, self.dtype = host.shape, host.dtype
+        self.ptr = int(self._base.gpudata) + offset * host.itemsize
+        self.__cuda_array_interface__ = {"shape": self.shape, "typestr": self.dtype.str, "strides": None,
+                                         "data": (self.ptr, False), "version": 3}
+        self.set(host)
+
+    def set(self, host):
+        kernels.engine().cuda.memcpy_htod(self.ptr, np.ascontiguousarray(host, self.dtype))
+
+    def get(self):
+        out = np.empty(self.shape, self.dtype)
+        kernels.engine().cuda.memcpy_dtoh(out, self.ptr)
+        return out
+
+
 class Dev:
-    """Device arrays for one test: inputs uploaded as float32, outputs poisoned."""
+    """Device arrays for one test: inputs uploaded as float32, outputs poisoned; offset=n places an array n
+    elements past an aligned start (a Shifted array)."""
 
     def __init__(self, ga, rng):
         self.ga, self.rng = ga, rng
 
-    def randn(self, *shape, scale=1.0):
+    def upload(self, host, offset=0):
+        return self.ga.to_gpu(host) if offset == 0 else Shifted(self.ga, host, offset)
+
+    def randn(self, *shape, scale=1.0, offset=0):
         host = (self.rng.standard_normal(shape) * scale).astype(np.float32)
-        return host, self.ga.to_gpu(host)
+        return host, self.upload(host, offset)
 
     def ints(self, high, *shape):
         host = self.rng.integers(0, high, size=shape).astype(np.int32)
         return host, self.ga.to_gpu(host)
 
-    def poisoned(self, *shape, dtype=np.float32):
+    def poisoned(self, *shape, dtype=np.float32, offset=0):
+        if offset:
+            return Shifted(self.ga, np.full(shape, np.nan, dtype), offset)
         a = self.ga.empty(shape, dtype)
         a.fill(np.nan)
         return a
@@ -89,18 +123,42 @@ def f64(*arrays):
     return [a.astype(np.float64) for a in arrays]
 
 
+def same_bits(name, out, ref):
+    assert out.shape == ref.shape, (name, out.shape, ref.shape)
+    differ = int((out.view(np.uint32) != ref.view(np.uint32)).sum())
+    assert differ == 0, f"{name}: {differ} of {ref.size} elements differ from the reference kernel's bits"
+
+
+def same_as_reference(K, dev, op, variant, outs, *inputs, **kw):
+    """Runs op's reference launcher on the same inputs into fresh poisoned outputs shaped as `outs` (the
+    variant's outputs, which come first in every launcher) and holds the variant's outputs to its bits; where
+    the variant runs the reference launcher itself, there is nothing to compare."""
+    if K.launcher(op, variant) is K.launcher(op, "reference"):
+        return
+    refs = [dev.poisoned(*o.shape) for o in outs]
+    K.launcher(op, "reference")(*refs, *inputs, **kw)
+    for o, r in zip(outs, refs):
+        same_bits(K.launcher(op, variant).__name__, o.get(), r.get())
+
+
 # ---------------------------------------------------------------------------------------------- embedding
-def test_embed(K, dev, shape):
+@VARIANT
+def test_embed_fwd(K, dev, shape, variant):
+    B, T, C, NH, V = shape
+    idx_h, idx = dev.ints(V, B, T)
+    wte_h, wte = dev.randn(V, C)
+    wpe_h, wpe = dev.randn(T + 3, C)  # wpe longer than T, as block_size is
+    x = dev.poisoned(B, T, C)
+    K.launcher("embed_fwd", variant)(x, idx, wte, wpe)
+    close("k_embed_fwd", x.get(), R.embed_fwd(idx_h, *f64(wte_h, wpe_h)), ELEMENTWISE, variant)
+    same_as_reference(K, dev, "embed_fwd", variant, [x], idx, wte, wpe)
+
+
+def test_embed_bwd(K, dev, shape):
     B, T, C, NH, V = shape
     idx_h, idx = dev.ints(V, B, T)
     idx_h[0, : min(T, 3)] = 5  # repeated tokens scatter into one row
     idx.set(idx_h)
-    wte_h, wte = dev.randn(V, C)
-    wpe_h, wpe = dev.randn(T + 3, C)  # wpe longer than T, as block_size is
-    x = dev.poisoned(B, T, C)
-    K.embed_fwd(x, idx, wte, wpe)
-    close("k_embed_fwd", x.get(), R.embed_fwd(idx_h, *f64(wte_h, wpe_h)), ELEMENTWISE)
-
     dx_h, dx = dev.randn(B, T, C)
     dwte0, dwte = dev.randn(V, C)
     dwpe0, dwpe = dev.randn(T + 3, C)
@@ -141,7 +199,6 @@ def test_token_ids_outside_the_vocabulary_are_refused_before_launch(K, dev):
 
 
 # ---------------------------------------------------------------------------------------------- layernorm
-VARIANT = pytest.mark.parametrize("variant", list(VARIANTS))
 
 
 @VARIANT
@@ -205,6 +262,42 @@ def test_residual_layernorm_and_the_backward_that_adds_into_dx(K, dev, shape, va
     close("k_layernorm_bwd_accumulate", dx.get() - dx0_h, rdx, REDUCTION, variant)
 
 
+# rows of every path of the fast kernels: held in registers (16-byte chunks, up to 1024 columns) or looped over
+# (longer rows, C % 4 != 0, or the row arrays one float off a 16-byte boundary: offset). Not rows of 1 or 2
+# columns: their dx is 0 or nearly (xhat is 0 or +-1), which float32's rounding cannot meet relatively.
+@VARIANT
+@pytest.mark.parametrize("N,C,offset", [(7, 20, 0), (7, 1030, 0), (7, 1028, 0), (33, 1024, 0), (5, 3, 0), (3, 5, 1),
+                                        (9, 1536, 0), (7, 20, 1), (7, 64, 1), (3, 2052, 1)])
+def test_layernorms_on_rows_of_any_length_and_alignment(K, dev, variant, N, C, offset):
+    r_h, resid = dev.randn(N, C, scale=2.0, offset=offset)
+    d_h, branch = dev.randn(N, C, offset=offset)
+    w_h, w = dev.randn(C)
+    b_h, b = dev.randn(C)
+    x, out = dev.poisoned(N, C, offset=offset), dev.poisoned(N, C, offset=offset)
+    mean, rstd = dev.poisoned(N), dev.poisoned(N)
+    K.launcher("residual_layernorm_fwd", variant)(x, out, mean, rstd, resid, branch, w, b)
+    x_h = r_h + d_h
+    np.testing.assert_array_equal(x.get(), x_h)
+    ref, ref_mean, ref_rstd = R.layernorm_fwd(*f64(x_h, w_h, b_h))
+    close("k_residual_layernorm_fwd", out.get(), ref, REDUCTION, variant)
+    close_mean("k_residual_layernorm_fwd", mean.get(), ref_mean, x_h, variant)
+    close("k_residual_layernorm_fwd", rstd.get(), ref_rstd, REDUCTION, variant)
+    apart = [dev.poisoned(N, C, offset=offset), dev.poisoned(N), dev.poisoned(N)]
+    K.launcher("layernorm_fwd", variant)(*apart, x, w, b)  # the same path: the same bits
+    for fused, separate in zip((out, mean, rstd), apart):
+        np.testing.assert_array_equal(fused.get(), separate.get())
+
+    dout_h, dout = dev.randn(N, C, offset=offset)
+    rdx = R.layernorm_bwd(*f64(dout_h, x_h, w_h), ref_mean, ref_rstd)[0]
+    for accumulate in (False, True):
+        dx0_h = dev.rng.standard_normal((N, C)).astype(np.float32)
+        dx = dev.upload(dx0_h, offset) if accumulate else dev.poisoned(N, C, offset=offset)
+        (_, dw), (_, db) = dev.randn(C), dev.randn(C)
+        K.launcher("layernorm_bwd", variant)(dx, dw, db, dout, x, w, mean, rstd, accumulate=accumulate)
+        got = dx.get() - dx0_h if accumulate else dx.get()
+        close("k_layernorm_bwd" + "_accumulate" * accumulate, got, rdx, REDUCTION, variant)
+
+
 # ---------------------------------------------------------------------------------------------- matmul
 @VARIANT
 @pytest.mark.parametrize("layer", ["qkv", "fc", "proj", "lm_head"])
@@ -233,30 +326,52 @@ def test_matmul(K, dev, shape, layer, variant):
 
 
 # ---------------------------------------------------------------------------------------------- attention
-def test_split_and_merge_heads(K, dev, shape):
+@VARIANT
+def test_split_and_merge_heads(K, dev, shape, variant):
     B, T, C, NH, V = shape
-    d_k = C // NH
-    qkv_h, qkv = dev.randn(B, T, 3 * C)
-    q, k, v = (dev.poisoned(B, NH, T, d_k) for _ in range(3))
-    K.split_heads_fwd(q, k, v, qkv, NH)
-    for got, want in zip((q, k, v), R.split_heads_fwd(qkv_h.astype(np.float64), NH)):
-        close("k_split_heads_fwd", got.get(), want, ELEMENTWISE)
+    check_split_and_merge_heads(K, dev, variant, B, T, NH, C // NH)
 
-    dq_h, dq = dev.randn(B, NH, T, d_k)
+
+def check_split_and_merge_heads(K, dev, variant, B, T, NH, d_k, offset=0):
+    """The four head shuffles against float64 and the reference kernels; `offset` places an input and one
+    output of each off a 16-byte boundary."""
+    C = NH * d_k
+    ops = K.select(variant)
+    qkv_h, qkv = dev.randn(B, T, 3 * C, offset=offset)
+    q, k, v = (dev.poisoned(B, NH, T, d_k, offset=offset if i == 1 else 0) for i in range(3))
+    ops.split_heads_fwd(q, k, v, qkv, NH)
+    for got, want in zip((q, k, v), R.split_heads_fwd(qkv_h.astype(np.float64), NH)):
+        close("k_split_heads_fwd", got.get(), want, ELEMENTWISE, variant)
+    same_as_reference(K, dev, "split_heads_fwd", variant, [q, k, v], qkv, NH)
+
+    dq_h, dq = dev.randn(B, NH, T, d_k, offset=offset)
     dk_h, dk = dev.randn(B, NH, T, d_k)
     dv_h, dv = dev.randn(B, NH, T, d_k)
-    dqkv = dev.poisoned(B, T, 3 * C)
-    K.split_heads_bwd(dqkv, dq, dk, dv)
-    close("k_split_heads_bwd", dqkv.get(), R.split_heads_bwd(*f64(dq_h, dk_h, dv_h)), ELEMENTWISE)
+    dqkv = dev.poisoned(B, T, 3 * C, offset=offset)
+    ops.split_heads_bwd(dqkv, dq, dk, dv)
+    close("k_split_heads_bwd", dqkv.get(), R.split_heads_bwd(*f64(dq_h, dk_h, dv_h)), ELEMENTWISE, variant)
+    same_as_reference(K, dev, "split_heads_bwd", variant, [dqkv], dq, dk, dv)
 
-    heads_h, heads = dev.randn(B, NH, T, d_k)
+    heads_h, heads = dev.randn(B, NH, T, d_k, offset=offset)
     y = dev.poisoned(B, T, C)
-    K.merge_heads_fwd(y, heads)
-    close("k_merge_heads_fwd", y.get(), R.merge_heads_fwd(heads_h.astype(np.float64)), ELEMENTWISE)
+    ops.merge_heads_fwd(y, heads)
+    close("k_merge_heads_fwd", y.get(), R.merge_heads_fwd(heads_h.astype(np.float64)), ELEMENTWISE, variant)
+    same_as_reference(K, dev, "merge_heads_fwd", variant, [y], heads)
     dy_h, dy = dev.randn(B, T, C)
-    dheads = dev.poisoned(B, NH, T, d_k)
-    K.merge_heads_bwd(dheads, dy, NH)
-    close("k_merge_heads_bwd", dheads.get(), R.merge_heads_bwd(dy_h.astype(np.float64), NH), ELEMENTWISE)
+    dheads = dev.poisoned(B, NH, T, d_k, offset=offset)
+    ops.merge_heads_bwd(dheads, dy, NH)
+    close("k_merge_heads_bwd", dheads.get(), R.merge_heads_bwd(dy_h.astype(np.float64), NH), ELEMENTWISE, variant)
+    same_as_reference(K, dev, "merge_heads_bwd", variant, [dheads], dy, NH)
+
+
+# heads whose rows are 16-byte chunks or not (d_k % 4), narrower and wider than a block's 256 threads, one
+# float off a 16-byte boundary (the scalar path), a last pass of rows that fills part of the block
+@FAST
+@pytest.mark.parametrize("B,T,NH,d_k,offset", [(2, 33, 3, 12, 0), (2, 33, 3, 12, 1), (1, 7, 3, 5, 0),
+                                               (3, 70, 2, 300, 0), (1, 5, 1, 1028, 0), (1, 5, 2, 1030, 0),
+                                               (1, 1, 1, 1, 0), (2, 9, 2, 64, 1)])
+def test_head_shuffles_on_odd_and_unaligned_arrays(K, dev, variant, B, T, NH, d_k, offset):
+    check_split_and_merge_heads(K, dev, variant, B, T, NH, d_k, offset)
 
 
 def test_attn_scores(K, dev, shape):
@@ -456,17 +571,40 @@ def test_sgemm(K, dev, M, N, K_, batch, ta, tb, units):
 
 
 # ---------------------------------------------------------------------------------------------- pointwise
-def test_gelu_and_residual(K, dev, shape):
+@VARIANT
+def test_gelu(K, dev, shape, variant):
     B, T, C, NH, V = shape
-    x_h, x = dev.randn(B, T, 4 * C, scale=2.0)
-    out = dev.poisoned(B, T, 4 * C)
-    K.gelu_fwd(out, x)
-    close("k_gelu_fwd", out.get(), R.gelu_fwd(x_h.astype(np.float64)), ELEMENTWISE)
-    d_h, d = dev.randn(B, T, 4 * C)
-    dx = dev.poisoned(B, T, 4 * C)
-    K.gelu_bwd(dx, d, x)
-    close("k_gelu_bwd", dx.get(), R.gelu_bwd(*f64(d_h, x_h)), ELEMENTWISE)
+    check_gelu(K, dev, variant, (B, T, 4 * C))
 
+
+def check_gelu(K, dev, variant, shape, offsets=(0, 0, 0)):
+    """GELU forward and backward against float64 and the reference kernels; offsets (of the output, x and
+    dout) place arrays off a 16-byte boundary."""
+    o_out, o_x, o_d = offsets
+    x_h, x = dev.randn(*shape, scale=2.0, offset=o_x)
+    out = dev.poisoned(*shape, offset=o_out)
+    K.launcher("gelu_fwd", variant)(out, x)
+    close("k_gelu_fwd", out.get(), R.gelu_fwd(x_h.astype(np.float64)), ELEMENTWISE, variant)
+    same_as_reference(K, dev, "gelu_fwd", variant, [out], x)
+    d_h, d = dev.randn(*shape, offset=o_d)
+    dx = dev.poisoned(*shape, offset=o_out)
+    K.launcher("gelu_bwd", variant)(dx, d, x)
+    close("k_gelu_bwd", dx.get(), R.gelu_bwd(*f64(d_h, x_h)), ELEMENTWISE, variant)
+    same_as_reference(K, dev, "gelu_bwd", variant, [dx], d, x)
+
+
+# sizes that leave a partial 16-byte chunk or a partial thread's share, and arrays one float off a 16-byte
+# boundary (offsets of out, x, dout)
+@FAST
+@pytest.mark.parametrize("shape,offsets", [((7, 80), (0, 0, 0)), ((7, 4121), (0, 0, 0)), ((707,), (0, 0, 0)),
+                                           ((1,), (0, 0, 0)), ((7, 4120), (1, 1, 1)), ((707,), (0, 1, 0)),
+                                           ((5, 3), (3, 2, 1))])
+def test_gelu_on_odd_and_unaligned_arrays(K, dev, variant, shape, offsets):
+    check_gelu(K, dev, variant, shape, offsets)
+
+
+def test_residual(K, dev, shape):
+    B, T, C, NH, V = shape
     a_h, a = dev.randn(B, T, C)
     b_h, b = dev.randn(B, T, C)
     s = dev.poisoned(B, T, C)
@@ -491,12 +629,45 @@ def test_crossentropy(K, dev, shape, variant):
     close("k_crossentropy_fwd", losses.get(), rl, REDUCTION, variant)
     close("k_crossentropy_fwd", probs.get(), rp, REDUCTION, variant)
 
-    dl_h = np.full((B, T), 1.0 / (B * T), np.float32) * dev.rng.uniform(0.5, 2.0, (B, T)).astype(np.float32)
+    check_crossentropy_bwd(K, dev, variant, probs.get(), tg_h)
+
+
+def check_crossentropy_bwd(K, dev, variant, probs_h, tg_h, offsets=(0, 0)):
+    """offsets: of dlogits and probs (equal: 16-byte chunks after a few scalar columns; unequal: scalar)."""
+    shape = probs_h.shape
+    probs, tg = dev.upload(probs_h, offsets[1]), dev.ga.to_gpu(tg_h)
+    n = int(np.prod(shape[:-1]))
+    dl_h = (np.full(shape[:-1], 1.0 / n) * dev.rng.uniform(0.5, 2.0, shape[:-1])).astype(np.float32)
     dl = dev.ga.to_gpu(dl_h)
-    dlogits = dev.poisoned(B, T, V)
-    K.crossentropy_bwd(dlogits, probs, tg, dl)
+    dlogits = dev.poisoned(*shape, offset=offsets[0])
+    K.launcher("crossentropy_bwd", variant)(dlogits, probs, tg, dl)
     close("k_crossentropy_bwd", dlogits.get(),
-          R.crossentropy_bwd(dl_h.astype(np.float64), probs.get().astype(np.float64), tg_h), ELEMENTWISE)
+          R.crossentropy_bwd(dl_h.astype(np.float64), probs_h.astype(np.float64), tg_h), ELEMENTWISE, variant)
+    same_as_reference(K, dev, "crossentropy_bwd", variant, [dlogits], probs, tg, dl)
+
+
+# rows of an odd V (each starting at another offset from 16 bytes), one float off (offsets of dlogits and
+# probs), one or three columns, and more rows than a grid's 65535 along y (the kernel loops over them)
+@FAST
+@pytest.mark.parametrize("N,V,offsets", [(7, 101, (0, 0)), (7, 8449, (0, 0)), (7, 8449, (1, 1)), (7, 8449, (1, 0)),
+                                         (5, 3, (0, 0)), (5, 1, (2, 2)), (70000, 3, (0, 0))])
+def test_crossentropy_bwd_on_odd_and_unaligned_arrays(K, dev, variant, N, V, offsets):
+    probs_h = dev.rng.random((N, V)).astype(np.float32)
+    check_crossentropy_bwd(K, dev, variant, probs_h, dev.rng.integers(0, V, N).astype(np.int32), offsets)
+
+
+# rows of C in 16-byte chunks or not, longer than a lane's MB_UNROLL chunks, wte off a 16-byte boundary
+@FAST
+@pytest.mark.parametrize("B,T,C,V,offset", [(2, 33, 20, 101, 0), (1, 7, 1030, 101, 0), (2, 33, 20, 101, 1),
+                                            (1, 3, 5, 2, 0), (2, 2, 2000, 7, 1), (1, 1, 1, 1, 0)])
+def test_embed_fwd_on_odd_and_unaligned_arrays(K, dev, variant, B, T, C, V, offset):
+    idx_h, idx = dev.ints(V, B, T)
+    wte_h, wte = dev.randn(V, C, offset=offset)
+    wpe_h, wpe = dev.randn(T + 7, C)
+    x = dev.poisoned(B, T, C, offset=offset)
+    K.launcher("embed_fwd", variant)(x, idx, wte, wpe)
+    close("k_embed_fwd", x.get(), R.embed_fwd(idx_h, *f64(wte_h, wpe_h)), ELEMENTWISE, variant)
+    same_as_reference(K, dev, "embed_fwd", variant, [x], idx, wte, wpe)
 
 
 # ---------------------------------------------------------------------------------------------- optimiser

@@ -173,6 +173,10 @@ def test_the_model_runs_its_variants_kernels_and_only_kernels_of_the_registry(rn
         assert not simt and not tensor_cores and "k_attn_scores_fwd" in launched
     else:
         assert "k_matmul_fwd" not in launched and "k_attn_scores_fwd" not in launched  # mask fused into scores
+        memory_bound = {"gelu_fwd", "gelu_bwd", "split_heads_fwd", "split_heads_bwd", "merge_heads_fwd",
+                        "merge_heads_bwd", "crossentropy_bwd", "embed_fwd"}  # fast's, which tc runs too
+        assert {f"k_{op}_fast" for op in memory_bound} <= launched
+        assert not {f"k_{op}" for op in memory_bound} & launched
         if variant == "tc" and K.tensor_cores():
             # at d_model 64 the dX of qkv and mlp.fc (K = 3C, 4C) are long enough for the tensor cores, on the
             # 128 x 64 tile (N = C), mma.sync on any device (too few outputs for wgmma: WG_MIN_OUTPUTS); the
