@@ -51,7 +51,8 @@ def test_profile_step_quick():
     assert res.returncode == 0, res.stdout + res.stderr
     r = json.loads(res.stdout)
     names = {row["kernel"] for row in r["kernels"]}
-    assert {"k_adamw"}.isdisjoint(names) and "k_crossentropy_bwd" in names  # the plans hold no optimizer
+    assert {"k_adamw"}.isdisjoint(names)  # the plans hold no optimizer
+    assert any(n.startswith("k_crossentropy_bwd") for n in names)  # and the loss's gradient (any variant's)
     assert set(r["phases_ms"]) == {"forward", "backward"}
     for phase, total in r["phases_ms"].items():
         assert sum(row["ms"] for row in r["kernels"] if row["phase"] == phase) == pytest.approx(total)
