@@ -17,8 +17,12 @@
 #include "matmul_tc.cuh"  // tf32_split, mma_tf32, mma_tf32_first, cp_async16, cp_async4
 
 #define F2_KEYS 64  // rows of a streamed tile
-#ifndef F2_SMALL
-#define F2_SMALL 0  // 1: the small terms of 3xTF32 summed apart (f2_mma_split)
+// 1: the small terms of 3xTF32 summed apart (f2_mma_split), in the forward's products or the backward's
+#ifndef F2_SMALL_FWD
+#define F2_SMALL_FWD 0
+#endif
+#ifndef F2_SMALL_BWD
+#define F2_SMALL_BWD 0
 #endif
 // Blocks whose rows see at most this many key tiles take delta from a pass over P and dP, as the fast variant
 // does (so p = 1 gives ds = 0 exactly), the rest from dO * O in FP64
@@ -84,22 +88,21 @@ __device__ __forceinline__ void f2_mma_split(float (&acc)[4], float (&small)[4],
 
 // acc[j] = A B^T over d, for the 8 n8 tiles of B's 64 rows: A the warp's 16 rows of a shared tile (a: its row
 // 0, a multiple of 8 of the tile), B the 64 rows at b; both raw, split as they are read
-template <int D, int UNROLL>
+template <int D, int UNROLL, bool SMALL>
 __device__ __forceinline__ void f2_rows_dot(float (&acc)[8][4], const float* a, const float* b) {
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int j = 0; j < 8; j++)
 #pragma unroll
         for (int r = 0; r < 4; r++) acc[j][r] = 0.0f;
-#if F2_SMALL
-    // the hi*lo and lo*hi terms (2^-11 of the sum and less) summed in the tensor cores over all of d: their
-    // truncating adds cost nothing at FP32's resolution, and only hi*hi waits on the FP32 add each step
-    float small[8][4];
+    // SMALL: the hi*lo and lo*hi terms (2^-11 of the sum and less) summed in the tensor cores over all of d:
+    // their truncating adds cost little at FP32's resolution, and only hi*hi waits on the FP32 add each step
+    float small[SMALL ? 8 : 1][4];
+    if constexpr (SMALL)
 #pragma unroll
-    for (int j = 0; j < 8; j++)
+        for (int j = 0; j < 8; j++)
 #pragma unroll
-        for (int r = 0; r < 4; r++) small[j][r] = 0.0f;
-#endif
+            for (int r = 0; r < 4; r++) small[j][r] = 0.0f;
 #pragma unroll UNROLL
     for (int kk = 0; kk < D; kk += 8) {
         // rows g, g + 8 of A and 8j + g of B share bit 2, so one swizzled column serves them all
@@ -113,33 +116,28 @@ __device__ __forceinline__ void f2_rows_dot(float (&acc)[8][4], const float* a, 
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             const float2 bv = *reinterpret_cast<const float2*>(b + (8 * j + g) * (D + 8) + col);
-#if F2_SMALL
-            f2_mma_split(acc[j], small[j], a_hi, a_lo, bv.x, bv.y);
-#else
-            f2_mma3(acc[j], a_hi, a_lo, bv.x, bv.y);
-#endif
+            if constexpr (SMALL) f2_mma_split(acc[j], small[SMALL ? j : 0], a_hi, a_lo, bv.x, bv.y);
+            else f2_mma3(acc[j], a_hi, a_lo, bv.x, bv.y);
         }
     }
-#if F2_SMALL
+    if constexpr (SMALL)
 #pragma unroll
-    for (int j = 0; j < 8; j++)
+        for (int j = 0; j < 8; j++)
 #pragma unroll
-        for (int r = 0; r < 4; r++) acc[j][r] += small[j][r];
-#endif
+            for (int r = 0; r < 4; r++) acc[j][r] += small[SMALL ? j : 0][r];
 }
 
 // out += W M: W the warp's 16 x 64 weights in the accumulator layout (w[j]: columns 8j + 2t, + 1), M the 64
 // rows of a shared tile at m; each step of 8 rows of M relabelled (logical k t = row 2t, t + 4 = row 2t + 1)
-template <int D>
+template <int D, bool SMALL>
 __device__ __forceinline__ void f2_weigh(float (&out)[D / 8][4], const float (&w)[8][4], const float* m) {
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-#if F2_SMALL
-    float small[D / 8][4];
+    float small[SMALL ? D / 8 : 1][4];
+    if constexpr (SMALL)
 #pragma unroll
-    for (int n = 0; n < D / 8; n++)
+        for (int n = 0; n < D / 8; n++)
 #pragma unroll
-        for (int r = 0; r < 4; r++) small[n][r] = 0.0f;
-#endif
+            for (int r = 0; r < 4; r++) small[n][r] = 0.0f;
 #pragma unroll
     for (int kb = 0; kb < 8; kb++) {
         const float a[4] = {w[kb][0], w[kb][2], w[kb][1], w[kb][3]};
@@ -150,19 +148,15 @@ __device__ __forceinline__ void f2_weigh(float (&out)[D / 8][4], const float (&w
 #pragma unroll
         for (int n = 0; n < D / 8; n++) {
             const int at = f2_at<D>(r, 8 * n + g);
-#if F2_SMALL
-            f2_mma_split(out[n], small[n], a_hi, a_lo, m[at], m[at + D + 8]);
-#else
-            f2_mma3(out[n], a_hi, a_lo, m[at], m[at + D + 8]);
-#endif
+            if constexpr (SMALL) f2_mma_split(out[n], small[SMALL ? n : 0], a_hi, a_lo, m[at], m[at + D + 8]);
+            else f2_mma3(out[n], a_hi, a_lo, m[at], m[at + D + 8]);
         }
     }
-#if F2_SMALL
+    if constexpr (SMALL)
 #pragma unroll
-    for (int n = 0; n < D / 8; n++)
+        for (int n = 0; n < D / 8; n++)
 #pragma unroll
-        for (int r = 0; r < 4; r++) out[n][r] += small[n][r];
-#endif
+            for (int r = 0; r < 4; r++) out[n][r] += small[SMALL ? n : 0][r];
 }
 
 __device__ __forceinline__ float f2_quad_max(float v) {
@@ -235,7 +229,7 @@ __device__ void flash2_fwd(float* o, float* lse, const float* q, const float* k,
         const float* ks = kv + (i & 1) * 2 * S::TILE;
 
         float s[8][4];  // this warp's 16 rows against keys k0 + 8 j .. + 7, in the accumulator layout
-        f2_rows_dot<D, 2>(s, qs + 16 * warp * S::LD, ks);
+        f2_rows_dot<D, 2, F2_SMALL_FWD>(s, qs + 16 * warp * S::LD, ks);
 
         // scale, as the literal line does, and mask; the online softmax of rows a (s[j][0..1]) and b
         const bool whole = k0 + F2_KEYS - 1 <= first && k0 + F2_KEYS <= T;  // no key hidden from any row
@@ -271,7 +265,7 @@ __device__ void flash2_fwd(float* o, float* lse, const float* q, const float* k,
             acc[n][0] *= alpha_a, acc[n][1] *= alpha_a;
             acc[n][2] *= alpha_b, acc[n][3] *= alpha_b;
         }
-        f2_weigh<D>(acc, s, ks + S::TILE);  // O += P V, P in registers
+        f2_weigh<D, F2_SMALL_FWD>(acc, s, ks + S::TILE);  // O += P V, P in registers
     }
 
 #pragma unroll
@@ -342,8 +336,8 @@ __device__ void flash2_bwd_dq(float* dq, float* delta, const float* q, const flo
             if (k0 > first + 15 || first >= T) continue;
             const float* ks = kv + (i & 1) * 2 * S::TILE;
             float p[8][4], dp[8][4];
-            f2_rows_dot<D, 1>(p, qs + 16 * warp * S::LD, ks);
-            f2_rows_dot<D, 1>(dp, dos + 16 * warp * S::LD, ks + S::TILE);
+            f2_rows_dot<D, 1, F2_SMALL_BWD>(p, qs + 16 * warp * S::LD, ks);
+            f2_rows_dot<D, 1, F2_SMALL_BWD>(dp, dos + 16 * warp * S::LD, ks + S::TILE);
 #pragma unroll
             for (int j = 0; j < 8; j++)
 #pragma unroll
@@ -391,8 +385,8 @@ __device__ void flash2_bwd_dq(float* dq, float* delta, const float* q, const flo
         if (k0 > first + 15 || first >= T) continue;
         const float* ks = kv + (i & 1) * 2 * S::TILE;
         float p[8][4], dp[8][4];
-        f2_rows_dot<D, 1>(p, qs + 16 * warp * S::LD, ks);
-        f2_rows_dot<D, 1>(dp, dos + 16 * warp * S::LD, ks + S::TILE);
+        f2_rows_dot<D, 1, F2_SMALL_BWD>(p, qs + 16 * warp * S::LD, ks);
+        f2_rows_dot<D, 1, F2_SMALL_BWD>(dp, dos + 16 * warp * S::LD, ks + S::TILE);
 #pragma unroll
         for (int j = 0; j < 8; j++)
 #pragma unroll
@@ -403,7 +397,7 @@ __device__ void flash2_bwd_dq(float* dq, float* delta, const float* q, const flo
                 p[j][e] = seen_a ? expf(__fmul_rn(p[j][e], scale) - lse_a) * (dp[j][e] - delta_a) : 0.0f;
                 p[j][2 + e] = seen_b ? expf(__fmul_rn(p[j][2 + e], scale) - lse_b) * (dp[j][2 + e] - delta_b) : 0.0f;
             }
-        f2_weigh<D>(acc, p, ks);  // dq += ds k
+        f2_weigh<D, F2_SMALL_BWD>(acc, p, ks);  // dq += ds k
     }
 #pragma unroll
     for (int n = 0; n < ND; n++)
@@ -474,8 +468,8 @@ __device__ void flash2_bwd_dkdv(float* dk, float* dv, const float* q, const floa
         const float* tl = ld + (i & 1) * 2 * F2_KEYS;
         // p^T and dp^T: rows this warp's keys, columns the tile's queries 8j + 2t (+ 1)
         float pt[8][4], dpt[8][4];
-        f2_rows_dot<D, 1>(pt, ks + 16 * warp * S::LD, qs);
-        f2_rows_dot<D, 1>(dpt, vs + 16 * warp * S::LD, dos);
+        f2_rows_dot<D, 1, F2_SMALL_BWD>(pt, ks + 16 * warp * S::LD, qs);
+        f2_rows_dot<D, 1, F2_SMALL_BWD>(dpt, vs + 16 * warp * S::LD, dos);
 #pragma unroll
         for (int j = 0; j < 8; j++)
 #pragma unroll
@@ -488,8 +482,8 @@ __device__ void flash2_bwd_dkdv(float* dk, float* dv, const float* q, const floa
                 dpt[j][e] = pt[j][e] * (dpt[j][e] - dl);  // ds^T
                 dpt[j][2 + e] = pt[j][2 + e] * (dpt[j][2 + e] - dl);
             }
-        f2_weigh<D>(acc_v, pt, dos);
-        f2_weigh<D>(acc_k, dpt, qs);
+        f2_weigh<D, F2_SMALL_BWD>(acc_v, pt, dos);
+        f2_weigh<D, F2_SMALL_BWD>(acc_k, dpt, qs);
     }
 #pragma unroll
     for (int n = 0; n < ND; n++)
