@@ -19,6 +19,7 @@
 #include "pointwise.cuh"
 #include "crossentropy.cuh"
 #include "adamw.cuh"
+#include "decode.cuh"
 // the fast variants
 #include "colsum.cuh"
 #include "matmul_fast.cuh"

@@ -31,6 +31,10 @@ def _sublayer(tensors, prefix):
 
 class CudaBackend:
     dtype = np.dtype(np.float32)
+    # Whether GPT.generate samples through prefill() and decode(). They were written without a device to run
+    # on (2026-11-30): False until tests/test_gpu_decode.py has passed on a GPU, so that generate keeps the
+    # full-window path proven there; the tests call prefill and decode themselves meanwhile.
+    uses_kv_cache = False
 
     def __init__(self, config: GPTConfig, variant: str | None = None):
         self.ops = K.select(variant)  # refuses an unknown variant before anything is allocated
@@ -52,11 +56,12 @@ class CudaBackend:
         self.sumsq = self.ga.zeros(1, np.float64)
         self._bufs = None   # activations of the current (B, T)
         self._plans = {}    # (B, T, with_targets) -> recorded forward plan; "bwd" -> backward plan
+        self._dec = None    # sampling's key-value caches, buffers and decode plan, for one batch size
         self._has_norm = False
 
     def release(self) -> None:
         """Drops every device buffer (the model is unusable after): called at exit, while the context lives."""
-        self._bufs, self._plans, self.flat, self.P, self.G = None, {}, {}, {}, {}
+        self._bufs, self._dec, self._plans, self.flat, self.P, self.G = None, None, {}, {}, {}, {}
         self.decay_mask = self.sumsq = None
         self.pool.free_held()
 
@@ -216,6 +221,80 @@ class CudaBackend:
         if "bwd" not in self._plans:
             self._plans["bwd"] = self._plan_backward(b)
         K.replay(self._plans["bwd"], self.stream, "backward")
+
+    # -- sampling: a cache of every layer's keys and values -----------------------------------------
+    def _decode_state(self, B):
+        """The caches (B, NH, block_size, d_k) of every layer, one position's activations and the decode plan,
+        for B sequences; made once per B."""
+        if self._dec is not None and self._dec.B == B:
+            return self._dec
+        self._dec = None
+        cfg, new = self.config, self._new
+        C, NH, L, V = cfg.d_model, cfg.n_head, cfg.n_layer, cfg.vocab_size
+        d = SimpleNamespace(B=B)
+        d.k = [new(B, NH, cfg.block_size, C // NH) for _ in range(L)]
+        d.v = [new(B, NH, cfg.block_size, C // NH) for _ in range(L)]
+        # the new tokens and their position travel in one copy: ids[:B] the tokens, ids[B] the position
+        d.ids_host = self.cuda.pagelocked_empty(B + 1, np.int32)
+        d.ids = new(B + 1, dtype=np.int32)
+        d.tokens, d.pos = d.ids[:B].reshape(B, 1), d.ids[B:]
+        d.x, d.x1, d.ln, d.y, d.out, d.mlp = (new(B, 1, C) for _ in range(6))
+        d.mean, d.rstd = new(B, 1), new(B, 1)
+        d.qkv, d.fc, d.act = new(B, 1, 3 * C), new(B, 1, 4 * C), new(B, 1, 4 * C)
+        d.logits, d.logits_host = new(B, 1, V), self.cuda.pagelocked_empty((B, V), np.float32)
+        d.plan = self._plan_decode(d)
+        self._dec = d
+        return d
+
+    def _plan_decode(self, d):
+        """One position through every layer, as _plan_forward runs T of them, its attention against the caches."""
+        cfg, P, ops = self.config, self.P, self.ops
+        with K.recording() as plan:
+            ops.embed_decode(d.x, d.tokens, P["wte"], P["wpe"], d.pos, check_token_ids=False)
+            ops.layernorm_fwd(d.ln, d.mean, d.rstd, d.x, P["h.0.ln1.w"], P["h.0.ln1.b"])
+            for l in range(cfg.n_layer):
+                w = _sublayer(P, f"h.{l}.")
+                ops.matmul_fwd(d.qkv, d.ln, w["attn.qkv.w"], w["attn.qkv.b"])
+                ops.attention_decode(d.y, d.k[l], d.v[l], d.qkv, d.pos)
+                ops.matmul_fwd(d.out, d.y, w["attn.proj.w"], w["attn.proj.b"])
+                ops.residual_layernorm_fwd(d.x1, d.ln, d.mean, d.rstd, d.x, d.out, w["ln2.w"], w["ln2.b"])
+                ops.matmul_fwd(d.fc, d.ln, w["mlp.fc.w"], w["mlp.fc.b"])
+                ops.gelu_fwd(d.act, d.fc)
+                ops.matmul_fwd(d.mlp, d.act, w["mlp.proj.w"], w["mlp.proj.b"])
+                ln = "lnf." if l == cfg.n_layer - 1 else f"h.{l + 1}.ln1."  # the layernorm that reads the sum
+                ops.residual_layernorm_fwd(d.x, d.ln, d.mean, d.rstd, d.x1, d.mlp, P[ln + "w"], P[ln + "b"])
+            ops.matmul_fwd(d.logits, d.ln, P["wte"], None)  # tied output projection, no bias
+        return plan
+
+    def prefill(self, idx):
+        """idx: checked int32 (B, T), T <= block_size. The forward over the prompt, its keys and values kept in
+        the caches for decode(); returns the last position's logits (B, V)."""
+        B = idx.shape[0]
+        last, _ = self.forward(idx, None, logits="last")
+        d = self._decode_state(B)
+        for l, s in enumerate(self._bufs.layers):
+            self.ops.kv_store(d.k[l], s.att.k, stream=self.stream)
+            self.ops.kv_store(d.v[l], s.att.v, stream=self.stream)
+        return last[:, -1]
+
+    def decode(self, tokens, pos):
+        """tokens: checked int32 (B,), at position pos (< block_size) after the prefilled or decoded ones (the
+        B of the last prefill). One position through every layer, replayed from the plan recorded once;
+        returns its logits (B, V)."""
+        d = self._dec
+        if d is None:
+            raise RuntimeError("decode() needs a prefill() first: the caches hold no prompt")
+        if not 0 <= pos < self.config.block_size:
+            raise ValueError(f"pos must lie in [0, {self.config.block_size}), got {pos}")
+        tokens = np.asarray(tokens, np.int32)
+        if tokens.shape != (d.B,):
+            raise ValueError(f"tokens must have shape ({d.B},), the prefilled batch's, got {tokens.shape}")
+        d.ids_host[:d.B], d.ids_host[d.B] = tokens, pos  # the last decode's copy is done (synchronized)
+        self.cuda.memcpy_htod_async(d.ids.gpudata, d.ids_host, self.stream)
+        K.replay(d.plan, self.stream, "decode")
+        self.cuda.memcpy_dtoh_async(d.logits_host, d.logits.gpudata, self.stream)
+        K.synchronize(self.stream, "decode")
+        return d.logits_host.copy()
 
     # -- optimiser ----------------------------------------------------------------------------------
     def step(self, t, lr, beta1, beta2, eps, weight_decay, grad_clip):

@@ -148,8 +148,9 @@ class GPT:
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, seed=None, on_token=None):
         """Extends idx (B, T) by max_new_tokens sampled tokens (microgpt.sampling: temperature 0 takes the
         most likely one; top_k, top_p cut the candidates). The model sees the last block_size tokens. A
-        backend with a key-value cache (prefill, decode) runs the prompt once and then one position a token,
-        re-running the window only when it moves past block_size; others run the whole window each token.
+        backend with a key-value cache (prefill, decode; unless its uses_kv_cache is False) runs the prompt
+        once and then one position a token, re-running the window only when it moves past block_size; others
+        run the whole window each token.
         on_token(ids (B,)) is called with each new column as it is chosen."""
         cfg = self.config
         idx = _as_array("idx", idx, "(T,) or (B, T)")
@@ -165,7 +166,7 @@ class GPT:
             raise TypeError(f"on_token must be callable or None, got {type(on_token).__name__}")
         rng = np.random.default_rng(seed)
         self._can_backward = False
-        cached = callable(getattr(self.backend, "decode", None))
+        cached = callable(getattr(self.backend, "decode", None)) and getattr(self.backend, "uses_kv_cache", True)
         out = [idx]
         length = 0  # positions in the cache
         for step in range(max_new_tokens):

@@ -260,6 +260,16 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
         add(case, lambda s, lg, tg, bwd=bwd: bwd(dlogits, lg, tg, dlosses, check_token_ids=False, stream=s),
             F * (2 * N * V + 2 * N), 2 * N * V, logits)
 
+    # sampling: one new position a sequence, against caches of T positions (the new one the last)
+    k_cache, v_cache, kv_src = randn(B, NH, T, d_k), randn(B, NH, T, d_k), randn(B, NH, T, d_k)
+    qkv_row, y_row, tokens = randn(B, 1, 3 * C), empty(B, 1, C), ints(V, B, 1)
+    last = ga.to_gpu(np.array([T - 1], np.int32))
+    add("k_embed_decode", lambda s: K.embed_decode(y_row, tokens, wte, wpe, last, check_token_ids=False, stream=s),
+        F * (B + 3 * B * C), B * C)
+    add("k_kv_store", lambda s: K.kv_store(k_cache, kv_src, stream=s), F * 2 * BH * T * d_k, 0)
+    add("k_attention_decode", lambda s: K.attention_decode(y_row, k_cache, v_cache, qkv_row, last, stream=s),
+        F * (2 * BH * T * d_k + 6 * B * C), 4 * BH * T * d_k)
+
     P = n_params or (V * C + T * C + 12 * C * C + 13 * C)
     params, grads, m = randn(P, scale=0.02), randn(P, scale=1e-3), randn(P, scale=1e-4)
     vv = ga.to_gpu(np.abs(rng.standard_normal(P) * 1e-4).astype(np.float32))  # Adam's v is never negative

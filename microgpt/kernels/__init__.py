@@ -7,8 +7,9 @@
     K.layernorm_fwd(out, mean, rstd, x, w, b)
 
 The package mirrors cuda/: one module per header, holding that header's launchers (embed, layernorm,
-matmul, attention, pointwise, crossentropy, adamw; colsum, matmul_fast, rows_fast, layernorm_fast,
-pointwise_fast and heads_fast for the fast variant; matmul_tc for the tc variant's tensor-core products).
+matmul, attention, pointwise, crossentropy, adamw; decode for sampling with a key-value cache; colsum,
+matmul_fast, rows_fast, layernorm_fast, pointwise_fast and heads_fast for the fast variant; matmul_tc for the
+tc variant's tensor-core products).
 Beside them: source (what nvcc compiles, and the argument formats read from it), runtime (compile once,
 the primary context, launch, record and replay, KernelError), checks (the argument checks) and registry
 (which launcher each op runs in each variant).
@@ -24,6 +25,7 @@ from .attention import (attn_scores_bwd, attn_scores_fwd, attn_values_bwd, attn_
 from .checks import check_ids, opt_ptr, ptr, shape_of
 from .colsum import colsum
 from .crossentropy import crossentropy_bwd, crossentropy_fwd
+from .decode import attention_decode, embed_decode, kv_store
 from .embed import embed_bwd, embed_fwd, token_order
 from .heads_fast import merge_heads_bwd_fast, merge_heads_fwd_fast, split_heads_bwd_fast, split_heads_fwd_fast
 from .runtime import (BLOCK, SYNC_EVERY_LAUNCH, KernelError, Plan, blocks, device_summary, engine, launch, recording,

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from . import (attention, crossentropy, embed, heads_fast, layernorm, layernorm_fast, matmul, matmul_fast, matmul_tc,
-               pointwise, pointwise_fast, rows_fast)
+from . import (attention, crossentropy, decode, embed, heads_fast, layernorm, layernorm_fast, matmul, matmul_fast,
+               matmul_tc, pointwise, pointwise_fast, rows_fast)
 from .adamw import adamw, global_norm
 
 
@@ -72,6 +72,9 @@ OPS: dict[str, dict[str, Callable]] = {
     "residual_bwd": {"reference": pointwise.residual_bwd},
     "crossentropy_fwd": {"reference": crossentropy.crossentropy_fwd, "fast": rows_fast.crossentropy_fwd_fast},
     "crossentropy_bwd": {"reference": crossentropy.crossentropy_bwd, "fast": rows_fast.crossentropy_bwd_fast},
+    "embed_decode": {"reference": decode.embed_decode},
+    "kv_store": {"reference": decode.kv_store},
+    "attention_decode": {"reference": decode.attention_decode},
     "global_norm": {"reference": global_norm},
     "adamw": {"reference": adamw},
 }

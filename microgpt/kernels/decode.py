@@ -1,0 +1,46 @@
+"""Launchers of cuda/decode.cuh: one new position a sequence, with every layer's keys and values cached.
+
+`pos` is a device int32 array of shape (1,) holding the new position p: the kernels read it when they run,
+so a plan of these launches recorded once replays for every token. Its value is not read back here (that
+would cost a transfer a launch): the caller keeps 0 <= p < T_max, and a kernel given a p outside it writes
+nothing.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .checks import check_ids, head_dims, ptr, shape_of
+from .runtime import BLOCK, blocks, launch
+
+
+def embed_decode(x, tokens, wte, wpe, pos, *, check_token_ids=True, stream=None):
+    """x (B, 1, C) = wte[tokens] + wpe[p]: tokens (B, 1) int32, the ids of the new position."""
+    B = shape_of("tokens", tokens, 2)[0]
+    V, C = shape_of("wte", wte, 2)
+    T_max = shape_of("wpe", wpe, 2)[0]
+    args = [ptr("x", x, (B, 1, C)), check_ids("tokens", tokens, (B, 1), V, check_token_ids),
+            ptr("wte", wte, (V, C)), ptr("wpe", wpe, (T_max, C)), ptr("pos", pos, (1,), np.int32), B, C]
+    launch("k_embed_decode", args, blocks(B * C), stream)
+
+
+def kv_store(cache, src, *, stream=None):
+    """cache (B, NH, T_max, d_k)[:, :, :T] = src (B, NH, T, d_k), T <= T_max: a prefilled prompt's keys or
+    values."""
+    B, NH, T, d_k = head_dims("src", src)
+    T_max = head_dims("cache", cache)[2]
+    if T > T_max:
+        raise ValueError(f"src has T={T} positions, above the cache's {T_max}")
+    args = [ptr("cache", cache, (B, NH, T_max, d_k)), ptr("src", src, (B, NH, T, d_k)), B * NH, T, T_max, d_k]
+    launch("k_kv_store", args, blocks(B * NH * T * d_k), stream)
+
+
+def attention_decode(y, k_cache, v_cache, qkv, pos, *, stream=None):
+    """The attention of the new position p of each sequence: its key and value (from qkv (B, 1, 3C), as
+    split_heads reads it) written into the caches (B, NH, T_max, d_k) at row p, then y (B, 1, C) =
+    softmax(q K[:p+1]^T * (1/sqrt(d_k))) V[:p+1] per head, heads side by side as merge_heads writes them."""
+    B, NH, T_max, d_k = head_dims("k_cache", k_cache)
+    C = NH * d_k
+    args = [ptr("y", y, (B, 1, C)), ptr("k_cache", k_cache, (B, NH, T_max, d_k)),
+            ptr("v_cache", v_cache, (B, NH, T_max, d_k)), ptr("qkv", qkv, (B, 1, 3 * C)),
+            ptr("pos", pos, (1,), np.int32), NH, d_k, T_max]
+    launch("k_attention_decode", args, B * NH, stream, shared=4 * (T_max + d_k + BLOCK))

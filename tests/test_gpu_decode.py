@@ -1,0 +1,142 @@
+"""Sampling with a key-value cache on the GPU: the decode kernels against float64 (NaN-poisoned outputs, the
+caches' other rows left as they were), and the cuda backend's prefill/decode against its own full forward
+and the numpy backend's cache."""
+import numpy as np
+import pytest
+
+from microgpt import GPT, GPTConfig
+from microgpt import kernels as K
+from microgpt.kernels import VARIANTS
+
+from helpers import record, rel_err
+
+pytestmark = pytest.mark.gpu
+
+SMALL = GPTConfig(n_layer=2, n_head=4, d_model=64, block_size=19, vocab_size=97)
+VARIANT = pytest.mark.parametrize("variant", list(VARIANTS))
+
+
+@pytest.fixture(scope="module")
+def ga():
+    K.engine()
+    import pycuda.gpuarray as ga
+    return ga
+
+
+def close(what, got, want, tol):
+    err = rel_err(got, want)
+    record("decode vs float64 / full forward", what, err)
+    assert err < tol, f"{what}: relative error {err:.2e} >= {tol:.0e}"
+
+
+def nan(ga, *shape):
+    a = ga.empty(shape, np.float32)
+    a.fill(np.nan)
+    return a
+
+
+def pos_array(ga, p):
+    return ga.to_gpu(np.array([p], np.int32))
+
+
+# (B, NH, T_max, d_k, p): d_k of 8 and 64 (groups of d_k threads share the rows), 5 (51 groups) and 130 (one
+# group, d looped), p at the first row, the last and between
+@pytest.mark.parametrize("B,NH,T_max,d_k,p", [(2, 3, 16, 8, 0), (1, 2, 33, 5, 32), (2, 12, 1024, 64, 1023),
+                                               (3, 4, 300, 130, 150), (1, 12, 1024, 64, 517)])
+def test_attention_decode(ga, rng, B, NH, T_max, d_k, p):
+    C = NH * d_k
+    k_h = rng.standard_normal((B, NH, T_max, d_k)).astype(np.float32)
+    v_h = rng.standard_normal((B, NH, T_max, d_k)).astype(np.float32)
+    qkv_h = rng.standard_normal((B, 1, 3 * C)).astype(np.float32)
+    k_cache, v_cache, qkv, y = ga.to_gpu(k_h), ga.to_gpu(v_h), ga.to_gpu(qkv_h), nan(ga, B, 1, C)
+    K.attention_decode(y, k_cache, v_cache, qkv, pos_array(ga, p))
+    q, k_new, v_new = (qkv_h[:, 0, i * C:(i + 1) * C].reshape(B, NH, d_k) for i in range(3))
+    k_h[:, :, p], v_h[:, :, p] = k_new, v_new  # row p written, every other row as it was
+    np.testing.assert_array_equal(k_cache.get(), k_h)
+    np.testing.assert_array_equal(v_cache.get(), v_h)
+    scale = np.float64(np.float32(1.0) / np.sqrt(np.float32(d_k)))  # the literal line's float32 scale
+    s = np.einsum("bhd,bhtd->bht", q.astype(np.float64), k_h[:, :, :p + 1].astype(np.float64)) * scale
+    probs = np.exp(s - s.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    want = np.einsum("bht,bhtd->bhd", probs, v_h[:, :, :p + 1].astype(np.float64)).reshape(B, 1, C)
+    close("k_attention_decode", y.get(), want, 1e-5)
+
+
+def test_attention_decode_writes_nothing_for_a_position_outside_the_cache(ga, rng):
+    k_h = rng.standard_normal((1, 2, 8, 4)).astype(np.float32)
+    k_cache, v_cache = ga.to_gpu(k_h), ga.to_gpu(k_h)
+    y = nan(ga, 1, 1, 8)
+    K.attention_decode(y, k_cache, v_cache, ga.to_gpu(rng.standard_normal((1, 1, 24)).astype(np.float32)),
+                       pos_array(ga, 8))
+    np.testing.assert_array_equal(k_cache.get(), k_h)
+    assert np.isnan(y.get()).all()
+
+
+@pytest.mark.parametrize("B,NH,T,T_max,d_k", [(2, 3, 5, 16, 8), (1, 12, 1024, 1024, 64), (2, 2, 1, 7, 5)])
+def test_kv_store(ga, rng, B, NH, T, T_max, d_k):
+    cache_h = rng.standard_normal((B, NH, T_max, d_k)).astype(np.float32)
+    src_h = rng.standard_normal((B, NH, T, d_k)).astype(np.float32)
+    cache = ga.to_gpu(cache_h)
+    K.kv_store(cache, ga.to_gpu(src_h))
+    cache_h[:, :, :T] = src_h
+    np.testing.assert_array_equal(cache.get(), cache_h)
+
+
+def test_embed_decode(ga, rng):
+    B, V, T_max, C, p = 3, 101, 17, 20, 16
+    wte_h = rng.standard_normal((V, C)).astype(np.float32)
+    wpe_h = rng.standard_normal((T_max, C)).astype(np.float32)
+    tokens_h = rng.integers(0, V, size=(B, 1)).astype(np.int32)
+    x = nan(ga, B, 1, C)
+    K.embed_decode(x, ga.to_gpu(tokens_h), ga.to_gpu(wte_h), ga.to_gpu(wpe_h), pos_array(ga, p))
+    np.testing.assert_array_equal(x.get(), wte_h[tokens_h] + wpe_h[p])  # float32 adds: the same bits
+    with pytest.raises(ValueError, match="tokens holds token id"):
+        K.embed_decode(x, ga.to_gpu(np.full((B, 1), V, np.int32)), ga.to_gpu(wte_h), ga.to_gpu(wpe_h),
+                       pos_array(ga, p))
+
+
+# ---------------------------------------------------------------------------------------------- the model
+def twins(seed, variant):
+    ref = GPT(SMALL, backend="numpy", seed=seed)
+    gpu = GPT(SMALL, backend="cuda", seed=seed + 1, variant=variant)
+    gpu.load_state_dict(ref.state_dict())
+    return ref, gpu
+
+
+@VARIANT
+def test_each_decoded_position_has_the_logits_of_a_full_forward(rng, variant):
+    """Prefill 3 positions, then decode one at a time up to block_size: each step's logits are those of the full
+    forward at that position (on the GPU) and those of the numpy backend's cache."""
+    ref, gpu = twins(4, variant)
+    T = SMALL.block_size
+    idx = rng.integers(0, SMALL.vocab_size, size=(2, T)).astype(np.int32)
+    steps = [gpu.backend.prefill(idx[:, :3])]
+    ref_steps = [ref.backend.prefill(idx[:, :3])]
+    for pos in range(3, T):
+        steps.append(gpu.backend.decode(idx[:, pos], pos))
+        ref_steps.append(ref.backend.decode(idx[:, pos], pos))
+    full, _ = gpu.forward(idx)
+    for pos, got, want in zip(range(2, T), steps, ref_steps):
+        close(f"decoded logits vs the full forward ({variant})", got, full[:, pos], 1e-5)
+        close(f"decoded logits vs the numpy backend's ({variant})", got, want, 1e-5)
+
+
+@pytest.mark.parametrize("prompt_len, new", [(1, 10), (5, 30), (19, 5)])  # up to, at and past block_size
+def test_greedy_sampling_with_the_cache_gives_the_tokens_of_full_recomputation(rng, prompt_len, new):
+    prompt = rng.integers(0, SMALL.vocab_size, size=(3, prompt_len))
+    gpu = GPT(SMALL, backend="cuda", seed=7)
+    gpu.backend.uses_kv_cache = True  # (the class keeps it off until these tests have passed on a GPU)
+    cached = gpu.generate(prompt, new, temperature=0)
+    gpu.backend.decode = None  # generate runs the whole window for every token
+    np.testing.assert_array_equal(cached, gpu.generate(prompt, new, temperature=0))
+
+
+def test_decode_needs_a_prefill_and_a_position_in_the_context(rng):
+    gpu = GPT(SMALL, backend="cuda", seed=2)
+    with pytest.raises(RuntimeError, match="needs a prefill"):
+        gpu.backend.decode(np.zeros(2, np.int32), 3)
+    gpu.backend.prefill(rng.integers(0, SMALL.vocab_size, size=(2, 3)).astype(np.int32))
+    with pytest.raises(ValueError, match="pos must lie in"):
+        gpu.backend.decode(np.zeros(2, np.int32), SMALL.block_size)
+    with pytest.raises(ValueError, match="tokens must have shape"):
+        gpu.backend.decode(np.zeros(3, np.int32), 3)
