@@ -275,25 +275,31 @@ class CudaBackend:
         for l, s in enumerate(self._bufs.layers):
             self.ops.kv_store(d.k[l], s.att.k, stream=self.stream)
             self.ops.kv_store(d.v[l], s.att.v, stream=self.stream)
+        d.length = idx.shape[1]  # positions in the caches: decode's next one
+        K.synchronize(self.stream, "prefill")
         return last[:, -1]
 
     def decode(self, tokens, pos):
-        """tokens: checked int32 (B,), at position pos (< block_size) after the prefilled or decoded ones (the
-        B of the last prefill). One position through every layer, replayed from the plan recorded once;
+        """tokens: int (B,) ids, at position pos (< block_size), the one after the prefilled or decoded ones
+        (the B of the last prefill). One position through every layer, replayed from the plan recorded once;
         returns its logits (B, V)."""
         d = self._dec
         if d is None:
             raise RuntimeError("decode() needs a prefill() first: the caches hold no prompt")
-        if not 0 <= pos < self.config.block_size:
-            raise ValueError(f"pos must lie in [0, {self.config.block_size}), got {pos}")
-        tokens = np.asarray(tokens, np.int32)
+        if pos != d.length or pos >= self.config.block_size:
+            raise ValueError(f"pos must be the position after the cached ones, {d.length}, and below block_size="
+                             f"{self.config.block_size}, got {pos}")
+        tokens = np.asarray(tokens)
         if tokens.shape != (d.B,):
             raise ValueError(f"tokens must have shape ({d.B},), the prefilled batch's, got {tokens.shape}")
+        if tokens.min() < 0 or tokens.max() >= self.config.vocab_size:  # the plan reads wte unchecked
+            raise ValueError(f"tokens must lie in [0, {self.config.vocab_size}), got {tokens.min()}..{tokens.max()}")
         d.ids_host[:d.B], d.ids_host[d.B] = tokens, pos  # the last decode's copy is done (synchronized)
         self.cuda.memcpy_htod_async(d.ids.gpudata, d.ids_host, self.stream)
         K.replay(d.plan, self.stream, "decode")
         self.cuda.memcpy_dtoh_async(d.logits_host, d.logits.gpudata, self.stream)
         K.synchronize(self.stream, "decode")
+        d.length += 1
         return d.logits_host.copy()
 
     # -- optimiser ----------------------------------------------------------------------------------

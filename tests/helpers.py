@@ -88,8 +88,8 @@ class FakeEngine:
     """Stands in for microgpt.kernels.engine's compiled module inside recording(): launches are checked and
     recorded, never run. Reads of device memory (token ids) return zeros."""
 
-    def __init__(self, signatures, sm_count=132, arch="sm_90a"):
-        self.signatures, self.sm_count, self.arch = signatures, sm_count, arch
+    def __init__(self, signatures, sm_count=132, arch="sm_90a", max_shared=227 * 1024):
+        self.signatures, self.sm_count, self.arch, self.max_shared = signatures, sm_count, arch, max_shared
         self.ga = SimpleNamespace(empty=lambda shape, dtype=np.float32: FakeArray(np.atleast_1d(shape), dtype),
                                   to_gpu=lambda a: FakeArray(np.shape(a), np.asarray(a).dtype))
         self.cuda = SimpleNamespace(mem_alloc=lambda n: FakeArray((n,), np.uint8).gpudata,

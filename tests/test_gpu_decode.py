@@ -39,10 +39,12 @@ def pos_array(ga, p):
     return ga.to_gpu(np.array([p], np.int32))
 
 
-# (B, NH, T_max, d_k, p): d_k of 8 and 64 (groups of d_k threads share the rows), 5 (51 groups) and 130 (one
-# group, d looped), p at the first row, the last and between
-@pytest.mark.parametrize("B,NH,T_max,d_k,p", [(2, 3, 16, 8, 0), (1, 2, 33, 5, 32), (2, 12, 1024, 64, 1023),
-                                               (3, 4, 300, 130, 150), (1, 12, 1024, 64, 517)])
+# (B, NH, T_max, d_k, p): d_k of 8, 64 and 100 (groups of d_k threads share the rows), 5 (51 groups, every one
+# with rows at p = 63), 130 and 300 (one thread a d, looped over d past 256), p at the first row, the last and
+# between
+@pytest.mark.parametrize("B,NH,T_max,d_k,p", [(2, 3, 16, 8, 0), (1, 2, 33, 5, 32), (1, 2, 64, 5, 63),
+                                               (1, 2, 40, 100, 39), (2, 12, 1024, 64, 1023), (3, 4, 300, 130, 150),
+                                               (1, 1, 50, 300, 49), (1, 12, 1024, 64, 517)])
 def test_attention_decode(ga, rng, B, NH, T_max, d_k, p):
     C = NH * d_k
     k_h = rng.standard_normal((B, NH, T_max, d_k)).astype(np.float32)
@@ -62,13 +64,15 @@ def test_attention_decode(ga, rng, B, NH, T_max, d_k, p):
     close("k_attention_decode", y.get(), want, 1e-5)
 
 
-def test_attention_decode_writes_nothing_for_a_position_outside_the_cache(ga, rng):
-    k_h = rng.standard_normal((1, 2, 8, 4)).astype(np.float32)
-    k_cache, v_cache = ga.to_gpu(k_h), ga.to_gpu(k_h)
+@pytest.mark.parametrize("p", [-1, 8, 100])
+def test_attention_decode_writes_nothing_for_a_position_outside_the_cache(ga, rng, p):
+    k_h, v_h = (rng.standard_normal((1, 2, 8, 4)).astype(np.float32) for _ in range(2))
+    k_cache, v_cache = ga.to_gpu(k_h), ga.to_gpu(v_h)
     y = nan(ga, 1, 1, 8)
     K.attention_decode(y, k_cache, v_cache, ga.to_gpu(rng.standard_normal((1, 1, 24)).astype(np.float32)),
-                       pos_array(ga, 8))
+                       pos_array(ga, p))
     np.testing.assert_array_equal(k_cache.get(), k_h)
+    np.testing.assert_array_equal(v_cache.get(), v_h)
     assert np.isnan(y.get()).all()
 
 
@@ -121,7 +125,8 @@ def test_each_decoded_position_has_the_logits_of_a_full_forward(rng, variant):
         close(f"decoded logits vs the numpy backend's ({variant})", got, want, 1e-5)
 
 
-@pytest.mark.parametrize("prompt_len, new", [(1, 10), (5, 30), (19, 5)])  # up to, at and past block_size
+# up to, at and past block_size (17 + 5: two decoded tokens, then a window re-run for each)
+@pytest.mark.parametrize("prompt_len, new", [(1, 10), (5, 30), (10, 15), (17, 5)])
 def test_greedy_sampling_with_the_cache_gives_the_tokens_of_full_recomputation(rng, prompt_len, new):
     prompt = rng.integers(0, SMALL.vocab_size, size=(3, prompt_len))
     gpu = GPT(SMALL, backend="cuda", seed=7)
@@ -136,7 +141,11 @@ def test_decode_needs_a_prefill_and_a_position_in_the_context(rng):
     with pytest.raises(RuntimeError, match="needs a prefill"):
         gpu.backend.decode(np.zeros(2, np.int32), 3)
     gpu.backend.prefill(rng.integers(0, SMALL.vocab_size, size=(2, 3)).astype(np.int32))
-    with pytest.raises(ValueError, match="pos must lie in"):
-        gpu.backend.decode(np.zeros(2, np.int32), SMALL.block_size)
+    for pos in (2, 4, SMALL.block_size):  # the next position is 3
+        with pytest.raises(ValueError, match="pos must be the position after the cached ones, 3"):
+            gpu.backend.decode(np.zeros(2, np.int32), pos)
     with pytest.raises(ValueError, match="tokens must have shape"):
         gpu.backend.decode(np.zeros(3, np.int32), 3)
+    with pytest.raises(ValueError, match="tokens must lie in"):
+        gpu.backend.decode(np.array([0, SMALL.vocab_size]), 3)
+    assert gpu.backend.decode(np.array([0, 1]), 3).shape == (2, SMALL.vocab_size)  # refused ones cost nothing

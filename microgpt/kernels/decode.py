@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .checks import check_ids, head_dims, ptr, shape_of
-from .runtime import BLOCK, blocks, launch
+from .runtime import BLOCK, blocks, engine, launch
 
 
 def embed_decode(x, tokens, wte, wpe, pos, *, check_token_ids=True, stream=None):
@@ -40,7 +40,11 @@ def attention_decode(y, k_cache, v_cache, qkv, pos, *, stream=None):
     softmax(q K[:p+1]^T * (1/sqrt(d_k))) V[:p+1] per head, heads side by side as merge_heads writes them."""
     B, NH, T_max, d_k = head_dims("k_cache", k_cache)
     C = NH * d_k
+    shared = 4 * (T_max + d_k + BLOCK)  # a row's probabilities, the query, the partial sums
+    if shared > engine().max_shared:
+        raise ValueError(f"k_cache holds T_max={T_max} rows of d_k={d_k}: their probabilities take {shared} bytes "
+                         f"of shared memory, above this GPU's {engine().max_shared}")
     args = [ptr("y", y, (B, 1, C)), ptr("k_cache", k_cache, (B, NH, T_max, d_k)),
             ptr("v_cache", v_cache, (B, NH, T_max, d_k)), ptr("qkv", qkv, (B, 1, 3 * C)),
             ptr("pos", pos, (1,), np.int32), NH, d_k, T_max]
-    launch("k_attention_decode", args, B * NH, stream, shared=4 * (T_max + d_k + BLOCK))
+    launch("k_attention_decode", args, B * NH, stream, shared=shared)

@@ -51,6 +51,8 @@ class _Engine:
         cc = self.device.compute_capability()
         self.arch = "sm_%d%d" % cc + ("a" if cc == (9, 0) else "")
         self.sm_count = self.device.get_attribute(cuda.device_attribute.MULTIPROCESSOR_COUNT)
+        # the most dynamic shared memory a block may be given (after the opt-in past 48 KB)
+        self.max_shared = self.device.get_attribute(cuda.device_attribute.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
         src_dir = cuda_source_dir()
         self.module = SourceModule((src_dir / TRANSLATION_UNIT).read_text(), options=list(NVCC_OPTIONS),
                                    arch=self.arch, no_extern_c=True, include_dirs=[str(src_dir)])
