@@ -310,28 +310,20 @@ __device__ void flash2_bwd_dq(float* dq, float* delta, const float* q, const flo
     const float lse_a = row_a < T ? lse[row_a] : 0.0f, lse_b = row_b < T ? lse[row_b] : 0.0f;
     const int n_tiles = (min(q0 + S::ROWS, T) - 1) / F2_KEYS + 1;
 
-    f2_load<D, S::ROWS, THREADS>(qs, q, q0, T, d_k, vec);
-    f2_load<D, S::ROWS, THREADS>(dos, d_o, q0, T, d_k, vec);
-    f2_load<D, F2_KEYS, THREADS>(kv, k, 0, T, d_k, vec);
-    f2_load<D, F2_KEYS, THREADS>(kv + S::TILE, v, 0, T, d_k, vec);
-    cp_async_commit();
-
-    // delta of rows a and b. Short rows: the sum of p dp over the keys, in a pass of its own (p and dp as the
-    // dq pass computes them: where p is 1, ds is exactly 0). Long rows: the sum of dO * O over d, the same value
-    // in one read of O, with a quad's four threads taking every fourth d in FP64, in a fixed order (O carries
-    // the forward's rounding, so the FP32 sum's own would add to it).
-    float delta_a, delta_b;
-    if (n_tiles <= F2_DELTA_PASS_TILES) {
-        delta_a = 0.0f, delta_b = 0.0f;
+    auto load_kv = [&](int stage, int k0) {
+        float* s = kv + stage * 2 * S::TILE;
+        f2_load<D, F2_KEYS, THREADS>(s, k, k0, T, d_k, vec);
+        f2_load<D, F2_KEYS, THREADS>(s + S::TILE, v, k0, T, d_k, vec);
+    };
+    // one pass over the key tiles up to the block's last row, tile 0 already on its way: step(k0, p, dp, ks)
+    // for each tile the warp sees, p = exp(q k^T * scale - lse) (0 where the mask or the padding hides the
+    // key), dp = do v^T, ks the tile's K (its V after it)
+    auto each_tile = [&](auto step) {
         for (int i = 0; i < n_tiles; i++) {
             const int k0 = i * F2_KEYS;
             cp_async_wait<0>();
-            __syncthreads();
-            if (i + 1 < n_tiles) {
-                float* next = kv + ((i + 1) & 1) * 2 * S::TILE;
-                f2_load<D, F2_KEYS, THREADS>(next, k, k0 + F2_KEYS, T, d_k, vec);
-                f2_load<D, F2_KEYS, THREADS>(next + S::TILE, v, k0 + F2_KEYS, T, d_k, vec);
-            }
+            __syncthreads();  // tile i is in, and every warp is done with tile i - 1's stage
+            if (i + 1 < n_tiles) load_kv((i + 1) & 1, k0 + F2_KEYS);
             cp_async_commit();
             if (k0 > first + 15 || first >= T) continue;
             const float* ks = kv + (i & 1) * 2 * S::TILE;
@@ -343,14 +335,37 @@ __device__ void flash2_bwd_dq(float* dq, float* delta, const float* q, const flo
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     const int key = k0 + 8 * j + 2 * t + e;
-                    if (key <= row_a && key < T) delta_a += expf(__fmul_rn(p[j][e], scale) - lse_a) * dp[j][e];
-                    if (key <= row_b && key < T) delta_b += expf(__fmul_rn(p[j][2 + e], scale) - lse_b) * dp[j][2 + e];
+                    // _rn: s * scale rounded as the forward rounds it (no FMA with lse), so p is 1 where it was
+                    p[j][e] = key <= row_a && key < T ? expf(__fmul_rn(p[j][e], scale) - lse_a) : 0.0f;
+                    p[j][2 + e] = key <= row_b && key < T ? expf(__fmul_rn(p[j][2 + e], scale) - lse_b) : 0.0f;
                 }
+            step(k0, p, dp, ks);
         }
+    };
+
+    f2_load<D, S::ROWS, THREADS>(qs, q, q0, T, d_k, vec);
+    f2_load<D, S::ROWS, THREADS>(dos, d_o, q0, T, d_k, vec);
+    load_kv(0, 0);
+    cp_async_commit();
+
+    // delta of rows a and b. Short rows: the sum of p dp over the keys, in a pass of its own (p and dp as the
+    // dq pass computes them: where p is 1, ds is exactly 0). Long rows: the sum of dO * O over d, the same value
+    // in one read of O, with a quad's four threads taking every fourth d in FP64, in a fixed order (O carries
+    // the forward's rounding, so the FP32 sum's own would add to it).
+    float delta_a = 0.0f, delta_b = 0.0f;
+    if (n_tiles <= F2_DELTA_PASS_TILES) {
+        each_tile([&](int, const float (&p)[8][4], const float (&dp)[8][4], const float*) {
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    delta_a += p[j][e] * dp[j][e];
+                    delta_b += p[j][2 + e] * dp[j][2 + e];
+                }
+        });
         delta_a = f2_quad_sum(delta_a), delta_b = f2_quad_sum(delta_b);
         __syncthreads();  // every warp is done with the last tile's stage before the dq pass loads tile 0 again
-        f2_load<D, F2_KEYS, THREADS>(kv, k, 0, T, d_k, vec);
-        f2_load<D, F2_KEYS, THREADS>(kv + S::TILE, v, 0, T, d_k, vec);
+        load_kv(0, 0);
         cp_async_commit();
     } else {
         double sum_a = 0.0, sum_b = 0.0;
@@ -372,33 +387,16 @@ __device__ void flash2_bwd_dq(float* dq, float* delta, const float* q, const flo
     for (int n = 0; n < ND; n++)
 #pragma unroll
         for (int r = 0; r < 4; r++) acc[n][r] = 0.0f;
-    for (int i = 0; i < n_tiles; i++) {
-        const int k0 = i * F2_KEYS;
-        cp_async_wait<0>();
-        __syncthreads();
-        if (i + 1 < n_tiles) {
-            float* next = kv + ((i + 1) & 1) * 2 * S::TILE;
-            f2_load<D, F2_KEYS, THREADS>(next, k, k0 + F2_KEYS, T, d_k, vec);
-            f2_load<D, F2_KEYS, THREADS>(next + S::TILE, v, k0 + F2_KEYS, T, d_k, vec);
-        }
-        cp_async_commit();
-        if (k0 > first + 15 || first >= T) continue;
-        const float* ks = kv + (i & 1) * 2 * S::TILE;
-        float p[8][4], dp[8][4];
-        f2_rows_dot<D, 1, F2_SMALL_BWD>(p, qs + 16 * warp * S::LD, ks);
-        f2_rows_dot<D, 1, F2_SMALL_BWD>(dp, dos + 16 * warp * S::LD, ks + S::TILE);
+    each_tile([&](int, float (&p)[8][4], const float (&dp)[8][4], const float* ks) {
 #pragma unroll
         for (int j = 0; j < 8; j++)
 #pragma unroll
             for (int e = 0; e < 2; e++) {
-                const int key = k0 + 8 * j + 2 * t + e;
-                // _rn: s * scale rounded as the forward rounds it (no FMA with lse), so p is 1 where it was
-                const bool seen_a = key <= row_a && key < T, seen_b = key <= row_b && key < T;
-                p[j][e] = seen_a ? expf(__fmul_rn(p[j][e], scale) - lse_a) * (dp[j][e] - delta_a) : 0.0f;
-                p[j][2 + e] = seen_b ? expf(__fmul_rn(p[j][2 + e], scale) - lse_b) * (dp[j][2 + e] - delta_b) : 0.0f;
+                p[j][e] *= dp[j][e] - delta_a;  // ds (0 where p is)
+                p[j][2 + e] *= dp[j][2 + e] - delta_b;
             }
         f2_weigh<D, F2_SMALL_BWD>(acc, p, ks);  // dq += ds k
-    }
+    });
 #pragma unroll
     for (int n = 0; n < ND; n++)
 #pragma unroll
