@@ -4,6 +4,7 @@
 // replayed for every token.
 #pragma once
 #include "common.cuh"
+#include "rows_fast.cuh"  // block_reduce
 
 // one thread per element of x (B, 1, C): x[b, 0, :] = wte[tokens[b], :] + wpe[p, :]
 extern "C" __global__ void k_embed_decode(float* x, const int* tokens, const float* wte, const float* wpe,
@@ -21,26 +22,6 @@ extern "C" __global__ void k_kv_store(float* cache, const float* src, int BH, in
     long long per_head = (long long)T * d_k;
     if (i >= BH * per_head) return;
     cache[i / per_head * T_max * d_k + i % per_head] = src[i];
-}
-
-// deterministic block-wide reductions (a fixed shuffle tree in each warp, then the warps' results in order)
-__device__ __forceinline__ float decode_block_max(float v, float* red) {
-    for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
-    __syncthreads();  // red is free: its last readers are done
-    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
-    __syncthreads();
-    float m = red[0];
-    for (int w = 1; w < blockDim.x / 32; w++) m = fmaxf(m, red[w]);
-    return m;
-}
-__device__ __forceinline__ float decode_block_sum(float v, float* red) {
-    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffff, v, o);
-    __syncthreads();
-    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
-    __syncthreads();
-    float s = red[0];
-    for (int w = 1; w < blockDim.x / 32; w++) s += red[w];
-    return s;
 }
 
 // One block per (b, h) (blockIdx.x = b * NH + h) for the new position p = pos[0] of every sequence:
@@ -78,10 +59,10 @@ extern "C" __global__ void k_attention_decode(float* y, float* k_cache, float* v
         probs[j] = dot(Q, K[j]) * (1.0f / sqrtf(d_k));
         m = fmaxf(m, probs[j]);
     }
-    m = decode_block_max(m, red);
+    m = block_reduce(m, red, true);
     float sum = 0.0f;
     for (int j = threadIdx.x; j <= p; j += blockDim.x) sum += expf(probs[j] - m);
-    sum = decode_block_sum(sum, red);
+    sum = block_reduce(sum, red, false);
     for (int j = threadIdx.x; j <= p; j += blockDim.x) probs[j] = expf(probs[j] - m) / sum;
     __syncthreads();
 
