@@ -23,6 +23,7 @@
 // the fast variants
 #include "colsum.cuh"
 #include "matmul_fast.cuh"
+#include "matvec.cuh"
 #include "rows_fast.cuh"
 #include "layernorm_fast.cuh"
 #include "pointwise_fast.cuh"

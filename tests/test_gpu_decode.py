@@ -99,6 +99,27 @@ def test_embed_decode(ga, rng):
                        pos_array(ga, p))
 
 
+# (M, IN, OUT, offset): a decode step's products (B = 1 and 8 rows, andrea-120m's widths, the tied lm_head), every
+# row count to 8, IN not a multiple of 4 and arrays off a 16-byte boundary (scalar loads), a single column
+@pytest.mark.parametrize("M,IN,OUT,offset", [(1, 768, 2304, 0), (8, 3072, 768, 0), (8, 768, 50257, 0), (2, 1, 1, 0),
+                                             (3, 77, 50, 0), (4, 64, 1001, 1), (5, 130, 3, 0), (6, 9, 7, 1),
+                                             (7, 3072, 19, 0)])
+@pytest.mark.parametrize("variant", ["fast", "tc"])
+def test_few_row_products_take_k_matvec_as_accurate_as_the_sgemm(ga, rng, variant, M, IN, OUT, offset):
+    x_h = rng.standard_normal(M * IN + offset).astype(np.float32)
+    w_h = rng.standard_normal(OUT * IN + offset).astype(np.float32)
+    b_h = rng.standard_normal(OUT).astype(np.float32)
+    x, w, b = ga.to_gpu(x_h)[offset:].reshape(M, IN), ga.to_gpu(w_h)[offset:].reshape(OUT, IN), ga.to_gpu(b_h)
+    out, ref = nan(ga, M, OUT), nan(ga, M, OUT)
+    with K.recording() as plan:
+        K.select(variant).matmul_fwd(out, x, w, b)
+    assert [name for name, *_ in plan] == ["k_matvec"]
+    K.select(variant).matmul_fwd(out, x, w, b)
+    K.sgemm(ref, x, w, trans_b=True, bias=b)  # the SIMT SGEMM's error on the same inputs: the bar
+    want = x_h[offset:].reshape(M, IN).astype(np.float64) @ w_h[offset:].reshape(OUT, IN).T.astype(np.float64) + b_h
+    close(f"k_matvec ({variant})", out.get(), want, max(1.5 * rel_err(ref.get(), want), 1e-7))
+
+
 # ---------------------------------------------------------------------------------------------- the model
 def twins(seed, variant):
     ref = GPT(SMALL, backend="numpy", seed=seed)

@@ -118,6 +118,7 @@ def _run_every_launcher():
             for op, call in CALLS.items():
                 args, kw = call()
                 getattr(ops, op)(*args, **kw)
+            ops.matmul_fwd(f32(B, 1, 4 * C), f32(B, 1, C), f32(4 * C, C), f32(4 * C))  # a decode step's few rows
         for ta in (False, True):
             for tb in (False, True):
                 for N in (4 * C, d_k):  # K = 4 C: long enough for the tensor cores (matmul_tc.TC_MIN_K)

@@ -269,6 +269,9 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
     add("k_kv_store", lambda s: K.kv_store(k_cache, kv_src, stream=s), F * 2 * BH * T * d_k, 0)
     add("k_attention_decode", lambda s: K.attention_decode(y_row, k_cache, v_cache, qkv_row, last, stream=s),
         F * (2 * BH * T * d_k + 6 * B * C), 4 * BH * T * d_k)
+    logits_row = empty(B, 1, V)  # the decode step's tied output projection: B rows, so k_matvec
+    add("k_matvec", lambda s: K.select("fast").matmul_fwd(logits_row, y_row, wte, None, stream=s),
+        F * (V * C + B * C + B * V), 2 * B * V * C)
 
     P = n_params or (V * C + T * C + 12 * C * C + 13 * C)
     params, grads, m = randn(P, scale=0.02), randn(P, scale=1e-3), randn(P, scale=1e-4)

@@ -1,0 +1,71 @@
+// Products of a few rows: out (M, N) = inp (M, K) @ W (N, K)^T + bias, M <= MATVEC_ROWS. Sampling's decode
+// step multiplies one position a sequence (M = B) by every weight matrix: a tiled SGEMM would spend its 128-row
+// tile on M rows and leave most SMs idle, while this is a pass over W at memory speed, each weight read once.
+#pragma once
+#include "common.cuh"
+
+#define MATVEC_ROWS 8  // products of at most this many rows take k_matvec (the launcher's MATVEC_ROWS)
+#define MATVEC_COLS 4  // output columns a warp: each load of the input rows serves four weight rows
+
+__device__ __forceinline__ float madd(float acc, float x, float w) { return fmaf(x, w, acc); }
+__device__ __forceinline__ float madd(float acc, float4 x, float4 w) {
+    return fmaf(x.w, w.w, fmaf(x.z, w.z, fmaf(x.y, w.y, fmaf(x.x, w.x, acc))));
+}
+
+// One warp, columns n0 .. n0 + MATVEC_COLS - 1 of every row: lane l sums k = l, l + 32, ... in order (in units
+// of Vec: float4 where K % 4 == 0 and the rows are 16-byte aligned), then a fixed shuffle tree adds the lanes.
+template <int ROWS, typename Vec>
+__device__ void matvec_cols(float* out, const float* inp, const float* W, const float* bias, int M, int K, int N,
+                            int n0) {
+    constexpr int WIDTH = sizeof(Vec) / sizeof(float);
+    const int lane = threadIdx.x % 32, KV = K / WIDTH, cols = min(MATVEC_COLS, N - n0);
+    const Vec* x = reinterpret_cast<const Vec*>(inp);
+    const Vec* w = reinterpret_cast<const Vec*>(W) + (long long)n0 * KV;
+    float acc[ROWS][MATVEC_COLS] = {};
+    for (int kv = lane; kv < KV; kv += 32) {
+        Vec xv[ROWS];
+#pragma unroll
+        for (int r = 0; r < ROWS; r++)
+            if (r < M) xv[r] = __ldg(x + (long long)r * KV + kv);
+#pragma unroll
+        for (int c = 0; c < MATVEC_COLS; c++) {
+            if (c >= cols) break;
+            const Vec wv = __ldg(w + (long long)c * KV + kv);
+#pragma unroll
+            for (int r = 0; r < ROWS; r++)
+                if (r < M) acc[r][c] = madd(acc[r][c], xv[r], wv);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; r++)
+#pragma unroll
+        for (int c = 0; c < MATVEC_COLS; c++)
+#pragma unroll
+            for (int offset = 16; offset > 0; offset /= 2)
+                acc[r][c] += __shfl_xor_sync(0xffffffffu, acc[r][c], offset);
+    if (lane != 0) return;
+#pragma unroll
+    for (int r = 0; r < ROWS; r++)
+#pragma unroll
+        for (int c = 0; c < MATVEC_COLS; c++)
+            if (r < M && c < cols) out[(long long)r * N + n0 + c] = acc[r][c] + (bias ? bias[n0 + c] : 0.0f);
+}
+
+// Warps in x, MATVEC_COLS columns each; vec4: K % 4 == 0 and inp, W 16-byte aligned (the launcher checks).
+// Rows are templated up to the next power of two so that M = 1 keeps one accumulator a column.
+extern "C" __global__ void k_matvec(float* out, const float* inp, const float* W, const float* bias, int M, int K,
+                                    int N, int vec4) {
+    const int n0 = (int)(thread_index() / 32) * MATVEC_COLS;
+    if (n0 >= N) return;
+    if (vec4) {
+        if (M <= 1) matvec_cols<1, float4>(out, inp, W, bias, M, K, N, n0);
+        else if (M <= 2) matvec_cols<2, float4>(out, inp, W, bias, M, K, N, n0);
+        else if (M <= 4) matvec_cols<4, float4>(out, inp, W, bias, M, K, N, n0);
+        else matvec_cols<8, float4>(out, inp, W, bias, M, K, N, n0);
+    } else {
+        if (M <= 1) matvec_cols<1, float>(out, inp, W, bias, M, K, N, n0);
+        else if (M <= 2) matvec_cols<2, float>(out, inp, W, bias, M, K, N, n0);
+        else if (M <= 4) matvec_cols<4, float>(out, inp, W, bias, M, K, N, n0);
+        else matvec_cols<8, float>(out, inp, W, bias, M, K, N, n0);
+    }
+}
