@@ -1,11 +1,12 @@
 """Sampling on the numpy backend: the key-value cache against full recomputation, the cost of a token,
-top-k and top-p, the streaming decoder, and the sample command."""
+top-k and top-p, the streaming decoder, and the sample command; the rule itself (choose: ties at the top-k and
+top-p boundaries kept or dropped together, in any order) and its draws (draw: the stream sample_next used)."""
 import numpy as np
 import pytest
 
 from microgpt import GPT, GPTConfig, checkpoint
 from microgpt.cli import main
-from microgpt.sampling import check_sampling, sample_next
+from microgpt.sampling import Choice, check_sampling, choose, draw, sample_next
 from microgpt.tokenizer import ByteTokenizer
 
 CFG = GPTConfig(n_layer=2, n_head=4, d_model=32, block_size=16, vocab_size=50)
@@ -135,3 +136,62 @@ def test_a_tiny_temperature_is_greedy_not_nan():
     np.testing.assert_array_equal(draw, [1, 0])
     zero_first = np.log(np.array([[0.0, 0.5, 0.5]]))  # a token of probability 0 is never drawn, u = 0 included
     assert all(sample_next(zero_first, 1.0, None, None, np.random.default_rng(s))[0] != 0 for s in range(200))
+
+
+# ---------------------------------------------------------------------------------------------- the rule
+def chosen(logits, top_k=None, top_p=None, temperature=1.0, n=4000):
+    """The tokens choose() can give for one row, found by sweeping u over [0, 1)."""
+    u = (np.arange(n) + 0.5) / n
+    return set(choose(np.repeat(np.asarray(logits)[None], n, 0), temperature, top_k, top_p, u).tolist())
+
+
+def test_top_p_keeps_or_drops_tied_tokens_together_whatever_their_order(rng):
+    """0.3, then two of 0.2, then two of 0.15: the mass strictly above a 0.2 is 0.3, above a 0.15 it is 0.7.
+    The stable-sorted cumulative sum split the pairs by index (at top_p 0.4 it kept the first 0.2 only)."""
+    probs = np.array([0.3, 0.2, 0.2, 0.15, 0.15])
+    for _ in range(10):
+        order = rng.permutation(5)
+        logits = np.log(probs[order]).astype(np.float32)
+        names = {int(np.nonzero(order == i)[0][0]): i for i in range(5)}  # token id -> index into probs
+        for top_p, kept in [(0.25, {0}), (0.4, {0, 1, 2}), (0.65, {0, 1, 2}), (0.75, {0, 1, 2, 3, 4})]:
+            assert {names[t] for t in chosen(logits, top_p=top_p)} == kept, (order, top_p)
+
+
+def test_top_k_keeps_the_tokens_tied_with_the_kth_and_signed_zeros_tie():
+    assert chosen([1.0, 3.0, 2.0, 2.0, 0.5], top_k=2) == {1, 2, 3}
+    assert chosen([1.0, 0.0, -0.0, -1.0, 0.0], top_k=2) == {0, 1, 2, 4}  # -0.0 == 0.0
+    assert chosen([2.0, 2.0, 2.0], top_k=1) == {0, 1, 2}  # all equal: nothing to cut
+    assert chosen([2.0, 2.0, 2.0], top_p=0.1) == {0, 1, 2}
+    np.testing.assert_array_equal(choose(np.array([[1.0, 3.0, 3.0], [-0.0, 0.0, -1.0]]), 0, None, None, None),
+                                  [1, 0])  # greedy: the first of the largest
+
+
+def test_more_likely_compares_the_logits_not_their_rounded_probabilities():
+    """At a temperature of 1e30 every exp(z) rounds to 1.0; the logits still order the tokens."""
+    logits = np.arange(10, dtype=np.float32)
+    assert chosen(logits, top_p=0.45, temperature=1e30) == {5, 6, 7, 8, 9}
+    assert chosen(logits, top_k=3, temperature=1e30) == {7, 8, 9}
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [(0.0, None, None), (0.7, None, None), (1.0, 5, None),
+                                                       (1.3, None, 0.8), (0.5, 20, 0.9)])
+def test_draw_then_choose_is_sample_next_on_the_same_stream(rng, temperature, top_k, top_p):
+    logits = rng.standard_normal((6, 50)) * 2
+    seed = int(rng.integers(2 ** 31))
+    a, b = np.random.default_rng(seed), np.random.default_rng(seed)
+    for _ in range(3):  # several steps: the stream stays in step
+        u = draw(b, 6, temperature)
+        np.testing.assert_array_equal(sample_next(logits, temperature, top_k, top_p, a),
+                                      choose(logits, temperature, top_k, top_p, u))
+        np.testing.assert_array_equal(Choice(temperature, top_k, top_p, u)(logits),
+                                      choose(logits, temperature, top_k, top_p, u))
+    # the stream sample_next drew from before the split: rng.random((B, 1)) a step, nothing at temperature 0
+    old, c = np.random.default_rng(seed), np.random.default_rng(seed)
+    for _ in range(3):
+        u = draw(c, 6, temperature)
+        if temperature == 0:
+            assert u is None
+        else:
+            assert u.dtype == np.float64 and u.shape == (6,) and ((0 <= u) & (u < 1)).all()
+            np.testing.assert_array_equal(u, old.random((6, 1))[:, 0])
+    assert c.random() == old.random()  # in step after the three
