@@ -20,6 +20,7 @@
 #include "crossentropy.cuh"
 #include "adamw.cuh"
 #include "decode.cuh"
+#include "sampling.cuh"
 // the fast variants
 #include "colsum.cuh"
 #include "matmul_fast.cuh"

@@ -70,6 +70,7 @@ CALLS = {
     "embed_decode": lambda: ((f32(B, 1, C), i32(B, 1), f32(V, C), f32(T, C), i32(1)), {"check_token_ids": False}),
     "kv_store": lambda: ((f32(B, NH, T, d_k), f32(B, NH, T - 3, d_k)), {}),
     "attention_decode": lambda: ((f32(B, 1, C), f32(B, NH, T, d_k), f32(B, NH, T, d_k), f32(B, 1, 3 * C), i32(1)), {}),
+    "sample": lambda: ((i32(B), f32(B, V), FakeArray((B,), np.float64), 0.8), {"top_k": 40, "top_p": 0.9}),
     "global_norm": lambda: ((FakeArray((1,), np.float64), f32(1000)), {}),
     "adamw": lambda: ((f32(1000), f32(1000), f32(1000), f32(1000)),
                       dict(lr=1e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, step=1,
@@ -281,6 +282,32 @@ def test_token_ids_outside_the_vocabulary_are_refused(fake, monkeypatch):
             with pytest.raises(ValueError, match=r"targets holds token id 10, outside \[0, 9\)"):
                 K.launcher("crossentropy_bwd", variant)(f32(2, 3, 9), f32(2, 3, 9), i32(2, 3), f32(2, 3))
     assert plan == []
+
+
+def test_the_sampling_launcher_refuses_bad_arguments_by_name(fake):
+    tokens, logits, u = i32(3), f32(3, 20), FakeArray((3,), np.float64)
+    with K.recording() as plan:
+        with pytest.raises(ValueError, match=r"u must be a float64 device array of shape \(3,\)"):
+            K.sample(tokens, logits, None, 0.8)
+        with pytest.raises(TypeError, match="u must be float64, got float32"):
+            K.sample(tokens, logits, f32(3), 0.8)
+        with pytest.raises(ValueError, match=r"tokens must have shape \(3,\)"):
+            K.sample(i32(3, 1), logits, u, 0.8)
+        with pytest.raises(ValueError, match=r"top_k must be None or an int in \[1, vocab_size=20\], got 21"):
+            K.sample(tokens, logits, u, 0.8, top_k=21)
+        with pytest.raises(ValueError, match=r"top_p must be None or a number in \(0, 1\], got 0"):
+            K.sample(tokens, logits, u, 0.8, top_p=0)
+        with pytest.raises(ValueError, match="temperature must be >= 0"):
+            K.sample(tokens, logits, u, -1)
+    assert plan == []
+    with K.recording() as plan:
+        K.sample(tokens, logits, None, 0)  # greedy draws nothing: u may be None
+        K.sample(tokens, logits, u, 0.5)
+    # top_k and top_p left out become "no cut": V and 1.0; one block of SAMPLE_THREADS a row
+    assert [(p[0], p[2], p[3][3:], p[5]) for p in plan] == [
+        ("k_sample", (3, 1), [20, 0.0, 20, 1.0], K.int_constants()["SAMPLE_THREADS"]),
+        ("k_sample", (3, 1), [20, 0.5, 20, 1.0], K.int_constants()["SAMPLE_THREADS"])]
+    assert plan[0][3][2] == 0  # a null pointer for u
 
 
 def test_size_one_axes_may_have_any_stride():

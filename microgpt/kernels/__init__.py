@@ -7,7 +7,8 @@
     K.layernorm_fwd(out, mean, rstd, x, w, b)
 
 The package mirrors cuda/: one module per header, holding that header's launchers (embed, layernorm,
-matmul, attention, pointwise, crossentropy, adamw; decode for sampling with a key-value cache; colsum,
+matmul, attention, pointwise, crossentropy, adamw; decode for sampling with a key-value cache, sampling for
+choosing the next token by microgpt.sampling's rule; colsum,
 matmul_fast, rows_fast, layernorm_fast, pointwise_fast and heads_fast for the fast variant; matmul_tc for the
 tc variant's tensor-core products).
 Beside them: source (what nvcc compiles, and the argument formats read from it), runtime (compile once,
@@ -43,6 +44,7 @@ from .pointwise_fast import gelu_bwd_fast, gelu_fwd_fast
 from .registry import DEFAULT_VARIANT, OPS, VARIANTS, Kernels, Variant, launcher, resolve, select
 from .rows_fast import (crossentropy_bwd_fast, crossentropy_fwd_fast, embed_fwd_fast, softmax_bwd_fast,
                         softmax_fwd_fast)
+from .sampling import sample
 from .source import (NVCC_OPTIONS, cuda_source_dir, full_source, int_constants, kernel_headers, kernel_names,
                      kernel_signatures, preprocessed)
 from ..reference import MASK_VALUE

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from . import (attention, crossentropy, decode, embed, heads_fast, layernorm, layernorm_fast, matmul, matmul_fast,
-               matmul_tc, pointwise, pointwise_fast, rows_fast)
+               matmul_tc, pointwise, pointwise_fast, rows_fast, sampling)
 from .adamw import adamw, global_norm
 
 
@@ -75,6 +75,7 @@ OPS: dict[str, dict[str, Callable]] = {
     "embed_decode": {"reference": decode.embed_decode},
     "kv_store": {"reference": decode.kv_store},
     "attention_decode": {"reference": decode.attention_decode},
+    "sample": {"reference": sampling.sample},
     "global_norm": {"reference": global_norm},
     "adamw": {"reference": adamw},
 }
