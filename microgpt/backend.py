@@ -58,11 +58,13 @@ class Backend(Protocol):
 
     # Optional, for data-parallel training (microgpt.distributed): grad_buffer() -> the live flat gradient
     # vector (a NumPy array, or a device array with __cuda_array_interface__) for a collective to sum in place.
-    # Optional, for sampling: a key-value cache (the numpy backend has one; GPT.generate runs the whole
-    # window for each token on a backend without it).
-    #   prefill(idx (B, T), T <= block_size) -> the last position's logits (B, V), every layer's keys and
-    #       values kept for positions 0 .. T-1;
-    #   decode(tokens (B,), pos) -> logits (B, V) of one more position, its keys and values kept.
+    # Optional, for sampling: a key-value cache (both backends have one; GPT.generate runs the whole window
+    # for each token on a backend without it).
+    #   prefill(idx (B, T), T <= block_size, choose=None) -> the last position's logits (B, V), every layer's
+    #       keys and values kept for positions 0 .. T-1;
+    #   decode(tokens (B,), pos, choose=None) -> logits (B, V) of one more position, its keys and values kept;
+    #   with choose (a sampling.Choice: the rule and this step's draws) both return the next tokens (B,)
+    #       instead, chosen where the logits are (the cuda backend copies back only the ids).
 
 
 @runtime_checkable

@@ -31,10 +31,6 @@ def _sublayer(tensors, prefix):
 
 class CudaBackend:
     dtype = np.dtype(np.float32)
-    # Whether GPT.generate samples through prefill() and decode(). They were written without a device to run
-    # on (2026-11-30): False until tests/test_gpu_decode.py has passed on a GPU, so that generate keeps the
-    # full-window path proven there; the tests call prefill and decode themselves meanwhile.
-    uses_kv_cache = False
 
     def __init__(self, config: GPTConfig, variant: str | None = None):
         self.ops = K.select(variant)  # refuses an unknown variant before anything is allocated
@@ -242,7 +238,11 @@ class CudaBackend:
         d.mean, d.rstd = new(B, 1), new(B, 1)
         d.qkv, d.fc, d.act = new(B, 1, 3 * C), new(B, 1, 4 * C), new(B, 1, 4 * C)
         d.logits, d.logits_host = new(B, 1, V), self.cuda.pagelocked_empty((B, V), np.float32)
+        # the next tokens as k_sample chooses them, and the draws it chooses them by
+        d.chosen, d.chosen_host = new(B, dtype=np.int32), self.cuda.pagelocked_empty(B, np.int32)
+        d.u, d.u_host = new(B, dtype=np.float64), self.cuda.pagelocked_empty(B, np.float64)
         d.plan = self._plan_decode(d)
+        d.graph, d.graph_unavailable = None, None  # the plan as one CUDA graph, made at the first decode
         self._dec = d
         return d
 
@@ -266,23 +266,31 @@ class CudaBackend:
             ops.matmul_fwd(d.logits, d.ln, P["wte"], None)  # tied output projection, no bias
         return plan
 
-    def prefill(self, idx):
+    def prefill(self, idx, choose=None):
         """idx: checked int32 (B, T), T <= block_size. The forward over the prompt, its keys and values kept in
-        the caches for decode(); returns the last position's logits (B, V)."""
-        B = idx.shape[0]
-        last, _ = self.forward(idx, None, logits="last")
+        the caches for decode(); returns the last position's logits (B, V), or with `choose` (a
+        sampling.Choice) the next tokens (B,) chosen on the GPU, only they copied back."""
+        B, T = idx.shape
+        last, _ = self.forward(idx, None, logits="last" if choose is None else None)
         d = self._decode_state(B)
         for l, s in enumerate(self._bufs.layers):
             self.ops.kv_store(d.k[l], s.att.k, stream=self.stream)
             self.ops.kv_store(d.v[l], s.att.v, stream=self.stream)
-        d.length = idx.shape[1]  # positions in the caches: decode's next one
-        K.synchronize(self.stream, "prefill")
-        return last[:, -1]
+        d.length = T  # positions in the caches: decode's next one
+        if choose is None:
+            K.synchronize(self.stream, "prefill")
+            return last[:, -1]
+        V, row_bytes = self.config.vocab_size, self.config.vocab_size * 4
+        for i in range(B):  # each sequence's last row of logits, where the decode step leaves its own
+            self.cuda.memcpy_dtod_async(int(d.logits.gpudata) + i * row_bytes,
+                                        int(self._bufs.logits.gpudata) + ((i * T + T - 1) * V) * 4, row_bytes,
+                                        self.stream)
+        return self._choose(d, choose, "prefill")
 
-    def decode(self, tokens, pos):
+    def decode(self, tokens, pos, choose=None):
         """tokens: int (B,) ids, at position pos (< block_size), the one after the prefilled or decoded ones
-        (the B of the last prefill). One position through every layer, replayed from the plan recorded once;
-        returns its logits (B, V)."""
+        (the B of the last prefill). One position through every layer, one CUDA graph of the plan recorded
+        once; returns its logits (B, V), or with `choose` the next tokens (B,) chosen on the GPU."""
         d = self._dec
         if d is None:
             raise RuntimeError("decode() needs a prefill() first: the caches hold no prompt")
@@ -296,11 +304,36 @@ class CudaBackend:
             raise ValueError(f"tokens must lie in [0, {self.config.vocab_size}), got {tokens.min()}..{tokens.max()}")
         d.ids_host[:d.B], d.ids_host[d.B] = tokens, pos  # the last decode's copy is done (synchronized)
         self.cuda.memcpy_htod_async(d.ids.gpudata, d.ids_host, self.stream)
-        K.replay(d.plan, self.stream, "decode")
+        self._run_decode_plan(d)
+        d.length += 1
+        if choose is not None:
+            return self._choose(d, choose, "decode")
         self.cuda.memcpy_dtoh_async(d.logits_host, d.logits.gpudata, self.stream)
         K.synchronize(self.stream, "decode")
-        d.length += 1
         return d.logits_host.copy()
+
+    def _run_decode_plan(self, d):
+        if d.graph is None and d.graph_unavailable is None:
+            try:
+                d.graph = K.Graph(d.plan, self.stream, "decode")
+            except K.GraphUnavailable as e:  # replayed launch by launch instead: slower, the same results
+                d.graph_unavailable = str(e)
+        if d.graph is not None:
+            d.graph.launch(self.stream)
+        else:
+            K.replay(d.plan, self.stream, "decode")
+
+    def _choose(self, d, choose, phase):
+        """k_sample on d.logits by `choose`'s rule and draws; the chosen ids copied back."""
+        if choose.u is not None:
+            d.u_host[:] = choose.u
+            self.cuda.memcpy_htod_async(d.u.gpudata, d.u_host, self.stream)
+        self.ops.sample(d.chosen, d.logits.reshape(d.B, self.config.vocab_size),
+                        d.u if choose.u is not None else None, choose.temperature, choose.top_k, choose.top_p,
+                        stream=self.stream)
+        self.cuda.memcpy_dtoh_async(d.chosen_host, d.chosen.gpudata, self.stream)
+        K.synchronize(self.stream, phase)
+        return d.chosen_host.copy()
 
     # -- optimiser ----------------------------------------------------------------------------------
     def step(self, t, lr, beta1, beta2, eps, weight_decay, grad_clip):

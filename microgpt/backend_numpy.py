@@ -123,9 +123,10 @@ class NumpyBackend:
         G["wpe"] += dwpe
 
     # -- sampling: a cache of every layer's keys and values -----------------------------------------
-    def prefill(self, idx):
+    def prefill(self, idx, choose=None):
         """idx: checked int32 (B, T), T <= block_size. The forward over the prompt, keeping each layer's
-        keys and values for decode(); returns the last position's logits (B, V)."""
+        keys and values for decode(); returns the last position's logits (B, V), or with `choose` (a
+        sampling.Choice) the next tokens (B,) it chooses from them."""
         cfg = self.config
         B, T = idx.shape
         last, _ = self.forward(idx, None, logits="last")
@@ -137,12 +138,12 @@ class NumpyBackend:
             k[:, :, :T], v[:, :, :T] = layer["att"]["k"], layer["att"]["v"]
             self._kv.append((k, v))
         self._saved = None  # what backward would need is not kept: sampling trains nothing
-        return last[:, -1]
+        return last[:, -1] if choose is None else choose(last[:, -1])
 
-    def decode(self, tokens, pos):
+    def decode(self, tokens, pos, choose=None):
         """tokens: checked int32 (B,), at position pos (< block_size) after the prefilled or decoded ones.
         One position through every layer, its query against the cached keys and values 0..pos; returns its
-        logits (B, V)."""
+        logits (B, V), or with `choose` the next tokens (B,)."""
         cfg, P = self.config, self.P
         x = R.embed_fwd(tokens[:, None], P["wte"], P["wpe"][pos:pos + 1])  # (B, 1, C)
         for l, (k_cache, v_cache) in enumerate(self._kv):
@@ -159,7 +160,8 @@ class NumpyBackend:
             x = R.residual_fwd(x1, R.linear_fwd(act, p("mlp.proj.w"), p("mlp.proj.b")))
         lnf, _, _ = R.layernorm_fwd(x, P["lnf.w"], P["lnf.b"])
         self.positions += len(tokens)
-        return R.linear_fwd(lnf, P["wte"])[:, 0]  # tied output projection
+        logits = R.linear_fwd(lnf, P["wte"])[:, 0]  # tied output projection
+        return logits if choose is None else choose(logits)
 
     # -- optimiser ----------------------------------------------------------------------------------
     def step(self, t, lr, beta1, beta2, eps, weight_decay, grad_clip):

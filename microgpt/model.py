@@ -19,7 +19,7 @@ from .backend_numpy import NumpyBackend
 from .config import GPTConfig
 from .kernels import resolve
 from .params import init_params, num_params, param_table, views
-from .sampling import check_sampling, sample_next
+from .sampling import Choice, check_sampling, draw
 
 
 def _as_array(name, a, shape="(B, T)"):
@@ -148,9 +148,9 @@ class GPT:
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, seed=None, on_token=None):
         """Extends idx (B, T) by max_new_tokens sampled tokens (microgpt.sampling: temperature 0 takes the
         most likely one; top_k, top_p cut the candidates). The model sees the last block_size tokens. A
-        backend with a key-value cache (prefill, decode; unless its uses_kv_cache is False) runs the prompt
-        once and then one position a token, re-running the window only when it moves past block_size; others
-        run the whole window each token.
+        backend with a key-value cache (prefill, decode) runs the prompt once and then one position a token,
+        re-running the window only when it moves past block_size, and chooses each token itself (the cuda
+        backend on the GPU, by the same rule and draws); others run the whole window each token.
         on_token(ids (B,)) is called with each new column as it is chosen."""
         cfg = self.config
         idx = _as_array("idx", idx, "(T,) or (B, T)")
@@ -166,24 +166,24 @@ class GPT:
             raise TypeError(f"on_token must be callable or None, got {type(on_token).__name__}")
         rng = np.random.default_rng(seed)
         self._can_backward = False
-        cached = callable(getattr(self.backend, "decode", None)) and getattr(self.backend, "uses_kv_cache", True)
+        cached = callable(getattr(self.backend, "decode", None))
         out = [idx]
         length = 0  # positions in the cache
         for step in range(max_new_tokens):
+            choose = Choice(temperature, top_k, top_p, draw(rng, idx.shape[0], temperature))
             if not cached:
                 window = np.ascontiguousarray(np.concatenate(out, axis=1)[:, -cfg.block_size:])
                 last, _ = self.backend.forward(window, None, logits="last")
-                logits = last[:, -1]
+                nxt = choose(last[:, -1])
             elif step == 0 or length == cfg.block_size:  # the prompt, or a window that moved on
                 window = np.ascontiguousarray(np.concatenate(out, axis=1)[:, -cfg.block_size:])
-                logits, length = self.backend.prefill(window), window.shape[1]
+                nxt, length = self.backend.prefill(window, choose), window.shape[1]
             else:
-                logits = self.backend.decode(out[-1][:, 0], length)
+                nxt = self.backend.decode(out[-1][:, 0], length, choose)
                 length += 1
-            nxt = sample_next(logits, temperature, top_k, top_p, rng)
-            out.append(nxt[:, None])
+            out.append(np.asarray(nxt, np.int32)[:, None])
             if on_token is not None:
-                on_token(nxt)
+                on_token(out[-1][:, 0])
         return np.concatenate(out, axis=1)
 
     # -- state ------------------------------------------------------------------------------------

@@ -151,7 +151,6 @@ def test_each_decoded_position_has_the_logits_of_a_full_forward(rng, variant):
 def test_greedy_sampling_with_the_cache_gives_the_tokens_of_full_recomputation(rng, prompt_len, new):
     prompt = rng.integers(0, SMALL.vocab_size, size=(3, prompt_len))
     gpu = GPT(SMALL, backend="cuda", seed=7)
-    gpu.backend.uses_kv_cache = True  # (the class keeps it off until these tests have passed on a GPU)
     cached = gpu.generate(prompt, new, temperature=0)
     gpu.backend.decode = None  # generate runs the whole window for every token
     np.testing.assert_array_equal(cached, gpu.generate(prompt, new, temperature=0))
@@ -170,3 +169,41 @@ def test_decode_needs_a_prefill_and_a_position_in_the_context(rng):
     with pytest.raises(ValueError, match="tokens must lie in"):
         gpu.backend.decode(np.array([0, SMALL.vocab_size]), 3)
     assert gpu.backend.decode(np.array([0, 1]), 3).shape == (2, SMALL.vocab_size)  # refused ones cost nothing
+
+
+def test_the_decode_graph_runs_the_plan_as_its_launches_do(rng):
+    """One CUDA graph a token (the plan captured once) gives the bits of the plan replayed launch by launch."""
+    idx = rng.integers(0, SMALL.vocab_size, size=(2, 8)).astype(np.int32)
+    runs = []
+    for graph in (True, False):
+        gpu = GPT(SMALL, backend="cuda", seed=3)
+        gpu.backend.prefill(idx[:, :4])
+        if not graph:
+            gpu.backend._dec.graph_unavailable = "replayed for the test"
+        runs.append([gpu.backend.decode(idx[:, p], p) for p in range(4, 8)])
+        assert (gpu.backend._dec.graph is not None) == graph, gpu.backend._dec.graph_unavailable
+    for with_graph, replayed in zip(*runs):
+        np.testing.assert_array_equal(with_graph, replayed)
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.0, None, None), (1.0, None, None), (0.7, 5, None),
+                                                     (1.3, None, 0.8), (0.9, 20, 0.95)])
+def test_the_gpu_chooses_the_token_the_host_rule_chooses_from_the_same_logits(rng, temperature, top_k, top_p):
+    from microgpt.sampling import Choice, draw
+    gpu = GPT(SMALL, backend="cuda", seed=5)
+    idx = rng.integers(0, SMALL.vocab_size, size=(4, 6)).astype(np.int32)
+    for seed in range(5):
+        choose = Choice(temperature, top_k, top_p, draw(np.random.default_rng(seed), 4, temperature))
+        logits = gpu.backend.prefill(idx)
+        np.testing.assert_array_equal(gpu.backend.prefill(idx, choose), choose(logits))
+        logits = gpu.backend.decode(idx[:, 0], 6)
+        gpu.backend.prefill(idx)
+        np.testing.assert_array_equal(gpu.backend.decode(idx[:, 0], 6, choose), choose(logits))
+
+
+def test_sampling_on_the_gpu_repeats_with_its_seed(rng):
+    prompt = rng.integers(0, SMALL.vocab_size, size=(3, 4))
+    gpu = GPT(SMALL, backend="cuda", seed=9)
+    runs = [gpu.generate(prompt, 30, temperature=0.9, top_k=20, top_p=0.9, seed=s) for s in (1, 1, 2)]
+    np.testing.assert_array_equal(runs[0], runs[1])
+    assert ((0 <= runs[2]) & (runs[2] < SMALL.vocab_size)).all() and runs[2].shape == (3, 34)

@@ -40,7 +40,15 @@ def time_microgpt(cfg, backend, B, prompt_len, new, variant=None, repeats=2):
         out = model.generate(prompt, new, temperature=0)
         best = min(best, time.perf_counter() - t0)
     assert out.shape == (B, prompt_len + new)
-    return best
+    return best, decode_note(model.backend)
+
+
+def decode_note(backend) -> str:
+    """How the cuda backend ran its decode steps: as one CUDA graph a token, or launch by launch (and why)."""
+    d = getattr(backend, "_dec", None)
+    if d is None or not hasattr(d, "graph"):
+        return ""
+    return "decode: one CUDA graph a token" if d.graph is not None else f"decode replayed: {d.graph_unavailable}"
 
 
 def transformers_peer(cfg):
@@ -64,14 +72,14 @@ def transformers_peer(cfg):
 def time_transformers(model, cfg, B, prompt_len, new, repeats=2):
     import torch
     prompt = torch.from_numpy(np.random.default_rng(0).integers(0, cfg.vocab_size, size=(B, prompt_len))).cuda()
-    kw = dict(do_sample=False, use_cache=True, min_new_tokens=new, eos_token_id=None, pad_token_id=0)
+    kw = dict(do_sample=False, use_cache=True, eos_token_id=None, pad_token_id=0)
     with torch.no_grad():
-        model.generate(prompt, max_new_tokens=2, **kw)
+        model.generate(prompt, max_new_tokens=2, min_new_tokens=2, **kw)
         best = np.inf
         for _ in range(repeats):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            out = model.generate(prompt, max_new_tokens=new, **kw)
+            out = model.generate(prompt, max_new_tokens=new, min_new_tokens=new, **kw)
             torch.cuda.synchronize()
             best = min(best, time.perf_counter() - t0)
     assert out.shape == (B, prompt_len + new)
@@ -108,8 +116,8 @@ def main(argv=None) -> int:
         peer, peer_note = (None, "skipped (--no-peer)") if args.no_peer else transformers_peer(cfg)
         for B in args.B:
             for prompt_len in args.prompt:
-                t = time_microgpt(cfg, args.backend, B, prompt_len, args.new, args.variant)
-                row = dict(preset=name, B=B, prompt=prompt_len, new=args.new, microgpt_s=t,
+                t, note = time_microgpt(cfg, args.backend, B, prompt_len, args.new, args.variant)
+                row = dict(preset=name, B=B, prompt=prompt_len, new=args.new, microgpt_s=t, note=note,
                            microgpt_tok_s=B * args.new / t, windowed=prompt_len + args.new > cfg.block_size)
                 if peer is not None:
                     tp = time_transformers(peer, cfg, B, prompt_len, args.new)
@@ -119,8 +127,8 @@ def main(argv=None) -> int:
                     peer_cols = (f"{row['peer_tok_s']:>12,.0f}{row['ratio']:>8.2f}x" if peer is not None
                                  else f"{'-':>12}{'-':>9}")
                     if len(rows) == 1:
-                        print(f"sampling, greedy, {args.new} new tokens a row, backend {args.backend}; peer: "
-                              f"{peer_note}")
+                        print(f"sampling, greedy, {args.new} new tokens a row, backend {args.backend}"
+                              f"{'; ' + note if note else ''}; peer: {peer_note}")
                         print(f"{'model':<14}{'B':>3}{'prompt':>8}{'microgpt tok/s':>16}{'peer tok/s':>12}"
                               f"{'ratio':>9}")
                     print(f"{name:<14}{B:>3}{prompt_len:>8}{row['microgpt_tok_s']:>16,.0f}{peer_cols}"

@@ -28,6 +28,7 @@ from .colsum import colsum
 from .crossentropy import crossentropy_bwd, crossentropy_fwd
 from .decode import attention_decode, embed_decode, kv_store
 from .embed import embed_bwd, embed_fwd, token_order
+from .graph import Graph, GraphUnavailable
 from .heads_fast import merge_heads_bwd_fast, merge_heads_fwd_fast, split_heads_bwd_fast, split_heads_fwd_fast
 from .runtime import (BLOCK, SYNC_EVERY_LAUNCH, KernelError, Plan, blocks, device_summary, engine, launch, recording,
                      release_at_exit, replay, synchronize)

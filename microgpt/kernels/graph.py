@@ -1,0 +1,94 @@
+"""A plan of launches as one CUDA graph: captured once on a stream, then launched with one driver call.
+
+    step = Graph(plan, stream, "decode")    # captures replay(plan, stream): nothing runs yet
+    step.launch(stream)                      # every launch of the plan, in order, on stream
+
+A decode step at B=1 is about a hundred kernels of a few microseconds each; queued one by one from Python they
+cost more than they run. A graph costs one call. PyCUDA has no binding for stream capture, so the driver's five
+graph calls go through ctypes, on the stream and the primary context PyCUDA made. Where the driver or the stream
+handle is missing, or the capture fails, Graph raises GraphUnavailable and the caller replays the plan instead.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+
+from .runtime import SYNC_EVERY_LAUNCH, KernelError, Plan, release_at_exit, replay
+
+_CAPTURE_THREAD_LOCAL = 1  # CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: other threads' CUDA calls are not disturbed
+_driver = None
+
+
+class GraphUnavailable(RuntimeError):
+    """This process cannot capture the plan (no driver library, no stream handle, a capture error)."""
+
+
+def _lib():
+    global _driver
+    if _driver is None:
+        name = ctypes.util.find_library("cuda") or "libcuda.so.1"
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError as e:
+            raise GraphUnavailable(f"the CUDA driver library is not loadable ({e})") from None
+        p, P = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)
+        for fn, args in (("cuStreamBeginCapture_v2", [p, ctypes.c_int]), ("cuStreamEndCapture", [p, P]),
+                         ("cuGraphInstantiateWithFlags", [P, p, ctypes.c_ulonglong]), ("cuGraphLaunch", [p, p]),
+                         ("cuGraphExecDestroy", [p]), ("cuGraphDestroy", [p]),
+                         ("cuGetErrorName", [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)])):
+            getattr(lib, fn).argtypes, getattr(lib, fn).restype = args, ctypes.c_int
+        _driver = lib
+    return _driver
+
+
+def _check(rc: int, what: str, error=KernelError) -> None:
+    if rc != 0:
+        name = ctypes.c_char_p()
+        _lib().cuGetErrorName(rc, ctypes.byref(name))
+        raise error(f"{what} failed: {(name.value or b'CUDA error').decode()} ({rc})")
+
+
+class Graph:
+    """plan captured on stream (the launches' arguments and order fixed, as replay runs them)."""
+
+    def __init__(self, plan: Plan, stream, phase: str):
+        self._graph = self._exec = None
+        if SYNC_EVERY_LAUNCH:
+            raise GraphUnavailable("MICROGPT_SYNC=1 synchronises after every launch, which a capture cannot")
+        handle = getattr(stream, "handle", None)
+        if not handle:
+            raise GraphUnavailable("the stream has no handle (a graph is captured on a stream of its own)")
+        lib = _lib()
+        self.phase, self._stream = phase, ctypes.c_void_p(handle)
+        _check(lib.cuStreamBeginCapture_v2(self._stream, _CAPTURE_THREAD_LOCAL), f"capturing the {phase} pass",
+               GraphUnavailable)
+        self._graph = ctypes.c_void_p()
+        try:
+            replay(plan, stream, phase)
+        finally:  # the stream leaves capture mode whatever happened, or every later launch on it fails
+            rc = lib.cuStreamEndCapture(self._stream, ctypes.byref(self._graph))
+            if not self._graph.value:
+                self._graph = None
+        _check(rc, f"capturing the {phase} pass", GraphUnavailable)
+        execute = ctypes.c_void_p()
+        _check(lib.cuGraphInstantiateWithFlags(ctypes.byref(execute), self._graph, 0),
+               f"instantiating the {phase} graph", GraphUnavailable)
+        self._exec = execute
+        release_at_exit(self)  # destroyed while the context is still there
+
+    def launch(self, stream) -> None:
+        """Queues the whole plan on stream (the one it was captured on)."""
+        if stream.handle != self._stream.value:
+            raise ValueError("a Graph launches on the stream it was captured on")
+        _check(_lib().cuGraphLaunch(self._exec, self._stream), f"the {self.phase} graph")
+
+    def release(self) -> None:
+        if self._exec is not None:
+            _lib().cuGraphExecDestroy(self._exec)
+            self._exec = None
+        if self._graph is not None:
+            _lib().cuGraphDestroy(self._graph)
+            self._graph = None
+
+    def __del__(self):
+        self.release()
