@@ -4,7 +4,7 @@
 // replayed for every token.
 #pragma once
 #include "common.cuh"
-#include "rows_fast.cuh"  // block_reduce
+#include "rows_fast.cuh"  // warp_sum, warp_max
 
 // one thread per element of x (B, 1, C): x[b, 0, :] = wte[tokens[b], :] + wpe[p, :]
 extern "C" __global__ void k_embed_decode(float* x, const int* tokens, const float* wte, const float* wpe,
@@ -24,55 +24,75 @@ extern "C" __global__ void k_kv_store(float* cache, const float* src, int BH, in
     cache[i / per_head * T_max * d_k + i % per_head] = src[i];
 }
 
-// One block per (b, h) (blockIdx.x = b * NH + h) for the new position p = pos[0] of every sequence:
-//   - its key and value (qkv (B, 1, 3C) holds q, k, v side by side, head h at columns h * d_k of each, as
-//     split_heads reads them) go into the caches (B, NH, T_max, d_k) at row p;
-//   - scores[j] = dot(Q, K[j]) * (1.0f / sqrtf(d_k)) for j = 0 .. p (no mask: every cached row is at or
-//     before p), probs = exp(scores - max) / sum, as the pipeline's kernels compute them;
-//   - y[b, 0, h * d_k + d] = sum_j probs[j] * V[j][d], where merge_heads puts head h.
-// Dynamic shared memory: T_max + d_k + blockDim.x floats (the probabilities, the query, the partial sums).
+// The attention of the new position p = pos[0] of every sequence, split over the cached positions as flash
+// decoding splits them: one block a chunk of DECODE_CHUNK positions of one head, so that a long cache keeps
+// every SM busy even at B = 1 (12 heads), then k_attention_decode_merge adds the chunks of each head.
+#define DECODE_CHUNK 64
+#define DECODE_PARTIAL(d_k) ((d_k) + 2)  // a chunk's partial: its weighted values (d_k), its max, its sum
+
+// Grid (chunks, B * NH), blockIdx.y = b * NH + h; a block whose chunk starts past p does nothing.
+//   - the block holding p writes the new key and value (qkv (B, 1, 3C) holds q, k, v side by side, head h at
+//     columns h * d_k of each, as split_heads reads them) into the caches (B, NH, T_max, d_k) at row p;
+//   - scores[j] = dot(Q, K[j]) * (1.0f / sqrtf(d_k)) for the chunk's j <= p (no mask: every cached row is at or
+//     before p), a warp a row (its lanes over d, then a fixed shuffle tree);
+//   - partial = (sum_j e_j V[j], m, sum_j e_j), e_j = exp(scores[j] - m), m the chunk's largest score.
+// Dynamic shared memory: DECODE_CHUNK + d_k + blockDim.x floats (the scores, the query, the partial sums).
 // A p outside [0, T_max) writes nothing (the caller keeps it in range).
-extern "C" __global__ void k_attention_decode(float* y, float* k_cache, float* v_cache, const float* qkv,
+extern "C" __global__ void k_attention_decode(float* partial, float* k_cache, float* v_cache, const float* qkv,
                                               const int* pos, int NH, int d_k, int T_max) {
     extern __shared__ float decode_smem[];
-    __shared__ float red[32];
-    float* probs = decode_smem;
-    float* q = probs + T_max;
+    float* e = decode_smem;  // the chunk's scores, then exp(score - m)
+    float* q = e + DECODE_CHUNK;
     float* part = q + d_k;
+    __shared__ float m_sum[2];
     const int p = pos[0];
-    if (p < 0 || p >= T_max) return;
-    const int bh = blockIdx.x, b = bh / NH, h = bh % NH, C = NH * d_k;
+    const int start = blockIdx.x * DECODE_CHUNK;
+    if (p < 0 || p >= T_max || start > p) return;
+    const int n = min(DECODE_CHUNK, p + 1 - start);  // the chunk's positions, start .. start + n - 1
+    const int bh = blockIdx.y, b = bh / NH, h = bh % NH, C = NH * d_k;
     const float* row = qkv + (long long)b * 3 * C + h * d_k;
     float* k_h = k_cache + (long long)bh * T_max * d_k;
     float* v_h = v_cache + (long long)bh * T_max * d_k;
+    const bool holds_p = p < start + DECODE_CHUNK;
     for (int d = threadIdx.x; d < d_k; d += blockDim.x) {
         q[d] = row[d];
-        k_h[(long long)p * d_k + d] = row[C + d];
-        v_h[(long long)p * d_k + d] = row[2 * C + d];
+        if (holds_p) {
+            k_h[(long long)p * d_k + d] = row[C + d];
+            v_h[(long long)p * d_k + d] = row[2 * C + d];
+        }
     }
     __syncthreads();  // the query and row p of the caches, for every thread of the block
 
-    Row Q{q, d_k};
-    Matrix K{k_h, d_k};
-    float m = -INFINITY;
-    for (int j = threadIdx.x; j <= p; j += blockDim.x) {
-        probs[j] = dot(Q, K[j]) * (1.0f / sqrtf(d_k));
-        m = fmaxf(m, probs[j]);
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    for (int i = warp; i < n; i += warps) {
+        const float* k_j = k_h + (long long)(start + i) * d_k;
+        float s = 0.0f;
+        for (int d = lane; d < d_k; d += 32) s += q[d] * k_j[d];
+        s = warp_sum(s);
+        if (lane == 0) e[i] = s * (1.0f / sqrtf(d_k));
     }
-    m = block_reduce(m, red, true);
-    float sum = 0.0f;
-    for (int j = threadIdx.x; j <= p; j += blockDim.x) sum += expf(probs[j] - m);
-    sum = block_reduce(sum, red, false);
-    for (int j = threadIdx.x; j <= p; j += blockDim.x) probs[j] = expf(probs[j] - m) / sum;
+    __syncthreads();
+    if (warp == 0) {  // the chunk's max and sum of exp, in a fixed order
+        float m = -INFINITY;
+        for (int i = lane; i < n; i += 32) m = fmaxf(m, e[i]);
+        m = warp_max(m);
+        float sum = 0.0f;
+        for (int i = lane; i < n; i += 32) {
+            e[i] = expf(e[i] - m);
+            sum += e[i];
+        }
+        sum = warp_sum(sum);
+        if (lane == 0) m_sum[0] = m, m_sum[1] = sum;
+    }
     __syncthreads();
 
-    float* out = y + (long long)b * C + h * d_k;
+    float* out = partial + ((long long)bh * gridDim.x + blockIdx.x) * DECODE_PARTIAL(d_k);
     const int G = blockDim.x / d_k;  // groups of d_k threads, each summing every G-th row
     if (G > 1) {
         const int g = threadIdx.x / d_k, d = threadIdx.x % d_k;
         if (g < G) {
             float s = 0.0f;
-            for (int j = g; j <= p; j += G) s += probs[j] * v_h[(long long)j * d_k + d];
+            for (int i = g; i < n; i += G) s += e[i] * v_h[(long long)(start + i) * d_k + d];
             part[threadIdx.x] = s;
         }
         __syncthreads();
@@ -84,8 +104,36 @@ extern "C" __global__ void k_attention_decode(float* y, float* k_cache, float* v
     } else {
         for (int d = threadIdx.x; d < d_k; d += blockDim.x) {
             float s = 0.0f;
-            for (int j = 0; j <= p; j++) s += probs[j] * v_h[(long long)j * d_k + d];
+            for (int i = 0; i < n; i++) s += e[i] * v_h[(long long)(start + i) * d_k + d];
             out[d] = s;
         }
+    }
+    if (threadIdx.x == 0) out[d_k] = m_sum[0], out[d_k + 1] = m_sum[1];
+}
+
+// One block per (b, h) (blockIdx.x = b * NH + h): y[b, 0, h * d_k + d] = the chunks' weighted values, each
+// scaled by exp(its max - the largest), over the sum of their sums so scaled: softmax(scores) V, the chunks
+// added in order. y (B, 1, C) in merged layout. A p outside [0, T_max) writes nothing.
+extern "C" __global__ void k_attention_decode_merge(float* y, const float* partial, const int* pos, int NH, int d_k,
+                                                    int T_max, int chunks) {
+    const int p = pos[0];
+    if (p < 0 || p >= T_max) return;
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH, used = p / DECODE_CHUNK + 1;
+    const float* part = partial + (long long)bh * chunks * DECODE_PARTIAL(d_k);
+    float m = -INFINITY;
+    for (int c = 0; c < used; c++) m = fmaxf(m, part[c * DECODE_PARTIAL(d_k) + d_k]);
+    float sum = 0.0f;
+    for (int c = 0; c < used; c++) {
+        const float* pc = part + c * DECODE_PARTIAL(d_k);
+        sum += pc[d_k + 1] * expf(pc[d_k] - m);
+    }
+    float* out = y + (long long)b * NH * d_k + h * d_k;
+    for (int d = threadIdx.x; d < d_k; d += blockDim.x) {
+        float s = 0.0f;
+        for (int c = 0; c < used; c++) {
+            const float* pc = part + c * DECODE_PARTIAL(d_k);
+            s += pc[d] * expf(pc[d_k] - m);
+        }
+        out[d] = s / sum;
     }
 }

@@ -4,25 +4,29 @@
 #pragma once
 #include "common.cuh"
 
-#define MATVEC_ROWS 8  // products of at most this many rows take k_matvec (the launcher's MATVEC_ROWS)
-#define MATVEC_COLS 4  // output columns a warp: each load of the input rows serves four weight rows
+#define MATVEC_ROWS 8       // products of at most this many rows take k_matvec (the launcher's MATVEC_ROWS)
+#define MATVEC_COLS 4       // output columns a block: each load of the input rows serves four weight rows
+#define MATVEC_THREADS 256  // the launcher's BLOCK: the block's warps split K, so that a short N still fills
+                            // the GPU (mlp.proj: 768 columns of 3072 weights, 192 blocks)
 
 __device__ __forceinline__ float madd(float acc, float x, float w) { return fmaf(x, w, acc); }
 __device__ __forceinline__ float madd(float acc, float4 x, float4 w) {
     return fmaf(x.w, w.w, fmaf(x.z, w.z, fmaf(x.y, w.y, fmaf(x.x, w.x, acc))));
 }
 
-// One warp, columns n0 .. n0 + MATVEC_COLS - 1 of every row: lane l sums k = l, l + 32, ... in order (in units
-// of Vec: float4 where K % 4 == 0 and the rows are 16-byte aligned), then a fixed shuffle tree adds the lanes.
+// One block, columns n0 .. n0 + MATVEC_COLS - 1 of every row: thread i sums k = i, i + 256, ... in order (in
+// units of Vec: float4 where K % 4 == 0 and the rows are 16-byte aligned), a fixed shuffle tree adds each
+// warp's lanes, and one thread a (row, column) adds the warps' sums in warp order.
 template <int ROWS, typename Vec>
 __device__ void matvec_cols(float* out, const float* inp, const float* W, const float* bias, int M, int K, int N,
                             int n0) {
-    constexpr int WIDTH = sizeof(Vec) / sizeof(float);
-    const int lane = threadIdx.x % 32, KV = K / WIDTH, cols = min(MATVEC_COLS, N - n0);
+    constexpr int WIDTH = sizeof(Vec) / sizeof(float), WARPS = MATVEC_THREADS / 32;
+    __shared__ float part[WARPS][ROWS * MATVEC_COLS];
+    const int KV = K / WIDTH, cols = min(MATVEC_COLS, N - n0);
     const Vec* x = reinterpret_cast<const Vec*>(inp);
     const Vec* w = reinterpret_cast<const Vec*>(W) + (long long)n0 * KV;
     float acc[ROWS][MATVEC_COLS] = {};
-    for (int kv = lane; kv < KV; kv += 32) {
+    for (int kv = threadIdx.x; kv < KV; kv += MATVEC_THREADS) {
         Vec xv[ROWS];
 #pragma unroll
         for (int r = 0; r < ROWS; r++)
@@ -36,26 +40,31 @@ __device__ void matvec_cols(float* out, const float* inp, const float* W, const 
                 if (r < M) acc[r][c] = madd(acc[r][c], xv[r], wv);
         }
     }
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 #pragma unroll
     for (int r = 0; r < ROWS; r++)
 #pragma unroll
-        for (int c = 0; c < MATVEC_COLS; c++)
+        for (int c = 0; c < MATVEC_COLS; c++) {
 #pragma unroll
             for (int offset = 16; offset > 0; offset /= 2)
                 acc[r][c] += __shfl_xor_sync(0xffffffffu, acc[r][c], offset);
-    if (lane != 0) return;
-#pragma unroll
-    for (int r = 0; r < ROWS; r++)
-#pragma unroll
-        for (int c = 0; c < MATVEC_COLS; c++)
-            if (r < M && c < cols) out[(long long)r * N + n0 + c] = acc[r][c] + (bias ? bias[n0 + c] : 0.0f);
+            if (lane == 0) part[warp][r * MATVEC_COLS + c] = acc[r][c];
+        }
+    __syncthreads();
+    const int r = threadIdx.x / MATVEC_COLS, c = threadIdx.x % MATVEC_COLS;
+    if (r < M && c < cols) {
+        float s = 0.0f;
+        for (int i = 0; i < WARPS; i++) s += part[i][threadIdx.x];
+        out[(long long)r * N + n0 + c] = s + (bias ? bias[n0 + c] : 0.0f);
+    }
 }
 
-// Warps in x, MATVEC_COLS columns each; vec4: K % 4 == 0 and inp, W 16-byte aligned (the launcher checks).
-// Rows are templated up to the next power of two so that M = 1 keeps one accumulator a column.
-extern "C" __global__ void k_matvec(float* out, const float* inp, const float* W, const float* bias, int M, int K,
-                                    int N, int vec4) {
-    const int n0 = (int)(thread_index() / 32) * MATVEC_COLS;
+// A block of MATVEC_THREADS a MATVEC_COLS columns (blockIdx.x); vec4: K % 4 == 0 and inp, W 16-byte aligned
+// (the launcher checks). Rows are templated up to the next power of two so that M = 1 keeps one accumulator
+// a column.
+extern "C" __global__ void __launch_bounds__(MATVEC_THREADS)
+k_matvec(float* out, const float* inp, const float* W, const float* bias, int M, int K, int N, int vec4) {
+    const int n0 = blockIdx.x * MATVEC_COLS;
     if (n0 >= N) return;
     if (vec4) {
         if (M <= 1) matvec_cols<1, float4>(out, inp, W, bias, M, K, N, n0);

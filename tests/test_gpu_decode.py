@@ -41,10 +41,11 @@ def pos_array(ga, p):
 
 # (B, NH, T_max, d_k, p): d_k of 8, 64 and 100 (groups of d_k threads share the rows), 5 (51 groups, every one
 # with rows at p = 63), 130 and 300 (one thread a d, looped over d past 256), p at the first row, the last and
-# between
+# between, at the first and last row of a chunk of 64 positions and in a last chunk of one row
 @pytest.mark.parametrize("B,NH,T_max,d_k,p", [(2, 3, 16, 8, 0), (1, 2, 33, 5, 32), (1, 2, 64, 5, 63),
                                                (1, 2, 40, 100, 39), (2, 12, 1024, 64, 1023), (3, 4, 300, 130, 150),
-                                               (1, 1, 50, 300, 49), (1, 12, 1024, 64, 517)])
+                                               (1, 1, 50, 300, 49), (1, 12, 1024, 64, 517), (2, 2, 130, 8, 64),
+                                               (1, 3, 129, 16, 127), (1, 3, 129, 16, 128)])
 def test_attention_decode(ga, rng, B, NH, T_max, d_k, p):
     C = NH * d_k
     k_h = rng.standard_normal((B, NH, T_max, d_k)).astype(np.float32)

@@ -7,10 +7,14 @@ nothing.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .checks import check_ids, head_dims, ptr, shape_of
-from .runtime import BLOCK, blocks, engine, launch
+from .runtime import BLOCK, blocks, engine, launch, scratch
+
+DECODE_CHUNK = 64  # cached positions a block of k_attention_decode (cuda/decode.cuh)
 
 
 def embed_decode(x, tokens, wte, wpe, pos, *, check_token_ids=True, stream=None):
@@ -37,14 +41,20 @@ def kv_store(cache, src, *, stream=None):
 def attention_decode(y, k_cache, v_cache, qkv, pos, *, stream=None):
     """The attention of the new position p of each sequence: its key and value (from qkv (B, 1, 3C), as
     split_heads reads it) written into the caches (B, NH, T_max, d_k) at row p, then y (B, 1, C) =
-    softmax(q K[:p+1]^T * (1/sqrt(d_k))) V[:p+1] per head, heads side by side as merge_heads writes them."""
+    softmax(q K[:p+1]^T * (1/sqrt(d_k))) V[:p+1] per head, heads side by side as merge_heads writes them.
+    Two launches: a block a chunk of DECODE_CHUNK cached positions of a head (its partial softmax and weighted
+    values, into scratch), then one a head adding its chunks in order."""
     B, NH, T_max, d_k = head_dims("k_cache", k_cache)
     C = NH * d_k
-    shared = 4 * (T_max + d_k + BLOCK)  # a row's probabilities, the query, the partial sums
+    shared = 4 * (DECODE_CHUNK + d_k + BLOCK)  # a chunk's scores, the query, the partial sums
     if shared > engine().max_shared:
-        raise ValueError(f"k_cache holds T_max={T_max} rows of d_k={d_k}: their probabilities take {shared} bytes "
-                         f"of shared memory, above this GPU's {engine().max_shared}")
-    args = [ptr("y", y, (B, 1, C)), ptr("k_cache", k_cache, (B, NH, T_max, d_k)),
-            ptr("v_cache", v_cache, (B, NH, T_max, d_k)), ptr("qkv", qkv, (B, 1, 3 * C)),
-            ptr("pos", pos, (1,), np.int32), NH, d_k, T_max]
-    launch("k_attention_decode", args, B * NH, stream, shared=shared)
+        raise ValueError(f"k_cache has d_k={d_k}: its query and partial sums take {shared} bytes of shared memory, "
+                         f"above this GPU's {engine().max_shared}")
+    chunks = math.ceil(T_max / DECODE_CHUNK)
+    partial = scratch(B * NH * chunks * (d_k + 2))
+    p_pos = ptr("pos", pos, (1,), np.int32)
+    args = [int(partial.gpudata), ptr("k_cache", k_cache, (B, NH, T_max, d_k)),
+            ptr("v_cache", v_cache, (B, NH, T_max, d_k)), ptr("qkv", qkv, (B, 1, 3 * C)), p_pos, NH, d_k, T_max]
+    launch("k_attention_decode", args, (chunks, B * NH), stream, shared=shared)
+    launch("k_attention_decode_merge", [ptr("y", y, (B, 1, C)), int(partial.gpudata), p_pos, NH, d_k, T_max, chunks],
+           B * NH, stream)

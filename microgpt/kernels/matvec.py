@@ -10,7 +10,7 @@ import math
 from .runtime import BLOCK, launch
 
 MATVEC_ROWS = 8  # as cuda/matvec.cuh
-MATVEC_COLS = 4  # output columns a warp
+MATVEC_COLS = 4  # output columns a block of BLOCK threads (cuda/matvec.cuh's MATVEC_THREADS)
 
 
 def matvec(out: int, inp: int, weight: int, bias: int, M: int, K: int, N: int, stream=None) -> None:
@@ -19,5 +19,5 @@ def matvec(out: int, inp: int, weight: int, bias: int, M: int, K: int, N: int, s
     if not 1 <= M <= MATVEC_ROWS:
         raise ValueError(f"M must be in [1, {MATVEC_ROWS}] for k_matvec, got {M}")
     vec4 = int(K % 4 == 0 and inp % 16 == 0 and weight % 16 == 0)
-    warps = math.ceil(N / MATVEC_COLS)
-    launch("k_matvec", [out, inp, weight, bias, M, K, N, vec4], max(1, math.ceil(warps * 32 / BLOCK)), stream)
+    launch("k_matvec", [out, inp, weight, bias, M, K, N, vec4], max(1, math.ceil(N / MATVEC_COLS)), stream,
+           block=BLOCK)

@@ -10,6 +10,8 @@ draw lands within rounding (about 1e-15 relative) of a boundary (microgpt/sampli
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..sampling import check_sampling
@@ -18,6 +20,7 @@ from .runtime import launch
 from .source import int_constants
 
 
+@functools.cache  # (read from the preprocessed source: tens of milliseconds, once)
 def threads() -> int:
     """SAMPLE_THREADS of cuda/sampling.cuh (enum SampleLaunch): the threads of k_sample's block per row."""
     return int_constants()["SAMPLE_THREADS"]
