@@ -199,33 +199,87 @@ extern "C" __global__ void k_softmax_bwd_fast(float* dx, const float* dprobs, co
         softmax_bwd_row_regs<1>(dxr, dp, p, n, cols);
 }
 
-// Sum of the block's threads, in a fixed order; every thread gets it. `scratch` holds 32 floats.
-__device__ float block_reduce(float v, float* scratch, bool is_max) {
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = (blockDim.x + 31) / 32;
-    v = is_max ? warp_max(v) : warp_sum(v);
-    __syncthreads();  // scratch may still be read from a previous reduction
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    v = lane < n_warps ? scratch[lane] : (is_max ? -INFINITY : 0.0f);
-    return is_max ? warp_max(v) : warp_sum(v);
+// The cross-entropy forward reads a row twice (the row of V = 50257 logits is 200 KB, too long for registers):
+// once for its max and sum of exp together, an online softmax (the sum rescaled whenever the max rises), once
+// to write the probabilities. A row starts where it starts (V odd: another offset from 16 bytes each row), so
+// each pass runs a scalar head up to the first 16-byte boundary, float4s, and a scalar tail.
+
+// (m, s): the max so far and the sum of exp(x - m) so far; x = -inf (a masked logit) adds nothing
+__device__ __forceinline__ void online_add(float& m, float& s, float x) {
+    if (x > m) {
+        s = s * expf(m - x) + 1.0f;
+        m = x;
+    } else if (x != -INFINITY) {
+        s += expf(x - m);
+    }
 }
 
-// a block per position (row of logits (N, V))
+// (m, s) and (m2, s2) as one: the same bits whichever is first (the shuffle tree's lanes add both ways)
+__device__ __forceinline__ void online_merge(float& m, float& s, float m2, float s2) {
+    const float M = fmaxf(m, m2);
+    s = M == -INFINITY ? 0.0f : s * expf(m - M) + s2 * expf(m2 - M);
+    m = M;
+}
+
+// the scalars before a row's first 16-byte boundary (at most n)
+__device__ __forceinline__ int head_to_16(const float* row, int n) {
+    return min(n, (int)((16 - (unsigned long long)row % 16) % 16 / 4));
+}
+
+// a block per position (row of logits (N, V)); probs has the offsets of logits from 16 bytes, or vec = false
 extern "C" __global__ void k_crossentropy_fwd_fast(float* losses, float* probs, const float* logits,
                                                    const int* targets, int N, int V) {
-    __shared__ float scratch[32];
-    long long n = blockIdx.x;
+    __shared__ float pair_m[32], pair_s[32];
+    const long long n = blockIdx.x;
     if (n >= N) return;
     const float* lr = logits + n * V;
-    float m = -INFINITY;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) m = fmaxf(m, lr[v]);
-    m = block_reduce(m, scratch, true);
-    float sum = 0.0f;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) sum += expf(lr[v] - m);
-    sum = block_reduce(sum, scratch, false);
     float* pr = probs + n * V;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) pr[v] = expf(lr[v] - m) / sum;
-    if (threadIdx.x == 0) losses[n] = logf(sum) + m - lr[targets[n]];
+    const int head = head_to_16(lr, V), nvec = (V - head) / 4, tail = head + 4 * nvec;
+    const bool vec = head == head_to_16(pr, V);
+    const float4* lr4 = reinterpret_cast<const float4*>(lr + head);
+
+    float m = -INFINITY, s = 0.0f;
+    for (int v = threadIdx.x; v < head; v += blockDim.x) online_add(m, s, lr[v]);
+    for (int i0 = threadIdx.x; i0 < nvec; i0 += MB_UNROLL * blockDim.x) {
+        float4 x[MB_UNROLL];
+#pragma unroll
+        for (int u = 0; u < MB_UNROLL; u++)
+            if (i0 + u * (int)blockDim.x < nvec) x[u] = lr4[i0 + u * blockDim.x];
+#pragma unroll
+        for (int u = 0; u < MB_UNROLL; u++)
+            if (i0 + u * (int)blockDim.x < nvec) {
+                online_add(m, s, x[u].x), online_add(m, s, x[u].y);
+                online_add(m, s, x[u].z), online_add(m, s, x[u].w);
+            }
+    }
+    for (int v = tail + threadIdx.x; v < V; v += blockDim.x) online_add(m, s, lr[v]);
+    // the block's (m, s): a shuffle tree in each warp, then the warps in order; every thread gets it
+    for (int off = 16; off > 0; off >>= 1)
+        online_merge(m, s, __shfl_xor_sync(0xffffffff, m, off), __shfl_xor_sync(0xffffffff, s, off));
+    if (threadIdx.x % 32 == 0) pair_m[threadIdx.x / 32] = m, pair_s[threadIdx.x / 32] = s;
+    __syncthreads();
+    m = pair_m[0], s = pair_s[0];
+    for (int w = 1; w < (int)(blockDim.x + 31) / 32; w++) online_merge(m, s, pair_m[w], pair_s[w]);
+
+    if (vec) {
+        for (int v = threadIdx.x; v < head; v += blockDim.x) pr[v] = expf(lr[v] - m) / s;
+        float4* pr4 = reinterpret_cast<float4*>(pr + head);
+        for (int i0 = threadIdx.x; i0 < nvec; i0 += MB_UNROLL * blockDim.x) {
+            float4 x[MB_UNROLL];
+#pragma unroll
+            for (int u = 0; u < MB_UNROLL; u++)
+                if (i0 + u * (int)blockDim.x < nvec) x[u] = lr4[i0 + u * blockDim.x];
+#pragma unroll
+            for (int u = 0; u < MB_UNROLL; u++)
+                if (i0 + u * (int)blockDim.x < nvec)
+                    pr4[i0 + u * blockDim.x] = make_float4(expf(x[u].x - m) / s, expf(x[u].y - m) / s,
+                                                           expf(x[u].z - m) / s, expf(x[u].w - m) / s);
+        }
+        for (int v = tail + threadIdx.x; v < V; v += blockDim.x) pr[v] = expf(lr[v] - m) / s;
+    } else {
+        for (int v = threadIdx.x; v < V; v += blockDim.x) pr[v] = expf(lr[v] - m) / s;
+    }
+    if (threadIdx.x == 0) losses[n] = logf(s) + m - lr[targets[n]];
 }
 
 // dlogits = (probs - onehot(target)) * dloss over chunks [0, chunks) of VEC columns from column v0 of one row:

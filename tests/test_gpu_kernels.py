@@ -665,6 +665,27 @@ def test_crossentropy_bwd_on_odd_and_unaligned_arrays(K, dev, variant, N, V, off
     check_crossentropy_bwd(K, dev, variant, probs_h, dev.rng.integers(0, V, N).astype(np.int32), offsets)
 
 
+# the forward on the same odd and unaligned rows (offsets of probs and logits: equal, 16-byte chunks after a
+# scalar head; unequal, scalar), rows whose max rises late (ascending logits: the online sum rescaled at every
+# element) and a row with masked (-inf) logits
+@FAST
+@pytest.mark.parametrize("N,V,offsets", [(7, 101, (0, 0)), (7, 8449, (1, 1)), (7, 8449, (1, 0)), (5, 3, (0, 0)),
+                                         (5, 1, (2, 2)), (3, 50257, (0, 0))])
+def test_crossentropy_fwd_on_odd_and_unaligned_arrays(K, dev, variant, N, V, offsets):
+    lg_h = (dev.rng.standard_normal((N, V)) * 3).astype(np.float32)
+    lg_h[0] = np.sort(lg_h[0])
+    if V > 2:
+        lg_h[-1, ::2] = -np.inf
+    tg_h = dev.rng.integers(0, V, N).astype(np.int32)
+    tg_h[-1] = V - 1 if V > 2 and (V - 1) % 2 else 1 % V  # a target whose logit is finite
+    lg, tg = dev.upload(lg_h, offsets[1]), dev.ga.to_gpu(tg_h)
+    losses, probs = dev.poisoned(N), dev.poisoned(N, V, offset=offsets[0])
+    K.launcher("crossentropy_fwd", variant)(losses, probs, lg, tg)
+    rl, rp = R.crossentropy_fwd(lg_h.astype(np.float64), tg_h)
+    close("k_crossentropy_fwd", losses.get(), rl, REDUCTION, variant)
+    close("k_crossentropy_fwd", probs.get(), rp, REDUCTION, variant)
+
+
 # rows of C in 16-byte chunks or not, longer than a lane's MB_UNROLL chunks, wte off a 16-byte boundary
 @FAST
 @pytest.mark.parametrize("B,T,C,V,offset", [(2, 33, 20, 101, 0), (1, 7, 1030, 101, 0), (2, 33, 20, 101, 1),
@@ -680,9 +701,11 @@ def test_embed_fwd_on_odd_and_unaligned_arrays(K, dev, variant, B, T, C, V, offs
 
 
 # ---------------------------------------------------------------------------------------------- optimiser
-@pytest.mark.parametrize("n", [1, 1000, 7_087_872])  # 7.09M: one andrea-120m layer
-def test_global_norm(K, dev, ga, n):
-    g_h, g = dev.randn(n)
+# 7.09M: one andrea-120m layer; n not a multiple of 4 (16-byte loads, then a scalar tail) and g off a 16-byte
+# boundary (scalar loads throughout)
+@pytest.mark.parametrize("n,offset", [(1, 0), (1000, 0), (7_087_872, 0), (1_000_003, 0), (1_000_003, 1), (6, 2)])
+def test_global_norm(K, dev, ga, n, offset):
+    g_h, g = dev.randn(n, offset=offset)
     sumsq = ga.empty(1, np.float64)
     sumsq.fill(np.nan)
     K.global_norm(sumsq, g)
