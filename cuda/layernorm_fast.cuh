@@ -212,137 +212,255 @@ extern "C" __global__ void __launch_bounds__(256, 3)
         residual_layernorm_row<1>(x + o, out + o, mean, rstd, resid + o, branch + o, w, b, n, C);
 }
 
+// The backward, llm.c's way: one pass over the rows gives dx and each block's share of dw and db.
+//
 // dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = dout * w, xhat = (x - mean) * rstd:
-// written, or added into with __fadd_rn where accumulate != 0 (as k_layernorm_bwd: the residual stream's
-// gradient, the same rounding as a separate k_residual_fwd). dw and db come from k_layernorm_bwd_fast_wb.
+// written, or added into where ACC (as k_layernorm_bwd: the residual stream's gradient, the same rounding as a
+// separate k_residual_fwd). Every rounding is spelled out (_rn: no contraction left to the compiler), as the
+// first warp-per-row kernel compiled them (read from its SASS), so dx keeps that kernel's bits: in registers
+// dxhat is rounded once and reused; in the loop, dxhat - mean(dxhat) is one FMA.
+// Each warp also adds its rows' dout * xhat and dout into its own partial rows of dw and db (pw, pb: C floats
+// each; a lane only ever touches its own columns), one row after another, rounded the same on every path, so
+// the partials do not depend on the path a row takes nor on where they live (shared or global memory).
 template <int VEC>
-__device__ __forceinline__ void layernorm_bwd_row(float* dxr, const float* dr, const float* xr, const float* w,
-                                                  float m, float s, int C, int accumulate) {
-    if (VEC == 4 && C <= ROW_REGS * 32) {
-        constexpr int CHUNKS = ROW_REGS / VEC;
-        // dout, then dxhat, then dx; x, then xhat; the dx added into, loaded with the rest (one trip to memory)
-        float g[CHUNKS][VEC] = {}, h[CHUNKS][VEC] = {}, old[CHUNKS][VEC] = {};
+__device__ __forceinline__ void add_wb_partials(float* pw, float* pb, const float (&g)[VEC], const float (&xhat)[VEC]) {
+    float a[VEC], b[VEC];
+    load_vec<VEC>(a, pw);
+    load_vec<VEC>(b, pb);
 #pragma unroll
-        for (int k = 0; k < CHUNKS; k++) {
-            int c = chunk_col<VEC>(k);
-            if (c < C) {
-                load_vec<VEC>(g[k], dr + c);
-                load_vec<VEC>(h[k], xr + c);
-                if (accumulate) load_vec<VEC>(old[k], dxr + c);
-            }
+    for (int e = 0; e < VEC; e++) {
+        a[e] = __fmaf_rn(g[e], xhat[e], a[e]);
+        b[e] = __fadd_rn(b[e], g[e]);
+    }
+    store_vec<VEC>(pw, a);
+    store_vec<VEC>(pb, b);
+}
+
+// xhat = (x - mean) * rstd
+__device__ __forceinline__ float ln_xhat(float x, float m, float s) { return __fmul_rn(__fsub_rn(x, m), s); }
+
+// A row held in registers (16-byte chunks, C <= ROW_REGS * 32). dout, then dxhat; x, then xhat. The dx added
+// into is loaded only once the row's sums are taken (asked of L2 ahead: prefetch_l2), so that the three rows
+// never hold registers at once.
+template <bool ACC>
+__device__ __forceinline__ void layernorm_bwd_row_regs(float* dxr, float* pw, float* pb, const float* dr,
+                                                       const float* xr, const float* w, float m, float s, int C) {
+    constexpr int VEC = 4, CHUNKS = ROW_REGS / VEC;
+    float g[CHUNKS][VEC] = {}, h[CHUNKS][VEC] = {};
+#pragma unroll
+    for (int k = 0; k < CHUNKS; k++) {
+        int c = chunk_col<VEC>(k);
+        if (c < C) {
+            load_vec<VEC>(g[k], dr + c);
+            load_vec<VEC>(h[k], xr + c);
         }
-        float sum_g = 0.0f, sum_gh = 0.0f;
+    }
+    float sum_g = 0.0f, sum_gh = 0.0f;
 #pragma unroll
-        for (int k = 0; k < CHUNKS; k++) {
-            int c = chunk_col<VEC>(k);
-            if (c < C) {
-                float wv[VEC];
-                load_vec<VEC>(wv, w + c);
-#pragma unroll
-                for (int e = 0; e < VEC; e++) {
-                    g[k][e] = g[k][e] * wv[e];
-                    h[k][e] = (h[k][e] - m) * s;
-                    sum_g += g[k][e];
-                    sum_gh += g[k][e] * h[k][e];
-                }
-            }
-        }
-        const float mean_dxhat = warp_sum(sum_g) / C, mean_dxhat_xhat = warp_sum(sum_gh) / C;
-#pragma unroll
-        for (int k = 0; k < CHUNKS; k++) {
-            int c = chunk_col<VEC>(k);
-            if (c < C) {
-#pragma unroll
-                for (int e = 0; e < VEC; e++) {
-                    float v = s * (g[k][e] - mean_dxhat - h[k][e] * mean_dxhat_xhat);
-                    g[k][e] = accumulate ? __fadd_rn(old[k][e], v) : v;  // _rn: no FMA with the product above
-                }
-                store_vec<VEC>(dxr + c, g[k]);
-            }
-        }
-    } else {
-        const int lane = threadIdx.x % 32;
-        float sum_g = 0.0f, sum_gh = 0.0f;
-#pragma unroll 4
-        for (int c = lane * VEC; c < C; c += 32 * VEC) {
-            float gv[VEC], xv[VEC], wv[VEC];
-            load_vec<VEC>(gv, dr + c);
-            load_vec<VEC>(xv, xr + c);
+    for (int k = 0; k < CHUNKS; k++) {
+        int c = chunk_col<VEC>(k);
+        if (c < C) {
+            float wv[VEC];
             load_vec<VEC>(wv, w + c);
 #pragma unroll
+            for (int e = 0; e < VEC; e++) h[k][e] = ln_xhat(h[k][e], m, s);
+            add_wb_partials<VEC>(pw + c, pb + c, g[k], h[k]);
+#pragma unroll
             for (int e = 0; e < VEC; e++) {
-                float dxhat = gv[e] * wv[e];
-                sum_g += dxhat;
-                sum_gh += dxhat * ((xv[e] - m) * s);
+                g[k][e] = __fmul_rn(g[k][e], wv[e]);
+                sum_g = __fadd_rn(sum_g, g[k][e]);
+                sum_gh = __fmaf_rn(g[k][e], h[k][e], sum_gh);
             }
         }
-        const float mean_dxhat = warp_sum(sum_g) / C, mean_dxhat_xhat = warp_sum(sum_gh) / C;
-        for (int c0 = lane * VEC; c0 < C; c0 += 32 * VEC * MB_UNROLL) {
-            float gv[MB_UNROLL][VEC], xv[MB_UNROLL][VEC], wv[MB_UNROLL][VEC], old[MB_UNROLL][VEC];
+    }
+    const float mean_dxhat = warp_sum(sum_g) / C, mean_dxhat_xhat = warp_sum(sum_gh) / C;
 #pragma unroll
-            for (int u = 0; u < MB_UNROLL; u++) {
-                int c = batch_col<VEC>(c0, u);
-                if (c < C) {
-                    load_vec<VEC>(gv[u], dr + c);
-                    load_vec<VEC>(xv[u], xr + c);
-                    load_vec<VEC>(wv[u], w + c);
-                    if (accumulate) load_vec<VEC>(old[u], dxr + c);
-                }
+    for (int k = 0; k < CHUNKS; k++) {
+        int c = chunk_col<VEC>(k);
+        if (c < C) {
+            float old[VEC];
+            if (ACC) load_vec<VEC>(old, dxr + c);
+#pragma unroll
+            for (int e = 0; e < VEC; e++) {
+                float v = __fmul_rn(s, __fmaf_rn(-h[k][e], mean_dxhat_xhat, __fsub_rn(g[k][e], mean_dxhat)));
+                g[k][e] = ACC ? __fadd_rn(old[e], v) : v;
             }
+            store_vec<VEC>(dxr + c, g[k]);
+        }
+    }
+}
+
+// Any other row (longer, or read one float at a time): a pass for the sums, a pass for dx (from the caches).
+template <int VEC, bool ACC>
+__device__ __forceinline__ void layernorm_bwd_row_loop(float* dxr, float* pw, float* pb, const float* dr,
+                                                       const float* xr, const float* w, float m, float s, int C) {
+    const int lane = threadIdx.x % 32;
+    float sum_g = 0.0f, sum_gh = 0.0f;
+#pragma unroll 4
+    for (int c = lane * VEC; c < C; c += 32 * VEC) {
+        float gv[VEC], xv[VEC], wv[VEC];
+        load_vec<VEC>(gv, dr + c);
+        load_vec<VEC>(xv, xr + c);
+        load_vec<VEC>(wv, w + c);
 #pragma unroll
-            for (int u = 0; u < MB_UNROLL; u++) {
-                int c = batch_col<VEC>(c0, u);
-                if (c < C) {
+        for (int e = 0; e < VEC; e++) {
+            float dxhat = __fmul_rn(gv[e], wv[e]);
+            sum_g = __fadd_rn(sum_g, dxhat);
+            sum_gh = __fmaf_rn(dxhat, ln_xhat(xv[e], m, s), sum_gh);
+        }
+    }
+    const float mean_dxhat = warp_sum(sum_g) / C, mean_dxhat_xhat = warp_sum(sum_gh) / C;
+    for (int c0 = lane * VEC; c0 < C; c0 += 32 * VEC * MB_UNROLL) {
+        float gv[MB_UNROLL][VEC], xv[MB_UNROLL][VEC], wv[MB_UNROLL][VEC], old[MB_UNROLL][VEC];
 #pragma unroll
-                    for (int e = 0; e < VEC; e++) {
-                        float v = s * (gv[u][e] * wv[u][e] - mean_dxhat - (xv[u][e] - m) * s * mean_dxhat_xhat);
-                        gv[u][e] = accumulate ? __fadd_rn(old[u][e], v) : v;
-                    }
-                    store_vec<VEC>(dxr + c, gv[u]);
+        for (int u = 0; u < MB_UNROLL; u++) {
+            int c = batch_col<VEC>(c0, u);
+            if (c < C) {
+                load_vec<VEC>(gv[u], dr + c);
+                load_vec<VEC>(xv[u], xr + c);
+                load_vec<VEC>(wv[u], w + c);
+                if (ACC) load_vec<VEC>(old[u], dxr + c);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < MB_UNROLL; u++) {
+            int c = batch_col<VEC>(c0, u);
+            if (c < C) {
+#pragma unroll
+                for (int e = 0; e < VEC; e++) xv[u][e] = ln_xhat(xv[u][e], m, s);
+                add_wb_partials<VEC>(pw + c, pb + c, gv[u], xv[u]);
+#pragma unroll
+                for (int e = 0; e < VEC; e++) {
+                    float t = __fmaf_rn(gv[u][e], wv[u][e], -mean_dxhat);
+                    float v = __fmul_rn(s, __fmaf_rn(xv[u][e], -mean_dxhat_xhat, t));
+                    gv[u][e] = ACC ? __fadd_rn(old[u][e], v) : v;
                 }
+                store_vec<VEC>(dxr + c, gv[u]);
             }
         }
     }
 }
 
-// Two blocks an SM (at most 128 registers): dout, x and the dx added into, 96 floats a lane, in flight together.
-extern "C" __global__ void __launch_bounds__(256, 2)
-    k_layernorm_bwd_fast(float* dx, const float* dout, const float* x, const float* w, const float* mean,
-                         const float* rstd, int N, int C, int accumulate) {
-    long long n = warp_row();
-    if (n >= N) return;
-    const long long o = n * C;
-    if (rows_vec4(C, dx, dout, x, w))
-        layernorm_bwd_row<4>(dx + o, dout + o, x + o, w, mean[n], rstd[n], C, accumulate);
-    else
-        layernorm_bwd_row<1>(dx + o, dout + o, x + o, w, mean[n], rstd[n], C, accumulate);
+// A hint that `bytes` from p (16-byte aligned, a multiple of 16) will be read soon: one instruction asks for a
+// whole row (Hopper's bulk prefetch into L2; nothing before it).
+__device__ __forceinline__ void prefetch_l2(const float* p, int bytes) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(__cvta_generic_to_global(p)), "r"(bytes)
+                 : "memory");
+#endif
 }
 
-// Pass 1 of dw, db: per (group of 32 columns, chunk of rows), as k_colsum_partial; k_colsum_reduce adds
-// the chunks into dw and db.
-extern "C" __global__ void k_layernorm_bwd_fast_wb(float* dw_partials, float* db_partials, const float* dout,
-                                                   const float* x, const float* mean, const float* rstd,
-                                                   int N, int C, int rows_per_chunk) {
-    __shared__ float part_w[8][32], part_b[8][32];
-    int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
-    int c = blockIdx.x * 32 + tx;
-    int r0 = blockIdx.y * rows_per_chunk, r1 = min(N, r0 + rows_per_chunk);
-    float sw = 0.0f, sb = 0.0f;
-    if (c < C)
-        for (int r = r0 + ty; r < r1; r += 8) {
-            float d = dout[(long long)r * C + c];
-            sw += d * (x[(long long)r * C + c] - mean[r]) * rstd[r];
-            sb += d;
+// Block b takes rows [b * rows_per_block, (b + 1) * rows_per_block) of N; warp k of it the rows k, k + warps,
+// k + 2 * warps, ... in that order. part holds the block's warps' partial rows (warps, 2, C: dw's C, then db's);
+// the block's partial row partials[b] (2, C) = those added in warp order. Where rows are 16-byte chunks, a
+// warp asks L2 for its next row (and, where ACC, this row's dx) as it starts on a row: two rows a warp in flight
+// for the registers of one.
+template <int VEC, bool REGS, bool ACC>
+__device__ __forceinline__ void layernorm_bwd_block(float* dx, float* partials, float* part, const float* dout,
+                                                    const float* x, const float* w, const float* mean,
+                                                    const float* rstd, int N, int C, int rows_per_block) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32, C2 = 2 * C;
+    float* pw = part + warp * C2;
+    float* pb = pw + C;
+    for (int j = lane; j < C2; j += 32) pw[j] = 0.0f;
+    __syncwarp();  // the zeros, written lane by lane, before each lane adds into its own columns
+    const long long r0 = (long long)blockIdx.x * rows_per_block, r1 = min((long long)N, r0 + rows_per_block);
+    for (long long n = r0 + warp; n < r1; n += warps) {
+        const long long o = n * C;
+        if (VEC == 4 && lane == 0) {
+            if (ACC && n == r0 + warp) prefetch_l2(dx + o, C * 4);
+            if (n + warps < r1) {
+                const long long o2 = o + (long long)warps * C;
+                prefetch_l2(dout + o2, C * 4);
+                prefetch_l2(x + o2, C * 4);
+                if (ACC) prefetch_l2(dx + o2, C * 4);
+            }
         }
-    part_w[ty][tx] = sw;
-    part_b[ty][tx] = sb;
+        if constexpr (REGS)
+            layernorm_bwd_row_regs<ACC>(dx + o, pw, pb, dout + o, x + o, w, mean[n], rstd[n], C);
+        else
+            layernorm_bwd_row_loop<VEC, ACC>(dx + o, pw, pb, dout + o, x + o, w, mean[n], rstd[n], C);
+    }
+    __syncthreads();  // every warp's partials (shared, or global: visible to the block after the barrier too)
+    float* out = partials + (long long)blockIdx.x * C2;
+    for (int j = threadIdx.x; j < C2; j += blockDim.x) {
+        float t = part[j];
+        for (int k = 1; k < warps; k++) t += part[k * C2 + j];
+        out[j] = t;
+    }
+}
+
+// The path of every row, chosen once: in registers, or looped over 16-byte chunks or single floats; the warps'
+// partials in shared memory (LDS, STS) or, for rows too long for it (never one held in registers), in global.
+template <bool ACC>
+__device__ __forceinline__ void layernorm_bwd_blocks(float* dx, float* partials, float* warp_partials,
+                                                     const float* dout, const float* x, const float* w,
+                                                     const float* mean, const float* rstd, int N, int C,
+                                                     int rows_per_block) {
+    extern __shared__ float4 ln_bwd_smem[];
+    const bool vec = rows_vec4(C, dx, dout, x, w);
+    if (warp_partials == nullptr) {
+        float* part = reinterpret_cast<float*>(ln_bwd_smem);
+        if (vec && C <= ROW_REGS * 32)
+            layernorm_bwd_block<4, true, ACC>(dx, partials, part, dout, x, w, mean, rstd, N, C, rows_per_block);
+        else if (vec)
+            layernorm_bwd_block<4, false, ACC>(dx, partials, part, dout, x, w, mean, rstd, N, C, rows_per_block);
+        else
+            layernorm_bwd_block<1, false, ACC>(dx, partials, part, dout, x, w, mean, rstd, N, C, rows_per_block);
+    } else {
+        float* part = warp_partials + (long long)blockIdx.x * (blockDim.x / 32) * 2 * C;
+        if (vec)
+            layernorm_bwd_block<4, false, ACC>(dx, partials, part, dout, x, w, mean, rstd, N, C, rows_per_block);
+        else
+            layernorm_bwd_block<1, false, ACC>(dx, partials, part, dout, x, w, mean, rstd, N, C, rows_per_block);
+    }
+}
+
+// dx of every row (accumulate != 0: added into), and each block's partial row of dw and db (partials:
+// (gridDim.x, 2, C)), which k_layernorm_bwd_fast_reduce adds into dw and db. The warps' partial rows live in
+// dynamic shared memory (blockDim.x / 32 * 2 * C floats), or where that is more than a block may have (C above
+// 3,600 or so on the H200) in warp_partials (gridDim.x * blockDim.x / 32 rows of 2 * C floats, global): the
+// same additions in the same order either way. No atomics: which rows a block adds, and in which order, is set
+// by rows_per_block alone (the launcher's, a function of N), so every run on every GPU gives the same bits.
+// Two blocks an SM (at most 128 registers).
+extern "C" __global__ void __launch_bounds__(256, 2)
+    k_layernorm_bwd_fast(float* dx, float* partials, float* warp_partials, const float* dout, const float* x,
+                         const float* w, const float* mean, const float* rstd, int N, int C, int rows_per_block,
+                         int accumulate) {
+    if (accumulate)
+        layernorm_bwd_blocks<true>(dx, partials, warp_partials, dout, x, w, mean, rstd, N, C, rows_per_block);
+    else
+        layernorm_bwd_blocks<false>(dx, partials, warp_partials, dout, x, w, mean, rstd, N, C, rows_per_block);
+}
+
+// dw += the column sums of the blocks' dw partials, db += those of db (partials: (blocks, 2, C)), in a fixed
+// order: column j of the 2 * C is a lane's; warp k of the block adds the partials k, k + 8, k + 16, ...
+// (REDUCE_BATCH loads in flight at a time), then the 8 warps' sums are added in warp order. Grid: ceil(2C / 32)
+// blocks of 256 threads.
+constexpr int REDUCE_BATCH = 32;
+extern "C" __global__ void __launch_bounds__(256)
+    k_layernorm_bwd_fast_reduce(float* dw, float* db, const float* partials, int blocks, int C) {
+    __shared__ float sums[8][32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int j = blockIdx.x * 32 + lane, C2 = 2 * C;
+    float t = 0.0f;
+    if (j < C2)
+        for (int k0 = warp; k0 < blocks; k0 += 8 * REDUCE_BATCH) {
+            float v[REDUCE_BATCH];
+#pragma unroll
+            for (int u = 0; u < REDUCE_BATCH; u++) {
+                int k = k0 + 8 * u;
+                v[u] = k < blocks ? partials[(long long)k * C2 + j] : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < REDUCE_BATCH; u++)
+                if (k0 + 8 * u < blocks) t += v[u];
+        }
+    sums[warp][lane] = t;
     __syncthreads();
-    if (ty == 0 && c < C) {
-        for (int k = 1; k < 8; k++) {
-            sw += part_w[k][tx];
-            sb += part_b[k][tx];
-        }
-        dw_partials[(long long)blockIdx.y * C + c] = sw;
-        db_partials[(long long)blockIdx.y * C + c] = sb;
+    if (warp == 0 && j < C2) {
+        for (int k = 1; k < 8; k++) t += sums[k][lane];
+        float* out = j < C ? dw + j : db + (j - C);
+        *out += t;
     }
 }

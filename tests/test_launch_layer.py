@@ -14,6 +14,7 @@ import pytest
 
 from microgpt import kernels as K
 from microgpt.kernels import registry, runtime
+from microgpt.kernels.layernorm_fast import BWD_BLOCKS, bwd_rows_per_block
 
 from helpers import FakeArray, FakeEngine
 
@@ -178,6 +179,39 @@ def test_split_k_cuts_a_weight_gradient_and_reduces_it_in_order(fake):
     _, _, grid, args, _, _ = plan[1]
     assert grid[2] == 8 and args[6] == B * T // 8  # 8 slices of K = B*T, each a batch entry
     assert len(plan.keep) == 2  # the partial sums live as long as the plan
+
+
+def test_the_fast_layernorm_backward_is_one_pass_and_one_reduction_set_by_n_alone(fake):
+    """dx, and each block's partial row of dw and db, in one pass over the rows; then one launch adds the blocks'
+    partials into dw and db. Which rows a block takes is a function of N alone (a multiple of the block's 8 warps,
+    at most BWD_BLOCKS blocks), never of the GPU: another SM count changes no launch, and a GPU with less shared
+    memory only moves the warps' partials to global memory (the same sums in the same order)."""
+    def launches(N, C):
+        with K.recording() as plan:
+            K.layernorm_bwd_fast(f32(N, C), f32(C), f32(C), f32(N, C), f32(N, C), f32(C), f32(N), f32(N),
+                                 accumulate=True)
+        (k1, _, g1, a1, s1, b1), (k2, _, g2, a2, s2, b2) = plan
+        assert (k1, k2) == ("k_layernorm_bwd_fast", "k_layernorm_bwd_fast_reduce") and b1 == b2 == K.BLOCK
+        assert a2[2] == a1[1] and s2 == 0  # the kernel's partial rows are what the reduction adds
+        # grid, (N, C, rows a block, accumulate), shared bytes, warps' partials in global memory, the reduction's
+        # grid and (blocks, C), scratch buffers
+        return g1, a1[8:], s1, a1[2] != 0, g2, a2[3:], len(plan.keep)
+
+    assert launches(8192, 768) == ((256, 1), [8192, 768, 32, 1], 8 * 2 * 768 * 4, False, (48, 1), [256, 768], 1)
+    assert launches(7, 3) == ((1, 1), [7, 3, 8, 1], 8 * 2 * 3 * 4, False, (1, 1), [1, 3], 1)
+    for N in (1, 3, 8, 9, 2048, 2049, 8197, 100_000):
+        (blocks, _), (_, _, rows_per_block, _), *_ = launches(N, 36)
+        assert rows_per_block == bwd_rows_per_block(N) and rows_per_block % 8 == 0, N
+        assert (blocks - 1) * rows_per_block < N <= blocks * rows_per_block and blocks <= BWD_BLOCKS, N
+    shapes = [(8197, 768), (8197, 1024), (3, 5000)]
+    on_h200 = [launches(N, C) for N, C in shapes]
+    fake.sm_count = 114
+    assert [launches(N, C) for N, C in shapes] == on_h200
+    assert on_h200[2][2:4] == (0, True)  # 8 * 2 * 5000 floats are more than a block may have
+    fake.max_shared = 48 * 1024  # where 8 * 2 * 1024 floats no longer fit either
+    shared, global_ = on_h200[1], launches(8197, 1024)
+    assert global_[:2] == shared[:2] and global_[4:6] == shared[4:6]  # the same blocks, rows and reduction
+    assert shared[2:4] == (8 * 2 * 1024 * 4, False) and global_[2:4] == (0, True) and global_[6] == 2
 
 
 def test_the_profile_cases_launch_every_kernel(fake):
