@@ -297,14 +297,89 @@ def test_layernorms_on_rows_of_any_length_and_alignment(K, dev, variant, N, C, o
         np.testing.assert_array_equal(fused.get(), separate.get())
 
     dout_h, dout = dev.randn(N, C, offset=offset)
-    rdx = R.layernorm_bwd(*f64(dout_h, x_h, w_h), ref_mean, ref_rstd)[0]
+    check_layernorm_bwd(K, dev, variant, dout_h, dout, x_h, x, w_h, w, mean, rstd, ref_mean, ref_rstd, offset)
+
+
+def check_layernorm_bwd(K, dev, variant, dout_h, dout, x_h, x, w_h, w, mean, rstd, ref_mean, ref_rstd, offset=0):
+    """layernorm_bwd in `variant`, dx written (into NaN) and added into, dw and db added into random starts:
+    against float64; then run again from the same starts: the same bits."""
+    N, C = x_h.shape
+    rdx, rdw, rdb = R.layernorm_bwd(*f64(dout_h, x_h, w_h), ref_mean, ref_rstd)
+    bwd = K.launcher("layernorm_bwd", variant)
     for accumulate in (False, True):
         dx0_h = dev.rng.standard_normal((N, C)).astype(np.float32)
-        dx = dev.upload(dx0_h, offset) if accumulate else dev.poisoned(N, C, offset=offset)
-        (_, dw), (_, db) = dev.randn(C), dev.randn(C)
-        K.launcher("layernorm_bwd", variant)(dx, dw, db, dout, x, w, mean, rstd, accumulate=accumulate)
-        got = dx.get() - dx0_h if accumulate else dx.get()
-        close_dx("k_layernorm_bwd" + "_accumulate" * accumulate, got, rdx, dout_h, w_h, ref_rstd, variant)
+        dw0, db0 = dev.rng.standard_normal(C).astype(np.float32), dev.rng.standard_normal(C).astype(np.float32)
+        runs = []
+        for _ in range(2):
+            dx = dev.upload(dx0_h, offset) if accumulate else dev.poisoned(N, C, offset=offset)
+            dw, db = dev.upload(dw0), dev.upload(db0)
+            bwd(dx, dw, db, dout, x, w, mean, rstd, accumulate=accumulate)
+            runs.append((dx.get(), dw.get(), db.get()))
+        (dx_a, dw_a, db_a), again = runs
+        kernel = "k_layernorm_bwd" + "_accumulate" * accumulate
+        close_dx(kernel, dx_a - dx0_h if accumulate else dx_a, rdx, dout_h, w_h, ref_rstd, variant)
+        close(kernel, dw_a, dw0 + rdw, REDUCTION, variant)
+        close(kernel, db_a, db0 + rdb, REDUCTION, variant)
+        for name, a, b in zip(("dx", "dw", "db"), (dx_a, dw_a, db_a), again):
+            same_bits(f"{kernel} {name}, run again", b, a)
+
+
+# The fast backward's blocks (bwd_rows_per_block of N, a multiple of 8 rows, at most BWD_BLOCKS blocks): fewer rows
+# than a block's 8 warps (N = 3: warps without a row), a block whose last rows are missing (N = 9, 2049, 8197: N not a
+# multiple of a block's rows), many rows a block and a warp (N = 8197: 40 a block, 5 a warp; 8192: 32, andrea-120m's
+# B = 8, T = 1024); rows of each path: in registers (C <= 1024, C % 4 == 0: 20, 36, 768, 1024, its 64 KB of shared
+# partials past the default 48), looped over 16-byte chunks (1536, 3000: 187 KB of shared partials, 4100: too many
+# for shared memory, the warps' partials in global memory) or over single floats (C = 1, 3, 1030, or the arrays one
+# float off a 16-byte boundary)
+@VARIANT
+@pytest.mark.parametrize("N,C,offset", [(3, 20, 0), (9, 36, 0), (2049, 20, 0), (8197, 36, 0), (8192, 768, 0),
+                                        (8197, 768, 1), (2049, 1024, 0), (2100, 1030, 0), (1000, 1536, 0),
+                                        (300, 3000, 0), (300, 3000, 1), (37, 4100, 0), (37, 4100, 1), (4099, 1, 0),
+                                        (4099, 3, 1)])
+def test_layernorm_bwd_over_many_rows_a_block(K, dev, variant, N, C, offset):
+    x_h, x = dev.randn(N, C, scale=2.0, offset=offset)
+    x_h += 1.5
+    x.set(x_h)
+    w_h, w = dev.randn(C)
+    b_h, b = dev.randn(C)
+    out, mean, rstd = dev.poisoned(N, C, offset=offset), dev.poisoned(N), dev.poisoned(N)
+    K.launcher("layernorm_fwd", variant)(out, mean, rstd, x, w, b)
+    _, ref_mean, ref_rstd = R.layernorm_fwd(*f64(x_h, w_h, b_h))
+    dout_h, dout = dev.randn(N, C, offset=offset)
+    check_layernorm_bwd(K, dev, variant, dout_h, dout, x_h, x, w_h, w, mean, rstd, ref_mean, ref_rstd, offset)
+
+
+# dw and db of the fast backward are added in one order whatever the path: each column's products over a warp's rows,
+# then the block's warps, then the blocks; so the same bits from rows in registers, looped over 16-byte chunks or over
+# single floats (the same data one float off a 16-byte boundary), and from the warps' partials in shared or in global
+# memory (forced here by a device that would allow no shared memory); dx too where the row takes the same path
+@FAST
+@pytest.mark.parametrize("N,C", [(9, 20), (2049, 36), (8192, 768), (300, 1536), (37, 1030)])
+def test_layernorm_bwd_fast_dw_db_bits_do_not_depend_on_the_path(K, dev, variant, monkeypatch, N, C):
+    x_h = (dev.rng.standard_normal((N, C)) * 2 + 1.5).astype(np.float32)
+    dout_h = dev.rng.standard_normal((N, C)).astype(np.float32)
+    w_h = dev.rng.standard_normal(C).astype(np.float32)
+    _, mean_h, rstd_h = (a.astype(np.float32) for a in R.layernorm_fwd(*f64(x_h, w_h, w_h)))
+    w, mean, rstd = dev.upload(w_h), dev.upload(mean_h), dev.upload(rstd_h)
+
+    def run(offset, accumulate):
+        dx = dev.upload(dout_h, offset) if accumulate else dev.poisoned(N, C, offset=offset)
+        dw, db = dev.upload(w_h), dev.upload(w_h)
+        K.launcher("layernorm_bwd", variant)(dx, dw, db, dev.upload(dout_h, offset), dev.upload(x_h, offset), w, mean,
+                                             rstd, accumulate=accumulate)
+        return dx.get(), dw.get(), db.get()
+
+    for accumulate in (False, True):
+        aligned, unaligned = run(0, accumulate), run(1, accumulate)
+        monkeypatch.setattr(K.engine(), "max_shared", 0)
+        global_aligned, global_unaligned = run(0, accumulate), run(1, accumulate)
+        monkeypatch.undo()
+        for other in (unaligned, global_aligned, global_unaligned):
+            same_bits("dw", other[1], aligned[1])
+            same_bits("db", other[2], aligned[2])
+        same_bits("dx, unaligned, partials in global memory", global_unaligned[0], unaligned[0])
+        if C > 1024 or C % 4:  # aligned rows loop over 16-byte chunks with either home of the partials
+            same_bits("dx, partials in global memory", global_aligned[0], aligned[0])
 
 
 # ---------------------------------------------------------------------------------------------- matmul
