@@ -117,9 +117,14 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
     for case, fwd in own("layernorm_fwd"):
         add(case, lambda s, xi, fwd=fwd: fwd(ln, mean, rstd, xi, w, b, stream=s), F * (2 * N * C + 2 * C + 2 * N),
             8 * N * C, xs)
+    dx_sum = randn(B, T, C)
     for case, bwd in own("layernorm_bwd"):
         add(case, lambda s, d, bwd=bwd: bwd(dx, dw, db, d, xs[0][0], w, mean, rstd, stream=s),
             F * (3 * N * C + 5 * C + 2 * N), 14 * N * C, douts)
+        # as training calls it twice a layer: adding into the residual stream's gradient (read and written)
+        add(f"{case} (accumulate)",
+            lambda s, d, bwd=bwd: bwd(dx_sum, dw, db, d, xs[0][0], w, mean, rstd, accumulate=True, stream=s),
+            F * (4 * N * C + 5 * C + 2 * N), 15 * N * C, douts)
     # the residual add fused with the layernorm after it (the reference runs k_residual_fwd, k_layernorm_fwd)
     x_sum = empty(B, T, C)
     for case, fwd in own("residual_layernorm_fwd", with_reference=False):
