@@ -31,9 +31,11 @@ def token_order(idx: np.ndarray) -> np.ndarray:
     return np.argsort(np.asarray(idx).reshape(-1), kind="stable").astype(np.int32).reshape(np.shape(idx))
 
 
-def embed_bwd(dwte, dwpe, dx, idx, order=None, *, check_token_ids=True, stream=None):
-    """dwte (V, C) += dx gathered by token; dwpe (T_max, C)[:T] += dx summed over the batch.
-    order (B, T) int32 is token_order(idx); without it, it is computed here from idx (a read-back)."""
+def embed_bwd_args(dwte, dwpe, dx, idx, order, check_token_ids=True) -> tuple[list, object]:
+    """The checked arguments of k_embed_bwd and k_embed_bwd_fast (dwte, dwpe, dx, idx, order, B, T, C), and the
+    order array they point into, which the caller keeps until the launch: where order is None it is computed
+    here from idx (a read-back); with check_token_ids, a given order is read back and refused unless it is
+    token_order(idx)."""
     B, T, C = shape_of("dx", dx, 3)
     V = shape_of("dwte", dwte, 2)[0]
     T_max = shape_of("dwpe", dwpe, 2)[0]
@@ -46,6 +48,13 @@ def embed_bwd(dwte, dwpe, dx, idx, order=None, *, check_token_ids=True, stream=N
         host_order = read_ids(ptr("order", order, (B, T), np.int32), (B, T))
         if not np.array_equal(host_order, token_order(read_ids(idx_ptr, (B, T)))):
             raise ValueError("order must be token_order(idx): the positions sorted stably by token id")
-    args = [ptr("dwte", dwte, (V, C)), ptr("dwpe", dwpe, (T_max, C)), ptr("dx", dx, (B, T, C)), idx_ptr,
-            ptr("order", order, (B, T), np.int32), B, T, C]
+    return [ptr("dwte", dwte, (V, C)), ptr("dwpe", dwpe, (T_max, C)), ptr("dx", dx, (B, T, C)), idx_ptr,
+            ptr("order", order, (B, T), np.int32), B, T, C], order
+
+
+def embed_bwd(dwte, dwpe, dx, idx, order=None, *, check_token_ids=True, stream=None):
+    """dwte (V, C) += dx gathered by token; dwpe (T_max, C)[:T] += dx summed over the batch.
+    order (B, T) int32 is token_order(idx); without it, it is computed here from idx (a read-back)."""
+    args, order = embed_bwd_args(dwte, dwpe, dx, idx, order, check_token_ids)
+    B, T, C = args[-3:]
     launch("k_embed_bwd", args, (blocks(B * T * C), 2), stream)
