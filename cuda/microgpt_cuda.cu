@@ -29,5 +29,6 @@
 #include "layernorm_fast.cuh"
 #include "pointwise_fast.cuh"
 #include "heads_fast.cuh"
+#include "embed_fast.cuh"
 // the tensor-core products (sm_80 and later)
 #include "matmul_tc.cuh"

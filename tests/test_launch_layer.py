@@ -255,7 +255,7 @@ def test_every_op_has_a_reference_launcher_and_fast_ones_follow_the_naming():
 def test_select_gives_every_op_and_falls_back_to_the_reference():
     ops = K.select("fast")
     assert ops.variant is K.VARIANTS["fast"]
-    assert ops.embed_bwd is K.embed_bwd and ops.matmul_fwd is K.matmul_fwd_fast
+    assert ops.attn_scores_fwd is K.attn_scores_fwd and ops.matmul_fwd is K.matmul_fwd_fast
     assert all(callable(getattr(ops, op)) for op in K.OPS)
     assert registry.launcher("residual_fwd", "fast") is K.residual_fwd
     assert registry.launcher("gelu_fwd", "tc") is K.gelu_fwd_fast  # tc has none of its own: fast's

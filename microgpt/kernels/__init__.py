@@ -9,8 +9,8 @@
 The package mirrors cuda/: one module per header, holding that header's launchers (embed, layernorm,
 matmul, attention, pointwise, crossentropy, adamw; decode for sampling with a key-value cache, sampling for
 choosing the next token by microgpt.sampling's rule; colsum,
-matmul_fast, rows_fast, layernorm_fast, pointwise_fast and heads_fast for the fast variant; matmul_tc for the
-tc variant's tensor-core products).
+matmul_fast, rows_fast, layernorm_fast, pointwise_fast, heads_fast and embed_fast for the fast variant;
+matmul_tc for the tc variant's tensor-core products).
 Beside them: source (what nvcc compiles, and the argument formats read from it), runtime (compile once,
 the primary context, launch, record and replay, KernelError), checks (the argument checks) and registry
 (which launcher each op runs in each variant).
@@ -28,6 +28,7 @@ from .colsum import colsum
 from .crossentropy import crossentropy_bwd, crossentropy_fwd
 from .decode import attention_decode, embed_decode, kv_store
 from .embed import embed_bwd, embed_fwd, token_order
+from .embed_fast import embed_bwd_fast
 from .graph import Graph, GraphUnavailable
 from .heads_fast import merge_heads_bwd_fast, merge_heads_fwd_fast, split_heads_bwd_fast, split_heads_fwd_fast
 from .runtime import (BLOCK, SYNC_EVERY_LAUNCH, KernelError, Plan, blocks, device_summary, engine, launch, recording,

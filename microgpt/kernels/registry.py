@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from . import (attention, crossentropy, decode, embed, heads_fast, layernorm, layernorm_fast, matmul, matmul_fast,
-               matmul_tc, pointwise, pointwise_fast, rows_fast, sampling)
+from . import (attention, crossentropy, decode, embed, embed_fast, heads_fast, layernorm, layernorm_fast, matmul,
+               matmul_fast, matmul_tc, pointwise, pointwise_fast, rows_fast, sampling)
 from .adamw import adamw, global_norm
 
 
@@ -31,7 +31,8 @@ VARIANTS = {v.name: v for v in (
             None),
     Variant("fast", "tiled SGEMM (the mask fused into the scores, causal tile skipping, deterministic "
                     "split-K), warp-per-row softmax and layernorm, block-per-row cross-entropy, GELU, head "
-                    "split/merge and embedding in 16-byte loads", False, "reference"),
+                    "split/merge and embedding (forward; backward a warp per run of a token) in 16-byte loads",
+            False, "reference"),
     Variant("tc", "fast, with every matrix product on the tensor cores at FP32 accuracy (3xTF32, the running "
                   "sum in FP32 registers; the SIMT SGEMM before sm_80)", False, "fast"),
 )}
@@ -41,7 +42,7 @@ DEFAULT_VARIANT = "tc"
 
 OPS: dict[str, dict[str, Callable]] = {
     "embed_fwd": {"reference": embed.embed_fwd, "fast": rows_fast.embed_fwd_fast},
-    "embed_bwd": {"reference": embed.embed_bwd},
+    "embed_bwd": {"reference": embed.embed_bwd, "fast": embed_fast.embed_bwd_fast},
     "layernorm_fwd": {"reference": layernorm.layernorm_fwd, "fast": layernorm_fast.layernorm_fwd_fast},
     "layernorm_bwd": {"reference": layernorm.layernorm_bwd, "fast": layernorm_fast.layernorm_bwd_fast},
     "residual_layernorm_fwd": {"reference": layernorm.residual_layernorm_fwd,
