@@ -163,29 +163,91 @@ def test_embed_fwd(K, dev, shape, variant):
     same_as_reference(K, dev, "embed_fwd", variant, [x], idx, wte, wpe)
 
 
-def test_embed_bwd(K, dev, shape):
+def check_embed_bwd(K, dev, variant, idx_h, C, V, T_max, offsets=(0, 0, 0)):
+    """embed_bwd in `variant` from random dwte, dwpe (which it adds into) against float64, and against the reference
+    kernel's bits from the same start (the fast kernel adds in its order); offsets: of dwte, dwpe and dx."""
+    B, T = idx_h.shape
+    idx, order = dev.ga.to_gpu(idx_h), dev.ga.to_gpu(K.token_order(idx_h))
+    dx_h, dx = dev.randn(B, T, C, offset=offsets[2])
+    dwte0, dwte = dev.randn(V, C, offset=offsets[0])
+    dwpe0, dwpe = dev.randn(T_max, C, offset=offsets[1])
+    K.launcher("embed_bwd", variant)(dwte, dwpe, dx, idx, order)
+    ref_dwte, ref_dwpe = R.embed_bwd(dx_h.astype(np.float64), idx_h, V, T_max)
+    got_wte, got_wpe = dwte.get(), dwpe.get()
+    close("k_embed_bwd", got_wte, dwte0 + ref_dwte, REDUCTION, variant)
+    close("k_embed_bwd", got_wpe, dwpe0 + ref_dwpe, REDUCTION, variant)
+    same_bits("dwpe past T", got_wpe[T:], dwpe0[T:])  # not touched
+    if K.launcher("embed_bwd", variant) is not K.launcher("embed_bwd", "reference"):
+        ref_wte, ref_wpe = dev.upload(dwte0, offsets[0]), dev.upload(dwpe0, offsets[1])
+        K.embed_bwd(ref_wte, ref_wpe, dx, idx, order)
+        same_bits(f"embed_bwd_{variant} dwte", got_wte, ref_wte.get())
+        same_bits(f"embed_bwd_{variant} dwpe", got_wpe, ref_wpe.get())
+
+
+@VARIANT
+def test_embed_bwd(K, dev, shape, variant):
     B, T, C, NH, V = shape
-    idx_h, idx = dev.ints(V, B, T)
+    idx_h = dev.rng.integers(0, V, (B, T)).astype(np.int32)
     idx_h[0, : min(T, 3)] = 5  # repeated tokens scatter into one row
-    idx.set(idx_h)
+    check_embed_bwd(K, dev, variant, idx_h, C, V, T + 3)
+
+    # without the order (computed from idx), and deterministic: the same sums bit for bit
+    idx = dev.ga.to_gpu(idx_h)
     dx_h, dx = dev.randn(B, T, C)
     dwte0, dwte = dev.randn(V, C)
     dwpe0, dwpe = dev.randn(T + 3, C)
-    K.embed_bwd(dwte, dwpe, dx, idx)
-    ref_dwte, ref_dwpe = R.embed_bwd(dx_h.astype(np.float64), idx_h, V, T + 3)
-    close("k_embed_bwd", dwte.get(), dwte0 + ref_dwte, REDUCTION)
-    close("k_embed_bwd", dwpe.get(), dwpe0 + ref_dwpe, REDUCTION)
-
-    # with the order given, as the model passes it; and deterministic: the same sums bit for bit
-    once_wte, once_wpe = dwte.get() - dwte0, dwpe.get() - dwpe0
+    bwd = K.launcher("embed_bwd", variant)
+    bwd(dwte, dwpe, dx, idx)
+    once_wte, once_wpe = dwte.get(), dwpe.get()
     dwte.set(dwte0)
     dwpe.set(dwpe0)
-    K.embed_bwd(dwte, dwpe, dx, idx, dev.ga.to_gpu(K.token_order(idx_h)))
-    np.testing.assert_array_equal(dwte.get() - dwte0, once_wte)
-    np.testing.assert_array_equal(dwpe.get() - dwpe0, once_wpe)
+    bwd(dwte, dwpe, dx, idx, dev.ga.to_gpu(K.token_order(idx_h)))
+    same_bits("dwte, run again", dwte.get(), once_wte)
+    same_bits("dwpe, run again", dwpe.get(), once_wpe)
     if B * T > 1:
         with pytest.raises(ValueError, match="order must be token_order"):
-            K.embed_bwd(dwte, dwpe, dx, idx, dev.ga.to_gpu(K.token_order(idx_h).ravel()[::-1].reshape(B, T).copy()))
+            bwd(dwte, dwpe, dx, idx, dev.ga.to_gpu(K.token_order(idx_h).ravel()[::-1].reshape(B, T).copy()))
+
+
+def embed_tokens(rng, kind, B, T, V):
+    """Token ids (B, T): 'random'; 'same' (every position one token: one run of B * T); 'blocks' (runs of 45,
+    across the kernel's windows of 32 sorted positions); 'few' (a handful of tokens, runs of about B * T / 3)."""
+    if kind == "random":
+        ids = rng.integers(0, V, (B, T))
+    elif kind == "same":
+        ids = np.full((B, T), rng.integers(0, V))
+    elif kind == "blocks":
+        ids = (np.arange(B * T) // 45 * 7919 % V).reshape(B, T)
+    else:
+        ids = rng.integers(0, min(V, 3), (B, T))
+    return ids.astype(np.int32)
+
+
+# C = 1, odd, even but not a multiple of 4, just past one warp's 128 columns; B = 1; T below T_max; long runs
+# (every position one token, at andrea-120m's shape too); arrays off a 16-byte boundary (offsets of dwte, dwpe,
+# dx: either part on its scalar path, or both); andrea-120m's batch (B=8, T=1024, C=768) at V 8449 and 50257
+@FAST
+@pytest.mark.parametrize("B,T,C,V,T_max,tokens,offsets", [
+    (1, 1, 1, 1, 1, "random", (0, 0, 0)),
+    (1, 5, 1, 3, 9, "random", (0, 0, 0)),
+    (2, 7, 5, 37, 10, "random", (0, 0, 0)),
+    (3, 33, 6, 101, 40, "random", (0, 0, 0)),
+    (2, 33, 20, 101, 40, "random", (1, 1, 1)),
+    (2, 33, 20, 101, 33, "random", (1, 0, 0)),
+    (2, 33, 20, 101, 33, "random", (0, 3, 0)),
+    (2, 33, 20, 101, 33, "random", (0, 0, 2)),
+    (4, 100, 132, 3, 120, "same", (0, 0, 0)),
+    (3, 97, 260, 50, 97, "blocks", (0, 0, 0)),
+    (3, 97, 258, 50, 100, "blocks", (0, 0, 0)),
+    (5, 61, 36, 9, 64, "few", (0, 0, 0)),
+    (1, 1024, 768, 8449, 1024, "random", (0, 0, 0)),
+    (8, 1024, 768, 8449, 1024, "random", (0, 0, 0)),
+    (8, 1024, 768, 50257, 1024, "random", (0, 0, 0)),
+    (8, 1024, 768, 50257, 1024, "same", (0, 0, 0)),
+    (8, 1024, 768, 8449, 1024, "few", (1, 1, 1)),
+])
+def test_embed_bwd_on_odd_shapes_long_runs_and_unaligned_arrays(K, dev, variant, B, T, C, V, T_max, tokens, offsets):
+    check_embed_bwd(K, dev, variant, embed_tokens(dev.rng, tokens, B, T, V), C, V, T_max, offsets)
 
 
 def test_token_ids_outside_the_vocabulary_are_refused_before_launch(K, dev):
