@@ -213,7 +213,7 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--sets", type=int, default=3, help="copies of the inputs to rotate among")
     ap.add_argument("--variant", choices=["all", *VARIANTS], default="all", help="whose kernels to time")
-    ap.add_argument("--filter", default="", help="only cases whose name contains this")
+    ap.add_argument("--filter", default="", help="only cases whose name contains this (or one of a|b|c)")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch column and the cuBLAS ceiling")
     ap.add_argument("--quick", action="store_true", help="andrea-12m, B=2, T=256, 3 iterations")
     ap.add_argument("--json", metavar="PATH", help="write the results as JSON here ('-': stdout, no table)")
@@ -239,7 +239,7 @@ def main() -> int:
     cases = build_cases(shape, n_params=model_params(shape, cfg.n_layer), sets=args.sets, variants=variants)
     rows = []
     for case in cases:
-        if args.filter and args.filter not in case.kernel:
+        if args.filter and not any(f in case.kernel for f in args.filter.split("|")):
             continue
         ms = cuda_median_ms(case.launch, args.iters, args.warmup, stream, case.rotate)
         op = op_of(case.kernel)

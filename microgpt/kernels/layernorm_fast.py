@@ -50,10 +50,11 @@ def layernorm_bwd_fast(dx, dw, db, dout, x, w, mean, rstd, *, accumulate=False, 
     rows_per_block = bwd_rows_per_block(N)
     n_blocks, warps = math.ceil(N / rows_per_block), BLOCK // WARP
     partials = scratch(n_blocks * 2 * C)
-    shared, warp_partials = warps * 2 * C * 4, 0
+    shared, warp_partials = warps * 2 * C * 4, None
     if shared > engine().max_shared:  # rows longer than 3,600 floats or so: the warps' partials go to global memory
-        shared, warp_partials = 0, int(scratch(n_blocks * warps * 2 * C).gpudata)
-    launch("k_layernorm_bwd_fast", [args[0], int(partials.gpudata), warp_partials, *args[1:], N, C, rows_per_block,
-                                    acc], n_blocks, stream, shared=shared)
+        shared, warp_partials = 0, scratch(n_blocks * warps * 2 * C)  # held here until the launches are queued
+    launch("k_layernorm_bwd_fast", [args[0], int(partials.gpudata), 0 if warp_partials is None else
+                                    int(warp_partials.gpudata), *args[1:], N, C, rows_per_block, acc],
+           n_blocks, stream, shared=shared)
     launch("k_layernorm_bwd_fast_reduce", [p_dw, p_db, int(partials.gpudata), n_blocks, C],
            math.ceil(2 * C / WARP), stream)
