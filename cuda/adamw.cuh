@@ -12,24 +12,8 @@ __device__ unsigned int norm_blocks_done = 0;
 extern "C" __global__ void k_global_norm(double* sumsq, double* partials, const float* g, long long n) {
     __shared__ float warp_sums[32];
     __shared__ bool last_block;
-    const long long stride = (long long)gridDim.x * blockDim.x;
     float s = 0.0f;
-    long long head = 0;  // where the 16-byte loads end
-    if ((unsigned long long)g % 16 == 0) {  // four 16-byte loads a thread in flight, then their squares
-        const long long n4 = n / 4;
-        const float4* g4 = reinterpret_cast<const float4*>(g);
-        for (long long i0 = thread_index(); i0 < n4; i0 += 4 * stride) {
-            float4 v[4];
-#pragma unroll
-            for (int u = 0; u < 4; u++)
-                if (i0 + u * stride < n4) v[u] = g4[i0 + u * stride];
-#pragma unroll
-            for (int u = 0; u < 4; u++)
-                if (i0 + u * stride < n4) s += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
-        }
-        head = n4 * 4;
-    }
-    for (long long i = head + thread_index(); i < n; i += stride) s += g[i] * g[i];
+    for (long long i = thread_index(); i < n; i += (long long)gridDim.x * blockDim.x) s += g[i] * g[i];
     for (int off = 16; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffff, s, off);
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     if (lane == 0) warp_sums[warp] = s;
