@@ -4,7 +4,7 @@ import pytest
 from helpers import GPU_REASON, run_tool as run
 
 GPU_TOOLS = ["profile_kernels.py", "bench_attention.py", "bench_train.py", "ncu_kernel.py", "sanitize_kernels.py",
-             "bench_generate.py", "profile_step.py"]
+             "bench_generate.py", "profile_step.py", "profile_decode.py"]
 
 
 @pytest.mark.parametrize("script", GPU_TOOLS)
@@ -16,7 +16,8 @@ def test_help(script):
 @pytest.mark.skipif(GPU_REASON is None, reason="a GPU is here: the tools run instead of stopping")
 @pytest.mark.parametrize("script,args", [("profile_kernels.py", ["--quick"]), ("bench_attention.py", ["--quick"]),
                                          ("bench_train.py", ["--quick"]), ("ncu_kernel.py", ["k_gelu_fwd"]),
-                                         ("bench_generate.py", []), ("profile_step.py", ["--quick"])])
+                                         ("bench_generate.py", []), ("profile_step.py", ["--quick"]),
+                                         ("profile_decode.py", ["--quick"])])
 def test_without_a_gpu_one_line_and_no_traceback(script, args):
     res = run(script, *args)
     assert res.returncode == 2

@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""Where a decode step's time goes (sampling with the key-value cache on the cuda backend): the step as
+GPT.generate runs it (its CUDA graph, k_sample, the ids back), the graph's GPU time alone, each kernel's share
+(its launches of one step, ten times over, as one graph: GPU time, no host in it), and k_sample's time for each
+way of choosing.
+
+    python tools/profile_decode.py                        # andrea-120m, B 1 and 8, a prompt of 16 tokens
+    python tools/profile_decode.py --preset andrea-12m -B 1 --prompt 512
+    python tools/profile_decode.py --quick --json         # a small model, one JSON object
+
+Weights are random (seeded): the time does not depend on them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+from microgpt import GPT, PRESETS, GPTConfig
+from microgpt import kernels as K
+from microgpt.sampling import Choice
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import gpu_or_exit  # noqa: E402
+
+QUICK = GPTConfig(n_layer=2, n_head=2, d_model=64, block_size=128, vocab_size=257)
+
+
+def gpu_ms(cuda, stream, run, times):
+    """Milliseconds of GPU time per call of run(), called `times` times between two events."""
+    start, end = cuda.Event(), cuda.Event()
+    start.record(stream)
+    for _ in range(times):
+        run()
+    end.record(stream)
+    end.synchronize()
+    return start.time_till(end) / times
+
+
+def profile(cfg, B, prompt_len, steps):
+    model = GPT(cfg, backend="cuda")
+    be, cuda = model.backend, model.backend.cuda
+    rng = np.random.default_rng(0)
+    idx = rng.integers(0, cfg.vocab_size, size=(B, prompt_len)).astype(np.int32)
+    if prompt_len + 4 + steps > cfg.block_size:
+        raise SystemExit(f"profile_decode: --prompt {prompt_len} and {steps} steps pass block_size {cfg.block_size}")
+    greedy = Choice(0.0, None, None, None)
+    tokens = be.prefill(idx, greedy)
+    for pos in range(prompt_len, prompt_len + 4):  # the graph is captured at the first decode
+        tokens = be.decode(tokens, pos, greedy)
+    start = prompt_len + 4
+    t0 = time.perf_counter()
+    for pos in range(start, start + steps):
+        tokens = be.decode(tokens, pos, greedy)
+    step_ms = (time.perf_counter() - t0) / steps * 1e3
+    d = be._dec  # the decode state: its plan and graph (the tool looks inside the backend on purpose)
+    if d.graph is not None:
+        graph_ms = gpu_ms(cuda, be.stream, lambda: d.graph.launch(be.stream), steps)
+    else:
+        graph_ms = gpu_ms(cuda, be.stream, lambda: K.replay(d.plan, be.stream, "decode"), steps)
+    kernels = []
+    for name in sorted({entry[0] for entry in d.plan}):
+        sub = K.Plan()
+        sub.extend([entry for entry in d.plan if entry[0] == name] * 10)
+        try:
+            graph = K.Graph(sub, be.stream, "profile")
+        except K.GraphUnavailable:
+            graph = None
+        launch = (lambda g=graph: g.launch(be.stream)) if graph else (lambda s=sub: K.replay(s, be.stream, "profile"))
+        launch()
+        kernels.append(dict(kernel=name, launches=len(sub) // 10, us=gpu_ms(cuda, be.stream, launch, 1) / 10 * 1e3))
+        if graph is not None:
+            graph.release()
+    kernels.sort(key=lambda k: -k["us"])
+    u = rng.random(B)
+    logits = d.logits.reshape(B, cfg.vocab_size)
+    choices = []
+    for c in (greedy, Choice(1.0, None, None, u), Choice(0.9, 50, None, u), Choice(1.0, None, 0.95, u),
+              Choice(0.9, 50, 0.9, u)):
+        be._choose(d, c, "profile")  # the draws in place on the device
+
+        def sample(c=c):
+            be.ops.sample(d.chosen, logits, d.u if c.u is not None else None, c.temperature, c.top_k, c.top_p,
+                          stream=be.stream)
+        choices.append(dict(temperature=c.temperature, top_k=c.top_k, top_p=c.top_p,
+                            us=gpu_ms(cuda, be.stream, sample, 20) * 1e3))
+    return dict(B=B, prompt=prompt_len, launches=len(d.plan), step_ms=step_ms, tokens_per_s=B / step_ms * 1e3,
+                graph_ms=graph_ms, graph=d.graph is not None, graph_unavailable=d.graph_unavailable,
+                kernels=kernels, sample=choices)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="andrea-120m")
+    ap.add_argument("-B", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--prompt", type=int, default=16, help="prompt length: the cache holds this many positions")
+    ap.add_argument("--steps", type=int, default=100, help="decode steps timed")
+    ap.add_argument("--quick", action="store_true", help="a small model, B=1, 20 steps")
+    ap.add_argument("--json", action="store_true", help="one JSON object instead of the tables")
+    args = ap.parse_args(argv)
+    if min(args.B) < 1 or args.prompt < 1 or args.steps < 1:
+        ap.error("-B, --prompt and --steps must be >= 1")
+    device = gpu_or_exit("profile_decode")
+    cfg = QUICK if args.quick else GPTConfig.preset(args.preset)
+    if args.quick:
+        args.B, args.steps = [1], 20
+    rows = [profile(cfg, B, args.prompt, args.steps) for B in args.B]
+    if args.json:
+        print(json.dumps(dict(device=device, preset="quick" if args.quick else args.preset, rows=rows)))
+        return 0
+    for r in rows:
+        how = "one CUDA graph" if r["graph"] else f"replayed ({r['graph_unavailable']})"
+        print(f"{device}: {'quick' if args.quick else args.preset}, B={r['B']}, {r['prompt']} cached positions: "
+              f"{r['launches']} launches a step, {how}")
+        print(f"  step (generate's: graph, k_sample, ids back) {r['step_ms']:.3f} ms, {r['tokens_per_s']:,.0f} "
+              f"tokens/s; the graph alone {r['graph_ms']:.3f} ms of GPU time")
+        for k in r["kernels"]:
+            print(f"  {k['kernel']:<32}{k['launches']:>4} launches {k['us']:9.1f} us a step")
+        for c in r["sample"]:
+            print(f"  k_sample temperature {c['temperature']}, top_k {c['top_k']}, top_p {c['top_p']}: "
+                  f"{c['us']:.1f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
