@@ -27,7 +27,9 @@ extern "C" __global__ void k_kv_store(float* cache, const float* src, int BH, in
 // The attention of the new position p = pos[0] of every sequence, split over the cached positions as flash
 // decoding splits them: one block a chunk of DECODE_CHUNK positions of one head, so that a long cache keeps
 // every SM busy even at B = 1 (12 heads), then k_attention_decode_merge adds the chunks of each head.
-#define DECODE_CHUNK 64
+enum DecodeLaunch : int {
+    DECODE_CHUNK = 64,  // cached positions a block of k_attention_decode (read by microgpt/kernels/decode.py)
+};
 #define DECODE_PARTIAL(d_k) ((d_k) + 2)  // a chunk's partial: its weighted values (d_k), its max, its sum
 
 // Grid (chunks, B * NH), blockIdx.y = b * NH + h; a block whose chunk starts past p does nothing.

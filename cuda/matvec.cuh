@@ -4,10 +4,14 @@
 #pragma once
 #include "common.cuh"
 
-#define MATVEC_ROWS 8       // products of at most this many rows take k_matvec (the launcher's MATVEC_ROWS)
-#define MATVEC_COLS 4       // output columns a block: each load of the input rows serves four weight rows
-#define MATVEC_THREADS 256  // the launcher's BLOCK: the block's warps split K, so that a short N still fills
-                            // the GPU (mlp.proj: 768 columns of 3072 weights, 192 blocks)
+// Read by microgpt/kernels/matvec.py: which products come here, and the grid and block of their launch.
+enum MatvecLaunch : int {
+    MATVEC_ROWS = 8,       // products of at most this many rows take k_matvec
+    MATVEC_COLS = 4,       // output columns a block: each load of the input rows serves four weight rows
+    MATVEC_THREADS = 256,  // the block's warps split K, so that a short N still fills the GPU (mlp.proj: 768
+                           // columns of 3072 weights, 192 blocks)
+};
+static_assert(MATVEC_ROWS <= 8, "k_matvec instantiates matvec_cols for up to 8 rows");
 
 __device__ __forceinline__ float madd(float acc, float x, float w) { return fmaf(x, w, acc); }
 __device__ __forceinline__ float madd(float acc, float4 x, float4 w) {

@@ -7,14 +7,20 @@ nothing.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 
 from .checks import check_ids, head_dims, ptr, shape_of
 from .runtime import BLOCK, blocks, engine, launch, scratch
+from .source import int_constants
 
-DECODE_CHUNK = 64  # cached positions a block of k_attention_decode (cuda/decode.cuh)
+
+@functools.cache  # (read from the preprocessed source once)
+def decode_chunk() -> int:
+    """DECODE_CHUNK of cuda/decode.cuh (enum DecodeLaunch): the cached positions a block of k_attention_decode."""
+    return int_constants()["DECODE_CHUNK"]
 
 
 def embed_decode(x, tokens, wte, wpe, pos, *, check_token_ids=True, stream=None):
@@ -46,11 +52,12 @@ def attention_decode(y, k_cache, v_cache, qkv, pos, *, stream=None):
     values, into scratch), then one a head adding its chunks in order."""
     B, NH, T_max, d_k = head_dims("k_cache", k_cache)
     C = NH * d_k
-    shared = 4 * (DECODE_CHUNK + d_k + BLOCK)  # a chunk's scores, the query, the partial sums
+    chunk = decode_chunk()
+    shared = 4 * (chunk + d_k + BLOCK)  # a chunk's scores, the query, the partial sums
     if shared > engine().max_shared:
         raise ValueError(f"k_cache has d_k={d_k}: its query and partial sums take {shared} bytes of shared memory, "
                          f"above this GPU's {engine().max_shared}")
-    chunks = math.ceil(T_max / DECODE_CHUNK)
+    chunks = math.ceil(T_max / chunk)
     partial = scratch(B * NH * chunks * (d_k + 2))
     p_pos = ptr("pos", pos, (1,), np.int32)
     args = [int(partial.gpudata), ptr("k_cache", k_cache, (B, NH, T_max, d_k)),

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from ..reference import MASK_VALUE, attn_scale
 from .checks import head_dims, opt_ptr, ptr, rows, shape_of
 from .colsum import add_column_sums
-from .matvec import MATVEC_ROWS, matvec
+from .matvec import matvec, matvec_launch
 from .runtime import blocks, engine, launch, scratch
 
 GEMM_TILE = 128  # the M of one SGEMM block; its N is 128, or 64 for narrow products
@@ -180,7 +180,7 @@ class MatrixProducts:
         OUT = shape_of("weight", weight, 2)[0]
         p_out, p_inp = ptr("out", out, shape[:-1] + (OUT,)), ptr("inp", inp, shape)
         p_w, p_b = ptr("weight", weight, (OUT, IN)), opt_ptr("bias", bias, (OUT,))
-        if 0 < N <= MATVEC_ROWS:  # a few positions (sampling's decode step): one pass over the weights
+        if 0 < N <= matvec_launch()[0]:  # a few positions (sampling's decode step): one pass over the weights
             matvec(p_out, p_inp, p_w, p_b, N, IN, OUT, stream)
         else:
             self.gemm(Gemm.dense(N, OUT, IN, trans_b=True), p_out, p_inp, p_w, p_b, stream)
