@@ -226,6 +226,13 @@ __device__ __forceinline__ int head_to_16(const float* row, int n) {
     return min(n, (int)((16 - (unsigned long long)row % 16) % 16 / 4));
 }
 
+// MB_UNROLL float4s of a row, blockDim apart from chunk i0 on (those past nvec left unset), all loads in flight
+__device__ __forceinline__ void load_chunks(float4 (&x)[MB_UNROLL], const float4* row, int i0, int nvec) {
+#pragma unroll
+    for (int u = 0; u < MB_UNROLL; u++)
+        if (i0 + u * (int)blockDim.x < nvec) x[u] = row[i0 + u * blockDim.x];
+}
+
 // a block per position (row of logits (N, V)); probs has the offsets of logits from 16 bytes, or vec = false
 extern "C" __global__ void k_crossentropy_fwd_fast(float* losses, float* probs, const float* logits,
                                                    const int* targets, int N, int V) {
@@ -242,9 +249,7 @@ extern "C" __global__ void k_crossentropy_fwd_fast(float* losses, float* probs, 
     for (int v = threadIdx.x; v < head; v += blockDim.x) online_add(m, s, lr[v]);
     for (int i0 = threadIdx.x; i0 < nvec; i0 += MB_UNROLL * blockDim.x) {
         float4 x[MB_UNROLL];
-#pragma unroll
-        for (int u = 0; u < MB_UNROLL; u++)
-            if (i0 + u * (int)blockDim.x < nvec) x[u] = lr4[i0 + u * blockDim.x];
+        load_chunks(x, lr4, i0, nvec);
 #pragma unroll
         for (int u = 0; u < MB_UNROLL; u++)
             if (i0 + u * (int)blockDim.x < nvec) {
@@ -266,9 +271,7 @@ extern "C" __global__ void k_crossentropy_fwd_fast(float* losses, float* probs, 
         float4* pr4 = reinterpret_cast<float4*>(pr + head);
         for (int i0 = threadIdx.x; i0 < nvec; i0 += MB_UNROLL * blockDim.x) {
             float4 x[MB_UNROLL];
-#pragma unroll
-            for (int u = 0; u < MB_UNROLL; u++)
-                if (i0 + u * (int)blockDim.x < nvec) x[u] = lr4[i0 + u * blockDim.x];
+            load_chunks(x, lr4, i0, nvec);
 #pragma unroll
             for (int u = 0; u < MB_UNROLL; u++)
                 if (i0 + u * (int)blockDim.x < nvec)
