@@ -6,7 +6,14 @@
 #pragma once
 #include "common.cuh"
 
+// The xor shuffle tree: every lane adds the same pairs (a + b and b + a are the same bits), so all lanes end
+// with the same sum, in the same order every run.
 __device__ __forceinline__ float warp_sum(float v) {
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffff, v, off);
+    return v;
+}
+
+__device__ __forceinline__ double warp_sum(double v) {  // k_sample's sums, in double as the host rule's
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffff, v, off);
     return v;
 }

@@ -11,6 +11,7 @@
 // (from L2: a row of 50257 logits is 200 KB).
 #pragma once
 #include "common.cuh"
+#include "rows_fast.cuh"  // warp_sum
 
 // One block a row, SAMPLE_THREADS threads: the rows are few (a batch of sequences, one new token each), so a
 // row's work is spread wide; at V = 50257 a thread has 99 tokens. 512, not 1024: a thread's 16 buckets are
@@ -40,13 +41,6 @@ __device__ __forceinline__ double unnormalised(float l, double m, double tempera
 }
 
 // ------------------------------------------------------------------------------ fixed-order block reductions
-// The xor shuffle tree: every lane adds the same pairs (a + b and b + a are the same bits), so all lanes
-// end with the same sum, in the same order every run.
-__device__ __forceinline__ double warp_sum_f64(double v) {
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffff, v, off);
-    return v;
-}
-
 __device__ __forceinline__ int warp_min_int(int v) {
     for (int off = 16; off > 0; off >>= 1) v = min(v, __shfl_xor_sync(0xffffffff, v, off));
     return v;
@@ -60,7 +54,7 @@ __device__ __forceinline__ void argmax_pair(float& v, int& i, float v2, int i2) 
 struct SampleShared {
     double part[SAMPLE_WARPS][SAMPLE_BUCKETS];  // each warp's bucket sums
     double bucket[SAMPLE_BUCKETS];             // the block's
-    double warp_sum[SAMPLE_WARPS];             // the draw's scan: each warp's total, then its offset
+    double warp_total[SAMPLE_WARPS];           // the draw's scan: each warp's total, then its offset
     float max_value[SAMPLE_WARPS];
     int max_index[SAMPLE_WARPS];
     int first[SAMPLE_WARPS];
@@ -82,7 +76,7 @@ __device__ void block_sum_buckets(double (&acc)[SAMPLE_BUCKETS], SampleShared& s
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 #pragma unroll
     for (int b = 0; b < SAMPLE_BUCKETS; b++) {
-        double v = warp_sum_f64(acc[b]);
+        double v = warp_sum(acc[b]);
         if (lane == 0) sh.part[warp][b] = v;
     }
     __syncthreads();
@@ -107,22 +101,22 @@ __device__ double block_exclusive_scan(double v, double& total, SampleShared& sh
     }
     double exclusive = __shfl_up_sync(0xffffffff, inclusive, 1);
     if (lane == 0) exclusive = 0.0;
-    if (lane == 31) sh.warp_sum[warp] = inclusive;
+    if (lane == 31) sh.warp_total[warp] = inclusive;
     __syncthreads();
     if (warp == 0) {  // the warps' offsets, scanned the same way
-        double w_incl = lane < SAMPLE_WARPS ? sh.warp_sum[lane] : 0.0;
+        double w_incl = lane < SAMPLE_WARPS ? sh.warp_total[lane] : 0.0;
         for (int off = 1; off < 32; off <<= 1) {
             double up = __shfl_up_sync(0xffffffff, w_incl, off);
             if (lane >= off) w_incl += up;
         }
         double w_excl = __shfl_up_sync(0xffffffff, w_incl, 1);
         __syncwarp();
-        if (lane < SAMPLE_WARPS) sh.warp_sum[lane] = lane == 0 ? 0.0 : w_excl;
+        if (lane < SAMPLE_WARPS) sh.warp_total[lane] = lane == 0 ? 0.0 : w_excl;
         if (lane == 31) sh.bucket[0] = w_incl;  // the total (bucket is free once the searches are done)
     }
     __syncthreads();
     total = sh.bucket[0];
-    return sh.warp_sum[warp] + exclusive;
+    return sh.warp_total[warp] + exclusive;
 }
 
 // The smallest of the threads' ints; every thread gets it.
