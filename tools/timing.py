@@ -43,29 +43,32 @@ def spin(stream) -> None:
     _spin.prepared_async_call((1, 1, 1), (1, 1, 1), stream, SPIN_NS)
 
 
-def cuda_median_ms(launch, iters, warmup, stream, rotate=None):
-    """Median milliseconds of launch(stream), each timed alone with CUDA events on `stream`, the GPU kept busy
-    (spin) while the host queues it; rotate() (if given) switches the inputs before each timed launch, so that
-    the cache does not flatter."""
+def cuda_median_ms(launch, iters, warmup, stream, rotate=None, batch=1):
+    """Median milliseconds of launch(stream), timed with CUDA events on `stream`, the GPU kept busy (spin)
+    while the host queues it; rotate() (if given) switches the inputs before each launch, so that the cache
+    does not flatter. batch > 1: each timing spans `batch` launches queued back to back, as a step queues
+    its kernels, and counts their mean: one launch alone also counts the GPU's own gap between the start
+    event and the kernel, a large share of a kernel of a few microseconds."""
     cuda = kernels.engine().cuda
     for _ in range(warmup):
         launch(stream)
     start, end, times = cuda.Event(), cuda.Event(), []
     for _ in range(iters):
-        if rotate:
-            rotate()
         spin(stream)
         start.record(stream)
-        launch(stream)
+        for _ in range(batch):
+            if rotate:
+                rotate()
+            launch(stream)
         end.record(stream)
         end.synchronize()
-        times.append(end.time_since(start))
+        times.append(end.time_since(start) / batch)
     return statistics.median(times)
 
 
-def torch_median_ms(fn, iters, warmup):
-    """Median milliseconds of fn() on PyTorch's current stream, each timed alone with torch events, the GPU
-    kept busy (torch.cuda._sleep) while the host queues it, as cuda_median_ms does ours."""
+def torch_median_ms(fn, iters, warmup, batch=1):
+    """Median milliseconds of fn() on PyTorch's current stream, timed with torch events, the GPU kept busy
+    (torch.cuda._sleep) while the host queues it, as cuda_median_ms does ours (batch: the same)."""
     import torch
     for _ in range(warmup):
         fn()
@@ -74,8 +77,9 @@ def torch_median_ms(fn, iters, warmup):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda._sleep(4_000_000)  # cycles: about 2 ms at the H200's clock
         s.record()
-        fn()
+        for _ in range(batch):
+            fn()
         e.record()
         e.synchronize()
-        times.append(s.elapsed_time(e))
+        times.append(s.elapsed_time(e) / batch)
     return statistics.median(times)
