@@ -3,29 +3,78 @@
 #pragma once
 #include "common.cuh"
 
-// Deterministic column sums of x (N, C), in two passes. Pass 1: block (column group of 32, row chunk
-// blockIdx.y) sums its rows; 8 warps take every 8th row, then warp 0 adds the 8 in order into
-// partials[chunk][c]. Pass 2: one thread per column adds the chunks in order into out[c] (+=).
-extern "C" __global__ void k_colsum_partial(float* partials, const float* x, int N, int C, int rows_per_chunk) {
-    __shared__ float part[8][32];
-    int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
-    int c = blockIdx.x * 32 + tx;
-    int r0 = blockIdx.y * rows_per_chunk, r1 = min(N, r0 + rows_per_chunk);
-    float s = 0.0f;
-    if (c < C)
-        for (int r = r0 + ty; r < r1; r += 8) s += x[(long long)r * C + c];
-    part[ty][tx] = s;
-    __syncthreads();
-    if (ty == 0 && c < C) {
-        for (int w = 1; w < 8; w++) s += part[w][tx];
-        partials[(long long)blockIdx.y * C + c] = s;
+// Rows a warp has in flight at once: the sum over them stays in row order, only the loads go ahead of it.
+constexpr int COLSUM_UNROLL = 4;
+
+// Deterministic column sums of x (N, C), in two passes. Pass 1: block (column group, row chunk blockIdx.y)
+// sums its rows; 8 warps take every 8th row, then warp 0 adds the 8 in order into partials[chunk][c]. Pass
+// 2: one thread per column adds the chunks in order into out[c] (+=). A lane owns VEC adjacent columns (4:
+// one 16-byte load a row, where the launcher found x 16-byte aligned and C % 4 == 0), each summed in the
+// same order as a lane of one column would: the same bits either way.
+template <int VEC>
+__device__ __forceinline__ void colsum_partial(float* partials, const float* x, int N, int C, int rows_per_chunk) {
+    __shared__ float part[8][32 * VEC];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int c = (blockIdx.x * 32 + lane) * VEC;
+    const int r0 = blockIdx.y * rows_per_chunk, r1 = min(N, r0 + rows_per_chunk);
+    float s[VEC] = {};
+    if (c < C) {  // VEC = 4: C % 4 == 0, so all four columns
+        int r = r0 + warp;
+        for (; r + 8 * (COLSUM_UNROLL - 1) < r1; r += 8 * COLSUM_UNROLL) {
+            float t[COLSUM_UNROLL][VEC];
+#pragma unroll
+            for (int u = 0; u < COLSUM_UNROLL; u++) {
+                const float* p = x + (long long)(r + 8 * u) * C + c;
+                if constexpr (VEC == 4) {
+                    float4 q = *reinterpret_cast<const float4*>(p);
+                    t[u][0] = q.x, t[u][1] = q.y, t[u][2] = q.z, t[u][3] = q.w;
+                } else {
+                    t[u][0] = *p;
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < COLSUM_UNROLL; u++)
+#pragma unroll
+                for (int e = 0; e < VEC; e++) s[e] += t[u][e];
+        }
+        for (; r < r1; r += 8)
+#pragma unroll
+            for (int e = 0; e < VEC; e++) s[e] += x[(long long)r * C + c + e];
     }
+#pragma unroll
+    for (int e = 0; e < VEC; e++) part[warp][lane * VEC + e] = s[e];
+    __syncthreads();
+    if (warp == 0 && c < C)
+#pragma unroll
+        for (int e = 0; e < VEC; e++) {
+            float t = s[e];
+            for (int w = 1; w < 8; w++) t += part[w][lane * VEC + e];
+            partials[(long long)blockIdx.y * C + c + e] = t;
+        }
 }
 
+extern "C" __global__ void k_colsum_partial(float* partials, const float* x, int N, int C, int rows_per_chunk,
+                                            int vec4) {
+    if (vec4)
+        colsum_partial<4>(partials, x, N, C, rows_per_chunk);
+    else
+        colsum_partial<1>(partials, x, N, C, rows_per_chunk);
+}
+
+// The chunks of a column in order, COLSUM_BATCH loads in flight at a time.
+constexpr int COLSUM_BATCH = 16;
 extern "C" __global__ void k_colsum_reduce(float* out, const float* partials, int chunks, int C) {
     long long c = thread_index();
     if (c >= C) return;
     float s = 0.0f;
-    for (int k = 0; k < chunks; k++) s += partials[(long long)k * C + c];
+    int k = 0;
+    for (; k + COLSUM_BATCH <= chunks; k += COLSUM_BATCH) {
+        float t[COLSUM_BATCH];
+#pragma unroll
+        for (int u = 0; u < COLSUM_BATCH; u++) t[u] = partials[(long long)(k + u) * C + c];
+#pragma unroll
+        for (int u = 0; u < COLSUM_BATCH; u++) s += t[u];
+    }
+    for (; k < chunks; k++) s += partials[(long long)k * C + c];
     out[c] += s;
 }

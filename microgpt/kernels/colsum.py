@@ -4,7 +4,9 @@ from __future__ import annotations
 import math
 
 from .checks import ptr, rows, shape_of
-from .runtime import blocks, launch, scratch
+from .runtime import launch, scratch
+
+REDUCE_BLOCK = 64  # threads a block of k_colsum_reduce: a column each, spread over more SMs than 256 would be
 
 
 def chunks(N: int) -> tuple[int, int]:
@@ -16,15 +18,17 @@ def chunks(N: int) -> tuple[int, int]:
 
 def reduce_chunks(out_ptr: int, partials, n_chunks: int, C: int, stream) -> None:
     """out (C,) += the chunks' partial sums (n_chunks, C), added in chunk order."""
-    launch("k_colsum_reduce", [out_ptr, int(partials.gpudata), n_chunks, C], blocks(C), stream)
+    launch("k_colsum_reduce", [out_ptr, int(partials.gpudata), n_chunks, C], math.ceil(C / REDUCE_BLOCK), stream,
+           block=REDUCE_BLOCK)
 
 
 def add_column_sums(out_ptr: int, x_ptr: int, N: int, C: int, stream) -> None:
     """out (C,) += the column sums of x (N, C), on checked pointers."""
     rows_per_chunk, n_chunks = chunks(N)
     partials = scratch(n_chunks * C)
-    launch("k_colsum_partial", [int(partials.gpudata), x_ptr, N, C, rows_per_chunk],
-           (math.ceil(C / 32), n_chunks, 1), stream)
+    vec = 4 if C % 4 == 0 and x_ptr % 16 == 0 else 1  # a lane's columns: one 16-byte load a row where it can
+    launch("k_colsum_partial", [int(partials.gpudata), x_ptr, N, C, rows_per_chunk, int(vec == 4)],
+           (math.ceil(C / (32 * vec)), n_chunks, 1), stream)
     reduce_chunks(out_ptr, partials, n_chunks, C, stream)
 
 
