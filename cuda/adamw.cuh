@@ -5,31 +5,87 @@
 // Blocks of k_global_norm that have finished; the last one resets it for the next launch.
 __device__ unsigned int norm_blocks_done = 0;
 
+// The 16-byte loads a thread of k_global_norm has in flight: 64 bytes, 128 KB an SM at 8 blocks of 256.
+constexpr int NORM_UNROLL = 4;
+
+__device__ __forceinline__ float sumsq4(float4 v) {
+    return fmaf(v.w, v.w, fmaf(v.z, v.z, fmaf(v.y, v.y, v.x * v.x)));
+}
+
 // Adds the sum of squares of g (n) into *sumsq (a double the caller zeroes first, or not, to
-// accumulate over several tensors). Deterministic: each thread sums a grid-stride slice in order, each
-// block reduces its threads into partials[blockIdx.x], and the last block to finish adds the partials
-// in block order, so a run repeats bit for bit.
-extern "C" __global__ void k_global_norm(double* sumsq, double* partials, const float* g, long long n) {
-    __shared__ float warp_sums[32];
+// accumulate over several tensors). Deterministic: each thread adds, in double and in order, its share of
+// the scalars before g's first 16-byte boundary, its float4s (each one's four squares summed in float), and
+// its share of the scalars after the last whole float4; a shuffle tree and the warps in order give
+// partials[blockIdx.x]; the last block to finish adds the partials, each thread a strided subset in order,
+// then the same trees. Every order depends on the grid alone (the launcher's is fixed), so a run repeats bit
+// for bit. Keep it at 32 registers or fewer (30 on sm_90a), so that 8 blocks fit an SM and the launcher's 1024
+// are resident at once on an H200 (132 SMs): a float4 loop at 40 registers fitted 6 an SM (792 blocks) and ran
+// in two waves. (A minimum of 8 blocks in __launch_bounds__ is out of range on the 1024- and 1536-thread SMs.)
+// blockDim is a multiple of 32 (the launcher's 256): the float4s are dealt out a warp at a time.
+extern "C" __global__ void __launch_bounds__(256)
+    k_global_norm(double* sumsq, double* partials, const float* g, long long n) {
+    __shared__ double warp_sums[32];
     __shared__ bool last_block;
-    float s = 0.0f;
-    for (long long i = thread_index(); i < n; i += (long long)gridDim.x * blockDim.x) s += g[i] * g[i];
+    const long long t = thread_index(), stride = (long long)gridDim.x * blockDim.x;
+    const long long head = min(n, (long long)((16 - (unsigned long long)g % 16) % 16 / 4));
+    const long long n4 = (n - head) / 4, tail = head + 4 * n4;  // tail: where the scalars after the float4s start
+    double s = 0.0;
+    if (t < head) s = g[t] * g[t];
+    // A warp's batch: NORM_UNROLL * 32 float4s side by side, each load 512 contiguous bytes, 512 bytes after the
+    // last (an immediate offset: one address a thread, so that all its loads fit in flight in 32 registers).
+    const float4* p = reinterpret_cast<const float4*>(g + head) + t / 32 * (32 * NORM_UNROLL) + t % 32;
+    const float4* end = reinterpret_cast<const float4*>(g + head) + n4;
+    for (; p + 32 * (NORM_UNROLL - 1) < end; p += stride * NORM_UNROLL) {  // whole batches, loads unconditional
+        float4 v[NORM_UNROLL];
+#pragma unroll
+        for (int u = 0; u < NORM_UNROLL; u++) v[u] = p[32 * u];
+#pragma unroll
+        for (int u = 0; u < NORM_UNROLL; u++) s += sumsq4(v[u]);
+    }
+    {  // the last batch, partial
+        float4 v[NORM_UNROLL - 1];
+#pragma unroll
+        for (int u = 0; u < NORM_UNROLL - 1; u++)
+            if (p + 32 * u < end) v[u] = p[32 * u];
+#pragma unroll
+        for (int u = 0; u < NORM_UNROLL - 1; u++)
+            if (p + 32 * u < end) s += sumsq4(v[u]);
+    }
+    if (tail + t < n) s += g[tail + t] * g[tail + t];
+
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = (blockDim.x + 31) / 32;
     for (int off = 16; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffff, s, off);
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     if (lane == 0) warp_sums[warp] = s;
     __syncthreads();
     if (threadIdx.x == 0) {
         double block_sum = 0.0;
-        for (int w = 0; w < (blockDim.x + 31) / 32; w++) block_sum += warp_sums[w];
+        for (int w = 0; w < warps; w++) block_sum += warp_sums[w];
         partials[blockIdx.x] = block_sum;
         __threadfence();  // the partial is visible to every block before this block counts as done
         last_block = atomicAdd(&norm_blocks_done, 1u) == gridDim.x - 1;
     }
     __syncthreads();
-    if (last_block && threadIdx.x == 0) {
-        __threadfence();
-        double total = 0.0;
-        for (unsigned int b = 0; b < gridDim.x; b++) total += ((volatile double*)partials)[b];
+    if (!last_block) return;  // the whole block leaves together
+    __threadfence();
+    // Each thread adds partials threadIdx.x, + blockDim.x, ... in order, NORM_UNROLL of them loaded together: the
+    // launcher's 1024 blocks are one batch of loads a thread, not one thread's chain of 1024 dependent loads.
+    const volatile double* part = partials;
+    double total = 0.0;
+    for (unsigned int b0 = threadIdx.x; b0 < gridDim.x; b0 += NORM_UNROLL * blockDim.x) {
+        double v[NORM_UNROLL];
+#pragma unroll
+        for (int u = 0; u < NORM_UNROLL; u++)
+            if (b0 + u * blockDim.x < gridDim.x) v[u] = part[b0 + u * blockDim.x];
+#pragma unroll
+        for (int u = 0; u < NORM_UNROLL; u++)
+            if (b0 + u * blockDim.x < gridDim.x) total += v[u];
+    }
+    for (int off = 16; off > 0; off >>= 1) total += __shfl_down_sync(0xffffffff, total, off);
+    if (lane == 0) warp_sums[warp] = total;  // thread 0 read the block's warp sums before the last barrier
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        total = 0.0;
+        for (int w = 0; w < warps; w++) total += warp_sums[w];
         *sumsq += total;
         norm_blocks_done = 0;
     }

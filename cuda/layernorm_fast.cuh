@@ -1,15 +1,15 @@
-// Fast variants of the layernorms: a warp per row (the grid of 32 threads a row), each reduction in a fixed
-// order, so results repeat bit for bit; tested against the one-thread-per-row reference kernels and float64.
+// Fast variants of the layernorms, each reduction in a fixed order, so results repeat bit for bit; tested
+// against the one-thread-per-row reference kernels and float64. The forwards take a warp per row (the grid of
+// 32 threads a row); the backward a block per row, each thread owning 4 columns (described where it starts).
 //
-// A row of up to ROW_REGS * 32 = 1024 columns in 16-byte chunks (C % 4 == 0, arrays aligned) is loaded into
-// registers at once and every statistic comes from the registers. Other rows (longer, or read one float at a
-// time: there 32 loads a lane in flight take more registers than the kernels have, and spill) take a loop over
+// A forward row of up to ROW_REGS * 32 = 1024 columns in 16-byte chunks (C % 4 == 0, arrays aligned) is loaded
+// into registers at once and every statistic comes from the registers. Other rows (longer, or read one float at
+// a time: there 32 loads a lane in flight take more registers than the kernels have, and spill) take a loop over
 // the row, MB_UNROLL chunks a lane at a time, each batch loaded before any of it is stored; its later passes
 // read the row again from the caches. On the H200 at andrea-120m's shapes (B=8, T=1024, C=768) these bodies
-// took the forward from 0.0225 to 0.0167 ms (71% of the copy bandwidth), the fused residual add and layernorm
-// from 0.0394 to 0.0303 (78%), and the backward's dx from 0.0388 to 0.0240 (0.0424 to 0.0286 adding into dx),
-// against the first warp-per-row kernels that read one float at a time; their errors against float64 stayed
-// within 1.5x of those kernels'.
+// took the forward from 0.0225 to 0.0167 ms (71% of the copy bandwidth) and the fused residual add and
+// layernorm from 0.0394 to 0.0303 (78%), against the first warp-per-row kernels that read one float at a time;
+// their errors against float64 stayed within 1.5x of those kernels'.
 #pragma once
 #include "rows_fast.cuh"
 
@@ -212,137 +212,130 @@ extern "C" __global__ void __launch_bounds__(256, 3)
         residual_layernorm_row<1>(x + o, out + o, mean, rstd, resid + o, branch + o, w, b, n, C);
 }
 
-// The backward, llm.c's way: one pass over the rows gives dx and each block's share of dw and db.
+// The backward, llm.c's way: one pass over the rows gives dx and each block's partial row of dw and db; then
+// k_layernorm_bwd_fast_reduce adds the blocks' partial rows into dw and db.
 //
 // dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = dout * w, xhat = (x - mean) * rstd:
 // written, or added into where ACC (as k_layernorm_bwd: the residual stream's gradient, the same rounding as a
-// separate k_residual_fwd). Every rounding is spelled out (_rn: no contraction left to the compiler), as the
-// first warp-per-row kernel compiled them (read from its SASS), so dx keeps that kernel's bits: in registers
-// dxhat is rounded once and reused; in the loop, dxhat - mean(dxhat) is one FMA.
-// Each warp also adds its rows' dout * xhat and dout into its own partial rows of dw and db (pw, pb: C floats
-// each; a lane only ever touches its own columns), one row after another, rounded the same on every path, so
-// the partials do not depend on the path a row takes nor on where they live (shared or global memory).
-template <int VEC>
-__device__ __forceinline__ void add_wb_partials(float* pw, float* pb, const float (&g)[VEC], const float (&xhat)[VEC]) {
-    float a[VEC], b[VEC];
-    load_vec<VEC>(a, pw);
-    load_vec<VEC>(b, pb);
-#pragma unroll
-    for (int e = 0; e < VEC; e++) {
-        a[e] = __fmaf_rn(g[e], xhat[e], a[e]);
-        b[e] = __fadd_rn(b[e], g[e]);
-    }
-    store_vec<VEC>(pw, a);
-    store_vec<VEC>(pb, b);
-}
+// separate k_residual_fwd). Every rounding is spelled out (_rn: no contraction left to the compiler); dxhat is
+// rounded once and reused.
+//
+// A block spans a row, and thread t owns columns 4t .. 4t + 3 of every row the block takes, so its shares of dw
+// and db are its own to add, row after row, with no partial rows of a warp to keep (the warp-per-row kernel
+// before this one held 48 KB of them in shared memory a block at C = 768, and 128 registers a thread: two
+// blocks an SM, too few bytes in flight). Block b takes the rows [b * rows_per_block, (b + 1) * rows_per_block)
+// of N, in that order; its partial row, partials[b] (2, C: dw's C, then db's), is written once at the end. No
+// atomics: which rows a block adds, and in which order, is set by rows_per_block alone (the launcher's, a
+// function of N), so every run on every GPU gives the same bits. Arrays off a 16-byte boundary, or C % 4 != 0,
+// load the same 4 columns a thread one float at a time: the same additions in the same order, so dw, db and dx
+// are the same bits either way.
+
+// Read by microgpt/kernels/layernorm_fast.py: which rows take which kernel, and the grids of their launches.
+enum LayernormBwdLaunch : int {
+    LN_BWD_ROWS = 4,         // rows a block takes at once: each thread's 16 floats of dout and of x all in flight,
+                             // and one barrier for the rows' sums
+    LN_BWD_THREADS = 1024,   // rows of up to 4 * this many columns take k_layernorm_bwd_fast
+    LN_BWD_REDUCE_COLS = 8,  // columns of the 2 * C a block of k_layernorm_bwd_fast_reduce adds: a 32-byte sector
+};
 
 // xhat = (x - mean) * rstd
 __device__ __forceinline__ float ln_xhat(float x, float m, float s) { return __fmul_rn(__fsub_rn(x, m), s); }
 
-// A row held in registers (16-byte chunks, C <= ROW_REGS * 32). dout, then dxhat; x, then xhat. The dx added
-// into is loaded only once the row's sums are taken (asked of L2 ahead: prefetch_l2), so that the three rows
-// never hold registers at once.
+// A thread's 4 columns of a row, from column c (a multiple of 4, below C): one 16-byte load (VEC = 4), or one
+// float at a time with those past C left 0 (VEC = 1: rows of C % 4 != 0 have a thread with fewer than 4).
+template <int VEC>
+__device__ __forceinline__ void load_cols4(float (&v)[4], const float* row, int c, int C) {
+    if constexpr (VEC == 4) {
+        load_vec<4>(v, row + c);
+    } else {
+#pragma unroll
+        for (int e = 0; e < 4; e++) v[e] = c + e < C ? row[c + e] : 0.0f;
+    }
+}
+
+template <int VEC>
+__device__ __forceinline__ void store_cols4(float* row, const float (&v)[4], int c, int C) {
+    if constexpr (VEC == 4) {
+        store_vec<4>(row + c, v);
+    } else {
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            if (c + e < C) row[c + e] = v[e];
+    }
+}
+
+// A row's 4 columns from c (below C): x (h) becomes xhat, and dout (g) is added into the thread's shares of dw
+// and db (pw, pb). Columns past C (VEC = 1) add nothing.
+template <int VEC>
+__device__ __forceinline__ void ln_bwd_cols_wb(const float (&g)[4], float (&h)[4], float (&pw)[4], float (&pb)[4],
+                                               float m, float s, int c, int C) {
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+        if (VEC == 4 || c + e < C) {
+            h[e] = ln_xhat(h[e], m, s);
+            pw[e] = __fmaf_rn(g[e], h[e], pw[e]);
+            pb[e] = __fadd_rn(pb[e], g[e]);
+        }
+}
+
+// Then dout (g) becomes dxhat, and goes into the thread's two sums of the row with xhat (h).
+template <int VEC>
+__device__ __forceinline__ void ln_bwd_cols_sums(float (&g)[4], const float (&h)[4], const float (&wv)[4], int c,
+                                                 int C, float& sum_g, float& sum_gh) {
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+        if (VEC == 4 || c + e < C) {
+            g[e] = __fmul_rn(g[e], wv[e]);
+            sum_g = __fadd_rn(sum_g, g[e]);
+            sum_gh = __fmaf_rn(g[e], h[e], sum_gh);
+        }
+}
+
+// dx of 4 columns, into g, from dxhat (g), xhat (h) and the row's two means.
+__device__ __forceinline__ void ln_bwd_cols_dx(float (&g)[4], const float (&h)[4], float s, float mean_g,
+                                               float mean_gh) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) g[e] = __fmul_rn(s, __fmaf_rn(-h[e], mean_gh, __fsub_rn(g[e], mean_g)));
+}
+
+// dx added into old where ACC: the one rounding of a separate k_residual_fwd.
 template <bool ACC>
-__device__ __forceinline__ void layernorm_bwd_row_regs(float* dxr, float* pw, float* pb, const float* dr,
-                                                       const float* xr, const float* w, float m, float s, int C) {
-    constexpr int VEC = 4, CHUNKS = ROW_REGS / VEC;
-    float g[CHUNKS][VEC] = {}, h[CHUNKS][VEC] = {};
+__device__ __forceinline__ void ln_bwd_cols_acc(float (&g)[4], const float (&old)[4]) {
 #pragma unroll
-    for (int k = 0; k < CHUNKS; k++) {
-        int c = chunk_col<VEC>(k);
-        if (c < C) {
-            load_vec<VEC>(g[k], dr + c);
-            load_vec<VEC>(h[k], xr + c);
-        }
-    }
-    float sum_g = 0.0f, sum_gh = 0.0f;
+    for (int e = 0; e < 4; e++)
+        if (ACC) g[e] = __fadd_rn(old[e], g[e]);
+}
+
+// v (K floats a thread) becomes the block's sums of it: each warp's by the shuffle tree, then the warps' in warp
+// order, through slot (K floats for each of up to 32 warps). One barrier: callers alternate between two slots,
+// and a warp that writes this slot again has passed the next call's barrier, after every warp's reads of it.
+template <int K>
+__device__ __forceinline__ void block_sums(float (&v)[K], float (*slot)[K]) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
 #pragma unroll
-    for (int k = 0; k < CHUNKS; k++) {
-        int c = chunk_col<VEC>(k);
-        if (c < C) {
-            float wv[VEC];
-            load_vec<VEC>(wv, w + c);
+    for (int k = 0; k < K; k++) v[k] = warp_sum(v[k]);
+    if (lane == 0)
 #pragma unroll
-            for (int e = 0; e < VEC; e++) h[k][e] = ln_xhat(h[k][e], m, s);
-            add_wb_partials<VEC>(pw + c, pb + c, g[k], h[k]);
+        for (int k = 0; k < K; k++) slot[warp][k] = v[k];
+    __syncthreads();
 #pragma unroll
-            for (int e = 0; e < VEC; e++) {
-                g[k][e] = __fmul_rn(g[k][e], wv[e]);
-                sum_g = __fadd_rn(sum_g, g[k][e]);
-                sum_gh = __fmaf_rn(g[k][e], h[k][e], sum_gh);
+    for (int k = 0; k < K; k++) v[k] = slot[0][k];
+    for (int j = 1; j < warps; j++) {
+        if constexpr (K % 4 == 0) {  // 16-byte reads: a warp's K sums in K / 4 loads (slot is 16-byte aligned)
+#pragma unroll
+            for (int q = 0; q < K / 4; q++) {
+                float4 t = reinterpret_cast<const float4*>(slot[j])[q];
+                v[4 * q] += t.x, v[4 * q + 1] += t.y, v[4 * q + 2] += t.z, v[4 * q + 3] += t.w;
             }
-        }
-    }
-    const float mean_dxhat = warp_sum(sum_g) / C, mean_dxhat_xhat = warp_sum(sum_gh) / C;
+        } else {
 #pragma unroll
-    for (int k = 0; k < CHUNKS; k++) {
-        int c = chunk_col<VEC>(k);
-        if (c < C) {
-            float old[VEC];
-            if (ACC) load_vec<VEC>(old, dxr + c);
-#pragma unroll
-            for (int e = 0; e < VEC; e++) {
-                float v = __fmul_rn(s, __fmaf_rn(-h[k][e], mean_dxhat_xhat, __fsub_rn(g[k][e], mean_dxhat)));
-                g[k][e] = ACC ? __fadd_rn(old[e], v) : v;
-            }
-            store_vec<VEC>(dxr + c, g[k]);
+            for (int k = 0; k < K; k++) v[k] += slot[j][k];
         }
     }
 }
 
-// Any other row (longer, or read one float at a time): a pass for the sums, a pass for dx (from the caches).
-template <int VEC, bool ACC>
-__device__ __forceinline__ void layernorm_bwd_row_loop(float* dxr, float* pw, float* pb, const float* dr,
-                                                       const float* xr, const float* w, float m, float s, int C) {
-    const int lane = threadIdx.x % 32;
-    float sum_g = 0.0f, sum_gh = 0.0f;
-#pragma unroll 4
-    for (int c = lane * VEC; c < C; c += 32 * VEC) {
-        float gv[VEC], xv[VEC], wv[VEC];
-        load_vec<VEC>(gv, dr + c);
-        load_vec<VEC>(xv, xr + c);
-        load_vec<VEC>(wv, w + c);
-#pragma unroll
-        for (int e = 0; e < VEC; e++) {
-            float dxhat = __fmul_rn(gv[e], wv[e]);
-            sum_g = __fadd_rn(sum_g, dxhat);
-            sum_gh = __fmaf_rn(dxhat, ln_xhat(xv[e], m, s), sum_gh);
-        }
-    }
-    const float mean_dxhat = warp_sum(sum_g) / C, mean_dxhat_xhat = warp_sum(sum_gh) / C;
-    for (int c0 = lane * VEC; c0 < C; c0 += 32 * VEC * MB_UNROLL) {
-        float gv[MB_UNROLL][VEC], xv[MB_UNROLL][VEC], wv[MB_UNROLL][VEC], old[MB_UNROLL][VEC];
-#pragma unroll
-        for (int u = 0; u < MB_UNROLL; u++) {
-            int c = batch_col<VEC>(c0, u);
-            if (c < C) {
-                load_vec<VEC>(gv[u], dr + c);
-                load_vec<VEC>(xv[u], xr + c);
-                load_vec<VEC>(wv[u], w + c);
-                if (ACC) load_vec<VEC>(old[u], dxr + c);
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < MB_UNROLL; u++) {
-            int c = batch_col<VEC>(c0, u);
-            if (c < C) {
-#pragma unroll
-                for (int e = 0; e < VEC; e++) xv[u][e] = ln_xhat(xv[u][e], m, s);
-                add_wb_partials<VEC>(pw + c, pb + c, gv[u], xv[u]);
-#pragma unroll
-                for (int e = 0; e < VEC; e++) {
-                    float t = __fmaf_rn(gv[u][e], wv[u][e], -mean_dxhat);
-                    float v = __fmul_rn(s, __fmaf_rn(xv[u][e], -mean_dxhat_xhat, t));
-                    gv[u][e] = ACC ? __fadd_rn(old[u][e], v) : v;
-                }
-                store_vec<VEC>(dxr + c, gv[u]);
-            }
-        }
-    }
-}
-
-// A hint that `bytes` from p (16-byte aligned, a multiple of 16) will be read soon: one instruction asks for a
-// whole row (Hopper's bulk prefetch into L2; nothing before it).
+// A hint that `bytes` from p (16-byte aligned, a multiple of 16) will be read soon: one instruction asks for
+// rows at once (Hopper's bulk prefetch into L2; nothing before it), bytes in flight that hold no registers.
 __device__ __forceinline__ void prefetch_l2(const float* p, int bytes) {
 #if __CUDA_ARCH__ >= 900
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(__cvta_generic_to_global(p)), "r"(bytes)
@@ -350,116 +343,247 @@ __device__ __forceinline__ void prefetch_l2(const float* p, int bytes) {
 #endif
 }
 
-// Block b takes rows [b * rows_per_block, (b + 1) * rows_per_block) of N; warp k of it the rows k, k + warps,
-// k + 2 * warps, ... in that order. part holds the block's warps' partial rows (warps, 2, C: dw's C, then db's);
-// the block's partial row partials[b] (2, C) = those added in warp order. Where rows are 16-byte chunks, a
-// warp asks L2 for its next row (and, where ACC, this row's dx) as it starts on a row: two rows a warp in flight
-// for the registers of one.
-template <int VEC, bool REGS, bool ACC>
-__device__ __forceinline__ void layernorm_bwd_block(float* dx, float* partials, float* part, const float* dout,
-                                                    const float* x, const float* w, const float* mean,
-                                                    const float* rstd, int N, int C, int rows_per_block) {
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32, C2 = 2 * C;
-    float* pw = part + warp * C2;
-    float* pb = pw + C;
-    for (int j = lane; j < C2; j += 32) pw[j] = 0.0f;
-    __syncwarp();  // the zeros, written lane by lane, before each lane adds into its own columns
+// A block's rows LN_BWD_ROWS at a time: every load of the rows issued before any is used, their sums reduced
+// across the block together, then their dx (the dx added into loaded only then, asked of L2 ahead). Where rows
+// are 16-byte chunks, thread 0 also asks L2 for the block's next rows, so that the loads of a block's rows are
+// not all the bytes it has in flight. The thread's shares of dw and db wait in shared memory between groups of
+// rows (shares: its 16 bytes of each), holding no registers through the barrier and the dx added into: held in
+// registers, they made ptxas spill within the 64.
+template <int VEC, bool ACC>
+__device__ __forceinline__ void layernorm_bwd_rows(float* dx, float* partials, float (*sums)[32][2 * LN_BWD_ROWS],
+                                                   float4* shares, const float* dout, const float* x,
+                                                   const float* w, const float* mean, const float* rstd, int N,
+                                                   int C, int rows_per_block) {
+    constexpr int R = LN_BWD_ROWS;
+    static_assert(2 * R <= 32, "a warp's lanes hold the rows' means and rstds");
+    const int c = threadIdx.x * 4, lane = threadIdx.x % 32;
+    const bool mine = c < C;
+    float* share_w = reinterpret_cast<float*>(shares + threadIdx.x);
+    float* share_b = reinterpret_cast<float*>(shares + blockDim.x + threadIdx.x);
+    {
+        const float zero[4] = {};
+        store_vec<4>(share_w, zero);
+        store_vec<4>(share_b, zero);
+    }
     const long long r0 = (long long)blockIdx.x * rows_per_block, r1 = min((long long)N, r0 + rows_per_block);
-    for (long long n = r0 + warp; n < r1; n += warps) {
-        const long long o = n * C;
-        if (VEC == 4 && lane == 0) {
-            if (ACC && n == r0 + warp) prefetch_l2(dx + o, C * 4);
-            if (n + warps < r1) {
-                const long long o2 = o + (long long)warps * C;
-                prefetch_l2(dout + o2, C * 4);
-                prefetch_l2(x + o2, C * 4);
-                if (ACC) prefetch_l2(dx + o2, C * 4);
+    int slot = 0;
+    for (long long n0 = r0; n0 < r1; n0 += R, slot ^= 1) {
+        const int rows = (int)min((long long)R, r1 - n0);
+        const long long o = n0 * C;
+        if (VEC == 4 && threadIdx.x == 0) {
+            if (ACC && n0 == r0) prefetch_l2(dx + o, rows * C * 4);
+            if (n0 + R < r1) {
+                const int bytes = (int)min((long long)R, r1 - n0 - R) * C * 4;
+                prefetch_l2(dout + o + R * C, bytes);
+                prefetch_l2(x + o + R * C, bytes);
+                if (ACC) prefetch_l2(dx + o + R * C, bytes);
             }
         }
-        if constexpr (REGS)
-            layernorm_bwd_row_regs<ACC>(dx + o, pw, pb, dout + o, x + o, w, mean[n], rstd[n], C);
-        else
-            layernorm_bwd_row_loop<VEC, ACC>(dx + o, pw, pb, dout + o, x + o, w, mean[n], rstd[n], C);
-    }
-    __syncthreads();  // every warp's partials (shared, or global: visible to the block after the barrier too)
-    float* out = partials + (long long)blockIdx.x * C2;
-    for (int j = threadIdx.x; j < C2; j += blockDim.x) {
-        float t = part[j];
-        for (int k = 1; k < warps; k++) t += part[k * C2 + j];
-        out[j] = t;
+        // lane r holds the mean of the group's row r, lane R + r its rstd: 1 register, not 2R, each thread
+        float stat = 0.0f;
+        if (lane < 2 * R && lane % R < rows) stat = (lane < R ? mean : rstd)[n0 + lane % R];
+        float g[R][4] = {}, h[R][4] = {};
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            if (r < rows && mine) {
+                load_cols4<VEC>(g[r], dout + o + r * C, c, C);
+                load_cols4<VEC>(h[r], x + o + r * C, c, C);
+            }
+        {
+            float pw[4], pb[4];
+            load_vec<4>(pw, share_w);
+            load_vec<4>(pb, share_b);
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const float m = __shfl_sync(0xffffffff, stat, r), s = __shfl_sync(0xffffffff, stat, R + r);
+                if (r < rows && mine) ln_bwd_cols_wb<VEC>(g[r], h[r], pw, pb, m, s, c, C);
+            }
+            store_vec<4>(share_w, pw);
+            store_vec<4>(share_b, pb);
+        }
+        float v[2 * R] = {};  // row r's sum of dxhat, then of dxhat * xhat
+        {
+            float wv[4] = {};
+            if (mine) load_cols4<VEC>(wv, w, c, C);  // again each time, from L1: 4 registers fewer held
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                if (r < rows && mine) ln_bwd_cols_sums<VEC>(g[r], h[r], wv, c, C, v[2 * r], v[2 * r + 1]);
+        }
+        block_sums<2 * R>(v, sums[slot]);
+        // dx of every row before the dx added into is loaded: xhat's registers take it
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            ln_bwd_cols_dx(g[r], h[r], __shfl_sync(0xffffffff, stat, R + r), v[2 * r] / C, v[2 * r + 1] / C);
+        if (mine) {
+            float old[R][4] = {};
+            if (ACC)
+#pragma unroll
+                for (int r = 0; r < R; r++)
+                    if (r < rows) load_cols4<VEC>(old[r], dx + o + r * C, c, C);
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                if (r < rows) {
+                    ln_bwd_cols_acc<ACC>(g[r], old[r]);
+                    store_cols4<VEC>(dx + o + r * C, g[r], c, C);
+                }
+        }
     }
 }
 
-// The path of every row, chosen once: in registers, or looped over 16-byte chunks or single floats; the warps'
-// partials in shared memory (LDS, STS) or, for rows too long for it (never one held in registers), in global.
-template <bool ACC>
-__device__ __forceinline__ void layernorm_bwd_blocks(float* dx, float* partials, float* warp_partials,
-                                                     const float* dout, const float* x, const float* w,
-                                                     const float* mean, const float* rstd, int N, int C,
-                                                     int rows_per_block) {
-    extern __shared__ float4 ln_bwd_smem[];
-    const bool vec = rows_vec4(C, dx, dout, x, w);
-    if (warp_partials == nullptr) {
-        float* part = reinterpret_cast<float*>(ln_bwd_smem);
-        if (vec && C <= ROW_REGS * 32)
-            layernorm_bwd_block<4, true, ACC>(dx, partials, part, dout, x, w, mean, rstd, N, C, rows_per_block);
-        else if (vec)
-            layernorm_bwd_block<4, false, ACC>(dx, partials, part, dout, x, w, mean, rstd, N, C, rows_per_block);
-        else
-            layernorm_bwd_block<1, false, ACC>(dx, partials, part, dout, x, w, mean, rstd, N, C, rows_per_block);
-    } else {
-        float* part = warp_partials + (long long)blockIdx.x * (blockDim.x / 32) * 2 * C;
-        if (vec)
-            layernorm_bwd_block<4, false, ACC>(dx, partials, part, dout, x, w, mean, rstd, N, C, rows_per_block);
-        else
-            layernorm_bwd_block<1, false, ACC>(dx, partials, part, dout, x, w, mean, rstd, N, C, rows_per_block);
+// The block's partial row partials[blockIdx.x] from its threads' shares (each thread its own).
+template <int VEC>
+__device__ __forceinline__ void ln_bwd_partial_row(float* partials, const float4* shares, int C) {
+    const int c = threadIdx.x * 4;
+    if (c < C) {
+        float* out = partials + (long long)blockIdx.x * 2 * C;
+        float pw[4], pb[4];
+        load_vec<4>(pw, reinterpret_cast<const float*>(shares + threadIdx.x));
+        load_vec<4>(pb, reinterpret_cast<const float*>(shares + blockDim.x + threadIdx.x));
+        store_cols4<VEC>(out, pw, c, C);
+        store_cols4<VEC>(out + C, pb, c, C);
     }
 }
 
 // dx of every row (accumulate != 0: added into), and each block's partial row of dw and db (partials:
-// (gridDim.x, 2, C)), which k_layernorm_bwd_fast_reduce adds into dw and db. The warps' partial rows live in
-// dynamic shared memory (blockDim.x / 32 * 2 * C floats), or where that is more than a block may have (C above
-// 3,600 or so on the H200) in warp_partials (gridDim.x * blockDim.x / 32 rows of 2 * C floats, global): the
-// same additions in the same order either way. No atomics: which rows a block adds, and in which order, is set
-// by rows_per_block alone (the launcher's, a function of N), so every run on every GPU gives the same bits.
-// Two blocks an SM (at most 128 registers).
-extern "C" __global__ void __launch_bounds__(256, 2)
-    k_layernorm_bwd_fast(float* dx, float* partials, float* warp_partials, const float* dout, const float* x,
-                         const float* w, const float* mean, const float* rstd, int N, int C, int rows_per_block,
-                         int accumulate) {
-    if (accumulate)
-        layernorm_bwd_blocks<true>(dx, partials, warp_partials, dout, x, w, mean, rstd, N, C, rows_per_block);
+// (gridDim.x, 2, C)), which k_layernorm_bwd_fast_reduce adds into dw and db. Rows of up to 4 * LN_BWD_THREADS
+// columns; blockDim.x = ceil(C / 4) rounded up to a warp, and 32 * blockDim.x bytes of dynamic shared memory.
+// At most 64 registers (the bound's 1024 threads), so that at C = 768 (192 threads) five blocks fit an SM.
+extern "C" __global__ void __launch_bounds__(LN_BWD_THREADS, 1)
+    k_layernorm_bwd_fast(float* dx, float* partials, const float* dout, const float* x, const float* w,
+                         const float* mean, const float* rstd, int N, int C, int rows_per_block, int accumulate) {
+    __shared__ __align__(16) float sums[2][32][2 * LN_BWD_ROWS];
+    extern __shared__ float4 ln_bwd_shares[];
+    if (rows_vec4(C, dx, dout, x, w, partials)) {
+        if (accumulate)
+            layernorm_bwd_rows<4, true>(dx, partials, sums, ln_bwd_shares, dout, x, w, mean, rstd, N, C,
+                                        rows_per_block);
+        else
+            layernorm_bwd_rows<4, false>(dx, partials, sums, ln_bwd_shares, dout, x, w, mean, rstd, N, C,
+                                         rows_per_block);
+    } else {
+        if (accumulate)
+            layernorm_bwd_rows<1, true>(dx, partials, sums, ln_bwd_shares, dout, x, w, mean, rstd, N, C,
+                                        rows_per_block);
+        else
+            layernorm_bwd_rows<1, false>(dx, partials, sums, ln_bwd_shares, dout, x, w, mean, rstd, N, C,
+                                         rows_per_block);
+    }
+    // written once the paths have joined: an address kept from the start through the rows would take a register
+    if (C % 4 == 0 && all_aligned16(partials, nullptr))
+        ln_bwd_partial_row<4>(partials, ln_bwd_shares, C);
     else
-        layernorm_bwd_blocks<false>(dx, partials, warp_partials, dout, x, w, mean, rstd, N, C, rows_per_block);
+        ln_bwd_partial_row<1>(partials, ln_bwd_shares, C);
+}
+
+// Rows too long for a block to span: a block of LN_BWD_THREADS threads takes them one at a time, thread t owning
+// columns 4t .. 4t + 3 of every 4 * blockDim.x. Its shares of dw and db are too many for registers: they live in
+// the block's partial row itself (global; each column only ever touched by its own thread, so added in row order
+// as in registers), read and written again for each row from the caches. A pass over the row for its sums, a
+// pass (the row again, from the caches) for dx.
+template <int VEC, bool ACC>
+__device__ __forceinline__ void layernorm_bwd_wide_rows(float* dx, float* partials, float (*sums)[32][2],
+                                                        const float* dout, const float* x, const float* w,
+                                                        const float* mean, const float* rstd, int N, int C,
+                                                        int rows_per_block) {
+    const int step = 4 * blockDim.x;
+    float* pw = partials + (long long)blockIdx.x * 2 * C;
+    float* pb = pw + C;
+    for (int c = threadIdx.x * 4; c < C; c += step) {
+        const float zero[4] = {};
+        store_cols4<VEC>(pw, zero, c, C);
+        store_cols4<VEC>(pb, zero, c, C);
+    }
+    const long long r0 = (long long)blockIdx.x * rows_per_block, r1 = min((long long)N, r0 + rows_per_block);
+    int slot = 0;
+    for (long long n = r0; n < r1; n++, slot ^= 1) {
+        const float m = mean[n], s = rstd[n];
+        const float *dr = dout + n * C, *xr = x + n * C;
+        float* dxr = dx + n * C;
+        float v[2] = {};
+        for (int c = threadIdx.x * 4; c < C; c += step) {
+            float g[4], h[4], wv[4], a[4], b[4];
+            load_cols4<VEC>(g, dr, c, C);
+            load_cols4<VEC>(h, xr, c, C);
+            load_cols4<VEC>(wv, w, c, C);
+            load_cols4<VEC>(a, pw, c, C);
+            load_cols4<VEC>(b, pb, c, C);
+            ln_bwd_cols_wb<VEC>(g, h, a, b, m, s, c, C);
+            store_cols4<VEC>(pw, a, c, C);
+            store_cols4<VEC>(pb, b, c, C);
+            ln_bwd_cols_sums<VEC>(g, h, wv, c, C, v[0], v[1]);
+        }
+        block_sums<2>(v, sums[slot]);
+        const float mean_g = v[0] / C, mean_gh = v[1] / C;
+        for (int c = threadIdx.x * 4; c < C; c += step) {
+            float g[4], h[4], wv[4], old[4] = {};
+            load_cols4<VEC>(g, dr, c, C);
+            load_cols4<VEC>(h, xr, c, C);
+            load_cols4<VEC>(wv, w, c, C);
+            if (ACC) load_cols4<VEC>(old, dxr, c, C);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {  // the roundings of the first pass: the same xhat and dxhat
+                h[e] = ln_xhat(h[e], m, s);
+                g[e] = __fmul_rn(g[e], wv[e]);
+            }
+            ln_bwd_cols_dx(g, h, s, mean_g, mean_gh);
+            ln_bwd_cols_acc<ACC>(g, old);
+            store_cols4<VEC>(dxr, g, c, C);
+        }
+    }
+}
+
+// k_layernorm_bwd_fast for rows longer than 4 * LN_BWD_THREADS columns (the same arguments and partial rows);
+// blockDim.x = LN_BWD_THREADS, no dynamic shared memory.
+extern "C" __global__ void __launch_bounds__(LN_BWD_THREADS, 1)
+    k_layernorm_bwd_fast_wide(float* dx, float* partials, const float* dout, const float* x, const float* w,
+                              const float* mean, const float* rstd, int N, int C, int rows_per_block,
+                              int accumulate) {
+    __shared__ __align__(16) float sums[2][32][2];
+    if (rows_vec4(C, dx, dout, x, w, partials)) {
+        if (accumulate)
+            layernorm_bwd_wide_rows<4, true>(dx, partials, sums, dout, x, w, mean, rstd, N, C, rows_per_block);
+        else
+            layernorm_bwd_wide_rows<4, false>(dx, partials, sums, dout, x, w, mean, rstd, N, C, rows_per_block);
+    } else {
+        if (accumulate)
+            layernorm_bwd_wide_rows<1, true>(dx, partials, sums, dout, x, w, mean, rstd, N, C, rows_per_block);
+        else
+            layernorm_bwd_wide_rows<1, false>(dx, partials, sums, dout, x, w, mean, rstd, N, C, rows_per_block);
+    }
 }
 
 // dw += the column sums of the blocks' dw partials, db += those of db (partials: (blocks, 2, C)), in a fixed
-// order: column j of the 2 * C is a lane's; warp k of the block adds the partials k, k + 8, k + 16, ...
-// (REDUCE_BATCH loads in flight at a time), then the 8 warps' sums are added in warp order. Grid: ceil(2C / 32)
-// blocks of 256 threads.
-constexpr int REDUCE_BATCH = 32;
+// order: a block takes LN_BWD_REDUCE_COLS columns of the 2 * C (one 32-byte sector of every partial row), its
+// 256 threads 32 groups of them; group k adds the partial rows k, k + 32, k + 64, ... (REDUCE_BATCH loads in
+// flight at a time), then the groups' sums are added, the four of a warp by the shuffle tree, then the 8
+// warps' in warp order. Grid: ceil(2C / LN_BWD_REDUCE_COLS) blocks of 256 threads (C = 768: 192 blocks, over
+// every SM, where a block of 32 columns left 48 blocks each a long chain of loads).
+constexpr int REDUCE_BATCH = 16;
 extern "C" __global__ void __launch_bounds__(256)
     k_layernorm_bwd_fast_reduce(float* dw, float* db, const float* partials, int blocks, int C) {
-    __shared__ float sums[8][32];
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int j = blockIdx.x * 32 + lane, C2 = 2 * C;
+    constexpr int COLS = LN_BWD_REDUCE_COLS, GROUPS = 256 / COLS;
+    static_assert(32 % COLS == 0, "a warp holds whole groups");
+    __shared__ float sums[8][COLS];
+    const int col = threadIdx.x % COLS, group = threadIdx.x / COLS, lane = threadIdx.x % 32;
+    const int j = blockIdx.x * COLS + col, C2 = 2 * C;
     float t = 0.0f;
     if (j < C2)
-        for (int k0 = warp; k0 < blocks; k0 += 8 * REDUCE_BATCH) {
+        for (int k0 = group; k0 < blocks; k0 += GROUPS * REDUCE_BATCH) {
             float v[REDUCE_BATCH];
 #pragma unroll
             for (int u = 0; u < REDUCE_BATCH; u++) {
-                int k = k0 + 8 * u;
+                int k = k0 + GROUPS * u;
                 v[u] = k < blocks ? partials[(long long)k * C2 + j] : 0.0f;
             }
 #pragma unroll
             for (int u = 0; u < REDUCE_BATCH; u++)
-                if (k0 + 8 * u < blocks) t += v[u];
+                if (k0 + GROUPS * u < blocks) t += v[u];
         }
-    sums[warp][lane] = t;
+    for (int off = COLS; off < 32; off *= 2) t += __shfl_xor_sync(0xffffffff, t, off);
+    if (lane < COLS) sums[threadIdx.x / 32][lane] = t;
     __syncthreads();
-    if (warp == 0 && j < C2) {
-        for (int k = 1; k < 8; k++) t += sums[k][lane];
+    if (threadIdx.x < COLS && j < C2) {
+        for (int k = 1; k < 8; k++) t += sums[k][col];
         float* out = j < C ? dw + j : db + (j - C);
         *out += t;
     }

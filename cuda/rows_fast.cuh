@@ -228,6 +228,12 @@ __device__ __forceinline__ void online_merge(float& m, float& s, float m2, float
     m = M;
 }
 
+__device__ __forceinline__ float max4(float4 x) { return fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w)); }
+
+__device__ __forceinline__ float sum_exp4(float4 x, float m) {
+    return (expf(x.x - m) + expf(x.y - m)) + (expf(x.z - m) + expf(x.w - m));
+}
+
 // the scalars before a row's first 16-byte boundary (at most n)
 __device__ __forceinline__ int head_to_16(const float* row, int n) {
     return min(n, (int)((16 - (unsigned long long)row % 16) % 16 / 4));
@@ -240,9 +246,14 @@ __device__ __forceinline__ void load_chunks(float4 (&x)[MB_UNROLL], const float4
         if (i0 + u * (int)blockDim.x < nvec) x[u] = row[i0 + u * blockDim.x];
 }
 
-// a block per position (row of logits (N, V)); probs has the offsets of logits from 16 bytes, or vec = false
-extern "C" __global__ void k_crossentropy_fwd_fast(float* losses, float* probs, const float* logits,
-                                                   const int* targets, int N, int V) {
+// A block per position (row of logits (N, V)); probs has the offsets of logits from 16 bytes, or vec = false.
+// The first pass takes a thread's MB_UNROLL float4s as one batch: their max first, the sum rescaled once a
+// batch (by exp(0) = 1 where the max held), then one expf a logit against the batch's new max. The second
+// pass writes exp(x - m) * (1 / s), one division a row. Two expf (the online rescale) and a division a logit
+// made the kernel bound by instructions: 201 us at andrea-120m's (8192, 8449), 2.87 TB/s, where its floor is
+// 130 us. 40 registers on sm_90a, six blocks an SM: forced to 32 (eight blocks) the first pass spills.
+extern "C" __global__ void __launch_bounds__(256)
+    k_crossentropy_fwd_fast(float* losses, float* probs, const float* logits, const int* targets, int N, int V) {
     __shared__ float pair_m[32], pair_s[32];
     const long long n = blockIdx.x;
     if (n >= N) return;
@@ -257,12 +268,17 @@ extern "C" __global__ void k_crossentropy_fwd_fast(float* losses, float* probs, 
     for (int i0 = threadIdx.x; i0 < nvec; i0 += MB_UNROLL * blockDim.x) {
         float4 x[MB_UNROLL];
         load_chunks(x, lr4, i0, nvec);
+        float M = m;
 #pragma unroll
         for (int u = 0; u < MB_UNROLL; u++)
-            if (i0 + u * (int)blockDim.x < nvec) {
-                online_add(m, s, x[u].x), online_add(m, s, x[u].y);
-                online_add(m, s, x[u].z), online_add(m, s, x[u].w);
-            }
+            if (i0 + u * (int)blockDim.x < nvec) M = fmaxf(M, max4(x[u]));
+        const float shift = M == -INFINITY ? 0.0f : M;  // all masked so far: each exp is 0, not exp(nan)
+        float b = 0.0f;
+#pragma unroll
+        for (int u = 0; u < MB_UNROLL; u++)
+            if (i0 + u * (int)blockDim.x < nvec) b += sum_exp4(x[u], shift);
+        s = s * expf(m - shift) + b;  // expf(0) = 1 where the max held: s unchanged
+        m = M;
     }
     for (int v = tail + threadIdx.x; v < V; v += blockDim.x) online_add(m, s, lr[v]);
     // the block's (m, s): a shuffle tree in each warp, then the warps in order; every thread gets it
@@ -273,8 +289,9 @@ extern "C" __global__ void k_crossentropy_fwd_fast(float* losses, float* probs, 
     m = pair_m[0], s = pair_s[0];
     for (int w = 1; w < (int)(blockDim.x + 31) / 32; w++) online_merge(m, s, pair_m[w], pair_s[w]);
 
+    const float inv_s = 1.0f / s;
     if (vec) {
-        for (int v = threadIdx.x; v < head; v += blockDim.x) pr[v] = expf(lr[v] - m) / s;
+        for (int v = threadIdx.x; v < head; v += blockDim.x) pr[v] = expf(lr[v] - m) * inv_s;
         float4* pr4 = reinterpret_cast<float4*>(pr + head);
         for (int i0 = threadIdx.x; i0 < nvec; i0 += MB_UNROLL * blockDim.x) {
             float4 x[MB_UNROLL];
@@ -282,12 +299,12 @@ extern "C" __global__ void k_crossentropy_fwd_fast(float* losses, float* probs, 
 #pragma unroll
             for (int u = 0; u < MB_UNROLL; u++)
                 if (i0 + u * (int)blockDim.x < nvec)
-                    pr4[i0 + u * blockDim.x] = make_float4(expf(x[u].x - m) / s, expf(x[u].y - m) / s,
-                                                           expf(x[u].z - m) / s, expf(x[u].w - m) / s);
+                    pr4[i0 + u * blockDim.x] = make_float4(expf(x[u].x - m) * inv_s, expf(x[u].y - m) * inv_s,
+                                                           expf(x[u].z - m) * inv_s, expf(x[u].w - m) * inv_s);
         }
-        for (int v = tail + threadIdx.x; v < V; v += blockDim.x) pr[v] = expf(lr[v] - m) / s;
+        for (int v = tail + threadIdx.x; v < V; v += blockDim.x) pr[v] = expf(lr[v] - m) * inv_s;
     } else {
-        for (int v = threadIdx.x; v < V; v += blockDim.x) pr[v] = expf(lr[v] - m) / s;
+        for (int v = threadIdx.x; v < V; v += blockDim.x) pr[v] = expf(lr[v] - m) * inv_s;
     }
     if (threadIdx.x == 0) losses[n] = logf(s) + m - lr[targets[n]];
 }

@@ -386,13 +386,12 @@ def check_layernorm_bwd(K, dev, variant, dout_h, dout, x_h, x, w_h, w, mean, rst
             same_bits(f"{kernel} {name}, run again", b, a)
 
 
-# The fast backward's blocks (bwd_rows_per_block of N, a multiple of 8 rows, at most BWD_BLOCKS blocks): fewer rows
-# than a block's 8 warps (N = 3: warps without a row), a block whose last rows are missing (N = 9, 2049, 8197: N not a
-# multiple of a block's rows), many rows a block and a warp (N = 8197: 40 a block, 5 a warp; 8192: 32, andrea-120m's
-# B = 8, T = 1024); rows of each path: in registers (C <= 1024, C % 4 == 0: 20, 36, 768, 1024, its 64 KB of shared
-# partials past the default 48), looped over 16-byte chunks (1536, 3000: 187 KB of shared partials, 4100: too many
-# for shared memory, the warps' partials in global memory) or over single floats (C = 1, 3, 1030, or the arrays one
-# float off a 16-byte boundary)
+# The fast backward's blocks (bwd_rows_per_block of N: a multiple of the 4 rows a block takes at once, at most
+# BWD_BLOCKS blocks): fewer rows than a block takes at once (N = 3), a block whose last rows are missing (N = 9,
+# 2049, 8197: N not a multiple of a block's rows), many rows a block (8192: 16 a block, andrea-120m's B = 8,
+# T = 1024); rows a block of threads spans (C <= 4096: 20, 36, 768, 1024, 1030, 1536, 3000), in 16-byte chunks
+# (C % 4 == 0 and aligned) or single floats (C = 1, 3, 1030, or the arrays one float off a 16-byte boundary),
+# and rows wider than a block's 1024 threads span (4100: k_layernorm_bwd_fast_wide)
 @VARIANT
 @pytest.mark.parametrize("N,C,offset", [(3, 20, 0), (9, 36, 0), (2049, 20, 0), (8197, 36, 0), (8192, 768, 0),
                                         (8197, 768, 1), (2049, 1024, 0), (2100, 1030, 0), (1000, 1536, 0),
@@ -411,10 +410,10 @@ def test_layernorm_bwd_over_many_rows_a_block(K, dev, variant, N, C, offset):
     check_layernorm_bwd(K, dev, variant, dout_h, dout, x_h, x, w_h, w, mean, rstd, ref_mean, ref_rstd, offset)
 
 
-# dw and db of the fast backward are added in one order whatever the path: each column's products over a warp's rows,
-# then the block's warps, then the blocks; so the same bits from rows in registers, looped over 16-byte chunks or over
-# single floats (the same data one float off a 16-byte boundary), and from the warps' partials in shared or in global
-# memory (forced here by a device that would allow no shared memory); dx too where the row takes the same path
+# dw and db of the fast backward are added in one order whatever the loads: each thread owns 4 columns, whose
+# shares it adds row after row, then the blocks' partial rows in a fixed order; so the same bits from rows in
+# 16-byte chunks or in single floats (the same data one float off a 16-byte boundary), whatever shared memory the
+# device would allow (forced to none here: nothing may depend on it); dx too where the row takes the same path
 @FAST
 @pytest.mark.parametrize("N,C", [(9, 20), (2049, 36), (8192, 768), (300, 1536), (37, 1030)])
 def test_layernorm_bwd_fast_dw_db_bits_do_not_depend_on_the_path(K, dev, variant, monkeypatch, N, C):
@@ -804,7 +803,7 @@ def test_crossentropy_bwd_on_odd_and_unaligned_arrays(K, dev, variant, N, V, off
 
 # the forward on the same odd and unaligned rows (offsets of probs and logits: equal, 16-byte chunks after a
 # scalar head; unequal, scalar), rows whose max rises late (ascending logits: the online sum rescaled at every
-# element) and a row with masked (-inf) logits
+# batch of a thread's values) and a row with masked (-inf) logits
 @FAST
 @pytest.mark.parametrize("N,V,offsets", [(7, 101, (0, 0)), (7, 8449, (1, 1)), (7, 8449, (1, 0)), (5, 3, (0, 0)),
                                          (5, 1, (2, 2)), (3, 50257, (0, 0))])
@@ -914,3 +913,20 @@ def test_a_failed_launch_names_the_kernel(K):
     # a grid too large is a launch error that leaves the context usable
     with pytest.raises(K.KernelError, match="k_gelu_fwd"):
         K.launch("k_gelu_fwd", [0, 0, 1], 2 ** 31)
+
+
+# colsum, every bias gradient of the fast variants: against float64, added into a random start; a lane of 16-byte
+# loads (C % 4 == 0, x on a 16-byte boundary) adds each column's rows in the order a lane of single floats does, so
+# the same data one float off the boundary gives the same bits
+@pytest.mark.parametrize("N,C", [(1, 4), (7, 20), (33, 36), (8192, 768), (1000, 3072), (37, 1030), (129, 5)])
+def test_colsum_against_float64_and_the_same_bits_off_a_16_byte_boundary(K, dev, N, C):
+    x_h, x = dev.randn(N, C)
+    start_h, out = dev.randn(C)
+    K.colsum(out, x)
+    close("colsum", out.get(), start_h.astype(np.float64) + x_h.astype(np.float64).sum(0), REDUCTION)
+    shifted = dev.upload(start_h)
+    K.colsum(shifted, dev.upload(x_h, offset=1))
+    same_bits("colsum, x one float off a 16-byte boundary", shifted.get(), out.get())
+    again = dev.upload(start_h)
+    K.colsum(again, x)
+    same_bits("colsum, run again", again.get(), out.get())

@@ -1,19 +1,33 @@
 """Launchers of cuda/layernorm_fast.cuh: the layernorms a warp per row (the row in registers where it fits);
-the backward's dw and db summed in the same pass as dx, a partial row per block, then added in block order.
-Each reduction in a fixed order."""
+the backward a block per row, each thread owning the same 4 columns of every row its block takes, so that dw
+and db add up in registers in the same pass as dx into a partial row per block, then added in block order.
+Each reduction in a fixed order. The header's enum LayernormBwdLaunch is read here for the backward's rows a
+block takes at once, its widest rows and the reduction's columns a block."""
 from __future__ import annotations
 
+import functools
 import math
 
 from .checks import flag, ptr, rows, shape_of
 from .layernorm import layernorm_fwd_args
 from .rows_fast import WARP
-from .runtime import BLOCK, blocks, engine, launch, scratch
+from .runtime import blocks, launch, scratch
+from .source import int_constants
 
-# The blocks a backward's grid aims at: two an SM of the H200's 132 in one wave, where a block holds 128
-# registers a thread and 8 * 2 * C floats of shared memory (C = 768: 48 KB). A constant, not the device's SM
-# count: which rows a block adds, and so every bit of dw and db, must not depend on the GPU.
-BWD_BLOCKS = 256
+# The blocks a backward's grid aims at: at most four of C = 768's (192 threads, 64 registers: five fit) on each
+# of the H200's 132 SMs, so one wave; a partial row of 2 * C floats each (C = 768: 3 MB written and read again,
+# where 8192 rows are 75 MB). A constant, not the device's SM count: which rows a block adds, and so every bit of
+# dw and db, must not depend on the GPU.
+BWD_BLOCKS = 512
+
+
+@functools.cache  # (read from the preprocessed source once)
+def bwd_launch() -> tuple[int, int, int]:
+    """(LN_BWD_ROWS, LN_BWD_THREADS, LN_BWD_REDUCE_COLS) of cuda/layernorm_fast.cuh: the rows a block of the
+    backward takes at once, its most threads (rows of up to 4 times as many columns take k_layernorm_bwd_fast,
+    longer ones k_layernorm_bwd_fast_wide), and the columns of dw and db a block of the reduction adds."""
+    c = int_constants()
+    return c["LN_BWD_ROWS"], c["LN_BWD_THREADS"], c["LN_BWD_REDUCE_COLS"]
 
 
 def layernorm_fwd_fast(out, mean, rstd, x, w, b, *, stream=None):
@@ -32,29 +46,32 @@ def residual_layernorm_fwd_fast(x, out, mean, rstd, resid, branch, w, b, *, stre
 
 
 def bwd_rows_per_block(N: int) -> int:
-    """Rows each block of layernorm_bwd_fast takes: a multiple of its warps, the fewest that cover N rows with at
-    most BWD_BLOCKS blocks (8192 rows: 32 a block, 4 a warp). A function of N alone."""
-    warps = BLOCK // WARP
-    return warps * max(1, math.ceil(N / (BWD_BLOCKS * warps)))
+    """Rows each block of layernorm_bwd_fast takes: a multiple of the rows it takes at once, the fewest that cover
+    N rows with at most BWD_BLOCKS blocks (8192 rows: 16 a block, 512 blocks). A function of N alone."""
+    at_once = bwd_launch()[0]
+    return at_once * max(1, math.ceil(N / (BWD_BLOCKS * at_once)))
 
 
 def layernorm_bwd_fast(dx, dw, db, dout, x, w, mean, rstd, *, accumulate=False, stream=None):
-    """dx written (accumulate=True: added into), a warp per row; in the same pass each block sums its rows' dw and
-    db into a partial row (a partial a warp in shared memory, added in warp order), and k_layernorm_bwd_fast_reduce
-    adds the blocks' partials into dw and db in block order."""
+    """dx written (accumulate=True: added into) and, in the same pass, each block's partial row of dw and db: a
+    block of ceil(C / 4) threads (rounded up to a warp) spans a row, each thread adding its own 4 columns of dw
+    and db (in registers over 4 rows, in shared memory between); rows wider than a block's most threads span take
+    k_layernorm_bwd_fast_wide, each thread's columns added in the partial row itself. k_layernorm_bwd_fast_reduce
+    then adds the blocks' partials into dw and db in a fixed order."""
     shape = shape_of("x", x)
     N, C = rows(shape)
     args = [ptr("dx", dx, shape), ptr("dout", dout, shape), ptr("x", x, shape), ptr("w", w, (C,)),
             ptr("mean", mean, shape[:-1]), ptr("rstd", rstd, shape[:-1])]
     p_dw, p_db, acc = ptr("dw", dw, (C,)), ptr("db", db, (C,)), flag("accumulate", accumulate)
+    _, max_threads, reduce_cols = bwd_launch()
     rows_per_block = bwd_rows_per_block(N)
-    n_blocks, warps = math.ceil(N / rows_per_block), BLOCK // WARP
-    partials = scratch(n_blocks * 2 * C)
-    shared, warp_partials = warps * 2 * C * 4, None
-    if shared > engine().max_shared:  # rows longer than 3,600 floats or so: the warps' partials go to global memory
-        shared, warp_partials = 0, scratch(n_blocks * warps * 2 * C)  # held here until the launches are queued
-    launch("k_layernorm_bwd_fast", [args[0], int(partials.gpudata), 0 if warp_partials is None else
-                                    int(warp_partials.gpudata), *args[1:], N, C, rows_per_block, acc],
-           n_blocks, stream, shared=shared)
+    n_blocks = math.ceil(N / rows_per_block)
+    partials = scratch(n_blocks * 2 * C)  # held here until both launches are queued
+    bwd_args = [args[0], int(partials.gpudata), *args[1:], N, C, rows_per_block, acc]
+    threads = WARP * math.ceil(C / (4 * WARP))
+    if threads <= max_threads:  # each thread's 16 bytes of dw and of db in shared memory between rows
+        launch("k_layernorm_bwd_fast", bwd_args, n_blocks, stream, shared=2 * 16 * threads, block=threads)
+    else:
+        launch("k_layernorm_bwd_fast_wide", bwd_args, n_blocks, stream, block=max_threads)
     launch("k_layernorm_bwd_fast_reduce", [p_dw, p_db, int(partials.gpudata), n_blocks, C],
-           math.ceil(2 * C / WARP), stream)
+           math.ceil(2 * C / reduce_cols), stream)
