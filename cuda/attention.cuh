@@ -174,3 +174,92 @@ extern "C" __global__ void k_merge_heads_bwd(float* dheads, const float* dy, int
     int b = i / ((long long)d_k * T * NH);
     dheads[i] = dy[((long long)b * T + t) * NH * d_k + h * d_k + d];
 }
+
+// ---------------------------------------------------------------------------------------------------------------
+// The same attention fused, as the tc variant's flash attention computes it, its readable reference: heads read
+// from qkv (B, T, 3C) and written to y (B, T, C) (no split or merge), one log-sum-exp a row kept for the
+// backward (lse (B, NH, T)) in place of the probabilities. One thread per query row (forward, dQ) or key row (dK,
+// dV); every score recomputed by the literal line.
+
+// Q of head h of batch row b (K at + C, V at + 2C): row t of each t * 3C floats on
+__device__ __forceinline__ const float* qkv_head(const float* qkv, int b, int h, int T, int C, int d_k) {
+    return qkv + (long long)b * T * 3 * C + h * d_k;
+}
+
+__device__ __forceinline__ float head_dot(const float* x, const float* y, int d_k) {
+    float s = 0.0f;
+    for (int d = 0; d < d_k; d++) s += x[d] * y[d];
+    return s;
+}
+
+// row i = (b * NH + h) * T + t: y's row t of head h = sum over j <= t of softmax(scores)[j] * V[j]
+extern "C" __global__ void k_fused_attention_fwd(float* y, float* lse, const float* qkv, int B, int T, int NH,
+                                                 int d_k) {
+    long long i = thread_index();
+    if (i >= (long long)B * NH * T) return;
+    int t = i % T, h = (i / T) % NH, b = i / ((long long)T * NH), C = NH * d_k;
+    const float* Q = qkv_head(qkv, b, h, T, C, d_k);
+    const float *K = Q + C, *V = Q + 2 * C;
+    const long long ld = 3LL * C;
+    float* o = y + ((long long)b * T + t) * C + h * d_k;
+    float m = -INFINITY;
+    for (int j = 0; j <= t; j++) m = fmaxf(m, head_dot(Q + t * ld, K + j * ld, d_k) * (1.0f / sqrtf(d_k)));
+    float l = 0.0f;
+    for (int j = 0; j <= t; j++) l += expf(head_dot(Q + t * ld, K + j * ld, d_k) * (1.0f / sqrtf(d_k)) - m);
+    for (int d = 0; d < d_k; d++) o[d] = 0.0f;
+    for (int j = 0; j <= t; j++) {
+        float p = expf(head_dot(Q + t * ld, K + j * ld, d_k) * (1.0f / sqrtf(d_k)) - m) / l;
+        for (int d = 0; d < d_k; d++) o[d] += p * V[j * ld + d];
+    }
+    lse[i] = m + logf(l);
+}
+
+// dQ of query row i (into dqkv's Q columns), and delta[i] = sum over j of p dp (the softmax backward's row sum)
+// for the dK, dV kernel: p = exp(score - lse), dp = dot(dO[i], V[j]), ds = p (dp - delta)
+extern "C" __global__ void k_fused_attention_bwd_dq(float* dqkv, float* delta, const float* dy, const float* qkv,
+                                                    const float* lse, int B, int T, int NH, int d_k) {
+    long long i = thread_index();
+    if (i >= (long long)B * NH * T) return;
+    int t = i % T, h = (i / T) % NH, b = i / ((long long)T * NH), C = NH * d_k;
+    const float* Q = qkv_head(qkv, b, h, T, C, d_k);
+    const float *K = Q + C, *V = Q + 2 * C;
+    const long long ld = 3LL * C, row = (long long)b * T + t;
+    const float* dO = dy + row * C + h * d_k;
+    float* dq = dqkv + row * ld + h * d_k;
+    float sum = 0.0f;
+    for (int j = 0; j <= t; j++) {
+        float p = expf(head_dot(Q + t * ld, K + j * ld, d_k) * (1.0f / sqrtf(d_k)) - lse[i]);
+        sum += p * head_dot(dO, V + j * ld, d_k);
+    }
+    for (int d = 0; d < d_k; d++) dq[d] = 0.0f;
+    for (int j = 0; j <= t; j++) {
+        float p = expf(head_dot(Q + t * ld, K + j * ld, d_k) * (1.0f / sqrtf(d_k)) - lse[i]);
+        float ds = p * (head_dot(dO, V + j * ld, d_k) - sum);
+        for (int d = 0; d < d_k; d++) dq[d] += ds * K[j * ld + d] * (1.0f / sqrtf(d_k));
+    }
+    delta[i] = sum;
+}
+
+// dK and dV of key row j = (b * NH + h) * T + t (into dqkv's K and V columns): sums over the query rows i >= t
+extern "C" __global__ void k_fused_attention_bwd_dkdv(float* dqkv, const float* dy, const float* qkv,
+                                                      const float* lse, const float* delta, int B, int T, int NH,
+                                                      int d_k) {
+    long long j = thread_index();
+    if (j >= (long long)B * NH * T) return;
+    int t = j % T, h = (j / T) % NH, b = j / ((long long)T * NH), C = NH * d_k;
+    const float* Q = qkv_head(qkv, b, h, T, C, d_k);
+    const float *K = Q + C, *V = Q + 2 * C;
+    const long long ld = 3LL * C, row = (long long)b * T + t, rows = j - t;  // rows: lse's index of query row 0
+    float* dk = dqkv + row * ld + C + h * d_k;
+    float* dv = dk + C;
+    for (int d = 0; d < d_k; d++) dk[d] = 0.0f, dv[d] = 0.0f;
+    for (int i = t; i < T; i++) {
+        const float* dO = dy + ((long long)b * T + i) * C + h * d_k;
+        float p = expf(head_dot(Q + i * ld, K + t * ld, d_k) * (1.0f / sqrtf(d_k)) - lse[rows + i]);
+        float ds = p * (head_dot(dO, V + t * ld, d_k) - delta[rows + i]);
+        for (int d = 0; d < d_k; d++) {
+            dv[d] += p * dO[d];
+            dk[d] += ds * Q[i * ld + d] * (1.0f / sqrtf(d_k));
+        }
+    }
+}

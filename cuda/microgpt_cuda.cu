@@ -32,3 +32,4 @@
 #include "embed_fast.cuh"
 // the tensor-core products (sm_80 and later)
 #include "matmul_tc.cuh"
+#include "flash_attention.cuh"

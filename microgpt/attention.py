@@ -6,7 +6,9 @@ every layer, and as MultiHeadAttention, the sublayer on its own with its interme
     inter["scores"][b, h]                                    # head h's (T, T) scores, before the mask
     dx = mha.backward(dout); mha.grads["qkv.w"]
 
-The stages: fused QKV projection, split into heads, scores `scores[i][j] = dot(Q[i], K[j]) * (1.0f /
+The stages (the tc variant fuses those between the two projections into one kernel each way, flash
+attention, which keeps a log-sum-exp a row instead of the probabilities): fused QKV projection, split into heads,
+scores `scores[i][j] = dot(Q[i], K[j]) * (1.0f /
 sqrtf(d_k))`, causal mask (MASK_VALUE where j > i), row softmax, weighted sum of V, concat, W_O. Weights
 follow torch.nn.Linear: `qkv.w` (3C, C), `qkv.b` (3C,), `proj.w` (C, C), `proj.b` (C,); Q, K, V are rows
 0:C, C:2C, 2C:3C of `qkv.w`.
@@ -19,52 +21,73 @@ import numpy as np
 
 from . import reference as R
 from .backend import AttentionBackend
-from .kernels import Kernels, engine, release_at_exit, resolve, select
+from .kernels import Kernels, engine, flash_attention_supported, release_at_exit, resolve, select
 
 WEIGHTS = ("qkv.w", "qkv.b", "proj.w", "proj.b")
-INTERMEDIATES = ("q", "k", "v", "scores", "masked", "probs", "heads", "y")
+INTERMEDIATES = ("q", "k", "v", "scores", "masked", "probs", "heads", "lse", "y")
 
 
 # ---------------------------------------------------------------------------------------------- on the GPU
 # The stages on buffers the caller owns (a namespace `a` forward, `d` backward), in one variant's kernels.
-# The fast variant's scores kernel writes the masked scores directly: a.scores is None there.
+# The fast variant's scores kernel writes the masked scores directly: a.scores is None there. A variant with
+# fused attention (tc) runs the heads in one kernel each way, reading them from qkv: the buffers it is given
+# (fused=True) have a.lse and no per-head stages (a.q ... a.heads None).
+def fused(ops: Kernels, d_k: int) -> bool:
+    """Whether the variant's attention runs fused at this head width on this device."""
+    return ops.variant.fused_attention and flash_attention_supported(d_k)
+
+
 def attention_fwd(ops: Kernels, x, w, a, n_head, stream=None):
-    """x (B, T, C) -> a.out; keeps a.q, a.k, a.v, a.probs and a.y for backward, and the scores before the
-    mask in a.scores unless it is None."""
+    """x (B, T, C) -> a.out; keeps a.qkv and a.y for backward, and a.lse (fused) or a.q, a.k, a.v and a.probs
+    (and the scores before the mask in a.scores unless it is None)."""
     ops.matmul_fwd(a.qkv, x, w["qkv.w"], w["qkv.b"], stream=stream)
-    ops.split_heads_fwd(a.q, a.k, a.v, a.qkv, n_head, stream=stream)
-    ops.causal_scores_fwd(a.masked, a.q, a.k, scores=a.scores, stream=stream)
-    ops.softmax_fwd(a.probs, a.masked, causal=True, stream=stream)
-    ops.attn_values_fwd(a.heads, a.probs, a.v, stream=stream)
-    ops.merge_heads_fwd(a.y, a.heads, stream=stream)
+    if a.lse is not None:
+        ops.fused_attention_fwd(a.y, a.lse, a.qkv, n_head, stream=stream)
+    else:
+        ops.split_heads_fwd(a.q, a.k, a.v, a.qkv, n_head, stream=stream)
+        ops.causal_scores_fwd(a.masked, a.q, a.k, scores=a.scores, stream=stream)
+        ops.softmax_fwd(a.probs, a.masked, causal=True, stream=stream)
+        ops.attn_values_fwd(a.heads, a.probs, a.v, stream=stream)
+        ops.merge_heads_fwd(a.y, a.heads, stream=stream)
     ops.matmul_fwd(a.out, a.y, w["proj.w"], w["proj.b"], stream=stream)
 
 
 def attention_bwd(ops: Kernels, dout, x, w, g, a, d, n_head, stream=None):
     """dout (B, T, C) -> d.dx written; g (the weights' gradients) added into. d holds the scratch."""
     ops.matmul_bwd(d.dy, g["proj.w"], g["proj.b"], dout, a.y, w["proj.w"], stream=stream)
-    ops.merge_heads_bwd(d.dheads, d.dy, n_head, stream=stream)
-    ops.attn_values_bwd(d.dprobs, d.dv, d.dheads, a.probs, a.v, stream=stream)
-    ops.softmax_bwd(d.dscores, d.dprobs, a.probs, causal=True, stream=stream)
-    ops.causal_scores_bwd(d.dq, d.dk, d.dscores, a.q, a.k, stream=stream)
-    ops.split_heads_bwd(d.dqkv, d.dq, d.dk, d.dv, stream=stream)
+    if a.lse is not None:
+        ops.fused_attention_bwd(d.dqkv, d.dy, a.qkv, a.y, a.lse, n_head, stream=stream)
+    else:
+        ops.merge_heads_bwd(d.dheads, d.dy, n_head, stream=stream)
+        ops.attn_values_bwd(d.dprobs, d.dv, d.dheads, a.probs, a.v, stream=stream)
+        ops.softmax_bwd(d.dscores, d.dprobs, a.probs, causal=True, stream=stream)
+        ops.causal_scores_bwd(d.dq, d.dk, d.dscores, a.q, a.k, stream=stream)
+        ops.split_heads_bwd(d.dqkv, d.dq, d.dk, d.dv, stream=stream)
     ops.matmul_bwd(d.dx, g["qkv.w"], g["qkv.b"], d.dqkv, x, w["qkv.w"], stream=stream)
 
 
-def attention_buffers(new, B, T, C, n_head, keep_scores=False):
-    """The forward's buffers, from new(*shape); a.scores only with keep_scores."""
+def attention_buffers(new, B, T, C, n_head, keep_scores=False, fused=False):
+    """The forward's buffers, from new(*shape); a.scores only with keep_scores; fused: a.lse instead of the
+    per-head stages."""
     d_k = C // n_head
-    return SimpleNamespace(qkv=new(B, T, 3 * C), q=new(B, n_head, T, d_k), k=new(B, n_head, T, d_k),
-                           v=new(B, n_head, T, d_k), scores=new(B, n_head, T, T) if keep_scores else None,
-                           masked=new(B, n_head, T, T), probs=new(B, n_head, T, T), heads=new(B, n_head, T, d_k),
-                           y=new(B, T, C), out=new(B, T, C))
+    a = SimpleNamespace(qkv=new(B, T, 3 * C), y=new(B, T, C), out=new(B, T, C), lse=None, q=None, k=None, v=None,
+                        scores=None, masked=None, probs=None, heads=None)
+    if fused:
+        a.lse = new(B, n_head, T)
+    else:
+        a.q, a.k, a.v, a.heads = (new(B, n_head, T, d_k) for _ in range(4))
+        a.scores = new(B, n_head, T, T) if keep_scores else None
+        a.masked, a.probs = new(B, n_head, T, T), new(B, n_head, T, T)
+    return a
 
 
-def attention_grad_buffers(new, B, T, C, n_head):
+def attention_grad_buffers(new, B, T, C, n_head, fused=False):
     d_k = C // n_head
-    return SimpleNamespace(dy=new(B, T, C), dheads=new(B, n_head, T, d_k), dprobs=new(B, n_head, T, T),
-                           dscores=new(B, n_head, T, T), dq=new(B, n_head, T, d_k), dk=new(B, n_head, T, d_k),
-                           dv=new(B, n_head, T, d_k), dqkv=new(B, T, 3 * C), dx=new(B, T, C))
+    d = SimpleNamespace(dy=new(B, T, C), dqkv=new(B, T, 3 * C), dx=new(B, T, C))
+    if not fused:
+        d.dheads, d.dq, d.dk, d.dv = (new(B, n_head, T, d_k) for _ in range(4))
+        d.dprobs, d.dscores = new(B, n_head, T, T), new(B, n_head, T, T)
+    return d
 
 
 # ---------------------------------------------------------------------------------------------- backends
@@ -92,7 +115,7 @@ class NumpyAttention:
 
 class CudaAttention:
     """The sublayer in one variant's kernels, on the GPU; the intermediates are those the variant has (the
-    fast one has no scores before the mask)."""
+    fast one has no scores before the mask; the tc one, fused, has y and lse and no per-head stage)."""
 
     def __init__(self, n_head: int, variant: str | None = None):
         self.n_head = n_head
@@ -114,7 +137,8 @@ class CudaAttention:
 
     def forward(self, x, keep_intermediates):
         B, T, C = x.shape
-        a = attention_buffers(self._new, B, T, C, self.n_head, keep_scores=self.ops.variant.keeps_scores)
+        a = attention_buffers(self._new, B, T, C, self.n_head, keep_scores=self.ops.variant.keeps_scores,
+                              fused=fused(self.ops, C // self.n_head))
         a.x = self.ga.to_gpu(x)
         attention_fwd(self.ops, a.x, self.weights, a, self.n_head)
         self._a = a
@@ -126,7 +150,7 @@ class CudaAttention:
     def backward(self, dout):
         a = self._a
         B, T, C = a.x.shape
-        d = attention_grad_buffers(self._new, B, T, C, self.n_head)
+        d = attention_grad_buffers(self._new, B, T, C, self.n_head, fused=a.lse is not None)
         g = {k: self.ga.zeros_like(v) for k, v in self.weights.items()}  # kernels add into weight gradients
         attention_bwd(self.ops, self.ga.to_gpu(dout), a.x, self.weights, g, a, d, self.n_head)
         return d.dx.get(), {k: v.get() for k, v in g.items()}
@@ -141,7 +165,8 @@ class MultiHeadAttention:
         """backend: "numpy", "cuda", or an AttentionBackend object. variant (a name of
         microgpt.kernels.VARIANTS, None for the default) picks the cuda backend's kernels; the numpy
         backend has one set. The fast variant writes the masked scores directly, so that "scores" is not
-        among its intermediates."""
+        among its intermediates; the tc variant's attention is fused (flash attention, where the device runs
+        it), whose intermediates are y and lse only."""
         for name, value in (("d_model", d_model), ("n_head", n_head)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -203,7 +228,8 @@ class MultiHeadAttention:
 
     def forward(self, x, return_intermediates=False):
         """out (B, T, C); with return_intermediates also a dict of every stage per head: q, k, v and
-        heads (B, NH, T, d_k), scores (before the mask), masked and probs (B, NH, T, T), y (B, T, C)."""
+        heads (B, NH, T, d_k), scores (before the mask), masked and probs (B, NH, T, T), lse (B, NH, T: each
+        row's log-sum-exp of its masked scores, probs = exp(masked - lse)), y (B, T, C); those the variant has."""
         x = self._check_x("x", x)
         out, inter = self.backend.forward(x, return_intermediates)
         self._x_shape = x.shape

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from . import kernels as K
-from .attention import attention_bwd, attention_fwd, attention_grad_buffers
+from .attention import attention_bwd, attention_fwd, attention_grad_buffers, fused
 from .backend import FLAT_VECTORS, check_which
 from .config import GPTConfig
 from .params import decays, num_params, param_table
@@ -99,17 +99,26 @@ class CudaBackend:
         b.batch = new(3, B, T, dtype=np.int32)
         b.idx, b.tgt, b.order = b.batch[0], b.batch[1], b.batch[2]
         b.resid = [new(B, T, C) for _ in range(L + 1)]  # the residual stream entering each layer, and out
-        b.layers = []
+        b.layers, b.fused = [], fused(self.ops, C // NH)
+        b.scratch = SimpleNamespace(out=new(B, T, C), mlp=new(B, T, C))
+        if not b.fused:  # the pipeline's stages its backward does not read, shared by all layers
+            b.scratch.qkv, b.scratch.masked = new(B, T, 3 * C), new(B, NH, T, T)
+            b.scratch.heads = new(B, NH, T, C // NH)
         for _ in range(L):
-            # saved for backward, per layer; the attention scores are scratch shared by all layers
+            # saved for backward, per layer
             a = SimpleNamespace(ln1=new(B, T, C), mean1=new(B, T), rstd1=new(B, T), x1=new(B, T, C),
                                 ln2=new(B, T, C), mean2=new(B, T), rstd2=new(B, T), fc=new(B, T, 4 * C),
                                 act=new(B, T, 4 * C))
-            a.att = SimpleNamespace(q=new(B, NH, T, C // NH), k=new(B, NH, T, C // NH),
-                                    v=new(B, NH, T, C // NH), probs=new(B, NH, T, T), y=new(B, T, C))
+            # and what the attention's backward reads: qkv, y and lse (fused), or q, k, v, probs and y
+            a.att = SimpleNamespace(y=new(B, T, C), out=b.scratch.out, scores=None, lse=None, q=None, k=None,
+                                    v=None, probs=None, masked=None, heads=None)
+            if b.fused:
+                a.att.qkv, a.att.lse = new(B, T, 3 * C), new(B, NH, T)
+            else:
+                a.att.qkv, a.att.masked, a.att.heads = b.scratch.qkv, b.scratch.masked, b.scratch.heads
+                a.att.q, a.att.k, a.att.v = (new(B, NH, T, C // NH) for _ in range(3))
+                a.att.probs = new(B, NH, T, T)
             b.layers.append(a)
-        b.scratch = SimpleNamespace(qkv=new(B, T, 3 * C), scores=new(B, NH, T, T),
-                                    heads=new(B, NH, T, C // NH), out=new(B, T, C), mlp=new(B, T, C))
         b.lnf, b.meanf, b.rstdf = new(B, T, C), new(B, T), new(B, T)
         b.logits, b.probs, b.losses = new(B, T, V), new(B, T, V), new(B, T)
         b.dlosses = self.ga.to_gpu(np.full((B, T), 1.0 / (B * T), np.float32))
@@ -121,7 +130,7 @@ class CudaBackend:
             B, T = b.shape
             C, NH = self.config.d_model, self.config.n_head
             new = self._new
-            b.d = attention_grad_buffers(new, B, T, C, NH)
+            b.d = attention_grad_buffers(new, B, T, C, NH, fused=b.fused)
             b.d.resid, b.d.ln = new(B, T, C), new(B, T, C)
             b.d.act, b.d.fc = new(B, T, 4 * C), new(B, T, 4 * C)
             b.d.logits = new(B, T, self.config.vocab_size)
@@ -143,9 +152,7 @@ class CudaBackend:
             ops.layernorm_fwd(out, mean, rstd, b.resid[0], ln_w, ln_b)
             for l, s in enumerate(b.layers):
                 w = _sublayer(P, f"h.{l}.")
-                a = SimpleNamespace(**vars(s.att), qkv=b.scratch.qkv, scores=None, masked=b.scratch.scores,
-                                    heads=b.scratch.heads, out=b.scratch.out)
-                attention_fwd(ops, s.ln1, _sublayer(w, "attn."), a, NH)
+                attention_fwd(ops, s.ln1, _sublayer(w, "attn."), s.att, NH)
                 # each residual add with the layernorm that reads its sum: x1 = resid[l] + attn, ln2(x1) ...
                 ops.residual_layernorm_fwd(s.x1, s.ln2, s.mean2, s.rstd2, b.resid[l], b.scratch.out, w["ln2.w"],
                                            w["ln2.b"])
@@ -272,10 +279,16 @@ class CudaBackend:
         sampling.Choice) the next tokens (B,) chosen on the GPU, only they copied back."""
         B, T = idx.shape
         last, _ = self.forward(idx, None, logits="last" if choose is None else None)
-        d = self._decode_state(B)
-        for l, s in enumerate(self._bufs.layers):
-            self.ops.kv_store(d.k[l], s.att.k, stream=self.stream)
-            self.ops.kv_store(d.v[l], s.att.v, stream=self.stream)
+        d, b, NH = self._decode_state(B), self._bufs, self.config.n_head
+        if b.fused and not hasattr(b, "heads"):  # the keys and values are in each layer's qkv: split out here
+            b.heads = [self._new(B, NH, T, self.config.d_model // NH) for _ in range(3)]  # held with the buffers
+        for l, s in enumerate(b.layers):
+            k, v = s.att.k, s.att.v
+            if b.fused:
+                q, k, v = b.heads
+                self.ops.split_heads_fwd(q, k, v, s.att.qkv, NH, stream=self.stream)
+            self.ops.kv_store(d.k[l], k, stream=self.stream)
+            self.ops.kv_store(d.v[l], v, stream=self.stream)
         d.length = T  # positions in the caches: decode's next one
         if choose is None:
             K.synchronize(self.stream, "prefill")

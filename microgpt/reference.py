@@ -126,6 +126,13 @@ def softmax_fwd(x):
     return e / e.sum(axis=-1, keepdims=True)
 
 
+def logsumexp(x):
+    """Each row's log of its sum of exponentials over the last axis (what the fused attention keeps of its
+    probabilities: probs = exp(masked - lse))."""
+    m = x.max(axis=-1, keepdims=True)
+    return (m + np.log(np.exp(x - m).sum(axis=-1, keepdims=True)))[..., 0]
+
+
 def softmax_bwd(dprobs, probs):
     return probs * (dprobs - (dprobs * probs).sum(axis=-1, keepdims=True))
 
@@ -228,7 +235,8 @@ def attention_fwd(x, w_qkv, b_qkv, w_o, b_o, n_head):
     heads = attn_values_fwd(probs, v)
     y = merge_heads_fwd(heads)
     out = linear_fwd(y, w_o, b_o)
-    cache = dict(x=x, qkv=qkv, q=q, k=k, v=v, scores=scores, masked=masked, probs=probs, heads=heads, y=y)
+    cache = dict(x=x, qkv=qkv, q=q, k=k, v=v, scores=scores, masked=masked, probs=probs, heads=heads, y=y,
+                 lse=logsumexp(masked))
     return out, cache
 
 

@@ -58,7 +58,7 @@ def test_multi_head_attention_on_numpy_is_the_reference_pipeline(rng):
     w = mha.state_dict()
     want, cache = R.attention_fwd(x, w["qkv.w"], w["qkv.b"], w["proj.w"], w["proj.b"], 4)
     np.testing.assert_array_equal(out, want)
-    assert set(inter) == {"q", "k", "v", "scores", "masked", "probs", "heads", "y"}
+    assert set(inter) == {"q", "k", "v", "scores", "masked", "probs", "heads", "lse", "y"}
     assert inter["scores"].shape == (2, 4, 5, 5) and inter["q"].shape == (2, 4, 5, 4)
     assert np.all(inter["masked"][..., np.triu_indices(5, 1)[0], np.triu_indices(5, 1)[1]] == R.MASK_VALUE)
     dout = rng.standard_normal((2, 5, 16)).astype(np.float32)

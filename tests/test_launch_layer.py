@@ -60,6 +60,9 @@ CALLS = {
     "softmax_bwd": lambda: ((f32(*att), f32(*att), f32(*att)), {}),
     "attn_values_fwd": lambda: ((f32(*hs), f32(*att), f32(*hs)), {}),
     "attn_values_bwd": lambda: ((f32(*att), f32(*hs), f32(*hs), f32(*att), f32(*hs)), {}),
+    "fused_attention_fwd": lambda: ((f32(B, T, C), f32(B, NH, T), f32(B, T, 3 * C), NH), {}),
+    "fused_attention_bwd": lambda: ((f32(B, T, 3 * C), f32(B, T, C), f32(B, T, 3 * C), f32(B, T, C), f32(B, NH, T),
+                                     NH), {}),
     "merge_heads_fwd": lambda: ((f32(B, T, C), f32(*hs)), {}),
     "merge_heads_bwd": lambda: ((f32(*hs), f32(B, T, C), NH), {}),
     "gelu_fwd": lambda: ((f32(B, T, 4 * C), f32(B, T, 4 * C)), {}),
@@ -121,6 +124,16 @@ def _run_every_launcher():
                 args, kw = call()
                 getattr(ops, op)(*args, **kw)
             ops.matmul_fwd(f32(B, 1, 4 * C), f32(B, 1, C), f32(4 * C, C), f32(4 * C))  # a decode step's few rows
+            for n_head in (2, 1):  # flash attention's wider kernels: d_k 32 (CALLS: 16), 64
+                ops.fused_attention_fwd(f32(B, T, C), f32(B, n_head, T), f32(B, T, 3 * C), n_head)
+                ops.fused_attention_bwd(f32(B, T, 3 * C), f32(B, T, C), f32(B, T, 3 * C), f32(B, T, C),
+                                        f32(B, n_head, T), n_head)
+            wide = 128  # and 128
+            ops.fused_attention_fwd(f32(B, T, wide), f32(B, 1, T), f32(B, T, 3 * wide), 1)
+            ops.fused_attention_bwd(f32(B, T, 3 * wide), f32(B, T, wide), f32(B, T, 3 * wide), f32(B, T, wide),
+                                    f32(B, 1, T), 1)
+            W = 4100  # rows wider than a block of the fast layernorm backward spans
+            ops.layernorm_bwd(f32(3, W), f32(W), f32(W), f32(3, W), f32(3, W), f32(W), f32(3), f32(3))
         for ta in (False, True):
             for tb in (False, True):
                 for N in (4 * C, d_k):  # K = 4 C: long enough for the tensor cores (matmul_tc.TC_MIN_K)
@@ -183,35 +196,34 @@ def test_split_k_cuts_a_weight_gradient_and_reduces_it_in_order(fake):
 
 def test_the_fast_layernorm_backward_is_one_pass_and_one_reduction_set_by_n_alone(fake):
     """dx, and each block's partial row of dw and db, in one pass over the rows; then one launch adds the blocks'
-    partials into dw and db. Which rows a block takes is a function of N alone (a multiple of the block's 8 warps,
-    at most BWD_BLOCKS blocks), never of the GPU: another SM count changes no launch, and a GPU with less shared
-    memory only moves the warps' partials to global memory (the same sums in the same order)."""
+    partials into dw and db. Which rows a block takes is a function of N alone (a multiple of the 4 rows a block
+    takes at once, at most BWD_BLOCKS blocks), never of the GPU: another SM count or shared-memory size changes
+    no launch. A block spans a row (a thread per 4 columns, rounded up to a warp) up to 4096 columns; wider rows
+    take the wide kernel's blocks of 1024 threads."""
     def launches(N, C):
         with K.recording() as plan:
             K.layernorm_bwd_fast(f32(N, C), f32(C), f32(C), f32(N, C), f32(N, C), f32(C), f32(N), f32(N),
                                  accumulate=True)
         (k1, _, g1, a1, s1, b1), (k2, _, g2, a2, s2, b2) = plan
-        assert (k1, k2) == ("k_layernorm_bwd_fast", "k_layernorm_bwd_fast_reduce") and b1 == b2 == K.BLOCK
-        assert a2[2] == a1[1] and s2 == 0  # the kernel's partial rows are what the reduction adds
-        # grid, (N, C, rows a block, accumulate), shared bytes, warps' partials in global memory, the reduction's
-        # grid and (blocks, C), scratch buffers
-        return g1, a1[8:], s1, a1[2] != 0, g2, a2[3:], len(plan.keep)
+        assert k2 == "k_layernorm_bwd_fast_reduce" and b2 == K.BLOCK and s2 == 0
+        assert a2[2] == a1[1]  # the kernel's partial rows are what the reduction adds
+        # kernel, grid, (N, C, rows a block, accumulate), threads, shared bytes, the reduction's grid and
+        # (blocks, C), scratch buffers
+        return k1, g1, a1[7:], b1, s1, g2, a2[3:], len(plan.keep)
 
-    assert launches(8192, 768) == ((256, 1), [8192, 768, 32, 1], 8 * 2 * 768 * 4, False, (48, 1), [256, 768], 1)
-    assert launches(7, 3) == ((1, 1), [7, 3, 8, 1], 8 * 2 * 3 * 4, False, (1, 1), [1, 3], 1)
-    for N in (1, 3, 8, 9, 2048, 2049, 8197, 100_000):
-        (blocks, _), (_, _, rows_per_block, _), *_ = launches(N, 36)
-        assert rows_per_block == bwd_rows_per_block(N) and rows_per_block % 8 == 0, N
+    fast = "k_layernorm_bwd_fast"
+    assert launches(8192, 768) == (fast, (512, 1), [8192, 768, 16, 1], 192, 192 * 32, (192, 1), [512, 768], 1)
+    assert launches(7, 3) == (fast, (2, 1), [7, 3, 4, 1], 32, 32 * 32, (1, 1), [2, 3], 1)
+    assert launches(5, 4096)[:5] == (fast, (2, 1), [5, 4096, 4, 1], 1024, 1024 * 32)
+    assert launches(5, 4097)[:5] == (fast + "_wide", (2, 1), [5, 4097, 4, 1], 1024, 0)
+    for N in (1, 3, 4, 9, 2048, 2049, 8192, 8197, 100_000):
+        _, (blocks, _), (_, _, rows_per_block, _), *_ = launches(N, 36)
+        assert rows_per_block == bwd_rows_per_block(N) and rows_per_block % 4 == 0, N
         assert (blocks - 1) * rows_per_block < N <= blocks * rows_per_block and blocks <= BWD_BLOCKS, N
     shapes = [(8197, 768), (8197, 1024), (3, 5000)]
     on_h200 = [launches(N, C) for N, C in shapes]
-    fake.sm_count = 114
+    fake.sm_count, fake.max_shared = 114, 0
     assert [launches(N, C) for N, C in shapes] == on_h200
-    assert on_h200[2][2:4] == (0, True)  # 8 * 2 * 5000 floats are more than a block may have
-    fake.max_shared = 48 * 1024  # where 8 * 2 * 1024 floats no longer fit either
-    shared, global_ = on_h200[1], launches(8197, 1024)
-    assert global_[:2] == shared[:2] and global_[4:6] == shared[4:6]  # the same blocks, rows and reduction
-    assert shared[2:4] == (8 * 2 * 1024 * 4, False) and global_[2:4] == (0, True) and global_[6] == 2
 
 
 def test_the_profile_cases_launch_every_kernel(fake):

@@ -1,14 +1,20 @@
 #!/usr/bin/env python3
-"""The 12-head attention pipeline (the literal kernels, and the fast variant) against PyTorch's
-scaled_dot_product_attention in FP32 with TF32 off, at the same shapes, forward and forward+backward.
+"""Causal multi-head attention as the model runs it, against PyTorch's scaled_dot_product_attention in FP32 with
+TF32 off, at the same shapes, forward and forward+backward, for several lengths T.
 
-    python tools/bench_attention.py                 # B=8, 12 heads, T=1024, d_k=64
+    python tools/bench_attention.py                     # B=8, 12 heads, d_k=64, T = 1024, 2048, 4096
     python tools/bench_attention.py --quick --json
-    python tools/bench_attention.py --variant fast  # one variant (default: all)
+    python tools/bench_attention.py --variant tc -T 1024
 
-Both sides start from q, k, v (B, NH, T, d_k) and end at the per-head outputs (and, backward, at dq, dk,
-dv): ours is scores -> causal mask -> softmax -> weighted sum of V, one kernel a stage (the fast variant
-fuses the mask into the scores and skips the masked half). Times are medians of CUDA-event timings.
+Both sides start from the QKV projection's output qkv (B, T, 3C) and end at y (B, T, C), the heads side by side
+for W_O (and, backward, from dy back to dqkv). Ours is the variant's attention: the reference and fast variants'
+pipeline (split into heads, scores, causal mask, softmax, weighted sum of V, merge: one kernel a stage, the fast
+variant fusing the mask into the scores and skipping the masked half), the tc variant's flash attention (one
+kernel forward, two backward, the heads read from qkv). PyTorch's is nanoGPT's: views of qkv transposed into
+heads, SDPA, the heads transposed back into y. Times are medians of CUDA-event timings. "MB": the attention's
+own memory beyond qkv, y and their gradients (ours: the buffers it allocates; PyTorch's: the peak of its
+allocator over a forward and backward). The reference variant runs at T <= 1024 only (its T x T stages take
+seconds beyond).
 """
 from __future__ import annotations
 
@@ -20,33 +26,55 @@ import sys
 import numpy as np
 
 from microgpt import kernels as K
+from microgpt.attention import fused
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import cuda_median_ms, gpu_or_exit, torch_median_ms  # noqa: E402
 
+REFERENCE_MAX_T = 1024
+
 
 def ours(B, NH, T, d_k, variant, iters, warmup):
-    """(forward ms, forward+backward ms) of the pipeline between q, k, v and the heads' outputs."""
+    """(forward ms, forward+backward ms, MB of the attention's own buffers) between qkv and y."""
     ops = K.select(variant)
     e = K.engine()
     ga = e.ga
     rng = np.random.default_rng(0)
     stream = e.cuda.Stream()
-    hs, att = (B, NH, T, d_k), (B, NH, T, T)
-    q, k, v, dout = (ga.to_gpu(rng.standard_normal(hs).astype(np.float32)) for _ in range(4))
-    masked, probs, heads = ga.empty(att, np.float32), ga.empty(att, np.float32), ga.empty(hs, np.float32)
-    dprobs, dscores = ga.empty(att, np.float32), ga.empty(att, np.float32)
-    dq, dk, dv = (ga.empty(hs, np.float32) for _ in range(3))
+    C = NH * d_k
+    qkv = ga.to_gpu(rng.standard_normal((B, T, 3 * C)).astype(np.float32))
+    dy = ga.to_gpu(rng.standard_normal((B, T, C)).astype(np.float32))
+    y, dqkv = ga.empty((B, T, C), np.float32), ga.empty((B, T, 3 * C), np.float32)
+    own = []
+
+    def new(*shape):
+        own.append(ga.empty(shape, np.float32))
+        return own[-1]
 
     # the launches are recorded once (arguments checked once), as the model runs them
-    with K.recording() as fwd_plan:
-        ops.causal_scores_fwd(masked, q, k)
-        ops.softmax_fwd(probs, masked, causal=True)
-        ops.attn_values_fwd(heads, probs, v)
-    with K.recording() as bwd_plan:
-        ops.attn_values_bwd(dprobs, dv, dout, probs, v)
-        ops.softmax_bwd(dscores, dprobs, probs, causal=True)
-        ops.causal_scores_bwd(dq, dk, dscores, q, k)
+    if fused(ops, d_k):
+        lse = new(B, NH, T)
+        new(B, NH, T)  # the backward's delta, a scratch of its launcher
+        with K.recording() as fwd_plan:
+            ops.fused_attention_fwd(y, lse, qkv, NH)
+        with K.recording() as bwd_plan:
+            ops.fused_attention_bwd(dqkv, dy, qkv, y, lse, NH)
+    else:
+        hs, att = (B, NH, T, d_k), (B, NH, T, T)
+        q, k, v, heads, dheads, dq, dk, dv = (new(*hs) for _ in range(8))
+        masked, probs, dprobs, dscores = (new(*att) for _ in range(4))
+        with K.recording() as fwd_plan:
+            ops.split_heads_fwd(q, k, v, qkv, NH)
+            ops.causal_scores_fwd(masked, q, k)
+            ops.softmax_fwd(probs, masked, causal=True)
+            ops.attn_values_fwd(heads, probs, v)
+            ops.merge_heads_fwd(y, heads)
+        with K.recording() as bwd_plan:
+            ops.merge_heads_bwd(dheads, dy, NH)
+            ops.attn_values_bwd(dprobs, dv, dheads, probs, v)
+            ops.softmax_bwd(dscores, dprobs, probs, causal=True)
+            ops.causal_scores_bwd(dq, dk, dscores, q, k)
+            ops.split_heads_bwd(dqkv, dq, dk, dv)
 
     def run_fwd(s):
         K.replay(fwd_plan, s, "forward")
@@ -54,38 +82,50 @@ def ours(B, NH, T, d_k, variant, iters, warmup):
     def run_both(s):
         K.replay(fwd_plan, s, "forward")
         K.replay(bwd_plan, s, "backward")
-    return cuda_median_ms(run_fwd, iters, warmup, stream), cuda_median_ms(run_both, iters, warmup, stream)
+    mb = sum(a.nbytes for a in own) / 2 ** 20
+    return cuda_median_ms(run_fwd, iters, warmup, stream), cuda_median_ms(run_both, iters, warmup, stream), mb
 
 
 def torch_sdpa(B, NH, T, d_k, iters, warmup):
+    """(forward ms, forward+backward ms, MB, why not): nanoGPT's attention between qkv and y."""
     try:
         import torch
         import torch.nn.functional as F
     except ImportError:
-        return None, None, "PyTorch is not installed"
+        return None, None, None, "PyTorch is not installed"
     if not torch.cuda.is_available():
-        return None, None, "PyTorch has no CUDA here"
+        return None, None, None, "PyTorch has no CUDA here"
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    q, k, v = (torch.randn(B, NH, T, d_k, device="cuda", requires_grad=True) for _ in range(3))
-    dout = torch.randn(B, NH, T, d_k, device="cuda")
+    C = NH * d_k
+    qkv = torch.randn(B, T, 3 * C, device="cuda", requires_grad=True)
+    dy = torch.randn(B, T, C, device="cuda")
 
     def fwd():
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        q, k, v = (t.view(B, T, NH, d_k).transpose(1, 2) for t in qkv.split(C, dim=2))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).contiguous().view(B, T, C)
 
     def both():
-        torch.autograd.grad(fwd(), (q, k, v), dout)
+        torch.autograd.grad(fwd(), (qkv,), dy)
 
     with torch.no_grad():
         f = torch_median_ms(fwd, iters, warmup)
-    return f, torch_median_ms(both, iters, warmup), None
+    b = torch_median_ms(both, iters, warmup)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    both()
+    torch.cuda.synchronize()
+    # beyond qkv and dy (allocated before) and what we also hold: y and dqkv
+    mb = (torch.cuda.max_memory_allocated() - base - 4 * B * T * 4 * C) / 2 ** 20
+    return f, b, mb, None
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-B", type=int, default=8)
     ap.add_argument("--heads", type=int, default=12)
-    ap.add_argument("-T", type=int, default=1024)
+    ap.add_argument("-T", default="1024,2048,4096", help="lengths, comma-separated")
     ap.add_argument("--d-k", type=int, default=64)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
@@ -93,33 +133,43 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="B=2, T=256, 3 iterations")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = ap.parse_args()
+    try:
+        lengths = [int(t) for t in str(args.T).split(",")]
+    except ValueError:
+        ap.error(f"-T: comma-separated positive lengths, got {args.T!r}")
+    if any(t <= 0 for t in lengths):
+        ap.error(f"-T: comma-separated positive lengths, got {args.T!r}")
     device = gpu_or_exit("bench_attention")
     if args.quick:
-        args.B, args.T, args.iters, args.warmup = 2, 256, 3, 1
-    shape = (args.B, args.heads, args.T, args.d_k)
-    rows = {}
-    for variant in (K.VARIANTS if args.variant == "all" else [args.variant]):
-        rows[variant] = ours(*shape, variant, args.iters, args.warmup)
-    t_fwd, t_both, why = torch_sdpa(*shape, args.iters, args.warmup)
-    result = dict(device=device, B=args.B, n_head=args.heads, T=args.T, d_k=args.d_k,
-                  torch_sdpa_fwd_ms=t_fwd, torch_sdpa_fwd_bwd_ms=t_both, torch_note=why,
-                  **{f"{k}_fwd_ms": v[0] for k, v in rows.items()},
-                  **{f"{k}_fwd_bwd_ms": v[1] for k, v in rows.items()},
-                  **({f"{k}_fwd_vs_torch": t_fwd / v[0] for k, v in rows.items()} if t_fwd else {}),
-                  **({f"{k}_fwd_bwd_vs_torch": t_both / v[1] for k, v in rows.items()} if t_both else {}))
+        args.B, lengths, args.iters, args.warmup = 2, [256], 3, 1
+    rows = []
+    for T in lengths:
+        shape = (args.B, args.heads, T, args.d_k)
+        for variant in (K.VARIANTS if args.variant == "all" else [args.variant]):
+            if variant == "reference" and T > REFERENCE_MAX_T and args.variant == "all":
+                continue
+            f, b, mb = ours(*shape, variant, args.iters, args.warmup)
+            rows.append(dict(T=T, who=f"microgpt {variant}", fwd_ms=f, fwd_bwd_ms=b, mb=mb))
+        f, b, mb, why = torch_sdpa(*shape, args.iters, args.warmup)
+        for r in rows:
+            if r["T"] == T and f:
+                r["fwd_vs_torch"], r["fwd_bwd_vs_torch"] = f / r["fwd_ms"], b / r["fwd_bwd_ms"]
+        rows.append(dict(T=T, who="PyTorch SDPA", fwd_ms=f, fwd_bwd_ms=b, mb=mb, note=why))
+    result = dict(device=device, B=args.B, n_head=args.heads, d_k=args.d_k, rows=rows)
     if args.json:
         print(json.dumps(result))
         return 0
-    print(f"{device}: causal attention, B={args.B}, {args.heads} heads, T={args.T}, d_k={args.d_k}, FP32, TF32 off")
-    print(f"{'':<26}{'fwd ms':>9}{'fwd+bwd ms':>12}{'fwd x torch':>13}{'fwd+bwd x torch':>17}")
-    for k, (f, b) in rows.items():
-        ratio = f"{t_fwd / f:>13.2f}{t_both / b:>17.2f}" if t_fwd else f"{'-':>13}{'-':>17}"
-        print(f"{'microgpt ' + k:<26}{f:>9.3f}{b:>12.3f}{ratio}")
-    if t_fwd:
-        print(f"{'PyTorch SDPA':<26}{t_fwd:>9.3f}{t_both:>12.3f}")
-        print("x torch: PyTorch's time over ours (above 1: ours is faster)")
-    else:
-        print(f"PyTorch SDPA: {why}")
+    print(f"{device}: causal attention, B={args.B}, {args.heads} heads, d_k={args.d_k}, FP32, TF32 off")
+    print(f"{'T':>6}  {'':<22}{'fwd ms':>9}{'fwd+bwd ms':>12}{'fwd x torch':>13}{'fwd+bwd x torch':>17}{'MB':>9}")
+    for r in rows:
+        if r["fwd_ms"] is None:
+            print(f"{r['T']:>6}  {r['who']:<22}{r['note']}")
+            continue
+        ratio = (f"{r['fwd_vs_torch']:>13.2f}{r['fwd_bwd_vs_torch']:>17.2f}" if "fwd_vs_torch" in r
+                 else f"{'':>13}{'':>17}")
+        print(f"{r['T']:>6}  {r['who']:<22}{r['fwd_ms']:>9.3f}{r['fwd_bwd_ms']:>12.3f}{ratio}{r['mb']:>9.0f}")
+    print("x torch: PyTorch's time over ours (above 1: ours is faster); MB: the attention's own memory beyond "
+          "qkv, y and their gradients")
     return 0
 
 

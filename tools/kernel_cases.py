@@ -126,6 +126,14 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
         add(f"{case} (accumulate)",
             lambda s, d, bwd=bwd: bwd(dx_sum, dw, db, d, xs[0][0], w, mean, rstd, accumulate=True, stream=s),
             F * (4 * N * C + 5 * C + 2 * N), 15 * N * C, douts)
+    if "fast" in variants:  # T rows wider than a block of the fast backward spans (k_layernorm_bwd_fast_wide)
+        W = 4 * K.layernorm_fast.bwd_launch()[1] + 4
+        x_w, w_w, ln_w, mean_w, rstd_w, dx_w = randn(T, W), randn(W), empty(T, W), empty(T), empty(T), empty(T, W)
+        K.layernorm_fwd(ln_w, mean_w, rstd_w, x_w, w_w, w_w)
+        dw_w, db_w = randn(W), randn(W)
+        add("layernorm_bwd_fast (wide rows)",
+            lambda s, d: K.layernorm_bwd_fast(dx_w, dw_w, db_w, d, x_w, w_w, mean_w, rstd_w, stream=s),
+            F * (3 * T * W + 5 * W + 2 * T), 14 * T * W, [(randn(T, W),) for _ in range(sets)])
     # the residual add fused with the layernorm after it (the reference runs k_residual_fwd, k_layernorm_fwd)
     x_sum = empty(B, T, C)
     for case, fwd in own("residual_layernorm_fwd", with_reference=False):
@@ -239,6 +247,31 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
     for case, bwd in own("causal_scores_bwd", with_reference=False):
         add(case, lambda s, p, bwd=bwd: bwd(dq, dk, p, q, k, stream=s), F * (att + 4 * BH * T * d_k),
             4 * causal * d_k, causal_ps)
+    # the attention fused (flash attention in the tc variant): the products of the lower triangle (the forward's
+    # two, the backward's five: S and dP recomputed, dV, dK, dQ), reading qkv and writing y, and back
+    lse, y_fused, dqkv_fused = empty(B, NH, T), empty(B, T, C), empty(B, T, 3 * C)
+    dys = [(randn(B, T, C),) for _ in range(sets)]
+    for case, fwd in own("fused_attention_fwd"):
+        add(case, lambda s, qkv, fwd=fwd: fwd(y_fused, lse, qkv, NH, stream=s), F * (4 * N * C + BH * T),
+            4 * causal * d_k, qkvs)
+    K.fused_attention_fwd_tc(y_fused, lse, qkvs[0][0], NH)  # a forward's y and lse, which the backward reads
+    for case, bwd in own("fused_attention_bwd"):
+        add(case, lambda s, dy, bwd=bwd: bwd(dqkv_fused, dy, qkvs[0][0], y_fused, lse, NH, stream=s),
+            F * (8 * N * C + BH * T), 10 * causal * d_k, dys)
+    if "tc" in variants:  # flash attention's other widths (d_k padded to 32, 64, 128), C rounded to fit them
+        for width in sorted({32, 64, 128} - {K.flash_attention.width(d_k)}):
+            nh = max(1, C // width)
+            cw = nh * width
+            qkv_w, y_w, lse_w, dqkv_w = randn(B, T, 3 * cw), empty(B, T, cw), empty(B, nh, T), empty(B, T, 3 * cw)
+            K.fused_attention_fwd_tc(y_w, lse_w, qkv_w, nh)
+            add(f"fused_attention_fwd_tc (d_k {width})",
+                lambda s, qkv_w=qkv_w, y_w=y_w, lse_w=lse_w, nh=nh: K.fused_attention_fwd_tc(y_w, lse_w, qkv_w, nh,
+                                                                                          stream=s),
+                F * (4 * N * cw + B * nh * T), 4 * B * nh * T * (T + 1) // 2 * width)
+            add(f"fused_attention_bwd_tc (d_k {width})",
+                lambda s, qkv_w=qkv_w, y_w=y_w, lse_w=lse_w, nh=nh, dqkv_w=dqkv_w: K.fused_attention_bwd_tc(
+                    dqkv_w, y_w, qkv_w, y_w, lse_w, nh, stream=s),
+                F * (8 * N * cw + B * nh * T), 10 * B * nh * T * (T + 1) // 2 * width)
     y = empty(B, T, C)
     for case, fwd in own("merge_heads_fwd"):
         add(case, lambda s, fwd=fwd: fwd(y, heads, stream=s), F * 2 * N * C, 0)
@@ -284,6 +317,11 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
     logits_row = empty(B, 1, V)  # the decode step's tied output projection: B rows, so k_matvec
     add("k_matvec", lambda s: K.select("fast").matmul_fwd(logits_row, y_row, wte, None, stream=s),
         F * (V * C + B * C + B * V), 2 * B * V * C)
+
+    # the bias gradient of every fast variant's product, here mlp.fc's (B * T rows of 4C)
+    bias_grad = randn(4 * C)
+    add("colsum (mlp.fc)", lambda s, d: K.colsum(bias_grad, d, stream=s), F * (N * 4 * C + 2 * 4 * C), N * 4 * C,
+        [(randn(B, T, 4 * C),) for _ in range(sets)])
 
     P = n_params or (V * C + T * C + 12 * C * C + 13 * C)
     params, grads, m = randn(P, scale=0.02), randn(P, scale=1e-3), randn(P, scale=1e-4)

@@ -10,7 +10,7 @@ The package mirrors cuda/: one module per header, holding that header's launcher
 matmul, attention, pointwise, crossentropy, adamw; decode for sampling with a key-value cache, sampling for
 choosing the next token by microgpt.sampling's rule; colsum,
 matmul_fast, rows_fast, layernorm_fast, pointwise_fast, heads_fast and embed_fast for the fast variant;
-matmul_tc for the tc variant's tensor-core products).
+matmul_tc for the tc variant's tensor-core products, flash_attention for its fused attention).
 Beside them: source (what nvcc compiles, and the argument formats read from it), runtime (compile once,
 the primary context, launch, record and replay, KernelError), checks (the argument checks) and registry
 (which launcher each op runs in each variant).
@@ -21,8 +21,8 @@ synchronous; with a stream it is queued on it.
 """
 from .adamw import NORM_GRID, adamw, global_norm
 from .attention import (attn_scores_bwd, attn_scores_fwd, attn_values_bwd, attn_values_fwd, causal_mask_bwd,
-                        causal_mask_fwd, causal_scores_bwd, causal_scores_fwd, merge_heads_bwd, merge_heads_fwd,
-                        softmax_bwd, softmax_fwd, split_heads_bwd, split_heads_fwd)
+                        causal_mask_fwd, causal_scores_bwd, causal_scores_fwd, fused_attention_bwd, fused_attention_fwd,
+                        merge_heads_bwd, merge_heads_fwd, softmax_bwd, softmax_fwd, split_heads_bwd, split_heads_fwd)
 from .checks import check_ids, opt_ptr, ptr, shape_of
 from .colsum import colsum
 from .crossentropy import crossentropy_bwd, crossentropy_fwd
@@ -30,6 +30,8 @@ from .decode import attention_decode, embed_decode, kv_store
 from .embed import embed_bwd, embed_fwd, token_order
 from .embed_fast import embed_bwd_fast
 from .graph import Graph, GraphUnavailable
+from .flash_attention import fused_attention_bwd_tc, fused_attention_fwd_tc
+from .flash_attention import supported as flash_attention_supported
 from .heads_fast import merge_heads_bwd_fast, merge_heads_fwd_fast, split_heads_bwd_fast, split_heads_fwd_fast
 from .runtime import (BLOCK, SYNC_EVERY_LAUNCH, KernelError, Plan, blocks, device_summary, engine, launch, recording,
                      release_at_exit, replay, synchronize)

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from . import (attention, crossentropy, decode, embed, embed_fast, heads_fast, layernorm, layernorm_fast, matmul,
-               matmul_fast, matmul_tc, pointwise, pointwise_fast, rows_fast, sampling)
+from . import (attention, crossentropy, decode, embed, embed_fast, flash_attention, heads_fast, layernorm,
+               layernorm_fast, matmul, matmul_fast, matmul_tc, pointwise, pointwise_fast, rows_fast, sampling)
 from .adamw import adamw, global_norm
 
 
@@ -24,6 +24,7 @@ class Variant:
     summary: str
     keeps_scores: bool  # its causal_scores_fwd can keep the scores before the mask (scores=...)
     base: str | None    # the variant whose launcher an op without one of its own here runs
+    fused_attention: bool = False  # the model's attention is fused_attention_fwd/bwd (where the device runs it)
 
 
 VARIANTS = {v.name: v for v in (
@@ -34,7 +35,9 @@ VARIANTS = {v.name: v for v in (
                     "split/merge and embedding (forward; backward a warp per run of a token) in 16-byte loads",
             False, "reference"),
     Variant("tc", "fast, with every matrix product on the tensor cores at FP32 accuracy (3xTF32, the running "
-                  "sum in FP32 registers; the SIMT SGEMM before sm_80)", False, "fast"),
+                  "sum in FP32 registers; the SIMT SGEMM before sm_80), and the attention fused: flash attention, "
+                  "no T x T buffer (d_k up to 128, sm_80 and later; the fast pipeline elsewhere)", False, "fast",
+            fused_attention=True),
 )}
 # The fastest variant within the accuracy bar: its products' worst relative error against float64 is below
 # the SIMT SGEMM's on every shape measured (README, "Precision"); before sm_80 it runs fast's SGEMM.
@@ -65,6 +68,10 @@ OPS: dict[str, dict[str, Callable]] = {
                         "tc": matmul_tc.attn_values_fwd_tc},
     "attn_values_bwd": {"reference": attention.attn_values_bwd, "fast": matmul_fast.attn_values_bwd_fast,
                         "tc": matmul_tc.attn_values_bwd_tc},
+    "fused_attention_fwd": {"reference": attention.fused_attention_fwd,
+                            "tc": flash_attention.fused_attention_fwd_tc},
+    "fused_attention_bwd": {"reference": attention.fused_attention_bwd,
+                            "tc": flash_attention.fused_attention_bwd_tc},
     "merge_heads_fwd": {"reference": attention.merge_heads_fwd, "fast": heads_fast.merge_heads_fwd_fast},
     "merge_heads_bwd": {"reference": attention.merge_heads_bwd, "fast": heads_fast.merge_heads_bwd_fast},
     "gelu_fwd": {"reference": pointwise.gelu_fwd, "fast": pointwise_fast.gelu_fwd_fast},

@@ -1,0 +1,141 @@
+"""The fused attention on the GPU: the tc variant's flash attention and its readable reference kernels, heads read
+from qkv (B, T, 3C) and written to y (B, T, C), against float64 and against the fast variant's pipeline (split,
+causal scores, softmax, values, merge) on the same inputs: outputs NaN-poisoned, fresh random inputs, every
+length class (one key tile, a partial one, many, T = 2048) and head width (the kernels' 32, 64 and 128, and odd
+ones padded to them)."""
+import numpy as np
+import pytest
+
+from microgpt import kernels as K
+from microgpt import reference as R
+
+from helpers import record, rel_err
+
+pytestmark = pytest.mark.gpu
+
+BAR = 1.5  # flash attention's error at most this times the fast pipeline's on the same inputs
+REDUCTION = 1e-5  # the reference kernels' error against float64
+# (B, T, NH, d_k): T = 1 (p = 1: dQ and dK exactly 0), 7, 33, 77 (at most two key tiles: delta from P and dP),
+# 1000 (a partial last tile), 1024, 2048; d_k 32 and 64 (the presets), 128 (the widest), 16 (the narrowest),
+# odd widths
+CASES = [(2, 1, 3, 64), (2, 7, 2, 32), (1, 33, 3, 64), (2, 77, 2, 17), (1, 130, 2, 20), (1, 200, 1, 80),
+         (1, 1000, 2, 64), (1, 1024, 2, 64), (1, 1024, 1, 128), (1, 2048, 1, 64), (3, 64, 4, 96), (2, 77, 2, 16)]
+
+
+@pytest.fixture(scope="module")
+def ga():
+    K.engine()
+    import pycuda.gpuarray as ga
+    return ga
+
+
+def poisoned(ga, *shape):
+    a = ga.empty(shape, np.float32)
+    a.fill(np.nan)
+    return a
+
+
+def float64_attention(qkv, dy, n_head):
+    """y, lse and dqkv in float64, stage by stage (microgpt.reference)."""
+    q, k, v = R.split_heads_fwd(qkv.astype(np.float64), n_head)
+    masked = R.causal_mask_fwd(R.attn_scores_fwd(q, k))
+    probs = R.softmax_fwd(masked)
+    y = R.merge_heads_fwd(R.attn_values_fwd(probs, v))
+    dprobs, dv = R.attn_values_bwd(R.merge_heads_bwd(dy.astype(np.float64), n_head), probs, v)
+    dq, dk = R.attn_scores_bwd(R.causal_mask_bwd(R.softmax_bwd(dprobs, probs)), q, k)
+    return y, R.logsumexp(masked), R.split_heads_bwd(dq, dk, dv)
+
+
+def fast_pipeline(ga, qkv, dy, n_head):
+    """The fast variant's stages on the device: y and dqkv."""
+    ops = K.select("fast")
+    B, T, C3 = qkv.shape
+    d_k = C3 // 3 // n_head
+    hs = (B, n_head, T, d_k)
+    q, k, v, heads, dheads, dq, dk, dv = (poisoned(ga, *hs) for _ in range(8))
+    masked, probs, dprobs, dscores = (poisoned(ga, B, n_head, T, T) for _ in range(4))
+    y, dqkv = poisoned(ga, B, T, C3 // 3), poisoned(ga, B, T, C3)
+    ops.split_heads_fwd(q, k, v, qkv, n_head)
+    ops.causal_scores_fwd(masked, q, k)
+    ops.softmax_fwd(probs, masked, causal=True)
+    ops.attn_values_fwd(heads, probs, v)
+    ops.merge_heads_fwd(y, heads)
+    ops.merge_heads_bwd(dheads, dy, n_head)
+    ops.attn_values_bwd(dprobs, dv, dheads, probs, v)
+    ops.softmax_bwd(dscores, dprobs, probs, causal=True)
+    ops.causal_scores_bwd(dq, dk, dscores, q, k)
+    ops.split_heads_bwd(dqkv, dq, dk, dv)
+    return y.get(), dqkv.get()
+
+
+def fused(ga, variant, qkv, dy, n_head):
+    """y, lse and dqkv of the variant's fused attention (every output NaN-poisoned first)."""
+    B, T, C3 = qkv.shape
+    y, lse, dqkv = poisoned(ga, B, T, C3 // 3), poisoned(ga, B, n_head, T), poisoned(ga, B, T, C3)
+    K.launcher("fused_attention_fwd", variant)(y, lse, qkv, n_head)
+    K.launcher("fused_attention_bwd", variant)(dqkv, dy, qkv, y, lse, n_head)
+    return y.get(), lse.get(), dqkv.get()
+
+
+def parts(dqkv, C):
+    return {"dQ": dqkv[..., :C], "dK": dqkv[..., C:2 * C], "dV": dqkv[..., 2 * C:]}
+
+
+def err(got, want):
+    """Relative error; where the exact value is 0 (dQ and dK at T = 1) the size of what came out."""
+    norm = np.linalg.norm(want)
+    return rel_err(got, want) if norm > 0 else (np.inf if not np.all(np.isfinite(got)) else np.linalg.norm(got))
+
+
+@pytest.mark.parametrize("B,T,NH,d_k", CASES, ids=[f"B{b}-T{t}-NH{h}-dk{d}" for b, t, h, d in CASES])
+def test_flash_attention_against_float64_within_1_5x_the_fast_pipeline(ga, rng, B, T, NH, d_k):
+    C = NH * d_k
+    qkv_h = rng.standard_normal((B, T, 3 * C)).astype(np.float32)
+    qkv_h[..., :C] *= 2.0  # scores of order 1 and more, so the softmax is far from uniform
+    dy_h = rng.standard_normal((B, T, C)).astype(np.float32)
+    qkv, dy = ga.to_gpu(qkv_h), ga.to_gpu(dy_h)
+    y64, lse64, dqkv64 = float64_attention(qkv_h, dy_h, NH)
+    y_f, dqkv_f = fast_pipeline(ga, qkv, dy, NH)
+    y_t, lse_t, dqkv_t = fused(ga, "tc", qkv, dy, NH)
+    fast_errs = {"y": err(y_f, y64), **{k: err(v, parts(dqkv64, C)[k]) for k, v in parts(dqkv_f, C).items()}}
+    tc_errs = {"y": err(y_t, y64), **{k: err(v, parts(dqkv64, C)[k]) for k, v in parts(dqkv_t, C).items()}}
+    for name, e in tc_errs.items():
+        record("fused attention (tc) vs float64", name, e)
+        exact_zero = name != "y" and np.linalg.norm(parts(dqkv64, C)[name]) == 0
+        # a floor at FP32's resolution: at T = 1 the pipeline's y is V itself (error 0), the tensor cores' its
+        # high part plus the rest
+        limit = 1e-6 if exact_zero else BAR * max(fast_errs[name], 2 ** -23)
+        assert e <= limit, f"{name}: flash attention's error {e:.2e} > {limit:.2e} (fast: {fast_errs[name]:.2e})"
+    assert rel_err(lse_t, lse64) < REDUCTION
+    record("fused attention (tc) vs float64", "lse", rel_err(lse_t, lse64))
+    again = fused(ga, "tc", qkv, dy, NH)
+    for name, a, b in zip(("y", "lse", "dqkv"), (y_t, lse_t, dqkv_t), again):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"{name}: a second run gave other bits"
+
+
+@pytest.mark.parametrize("B,T,NH,d_k", [(2, 1, 3, 8), (2, 7, 2, 32), (1, 70, 2, 5), (1, 257, 2, 64)])
+def test_the_reference_kernels_against_float64(ga, rng, B, T, NH, d_k):
+    C = NH * d_k
+    qkv_h = rng.standard_normal((B, T, 3 * C)).astype(np.float32)
+    dy_h = rng.standard_normal((B, T, C)).astype(np.float32)
+    y64, lse64, dqkv64 = float64_attention(qkv_h, dy_h, NH)
+    y, lse, dqkv = fused(ga, "reference", ga.to_gpu(qkv_h), ga.to_gpu(dy_h), NH)
+    for name, got, want in (("y", y, y64), ("lse", lse, lse64), *((k, v, parts(dqkv64, C)[k])
+                                                                    for k, v in parts(dqkv, C).items())):
+        e = err(got, want)
+        record("fused attention (reference kernels) vs float64", name, e)
+        assert e < (1e-6 if np.linalg.norm(want) == 0 else REDUCTION), f"{name}: {e:.2e}"
+
+
+@pytest.mark.parametrize("d_k", [5, 15, 130])
+def test_the_tc_launcher_takes_the_reference_kernels_where_flash_attention_cannot_run(ga, rng, d_k):
+    """d_k below 16 (too short a product for 3xTF32's accuracy) or above 128: the tc variant's launch is the
+    reference kernels', the same bits, and the model's attention the fast pipeline."""
+    B, T, NH = 1, 70, 2
+    assert not K.flash_attention_supported(d_k)
+    qkv_h = rng.standard_normal((B, T, 3 * NH * d_k)).astype(np.float32)
+    dy_h = rng.standard_normal((B, T, NH * d_k)).astype(np.float32)
+    tc = fused(ga, "tc", ga.to_gpu(qkv_h), ga.to_gpu(dy_h), NH)
+    ref = fused(ga, "reference", ga.to_gpu(qkv_h), ga.to_gpu(dy_h), NH)
+    for a, b in zip(tc, ref):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
