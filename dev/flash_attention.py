@@ -8,6 +8,9 @@ against PyTorch's SDPA (FP32, TF32 off) and the tc variant's pipeline.
     python dev/flash_attention.py --tc       # the kernels on the tensor cores (flash_attention_tc.cu, 3xTF32)
     python dev/flash_attention.py --tc2      # their second version (flash_attention_tc2.cu): 4 warps a block, and
                                              # 8 in the forward
+    python dev/flash_attention.py --tc3      # the third (flash_attention_tc3.cu): tc2's forward, the backward in
+                                             # one kernel (dQ added in a fixed order); also checks two runs give
+                                             # the same bits
 
 Needs a GPU and PyTorch. A check prints the worst relative error (||x - ref|| / ||ref||) of O, dQ, dK, dV
 and the fast pipeline's; it fails (exit 1) where flash's passes 1.5x the fast one's.
@@ -157,6 +160,72 @@ class Flash2:
                    delta.data_ptr())
 
 
+class Flash3:
+    """The kernels of flash_attention_tc3.cu: tc2's forward (8 warps a block at d_k 64, 4 at 32 and 128), and the
+    backward as a delta kernel and one kernel for dQ, dK and dV (4 warps of 16 keys a block), which adds dQ's
+    parts in a fixed order through per-(head, query tile) counters and a ticket in an int scratch (the delta
+    kernel zeroes it before each backward and the backward kernel leaves it at 0: allocated once, never
+    cleared)."""
+
+    FWD_WARPS = {32: 4, 64: 8, 128: 4}
+    BWD_WARPS = 4
+
+    def __init__(self, defines=()):
+        e = K.engine()
+        mod = SourceModule((HERE / "cuda" / "flash_attention_tc3.cu").read_text(),
+                           options=["-lineinfo"] + [f"-D{d}" for d in defines],
+                           arch=e.arch, no_extern_c=True, include_dirs=[str(ROOT / "cuda")])
+        limit = e.device.get_attribute(e.cuda.device_attribute.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        self.fns = {}
+        for D in (32, 64, 128):
+            for kind, name, fmt in (("fwd", f"k_flash3_fwd_d{D}_w{self.FWD_WARPS[D]}", "PPPPPii"),
+                                    ("delta", f"k_flash3_bwd_delta_d{D}", "PPPPPPPPii"),
+                                    ("bwd", f"k_flash3_bwd_d{D}", "PPPPPPPPPPii")):
+                if self.smem(kind, D) > limit:
+                    continue  # d_k up to D cannot run on this device
+                fn = mod.get_function(name)
+                fn.prepare(fmt)
+                fn.set_attribute(e.cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.smem(kind, D))
+                self.fns[kind, D] = fn
+        self.sync = None  # int32: B * NH * ceil(T / 64) counters, then the ticket
+
+    def smem(self, kind, D):
+        """F3Smem of flash_attention_tc3.cu, in bytes (the backward's last 4 floats: the block's ticket)."""
+        ld, tile = D + 8, TILE * (D + 8)
+        rows = 16 * (self.FWD_WARPS[D] if kind == "fwd" else self.BWD_WARPS)
+        return 4 * {"fwd": rows * ld + 4 * tile, "delta": 2 * rows * ld + 4 * tile,
+                    "bwd": 2 * rows * ld + 4 * tile + 4 * TILE + 4}[kind]
+
+    def supports(self, d_k):
+        return all((kind, padded(d_k)) in self.fns for kind in ("fwd", "delta", "bwd"))
+
+    def forward(self, o, lse, q, k, v, stream=None):
+        B, NH, T, d_k = q.shape
+        D, warps = padded(d_k), self.FWD_WARPS[padded(d_k)]
+        self.fns["fwd", D].prepared_async_call((math.ceil(T / (16 * warps)), B * NH), (32 * warps, 1, 1), stream,
+                                               o.data_ptr(), lse.data_ptr(), q.data_ptr(), k.data_ptr(),
+                                               v.data_ptr(), T, d_k, shared_size=self.smem("fwd", D))
+
+    def backward(self, dq, dk, dv, delta, d_o, lse, q, k, v, o, stream=None, kernels=("delta", "bwd")):
+        """kernels: the launches to queue (the delta kernel alone, for its time; the backward kernel alone only
+        after a complete backward, which leaves the counters at 0)."""
+        B, NH, T, d_k = q.shape
+        D, n, heads = padded(d_k), math.ceil(T / TILE), B * NH
+        if self.sync is None or self.sync.numel() < heads * n + 1:
+            torch.cuda.synchronize()  # a launch in flight on another stream may still hold the old one
+            self.sync = torch.zeros(heads * n + 1, dtype=torch.int32, device="cuda")
+        q, k, v, o, d_o, lse = (t.data_ptr() for t in (q, k, v, o, d_o, lse))
+        threads = (32 * self.BWD_WARPS, 1, 1)
+        if "delta" in kernels:
+            self.fns["delta", D].prepared_async_call((n, heads), threads, stream, delta.data_ptr(),
+                                                     self.sync.data_ptr(), q, k, v, o, d_o, lse, T, d_k,
+                                                     shared_size=self.smem("delta", D))
+        if "bwd" in kernels:
+            self.fns["bwd", D].prepared_async_call((n * heads, 1), threads, stream, dq.data_ptr(), dk.data_ptr(),
+                                                   dv.data_ptr(), self.sync.data_ptr(), q, k, v, d_o, lse,
+                                                   delta.data_ptr(), T, d_k, shared_size=self.smem("bwd", D))
+
+
 def reference(q, k, v, d_o):
     """O, dQ, dK, dV in float64 with autograd, the scale rounded to float32 as the kernels take it."""
     q, k, v = (t.double().requires_grad_() for t in (q, k, v))
@@ -193,6 +262,21 @@ def rel_err(x, ref):
     return float((x.double() - ref).norm()) / (norm if norm > 0 else 1.0)
 
 
+def attend(flash, q, k, v, d_o):
+    """O, lse, dQ, dK, dV and delta from flash's kernels into NaN-poisoned buffers."""
+    B, NH, T, d_k = q.shape
+    nan = lambda *s: torch.full(s, float("nan"), device="cuda")  # noqa: E731
+    o, lse = nan(B, NH, T, d_k), nan(B, NH, T)
+    dq, dk, dv, delta = nan(B, NH, T, d_k), nan(B, NH, T, d_k), nan(B, NH, T, d_k), nan(B, NH, T)
+    flash.forward(o, lse, q, k, v)
+    if isinstance(flash, (Flash2, Flash3)):
+        flash.backward(dq, dk, dv, delta, d_o, lse, q, k, v, o)
+    else:
+        flash.backward(dq, dk, dv, delta, d_o, lse, q, k, v)
+    torch.cuda.synchronize()
+    return o, lse, dq, dk, dv, delta
+
+
 def check(flash) -> bool:
     gen = torch.Generator(device="cuda").manual_seed(0)
     fast = K.select("fast")
@@ -201,57 +285,66 @@ def check(flash) -> bool:
     for B, NH, T, d_k in CHECKS:
         q, k, v, d_o = (torch.randn(B, NH, T, d_k, device="cuda", generator=gen) for _ in range(4))
         ref = reference(q, k, v, d_o)
-        nan = lambda *s: torch.full(s, float("nan"), device="cuda")  # noqa: E731
-        o, lse = nan(B, NH, T, d_k), nan(B, NH, T)
-        dq, dk, dv, delta = nan(B, NH, T, d_k), nan(B, NH, T, d_k), nan(B, NH, T, d_k), nan(B, NH, T)
-        if isinstance(flash, Flash2) and not flash.supports(d_k):
+        if isinstance(flash, (Flash2, Flash3)) and not flash.supports(d_k):
             continue
-        flash.forward(o, lse, q, k, v)
-        if isinstance(flash, Flash2):
-            flash.backward(dq, dk, dv, delta, d_o, lse, q, k, v, o)
-        else:
-            flash.backward(dq, dk, dv, delta, d_o, lse, q, k, v)
-        torch.cuda.synchronize()
+        out = attend(flash, q, k, v, d_o)
+        o, lse, dq, dk, dv, delta = out
         ours = [rel_err(x, r) for x, r in zip((o, dq, dk, dv), ref)]
         theirs = [rel_err(x, r) for x, r in zip(pipeline(fast, q, k, v, d_o), ref)]
         zero = [float(r.norm()) == 0 for r in ref]  # there both are rounding residue: an absolute floor
         # a floor at FP32's resolution: at T = 1 the pipeline's O is V itself (error 0), the tensor cores' the
         # high part plus the rest, 3e-8 off
         row_ok = all(a <= BAR * max(b, 2 ** -23) or (z and a < 1e-6) for a, b, z in zip(ours, theirs, zero))
+        note = ""
+        if isinstance(flash, Flash3):
+            # deterministic: a second run gives the same bits (dQ's parts are added in a fixed order)
+            same = all(torch.equal(a, b) for a, b in zip(out, attend(flash, q, k, v, d_o)))
+            row_ok &= same
+            note += "" if same else "   two runs differ"
+            if T == 1:  # the backward recomputes the forward's S bit for bit: p = 1, ds = 0 exactly
+                note += "   (dQ, dK exactly 0)" if not (dq.any() or dk.any()) else \
+                    f"   (dQ, dK not exactly 0: {float(dq.abs().max()):.1e}, {float(dk.abs().max()):.1e})"
         ok &= row_ok
         print(f"{f'{B} {NH} {T} {d_k}':<18}" + "".join(f"{a:>10.1e} /{b:>8.1e}" for a, b in zip(ours, theirs)) +
-              ("" if row_ok else "   FAIL"), flush=True)
+              ("" if row_ok else "   FAIL") + note, flush=True)
     return ok
 
 
-def bench(flash) -> None:
+def bench(flash) -> bool:
+    """The times at B=8, 12 heads, d_k=64; for Flash3 also the backward's launches (the delta kernel alone, and
+    both), and whether two runs at the shape give the same bits (False where they do not)."""
     stream = K.engine().cuda.Stream()
     torch.backends.cuda.matmul.allow_tf32 = False
     tc = K.select("tc")
-    print(f"{'T':>6}{'flash fwd':>11}{'fwd+bwd':>9}{'SDPA fwd':>10}{'fwd+bwd':>9}{'tc fwd+bwd':>12}   (ms)")
+    three, ok = isinstance(flash, Flash3), True
+    print(f"{'T':>6}{'flash fwd':>11}{'fwd+bwd':>9}{'SDPA fwd':>10}{'fwd+bwd':>9}{'tc fwd+bwd':>12}" +
+          (f"{'delta':>8}{'bwd':>8}{'bits':>6}" if three else "") + "   (ms)")
     for T in (1024, 2048, 4096):
         B, NH, d_k = 8, 12, 64
         q, k, v, d_o = (torch.randn(B, NH, T, d_k, device="cuda") for _ in range(4))
         o, lse = torch.empty_like(q), torch.empty(B, NH, T, device="cuda")
         dq, dk, dv, delta = torch.empty_like(q), torch.empty_like(q), torch.empty_like(q), torch.empty_like(lse)
+        args = (dq, dk, dv, delta, d_o, lse, q, k, v) + ((o,) if isinstance(flash, (Flash2, Flash3)) else ())
         t_f = cuda_median_ms(lambda s: flash.forward(o, lse, q, k, v, s), 20, 3, stream)
-        if isinstance(flash, Flash2):
-            t_fb = cuda_median_ms(lambda s: (flash.forward(o, lse, q, k, v, s),
-                                             flash.backward(dq, dk, dv, delta, d_o, lse, q, k, v, o, s)), 20, 3,
-                                  stream)
-        else:
-            t_fb = cuda_median_ms(lambda s: (flash.forward(o, lse, q, k, v, s),
-                                             flash.backward(dq, dk, dv, delta, d_o, lse, q, k, v, s)), 20, 3,
-                                  stream)
+        t_fb = cuda_median_ms(lambda s: (flash.forward(o, lse, q, k, v, s), flash.backward(*args, s)), 20, 3, stream)
         qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
         sdpa = torch.nn.functional.scaled_dot_product_attention
         t_sf = torch_median_ms(lambda: sdpa(qg, kg, vg, is_causal=True), 20, 3)
         t_sfb = torch_median_ms(lambda: torch.autograd.grad(sdpa(qg, kg, vg, is_causal=True), (qg, kg, vg), d_o),
                                 20, 3)  # grad, not backward: no accumulation into .grad
         t_tc = float("nan")
-        if T <= 2048 and not isinstance(flash, Flash2):  # the pipeline's T x T buffers (allocated inside: an upper bound on its time)
+        # the pipeline's T x T buffers (allocated inside: an upper bound on its time)
+        if T <= 2048 and not isinstance(flash, (Flash2, Flash3)):
             t_tc = torch_median_ms(lambda: pipeline(tc, q, k, v, d_o), 5, 1)
-        print(f"{T:>6}{t_f:>11.3f}{t_fb:>9.3f}{t_sf:>10.3f}{t_sfb:>9.3f}{t_tc:>12.3f}", flush=True)
+        extra = ""
+        if three:
+            t_d = cuda_median_ms(lambda s: flash.backward(*args, s, kernels=("delta",)), 20, 3, stream)
+            t_b = cuda_median_ms(lambda s: flash.backward(*args, s), 20, 3, stream)
+            same = all(torch.equal(x, y) for x, y in zip(attend(flash, q, k, v, d_o), attend(flash, q, k, v, d_o)))
+            ok &= same
+            extra = f"{t_d:>8.3f}{t_b:>8.3f}{'same' if same else 'DIFF':>6}"
+        print(f"{T:>6}{t_f:>11.3f}{t_fb:>9.3f}{t_sf:>10.3f}{t_sfb:>9.3f}{t_tc:>12.3f}{extra}", flush=True)
+    return ok
 
 
 def main(argv) -> int:
@@ -263,6 +356,13 @@ def main(argv) -> int:
             ok &= check(flash)
             if "--check" not in argv:
                 bench(flash)
+        return 0 if ok else 1
+    if "--tc3" in argv:
+        print("flash_attention_tc3.cu: tc2's forward (8 warps a block at d_k 64), the backward in one kernel")
+        flash = Flash3()
+        ok = check(flash)
+        if "--check" not in argv:
+            ok &= bench(flash)
         return 0 if ok else 1
     flash = Flash(tc="--tc" in argv)
     ok = check(flash)
