@@ -177,10 +177,16 @@ def test_the_model_runs_its_variants_kernels_and_only_kernels_of_the_registry(rn
         assert not simt and not tensor_cores and "k_attn_scores_fwd" in launched
     else:
         assert "k_matmul_fwd" not in launched and "k_attn_scores_fwd" not in launched  # mask fused into scores
-        memory_bound = {"gelu_fwd", "gelu_bwd", "split_heads_fwd", "split_heads_bwd", "merge_heads_fwd",
-                        "merge_heads_bwd", "crossentropy_bwd", "embed_fwd"}  # fast's, which tc runs too
-        assert {f"k_{op}_fast" for op in memory_bound} <= launched
+        heads = {"split_heads_fwd", "split_heads_bwd", "merge_heads_fwd", "merge_heads_bwd"}
+        flash = fused(gpu.backend.ops, SMALL.d_model // SMALL.n_head)  # tc where the device runs it
+        assert flash == (variant == "tc" and K.flash_attention_supported(SMALL.d_model // SMALL.n_head))
+        memory_bound = {"gelu_fwd", "gelu_bwd", "crossentropy_bwd", "embed_fwd"} | (set() if flash else heads)
+        assert {f"k_{op}_fast" for op in memory_bound} <= launched  # fast's, which tc runs too
         assert not {f"k_{op}" for op in memory_bound} & launched
+        if flash:  # the heads read from qkv and written to y by flash attention: no split, merge nor T x T stage
+            assert any(n.startswith("k_flash_") for n in launched)
+            assert not {f"k_{op}_fast" for op in heads} & launched
+            assert not {"k_softmax_fwd_fast", "k_softmax_bwd_fast"} & launched
         if variant == "tc" and K.tensor_cores():
             # at d_model 64 the dX of qkv and mlp.fc (K = 3C, 4C) are long enough for the tensor cores, on the
             # 128 x 64 tile (N = C), mma.sync on any device (too few outputs for wgmma: WG_MIN_OUTPUTS); the

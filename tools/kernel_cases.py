@@ -25,6 +25,7 @@ class Case:
     bytes: int
     flops: int
     rotate: Callable = None  # switches to another set of inputs, so repeated timing is not a cache test
+    sets: int = 1            # the sets of inputs rotate() cycles through
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
 
         def rotate():
             state["i"] = (state["i"] + 1) % len(inputs)
-        cases.append(Case(kernel, run, int(nbytes), int(flops), rotate))
+        cases.append(Case(kernel, run, int(nbytes), int(flops), rotate, len(inputs)))
 
     idx = [(ints(V, B, T),) for _ in range(sets)]
     wte, wpe = randn(V, C, scale=0.02), randn(T, C, scale=0.02)

@@ -8,10 +8,11 @@ for FP32 accuracy).
     python tools/profile_kernels.py                          # andrea-120m, B=8, T=1024
     python tools/profile_kernels.py --quick --json out.json --plot roofline.png
 
-Each kernel is launched `--iters` times after `--warmup` launches, timed with CUDA events, rotating among
-`--sets` copies of its inputs so that repeated launches do not measure the cache. A kernel that takes less
-than SHORT_MS is timed over `--batch` launches queued back to back (its mean), as a step runs it: timed
-alone, the gap between the start event and the kernel would count in its time.
+Each case's launches are recorded once per copy of its inputs (`--sets`), as the model records its passes
+(arguments checked, scratch allocated once), then replayed `--iters` times after `--warmup`, timed with CUDA
+events, rotating among the copies so that repeated launches do not measure the cache. A kernel that takes less
+than SHORT_MS is timed over `--batch` replays queued back to back (their mean), as a step runs it: timed alone,
+the gap between the start event and the kernel would count in its time.
 "floor" is the least time the kernel could take at those ceilings (max of bytes / bandwidth and
 FLOPs / matmul rate; for the tc variant's products the matmul rate is a third of cuBLAS TF32's, three
 TF32 products standing for one FP32 one); "of floor" is floor / time, 100% being as fast as this GPU allows.
@@ -35,6 +36,25 @@ from timing import cuda_median_ms, gpu_or_exit, torch_median_ms  # noqa: E402
 
 
 SHORT_MS = 0.25  # kernels faster than this are timed over a batch of launches (--batch)
+
+
+def planned(case):
+    """(launch, rotate) replaying the case's launches as recorded once per set of its inputs; the launcher itself
+    where it records nothing (a launch that is not a kernel's)."""
+    plans = []
+    for _ in range(case.sets):
+        with K.recording() as plan:
+            case.launch()
+        plans.append(plan)
+        if case.rotate:
+            case.rotate()
+    if not all(plans):
+        return case.launch, case.rotate
+    at = {"i": 0}
+
+    def rotate():
+        at["i"] = (at["i"] + 1) % len(plans)
+    return (lambda stream: K.replay(plans[at["i"]], stream, case.kernel)), rotate
 
 
 def copy_bandwidth(stream, nbytes=2 << 30):
@@ -247,10 +267,11 @@ def main() -> int:
     for case in cases:
         if args.filter and not any(f in case.kernel for f in args.filter.split("|")):
             continue
-        ms = cuda_median_ms(case.launch, args.iters, args.warmup, stream, case.rotate)
+        run, rotate = planned(case)
+        ms = cuda_median_ms(run, args.iters, args.warmup, stream, rotate)
         batch = args.batch if ms < SHORT_MS else 1
         if batch > 1:
-            ms = cuda_median_ms(case.launch, args.iters, 1, stream, case.rotate, batch)
+            ms = cuda_median_ms(run, args.iters, 1, stream, rotate, batch)
         op = op_of(case.kernel)
         peer = peers.get(op)
         torch_ms = torch_median_ms(peer, args.iters, args.warmup, batch) if peer else None
