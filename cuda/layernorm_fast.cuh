@@ -334,19 +334,10 @@ __device__ __forceinline__ void block_sums(float (&v)[K], float (*slot)[K]) {
     }
 }
 
-// A hint that `bytes` from p (16-byte aligned, a multiple of 16) will be read soon: one instruction asks for
-// rows at once (Hopper's bulk prefetch into L2; nothing before it), bytes in flight that hold no registers.
-__device__ __forceinline__ void prefetch_l2(const float* p, int bytes) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(__cvta_generic_to_global(p)), "r"(bytes)
-                 : "memory");
-#endif
-}
-
 // A block's rows LN_BWD_ROWS at a time: every load of the rows issued before any is used, their sums reduced
-// across the block together, then their dx (the dx added into loaded only then, asked of L2 ahead). Where rows
-// are 16-byte chunks, thread 0 also asks L2 for the block's next rows, so that the loads of a block's rows are
-// not all the bytes it has in flight. The thread's shares of dw and db wait in shared memory between groups of
+// across the block together, then their dx (the dx added into loaded only then). Thread 0 asking L2 ahead for the
+// block's next rows (Hopper's bulk prefetch) measured slower on the H200: 0.034 ms and 0.041 adding into dx with
+// it, 0.031 and 0.035 without (andrea-120m, 2026-12-01); fewer or more blocks, 2 or 8 rows at once, no faster. The thread's shares of dw and db wait in shared memory between groups of
 // rows (shares: its 16 bytes of each), holding no registers through the barrier and the dx added into: held in
 // registers, they made ptxas spill within the 64.
 template <int VEC, bool ACC>
@@ -370,15 +361,6 @@ __device__ __forceinline__ void layernorm_bwd_rows(float* dx, float* partials, f
     for (long long n0 = r0; n0 < r1; n0 += R, slot ^= 1) {
         const int rows = (int)min((long long)R, r1 - n0);
         const long long o = n0 * C;
-        if (VEC == 4 && threadIdx.x == 0) {
-            if (ACC && n0 == r0) prefetch_l2(dx + o, rows * C * 4);
-            if (n0 + R < r1) {
-                const int bytes = (int)min((long long)R, r1 - n0 - R) * C * 4;
-                prefetch_l2(dout + o + R * C, bytes);
-                prefetch_l2(x + o + R * C, bytes);
-                if (ACC) prefetch_l2(dx + o + R * C, bytes);
-            }
-        }
         // lane r holds the mean of the group's row r, lane R + r its rstd: 1 register, not 2R, each thread
         float stat = 0.0f;
         if (lane < 2 * R && lane % R < rows) stat = (lane < R ? mean : rstd)[n0 + lane % R];
