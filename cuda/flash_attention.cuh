@@ -1,14 +1,18 @@
-// Flash attention on the tensor cores at FP32 accuracy (3xTF32): the tc variant's fused attention, one kernel
-// forward and two backward, no T x T buffer. The forward streams the 64-key tiles of K and V through shared
-// memory (two cp.async stages) with an online softmax; it keeps O and one log-sum-exp a row. The backward
-// recomputes the probabilities from the log-sum-exp: dQ's kernel (a block of query rows against the key tiles
-// up to the diagonal) writes delta for dK/dV's (a block of keys against the query tiles from the diagonal on).
-// The prototypes and how each choice measured: dev/cuda/flash_attention_tc2.cu, dev/NOTES.md.
+// Flash attention on the tensor cores at FP32 accuracy (3xTF32): the tc variant's fused attention, no T x T
+// buffer. The forward (one kernel) streams the 64-key tiles of K and V through shared memory (two cp.async
+// stages) with an online softmax; it keeps O and one log-sum-exp a row. The backward recomputes the
+// probabilities from the log-sum-exp in two kernels: delta's (which also zeroes the backward's counters), and one
+// of 5 products a tile pair for dQ, dK and dV, where separate dQ and dK/dV kernels would take 7 (both recompute
+// S and dP): a block owns a tile of keys, keeps dK and dV in registers and adds each query tile's part of dQ in
+// global memory, in a fixed order of key tiles behind per-(head, query tile) counters; blocks take their work
+// from a ticket, so that the longest start first whatever order the hardware dispatches them in.
+// The prototypes and how each choice measured: dev/cuda/flash_attention_tc2.cu (the forward),
+// dev/cuda/flash_attention_tc3.cu (the backward), dev/NOTES.md.
 //
 // Every product is three TF32 mma.sync (lo*hi, hi*lo, hi*hi into a zeroed fragment; the operands split into
 // hi and lo as their fragments are read) added into a running sum kept in FP32 registers, 8 of d at a time:
 // the tensor cores' own accumulation does not round to nearest, and summed over long runs it would show.
-// Deterministic: every sum in a fixed order, no atomics.
+// Deterministic: every sum in a fixed order, no float atomics (an integer ticket and counters order the adds).
 //
 // Heads are read where the QKV projection leaves them and written where W_O reads them: head h of batch row b
 // is columns h * d_k .. + d_k of rows b * T .. + T of a matrix whose rows are ld floats apart (qkv and dqkv:
@@ -17,14 +21,17 @@
 #include "matmul_tc.cuh"  // tf32_split, mma_tf32, mma_tf32_first, cp_async16, cp_async4, TC_AVAILABLE
 
 #define FA_KEYS 64  // rows of a streamed tile
+#define FA_DS_LD 72  // row stride of the backward's staged dS^T (64 queries x 64 keys), laid out as fa_at<64>
 // Floats of shared memory of each kernel (D: d_k padded to 32, 64 or 128; W: warps of 16 rows a block): the
-// resident rows (Q; Q and dO; K and V) and two stages of two streamed tiles (and, for dK/dV, of the query
-// tile's lse and delta), each row D + 8 floats apart.
+// resident rows (Q; Q and dO; K and V) and two stages of two streamed tiles, each row D + 8 floats apart; for
+// the backward also two stages of the query tile's lse and delta, and the block's ticket (4 floats: a static
+// __shared__ int would take 1 KB, as matmul_tc.cuh's wgmma buffers align dynamic shared memory to 1024).
 #define FA_SMEM_FWD(D, W) (16 * (W) * ((D) + 8) + 4 * FA_KEYS * ((D) + 8))
-#define FA_SMEM_DQ(D, W) (2 * 16 * (W) * ((D) + 8) + 4 * FA_KEYS * ((D) + 8))
-#define FA_SMEM_DKDV(D, W) (2 * 16 * (W) * ((D) + 8) + 4 * FA_KEYS * ((D) + 8) + 4 * FA_KEYS)
+#define FA_SMEM_DELTA(D, W) (2 * 16 * (W) * ((D) + 8) + 4 * FA_KEYS * ((D) + 8))
+#define FA_SMEM_BWD(D, W) (2 * 16 * (W) * ((D) + 8) + 4 * FA_KEYS * ((D) + 8) + 4 * FA_KEYS + 4)
 // The forward of d_k 64 runs 8 warps a block (two blocks an SM at 128 registers: 0.416 ms against 0.455 with
-// 4 warps at andrea-120m's shape); every other kernel 4.
+// 4 warps at andrea-120m's shape); every other kernel 4 (the backward's must: a block's 64 keys are the tile its
+// counters count).
 #define FA_FWD_WARPS_32 4
 #define FA_FWD_WARPS_64 8
 #define FA_FWD_WARPS_128 4
@@ -39,15 +46,15 @@ enum FlashLaunch : int {
     FA_FWD_BYTES32 = FA_SMEM_FWD(32, FA_FWD_WARPS(32)) * 4,
     FA_FWD_BYTES64 = FA_SMEM_FWD(64, FA_FWD_WARPS(64)) * 4,
     FA_FWD_BYTES128 = FA_SMEM_FWD(128, FA_FWD_WARPS(128)) * 4,
-    FA_DQ_BYTES32 = FA_SMEM_DQ(32, FA_BWD_WARPS) * 4,
-    FA_DQ_BYTES64 = FA_SMEM_DQ(64, FA_BWD_WARPS) * 4,
-    FA_DQ_BYTES128 = FA_SMEM_DQ(128, FA_BWD_WARPS) * 4,
-    FA_DKDV_BYTES32 = FA_SMEM_DKDV(32, FA_BWD_WARPS) * 4,
-    FA_DKDV_BYTES64 = FA_SMEM_DKDV(64, FA_BWD_WARPS) * 4,
-    FA_DKDV_BYTES128 = FA_SMEM_DKDV(128, FA_BWD_WARPS) * 4,
+    FA_DELTA_BYTES32 = FA_SMEM_DELTA(32, FA_BWD_WARPS) * 4,
+    FA_DELTA_BYTES64 = FA_SMEM_DELTA(64, FA_BWD_WARPS) * 4,
+    FA_DELTA_BYTES128 = FA_SMEM_DELTA(128, FA_BWD_WARPS) * 4,
+    FA_BWD_BYTES32 = FA_SMEM_BWD(32, FA_BWD_WARPS) * 4,
+    FA_BWD_BYTES64 = FA_SMEM_BWD(64, FA_BWD_WARPS) * 4,
+    FA_BWD_BYTES128 = FA_SMEM_BWD(128, FA_BWD_WARPS) * 4,
 };
 
-// Blocks whose rows see at most this many key tiles take delta from a pass over P and dP, as the fast variant
+// Query tiles that see at most this many key tiles take delta from a pass over P and dP, as the fast variant
 // does (so p = 1 gives ds = 0 exactly); the rest from dO * O in FP64 (dev/NOTES.md: dO * O alone put dQ and dK
 // past the accuracy bar at T <= 77)
 #define FA_DELTA_PASS_TILES 2
@@ -80,15 +87,22 @@ __device__ __forceinline__ void fa_load(float* s, const float* p, int r0, int T,
     }
 }
 
-// three products of a split pair into a zeroed fragment, added into acc
+// three products of a split pair into a zeroed fragment, added into acc. TRANS: the small terms in the
+// other order, so that A B computed as (B^T A^T)^T sums the same terms into the same partial sums
+template <bool TRANS = false>
 __device__ __forceinline__ void fa_mma3(float (&acc)[4], const uint32_t (&a_hi)[4], const uint32_t (&a_lo)[4],
                                         float b0, float b1) {
     uint32_t b_hi[2], b_lo[2];
     tf32_split(b0, b_hi[0], b_lo[0]);
     tf32_split(b1, b_hi[1], b_lo[1]);
     float p[4];
-    mma_tf32_first(p, a_lo, b_hi);
-    mma_tf32(p, a_hi, b_lo);
+    if constexpr (TRANS) {
+        mma_tf32_first(p, a_hi, b_lo);
+        mma_tf32(p, a_lo, b_hi);
+    } else {
+        mma_tf32_first(p, a_lo, b_hi);
+        mma_tf32(p, a_hi, b_lo);
+    }
     mma_tf32(p, a_hi, b_hi);
 #pragma unroll
     for (int r = 0; r < 4; r++) acc[r] += p[r];
@@ -96,7 +110,7 @@ __device__ __forceinline__ void fa_mma3(float (&acc)[4], const uint32_t (&a_hi)[
 
 // acc[j] = A B^T over d, for the 8 n8 tiles of B's 64 rows: A the warp's 16 rows of a shared tile (a: its row
 // 0, a multiple of 8 of the tile), B the 64 rows at b; both raw, split as they are read
-template <int D, int UNROLL>
+template <int D, int UNROLL, bool TRANS = false>
 __device__ __forceinline__ void fa_rows_dot(float (&acc)[8][4], const float* a, const float* b) {
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
@@ -116,7 +130,7 @@ __device__ __forceinline__ void fa_rows_dot(float (&acc)[8][4], const float* a, 
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             const float2 bv = *reinterpret_cast<const float2*>(b + (8 * j + g) * (D + 8) + col);
-            fa_mma3(acc[j], a_hi, a_lo, bv.x, bv.y);
+            fa_mma3<TRANS>(acc[j], a_hi, a_lo, bv.x, bv.y);
         }
     }
 }
@@ -141,6 +155,35 @@ __device__ __forceinline__ void fa_weigh(float (&out)[D / 8][4], const float (&w
     }
 }
 
+// out = the warp's 16 rows of the staged dS^T (at a: 64 keys a row, stride FA_DS_LD) times the block's K (at
+// ks, 64 keys), columns c0 + 8n + (0..7) of K. The A fragment is read as fa_rows_dot reads its A (keys 2t and
+// 2t + 1 of a k8 step as logical k t and t + 4, one float2), the B fragment as fa_weigh reads its M (rows 2t
+// and 2t + 1, the same relabelling), so both sides sum the same key for each k.
+template <int D, int NQ>
+__device__ __forceinline__ void fa_dq_part(float (&out)[NQ][4], const float* a, const float* ks, int c0) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int n = 0; n < NQ; n++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) out[n][r] = 0.0f;
+#pragma unroll
+    for (int kb = 0; kb < 8; kb++) {
+        const int col = (8 * kb + 2 * t) ^ ((g & 4) << 1);
+        const float2 u = *reinterpret_cast<const float2*>(a + g * FA_DS_LD + col);
+        const float2 w = *reinterpret_cast<const float2*>(a + (g + 8) * FA_DS_LD + col);
+        const float av[4] = {u.x, w.x, u.y, w.y};
+        uint32_t a_hi[4], a_lo[4];
+#pragma unroll
+        for (int r = 0; r < 4; r++) tf32_split(av[r], a_hi[r], a_lo[r]);
+        const int r = 8 * kb + 2 * t;
+#pragma unroll
+        for (int n = 0; n < NQ; n++) {
+            const int at = fa_at<D>(r, c0 + 8 * n + g);
+            fa_mma3(out[n], a_hi, a_lo, ks[at], ks[at + D + 8]);
+        }
+    }
+}
+
 __device__ __forceinline__ float fa_quad_max(float v) {
     v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, 1));
     return fmaxf(v, __shfl_xor_sync(0xffffffff, v, 2));
@@ -155,10 +198,23 @@ __device__ __forceinline__ bool fa_aligned(const void* a, const void* b, const v
            0;
 }
 
+// the counters' two sides: a release store that publishes a block's dQ stores (after a barrier that every
+// thread of the block crossed after its stores), an acquire load that orders the waiting thread's dQ loads
+// after it (each thread that loads dQ acquires for itself, so no barrier is needed on that side)
+__device__ __forceinline__ int fa_load_acquire(const int* p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void fa_store_release(int* p, int v) {
+    asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
 template <int D, int WARPS>
 struct FlashSmem {
     static constexpr int LD = D + 8, ROWS = 16 * WARPS, TILE = FA_KEYS * LD;
-    static constexpr int FWD = FA_SMEM_FWD(D, WARPS), DQ = FA_SMEM_DQ(D, WARPS), DKDV = FA_SMEM_DKDV(D, WARPS);
+    static constexpr int FWD = FA_SMEM_FWD(D, WARPS), DELTA = FA_SMEM_DELTA(D, WARPS), BWD = FA_SMEM_BWD(D, WARPS);
+    static_assert(2 * TILE >= FA_KEYS * FA_DS_LD, "dS^T must fit over a stage's Q and dO");
 };
 
 // The grid is (tiles, NH, B): head h = blockIdx.y of batch row b = blockIdx.z, at this offset in a matrix of rows
@@ -276,16 +332,24 @@ __device__ void flash_fwd(float* o, float* lse, const float* q, const float* k, 
 }
 
 // ---------------------------------------------------------------------------------------------- backward
-// dq = scale * sum over keys of ds k, ds = p (dp - delta), dp = do v^T, p = exp(q k^T * scale - lse),
-// delta = sum over d of do * o (the row's sum of p dp), written for the dK/dV kernel
-template <int D, int WARPS>
-__device__ void flash_bwd_dq(float* dq, float* delta, const float* q, const float* k, const float* v,
-                             const float* o, const float* d_o, const float* lse, int T, int d_k, int ld_in,
-                             int ld_out) {
+// delta = the row's sum of p dp, for the 64 query rows of tile blockIdx.x of one head (fa_head), and the
+// backward's counters set to 0: this query tile's, and block (0, 0, 0) the ticket, so that the backward needs
+// nothing of the scratch from an earlier launch. Tiles up to FA_DELTA_PASS_TILES sum p dp over their key tiles,
+// p and dp as the backward kernel computes them (so ds is exactly 0 where p is 1: a one-key row); the rest sum
+// dO * O over d in FP64 (the same value in one read of O; O carries the forward's rounding, and the FP32 sum's
+// own would add to it).
+template <int D>
+__device__ void flash_bwd_delta(float* delta, int* sync, const float* q, const float* k, const float* v,
+                                const float* o, const float* d_o, const float* lse, int T, int d_k, int ld_in,
+                                int ld_out) {
 #if TC_AVAILABLE
-    using S = FlashSmem<D, WARPS>;
-    constexpr int THREADS = 32 * WARPS, ND = D / 8;
+    using S = FlashSmem<D, FA_BWD_WARPS>;
+    constexpr int THREADS = 32 * FA_BWD_WARPS;
     extern __shared__ __align__(16) float fa_smem[];
+    if (threadIdx.x == 0) {
+        sync[fa_row(gridDim.x) + blockIdx.x] = 0;  // (b, h, query tile): the backward's counter[i] of head b NH + h
+        if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) sync[gridDim.x * gridDim.y * gridDim.z] = 0;
+    }
     float* qs = fa_smem;
     float* dos = qs + S::ROWS * S::LD;
     float* kv = dos + S::ROWS * S::LD;
@@ -293,22 +357,24 @@ __device__ void flash_bwd_dq(float* dq, float* delta, const float* q, const floa
     q += in, k += in, v += in, o += out, d_o += out;
     lse += fa_row(T), delta += fa_row(T);
     const bool vec = d_k % 4 == 0 && ld_in % 4 == 0 && ld_out % 4 == 0 && fa_aligned(q, k, v, d_o);
-    const int q0 = (gridDim.x - 1 - blockIdx.x) * S::ROWS;
+    const int q0 = blockIdx.x * S::ROWS;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int first = q0 + 16 * warp, row_a = first + g, row_b = row_a + 8;
     const float scale = 1.0f / sqrtf((float)d_k);
-    const float lse_a = row_a < T ? lse[row_a] : 0.0f, lse_b = row_b < T ? lse[row_b] : 0.0f;
-    const int n_tiles = (min(q0 + S::ROWS, T) - 1) / FA_KEYS + 1;
+    const int n_tiles = blockIdx.x + 1;  // key tiles up to the diagonal
 
-    auto load_kv = [&](int stage, int k0) {
-        float* s = kv + stage * 2 * S::TILE;
-        fa_load<D, FA_KEYS, THREADS>(s, k, k0, T, d_k, ld_in, vec);
-        fa_load<D, FA_KEYS, THREADS>(s + S::TILE, v, k0, T, d_k, ld_in, vec);
-    };
-    // one pass over the key tiles up to the block's last row, tile 0 already on its way: step(k0, p, dp, ks)
-    // for each tile the warp sees, p = exp(q k^T * scale - lse) (0 where the mask or the padding hides the
-    // key), dp = do v^T, ks the tile's K (its V after it)
-    auto each_tile = [&](auto step) {
+    float delta_a = 0.0f, delta_b = 0.0f;
+    if (n_tiles <= FA_DELTA_PASS_TILES) {
+        const float lse_a = row_a < T ? lse[row_a] : 0.0f, lse_b = row_b < T ? lse[row_b] : 0.0f;
+        auto load_kv = [&](int stage, int k0) {
+            float* s = kv + stage * 2 * S::TILE;
+            fa_load<D, FA_KEYS, THREADS>(s, k, k0, T, d_k, ld_in, vec);
+            fa_load<D, FA_KEYS, THREADS>(s + S::TILE, v, k0, T, d_k, ld_in, vec);
+        };
+        fa_load<D, S::ROWS, THREADS>(qs, q, q0, T, d_k, ld_in, vec);
+        fa_load<D, S::ROWS, THREADS>(dos, d_o, q0, T, d_k, ld_out, vec);
+        load_kv(0, 0);
+        cp_async_commit();
         for (int i = 0; i < n_tiles; i++) {
             const int k0 = i * FA_KEYS;
             cp_async_wait<0>();
@@ -317,6 +383,7 @@ __device__ void flash_bwd_dq(float* dq, float* delta, const float* q, const floa
             cp_async_commit();
             if (k0 > first + 15 || first >= T) continue;
             const float* ks = kv + (i & 1) * 2 * S::TILE;
+            // S = Q K^T in the forward's order; dP = dO V^T in the order whose transpose the backward runs
             float p[8][4], dp[8][4];
             fa_rows_dot<D, 1>(p, qs + 16 * warp * S::LD, ks);
             fa_rows_dot<D, 1>(dp, dos + 16 * warp * S::LD, ks + S::TILE);
@@ -326,40 +393,20 @@ __device__ void flash_bwd_dq(float* dq, float* delta, const float* q, const floa
                 for (int e = 0; e < 2; e++) {
                     const int key = k0 + 8 * j + 2 * t + e;
                     // _rn: s * scale rounded as the forward rounds it (no FMA with lse), so p is 1 where it was
-                    p[j][e] = key <= row_a && key < T ? expf(__fmul_rn(p[j][e], scale) - lse_a) : 0.0f;
-                    p[j][2 + e] = key <= row_b && key < T ? expf(__fmul_rn(p[j][2 + e], scale) - lse_b) : 0.0f;
+                    const float pa = key <= row_a && key < T ? expf(__fmul_rn(p[j][e], scale) - lse_a) : 0.0f;
+                    const float pb = key <= row_b && key < T ? expf(__fmul_rn(p[j][2 + e], scale) - lse_b) : 0.0f;
+                    delta_a += pa * dp[j][e];
+                    delta_b += pb * dp[j][2 + e];
                 }
-            step(k0, p, dp, ks);
         }
-    };
-
-    fa_load<D, S::ROWS, THREADS>(qs, q, q0, T, d_k, ld_in, vec);
-    fa_load<D, S::ROWS, THREADS>(dos, d_o, q0, T, d_k, ld_out, vec);
-    load_kv(0, 0);
-    cp_async_commit();
-
-    // delta of rows a and b. Short rows: the sum of p dp over the keys, in a pass of its own (p and dp as the
-    // dq pass computes them: where p is 1, ds is exactly 0). Long rows: the sum of dO * O over d, the same value
-    // in one read of O, with a quad's four threads taking every fourth d in FP64, in a fixed order (O carries
-    // the forward's rounding, so the FP32 sum's own would add to it).
-    float delta_a = 0.0f, delta_b = 0.0f;
-    if (n_tiles <= FA_DELTA_PASS_TILES) {
-        each_tile([&](int, const float (&p)[8][4], const float (&dp)[8][4], const float*) {
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    delta_a += p[j][e] * dp[j][e];
-                    delta_b += p[j][2 + e] * dp[j][2 + e];
-                }
-        });
+        cp_async_wait<0>();  // no copy may outlive the block (the empty group after the last tile)
         delta_a = fa_quad_sum(delta_a), delta_b = fa_quad_sum(delta_b);
-        __syncthreads();  // every warp is done with the last tile's stage before the dq pass loads tile 0 again
-        load_kv(0, 0);
-        cp_async_commit();
     } else {
+        // a quad's four threads take every fourth d, in a fixed order
         double sum_a = 0.0, sum_b = 0.0;
-        for (int d = t; d < d_k; d += 4) {
+#pragma unroll
+        for (int d = t; d < D; d += 4) {
+            if (d >= d_k) break;
             if (row_a < T) sum_a += (double)d_o[(long long)row_a * ld_out + d] * o[(long long)row_a * ld_out + d];
             if (row_b < T) sum_b += (double)d_o[(long long)row_b * ld_out + d] * o[(long long)row_b * ld_out + d];
         }
@@ -371,124 +418,212 @@ __device__ void flash_bwd_dq(float* dq, float* delta, const float* q, const floa
         if (row_a < T) delta[row_a] = delta_a;
         if (row_b < T) delta[row_b] = delta_b;
     }
-
-    float acc[ND][4];
-#pragma unroll
-    for (int n = 0; n < ND; n++)
-#pragma unroll
-        for (int r = 0; r < 4; r++) acc[n][r] = 0.0f;
-    each_tile([&](int, float (&p)[8][4], const float (&dp)[8][4], const float* ks) {
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                p[j][e] *= dp[j][e] - delta_a;  // ds (0 where p is)
-                p[j][2 + e] *= dp[j][2 + e] - delta_b;
-            }
-        fa_weigh<D>(acc, p, ks);  // dq += ds k
-    });
-    dq += in;
-#pragma unroll
-    for (int n = 0; n < ND; n++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const int d = 8 * n + 2 * t + e;
-            if (d >= d_k) continue;
-            if (row_a < T) dq[(long long)row_a * ld_in + d] = acc[n][e] * scale;
-            if (row_b < T) dq[(long long)row_b * ld_in + d] = acc[n][2 + e] * scale;
-        }
 #else
     __trap();
 #endif
 }
 
-// for a block of 16 * WARPS keys: dv = sum over queries of p^T do, dk = scale * sum of ds^T q; a warp owns 16
-// keys and streams the 64-row query tiles from the diagonal on
-template <int D, int WARPS>
-__device__ void flash_bwd_dkdv(float* dk, float* dv, const float* q, const float* k, const float* v,
-                               const float* d_o, const float* lse, const float* delta, int T, int d_k,
-                               int ld_in, int ld_out) {
+// dv = sum over queries of p^T do, dk = scale * sum of ds^T q, dq = scale * sum over keys of ds k, for the 64
+// keys of key tile j of head bh = b * NH + h, (j, bh) from the ticket: grid (ceil(T / 64), NH, B) as the
+// others, but a block's work is its ticket's, not its blockIdx's. A warp owns 16 keys; the block computes S^T,
+// dP^T and dS^T for each query tile its keys see, adds P^T dO and dS^T Q into dV and dK in registers, and the
+// query tile's part of dQ, dS K, into dQ in global memory (dS^T staged through shared memory over the tile's Q
+// and dO, which are no longer needed by then).
+//
+// dQ without float atomics, deterministic: query tile i's parts are added in a fixed order, key tile 0 first
+// (it writes, so dQ needs no zeroing), then 1, ..., i last (it applies the scale, once to the sum). A block
+// waits, before its add, until counter[i] says the key tile before it has added; it publishes its own add at
+// its next step's first barrier (all its threads' stores are done by then) with a release store. The block
+// streams its query tiles from the last down to its diagonal, so key tiles j - 1 and j reach query tile i at
+// the same step: j waits once, at its first step, and then runs that far behind j - 1. The ticket, key tile
+// major, starts every head's key tile 0 (the longest, n tiles) first and the one-tile blocks last (1.01x the
+// ideal makespan in a list-scheduling simulation at T = 1024 .. 4096, against 1.05x .. 1.21x head-major); and it
+// keeps the protocol free of deadlock whatever order the hardware dispatches blocks in: a block waits only on
+// the block of the ticket `heads` before its own, which has taken its ticket and so is resident, and which waits
+// in turn only on an earlier ticket; key tile 0's blocks never wait.
+//
+// S^T = K Q^T must be the forward's S = Q K^T bit for bit (p = 1 exactly on a one-key row, so that ds = 0
+// there): its three mmas run in the transposed order (fa_mma3<true>), the same terms with the same k into the
+// same partial sums; dP^T likewise, to match the delta kernel's dP = dO V^T.
+// sync: B * NH * ceil(T / 64) counters, (b, h, query tile), then the ticket; all 0 at the start (the delta
+// kernel zeroes them; this kernel leaves them 0 as well).
+template <int D>
+__device__ void flash_bwd(float* dq, float* dk, float* dv, int* sync, const float* q, const float* k,
+                          const float* v, const float* d_o, const float* lse, const float* delta, int T, int d_k,
+                          int ld_in, int ld_out) {
 #if TC_AVAILABLE
-    using S = FlashSmem<D, WARPS>;
-    constexpr int THREADS = 32 * WARPS, ND = D / 8;
+    using S = FlashSmem<D, FA_BWD_WARPS>;
+    constexpr int THREADS = 32 * FA_BWD_WARPS, ND = D / 8;
+    // n8 tiles of dQ's part at a time: 32 columns, whose part and loaded sum (32 registers) fit beside dK and dV
+    // at d_k 64 (all 64 at once: 300-400 bytes spilled)
+    constexpr int NQ = 4;
+    static_assert(S::ROWS == FA_KEYS, "a block's keys are one tile");
     extern __shared__ __align__(16) float fa_smem[];
     float* ks = fa_smem;
     float* vs = ks + S::ROWS * S::LD;
-    float* qd = vs + S::ROWS * S::LD;      // stage s: Q at qd + 2 s TILE, dO after it
-    float* ld = qd + 4 * S::TILE;          // stage s: lse at ld + 2 s FA_KEYS, delta after it
-    const long long in = fa_head(T, d_k, ld_in);
-    q += in, k += in, v += in, d_o += fa_head(T, d_k, ld_out);
-    lse += fa_row(T), delta += fa_row(T);
-    const bool vec = d_k % 4 == 0 && ld_in % 4 == 0 && ld_out % 4 == 0 && fa_aligned(q, k, v, d_o);
-    const int k0 = blockIdx.x * S::ROWS;
+    float* qd = vs + S::ROWS * S::LD;  // stage s: Q at qd + 2 s TILE, dO after it
+    float* ls = qd + 4 * S::TILE;      // stage s: lse at ls + 2 s FA_KEYS, delta after it
+    int& ticket = *reinterpret_cast<int*>(ls + 4 * FA_KEYS);
+    // n from T, not gridDim.x (the same number): with gridDim.x, ptxas spilled 280-330 bytes at d_k 64
+    const int n = (T - 1) / FA_KEYS + 1, heads = gridDim.y * gridDim.z;
+    if (threadIdx.x == 0) {
+        ticket = atomicAdd(sync + heads * n, 1);
+        if (ticket == heads * n - 1) sync[heads * n] = 0;  // the last ticket drawn: left 0 for the next launch
+    }
+    __syncthreads();
+    // The head (bh = b * NH + h, NH = gridDim.y) and its offsets are recomputed from the ticket in shared memory
+    // where they are used, after a barrier that no load of it moves across: held in registers through the loop
+    // (with the addresses the compiler derives from them) they cost 330 bytes of spills at d_k 64, with b and h
+    // read from shared memory 276, recomputed 8 (at 255 registers, for a few integer divisions a step)
+    auto ticket_head = [&]() { return ticket % heads; };
+    auto head = [&](int bh, int ld) {
+        const int b = bh / gridDim.y;
+        return (long long)b * T * ld + (long long)(bh - b * (int)gridDim.y) * d_k;
+    };
+    auto counter = [&](int bh, int i) { return sync + bh * n + i; };  // key tiles that have added to dQ's tile i
+    const int j = ticket / heads;                                    // key tile major: every head's longest first
+    const long long in = head(ticket_head(), ld_in);
+    const bool vec = d_k % 4 == 0 && ld_in % 4 == 0 && ld_out % 4 == 0 &&
+                     fa_aligned(q + in, k + in, v + in, d_o + head(ticket_head(), ld_out));
+    const int k0 = j * FA_KEYS;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int first = k0 + 16 * warp, key_a = first + g, key_b = key_a + 8;
     const float scale = 1.0f / sqrtf((float)d_k);
-    const int n_tiles = (T - 1) / FA_KEYS + 1 - k0 / FA_KEYS;  // query tiles from k0 to the end
+    const int n_steps = n - j;  // query tiles n - 1 down to j
 
     auto load_tile = [&](int stage, int q0) {
         float* s = qd + stage * 2 * S::TILE;
-        fa_load<D, FA_KEYS, THREADS>(s, q, q0, T, d_k, ld_in, vec);
-        fa_load<D, FA_KEYS, THREADS>(s + S::TILE, d_o, q0, T, d_k, ld_out, vec);
+        const int h = ticket_head();
+        fa_load<D, FA_KEYS, THREADS>(s, q + head(h, ld_in), q0, T, d_k, ld_in, vec);
+        fa_load<D, FA_KEYS, THREADS>(s + S::TILE, d_o + head(h, ld_out), q0, T, d_k, ld_out, vec);
         for (int e = threadIdx.x; e < 2 * FA_KEYS; e += THREADS) {
             const int qi = q0 + e % FA_KEYS;
-            const float* src = e < FA_KEYS ? lse : delta;
-            cp_async4(ld + stage * 2 * FA_KEYS + e, qi < T ? src + qi : src, qi < T ? 4 : 0);
+            const float* src = (e < FA_KEYS ? lse : delta) + (long long)h * T;
+            cp_async4(ls + stage * 2 * FA_KEYS + e, qi < T ? src + qi : src, qi < T ? 4 : 0);
         }
     };
-    fa_load<D, S::ROWS, THREADS>(ks, k, k0, T, d_k, ld_in, vec);
-    fa_load<D, S::ROWS, THREADS>(vs, v, k0, T, d_k, ld_in, vec);
-    load_tile(0, k0);
+    fa_load<D, S::ROWS, THREADS>(ks, k + in, k0, T, d_k, ld_in, vec);
+    fa_load<D, S::ROWS, THREADS>(vs, v + in, k0, T, d_k, ld_in, vec);
+    load_tile(0, (n - 1) * FA_KEYS);
     cp_async_commit();
 
     float acc_k[ND][4], acc_v[ND][4];
 #pragma unroll
-    for (int n = 0; n < ND; n++)
+    for (int c = 0; c < ND; c++)
 #pragma unroll
-        for (int r = 0; r < 4; r++) acc_k[n][r] = 0.0f, acc_v[n][r] = 0.0f;
-    for (int i = 0; i < n_tiles; i++) {
-        const int q0 = k0 + i * FA_KEYS;
+        for (int r = 0; r < 4; r++) acc_k[c][r] = 0.0f, acc_v[c][r] = 0.0f;
+    int* publish = nullptr;  // thread 0's: the counter of the last step's add, set once the block's stores are done
+    for (int s = 0; s < n_steps; s++) {
+        const int i = n - 1 - s, q0 = i * FA_KEYS;
         cp_async_wait<0>();
-        __syncthreads();
-        if (i + 1 < n_tiles) load_tile((i + 1) & 1, q0 + FA_KEYS);
+        __syncthreads();  // tile i is in; every warp is done with step s - 1 (its stage, and its dQ stores)
+        if (publish != nullptr) {
+            __threadfence();
+            fa_store_release(publish, j + 1);
+            publish = nullptr;
+        }
+        if (s + 1 < n_steps) load_tile((s + 1) & 1, q0 - FA_KEYS);
         cp_async_commit();
-        if (q0 + FA_KEYS - 1 < first || first >= T) continue;  // every query of the tile before the warp's keys
-        const float* qs = qd + (i & 1) * 2 * S::TILE;
+        float* qs = qd + (s & 1) * 2 * S::TILE;
         const float* dos = qs + S::TILE;
-        const float* tl = ld + (i & 1) * 2 * FA_KEYS;
-        // p^T and dp^T: rows this warp's keys, columns the tile's queries 8j + 2t (+ 1)
-        float pt[8][4], dpt[8][4];
-        fa_rows_dot<D, 1>(pt, ks + 16 * warp * S::LD, qs);
-        fa_rows_dot<D, 1>(dpt, vs + 16 * warp * S::LD, dos);
+        const float* tl = ls + (s & 1) * 2 * FA_KEYS;
+
+        // ds^T: rows this warp's keys, columns the tile's queries 8c + 2t (+ 1); 0 for a warp past T
+        float dst[8][4];
+        if (first < T) {
+            float pt[8][4];
+            fa_rows_dot<D, 1, true>(pt, ks + 16 * warp * S::LD, qs);
+            fa_rows_dot<D, 1, true>(dst, vs + 16 * warp * S::LD, dos);
 #pragma unroll
-        for (int j = 0; j < 8; j++)
+            for (int c = 0; c < 8; c++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int col = 8 * c + 2 * t + e, qi = q0 + col;
+                    const float l = tl[col], dl = tl[FA_KEYS + col];
+                    const bool seen_a = key_a <= qi && qi < T && key_a < T, seen_b = key_b <= qi && qi < T && key_b < T;
+                    pt[c][e] = seen_a ? expf(__fmul_rn(pt[c][e], scale) - l) : 0.0f;
+                    pt[c][2 + e] = seen_b ? expf(__fmul_rn(pt[c][2 + e], scale) - l) : 0.0f;
+                    dst[c][e] = pt[c][e] * (dst[c][e] - dl);
+                    dst[c][2 + e] = pt[c][2 + e] * (dst[c][2 + e] - dl);
+                }
+            fa_weigh<D>(acc_v, pt, dos);
+            fa_weigh<D>(acc_k, dst, qs);
+        } else {
+#pragma unroll
+            for (int c = 0; c < 8; c++)
+#pragma unroll
+                for (int r = 0; r < 4; r++) dst[c][r] = 0.0f;
+        }
+        __syncthreads();  // every warp is done with the stage's Q and dO: dS^T goes over them
+        float* ds_t = qs;  // 64 queries x 64 keys, as fa_at<64>
+#pragma unroll
+        for (int c = 0; c < 8; c++)
 #pragma unroll
             for (int e = 0; e < 2; e++) {
-                const int col = 8 * j + 2 * t + e, qi = q0 + col;
-                const float l = tl[col], dl = tl[FA_KEYS + col];
-                const bool seen_a = key_a <= qi && qi < T && key_a < T, seen_b = key_b <= qi && qi < T && key_b < T;
-                pt[j][e] = seen_a ? expf(__fmul_rn(pt[j][e], scale) - l) : 0.0f;
-                pt[j][2 + e] = seen_b ? expf(__fmul_rn(pt[j][2 + e], scale) - l) : 0.0f;
-                dpt[j][e] = pt[j][e] * (dpt[j][e] - dl);  // ds^T
-                dpt[j][2 + e] = pt[j][2 + e] * (dpt[j][2 + e] - dl);
+                const int col = 8 * c + 2 * t + e;
+                ds_t[fa_at<64>(col, 16 * warp + g)] = dst[c][e];
+                ds_t[fa_at<64>(col, 16 * warp + g + 8)] = dst[c][2 + e];
             }
-        fa_weigh<D>(acc_v, pt, dos);
-        fa_weigh<D>(acc_k, dpt, qs);
-    }
-    dk += fa_head(T, d_k, ld_in), dv += fa_head(T, d_k, ld_in);
+        __syncthreads();  // dS^T is whole
+
+        // dQ's rows q0 + 16 warp + g (+ 8) += dS^T K over the block's keys: after key tile j - 1's add,
+        // the first (j = 0) writes, the last (j = i) scales
+        const int row_a = q0 + 16 * warp + g, row_b = row_a + 8;
+        if (q0 + 16 * warp < T) {
+            const int h = ticket_head();
+            float* dq_h = dq + head(h, ld_in);
+            if (j > 0)
+                while (fa_load_acquire(counter(h, i)) != j) __nanosleep(100);
 #pragma unroll
-    for (int n = 0; n < ND; n++)
+            for (int c0 = 0; c0 < D; c0 += 8 * NQ) {
+                float prev[NQ][4];  // loaded before the product, to land while it runs
+                if (j > 0)
+#pragma unroll
+                    for (int c = 0; c < NQ; c++)
+#pragma unroll
+                        for (int e = 0; e < 2; e++) {
+                            const int d = c0 + 8 * c + 2 * t + e;
+                            // a conditional load of volatile asm is a branch: load dq[0] where out of bounds
+                            prev[c][e] = __ldcg(row_a < T && d < d_k ? dq_h + (long long)row_a * ld_in + d : dq_h);
+                            prev[c][2 + e] = __ldcg(row_b < T && d < d_k ? dq_h + (long long)row_b * ld_in + d : dq_h);
+                        }
+                float part[NQ][4];
+                fa_dq_part<D, NQ>(part, ds_t + 16 * warp * FA_DS_LD, ks, c0);
+#pragma unroll
+                for (int c = 0; c < NQ; c++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int d = c0 + 8 * c + 2 * t + e;
+                        if (d >= d_k) continue;
+                        float x_a = j > 0 ? prev[c][e] + part[c][e] : part[c][e];
+                        float x_b = j > 0 ? prev[c][2 + e] + part[c][2 + e] : part[c][2 + e];
+                        if (j == i) x_a *= scale, x_b *= scale;
+                        if (row_a < T) __stcg(dq_h + (long long)row_a * ld_in + d, x_a);
+                        if (row_b < T) __stcg(dq_h + (long long)row_b * ld_in + d, x_b);
+                    }
+            }
+        }
+        // j = i, the last step, adds last: no one waits
+        if (threadIdx.x == 0 && j < i) publish = counter(ticket_head(), i);
+    }
+    // the last add to query tile j was this block's: its counter back to 0 for the next launch, once every warp
+    // has seen it at j (a warp may still be in its spin until this barrier)
+    __syncthreads();
+    if (threadIdx.x == 0 && j > 0) *counter(ticket_head(), j) = 0;
+    dk += head(ticket_head(), ld_in), dv += head(ticket_head(), ld_in);
+#pragma unroll
+    for (int c = 0; c < ND; c++)
 #pragma unroll
         for (int e = 0; e < 2; e++) {
-            const int d = 8 * n + 2 * t + e;
+            const int d = 8 * c + 2 * t + e;
             if (d >= d_k) continue;
             if (key_a < T) {
-                dk[(long long)key_a * ld_in + d] = acc_k[n][e] * scale;
-                dv[(long long)key_a * ld_in + d] = acc_v[n][e];
+                dk[(long long)key_a * ld_in + d] = acc_k[c][e] * scale;
+                dv[(long long)key_a * ld_in + d] = acc_v[c][e];
             }
             if (key_b < T) {
-                dk[(long long)key_b * ld_in + d] = acc_k[n][2 + e] * scale;
-                dv[(long long)key_b * ld_in + d] = acc_v[n][2 + e];
+                dk[(long long)key_b * ld_in + d] = acc_k[c][2 + e] * scale;
+                dv[(long long)key_b * ld_in + d] = acc_v[c][2 + e];
             }
         }
 #else
@@ -498,7 +633,8 @@ __device__ void flash_bwd_dkdv(float* dk, float* dv, const float* q, const float
 
 // The kernels for each padded width D: grid (ceil(T / (16 WARPS)), NH, B), 32 WARPS threads, FA_SMEM_*'s
 // floats of dynamic shared memory. q, k, v (and dq, dk, dv) are the heads' columns of one matrix of rows ld_in
-// apart, o and d_o of one of rows ld_out apart; lse and delta (B, NH, T).
+// apart, o and d_o of one of rows ld_out apart; lse and delta (B, NH, T); sync an int scratch of
+// B * NH * ceil(T / 64) + 1 (the delta kernel zeroes it).
 // The 8-warp forward held to two blocks an SM (128 registers, no spills); the 4-warp ones left to ptxas (187 at
 // d_k 64 without spills, where a bound of one block gives 255 and spills)
 #define FA_FWD_BOUNDS_32 __launch_bounds__(32 * FA_FWD_WARPS(32))
@@ -511,16 +647,16 @@ __device__ void flash_bwd_dkdv(float* dk, float* dv, const float* q, const float
         flash_fwd<D, FA_FWD_WARPS(D)>(o, lse, q, k, v, T, d_k, ld_in, ld_out);                             \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(32 * FA_BWD_WARPS)                                           \
-        k_flash_bwd_dq_d##D(float* dq, float* delta, const float* q, const float* k, const float* v,          \
-                            const float* o, const float* d_o, const float* lse, int T, int d_k, int ld_in,     \
-                            int ld_out) {                                                           \
-        flash_bwd_dq<D, FA_BWD_WARPS>(dq, delta, q, k, v, o, d_o, lse, T, d_k, ld_in, ld_out);             \
+        k_flash_bwd_delta_d##D(float* delta, int* sync, const float* q, const float* k, const float* v,       \
+                               const float* o, const float* d_o, const float* lse, int T, int d_k, int ld_in,  \
+                               int ld_out) {                                                                   \
+        flash_bwd_delta<D>(delta, sync, q, k, v, o, d_o, lse, T, d_k, ld_in, ld_out);                          \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(32 * FA_BWD_WARPS)                                           \
-        k_flash_bwd_dkdv_d##D(float* dk, float* dv, const float* q, const float* k, const float* v,           \
-                              const float* d_o, const float* lse, const float* delta, int T, int d_k, int ld_in,  \
-                              int ld_out) {                                                         \
-        flash_bwd_dkdv<D, FA_BWD_WARPS>(dk, dv, q, k, v, d_o, lse, delta, T, d_k, ld_in, ld_out);          \
+        k_flash_bwd_d##D(float* dq, float* dk, float* dv, int* sync, const float* q, const float* k,           \
+                         const float* v, const float* d_o, const float* lse, const float* delta, int T,        \
+                         int d_k, int ld_in, int ld_out) {                                                     \
+        flash_bwd<D>(dq, dk, dv, sync, q, k, v, d_o, lse, delta, T, d_k, ld_in, ld_out);                       \
     }
 FLASH_KERNELS(32)
 FLASH_KERNELS(64)

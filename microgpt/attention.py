@@ -32,9 +32,9 @@ INTERMEDIATES = ("q", "k", "v", "scores", "masked", "probs", "heads", "lse", "y"
 # The fast variant's scores kernel writes the masked scores directly: a.scores is None there. A variant with
 # fused attention (tc) runs the heads in one kernel each way, reading them from qkv: the buffers it is given
 # (fused=True) have a.lse and no per-head stages (a.q ... a.heads None).
-def fused(ops: Kernels, d_k: int) -> bool:
-    """Whether the variant's attention runs fused at this head width on this device."""
-    return ops.variant.fused_attention and flash_attention_supported(d_k)
+def fused(ops: Kernels, d_k: int, T: int) -> bool:
+    """Whether the variant's attention runs fused at this head width and length on this device."""
+    return ops.variant.fused_attention and flash_attention_supported(d_k, T)
 
 
 def attention_fwd(ops: Kernels, x, w, a, n_head, stream=None):
@@ -138,7 +138,7 @@ class CudaAttention:
     def forward(self, x, keep_intermediates):
         B, T, C = x.shape
         a = attention_buffers(self._new, B, T, C, self.n_head, keep_scores=self.ops.variant.keeps_scores,
-                              fused=fused(self.ops, C // self.n_head))
+                              fused=fused(self.ops, C // self.n_head, T))
         a.x = self.ga.to_gpu(x)
         attention_fwd(self.ops, a.x, self.weights, a, self.n_head)
         self._a = a

@@ -99,7 +99,7 @@ class CudaBackend:
         b.batch = new(3, B, T, dtype=np.int32)
         b.idx, b.tgt, b.order = b.batch[0], b.batch[1], b.batch[2]
         b.resid = [new(B, T, C) for _ in range(L + 1)]  # the residual stream entering each layer, and out
-        b.layers, b.fused = [], fused(self.ops, C // NH)
+        b.layers, b.fused = [], fused(self.ops, C // NH, T)
         b.scratch = SimpleNamespace(out=new(B, T, C), mlp=new(B, T, C))
         if not b.fused:  # the pipeline's stages its backward does not read, shared by all layers
             b.scratch.qkv, b.scratch.masked = new(B, T, 3 * C), new(B, NH, T, T)

@@ -62,7 +62,7 @@ def test_multi_head_attention_matches_numpy(rng, B, T, C, NH, variant):
     out_r, inter_r = ref.forward(x, return_intermediates=True)
     out_g, inter_g = gpu.forward(x, return_intermediates=True)
     close("attention out", out_g, out_r, 1e-5)
-    if fused(gpu.backend.ops, C // NH):  # flash attention: its output and log-sum-exp, no per-head stage
+    if fused(gpu.backend.ops, C // NH, T):  # flash attention: its output and log-sum-exp, no per-head stage
         assert set(inter_g) == {"y", "lse"}
     else:
         assert set(inter_g) == set(inter_r) - {"lse"} - (set() if VARIANTS[variant].keeps_scores else {"scores"})
@@ -166,7 +166,7 @@ def test_generate_on_the_gpu(rng):
 @VARIANT
 def test_the_model_runs_its_variants_kernels_and_only_kernels_of_the_registry(rng, variant):
     gpu = GPT(SMALL, backend="cuda", variant=variant)
-    idx = rng.integers(0, SMALL.vocab_size, size=(2, 7))
+    idx = rng.integers(0, SMALL.vocab_size, size=(2, 19))  # T = 19: long enough for flash attention (MIN_T)
     gpu.forward(idx, idx)
     gpu.backward()
     launched = {name for plan in gpu.backend._plans.values() for name, *_ in plan}
@@ -178,8 +178,8 @@ def test_the_model_runs_its_variants_kernels_and_only_kernels_of_the_registry(rn
     else:
         assert "k_matmul_fwd" not in launched and "k_attn_scores_fwd" not in launched  # mask fused into scores
         heads = {"split_heads_fwd", "split_heads_bwd", "merge_heads_fwd", "merge_heads_bwd"}
-        flash = fused(gpu.backend.ops, SMALL.d_model // SMALL.n_head)  # tc where the device runs it
-        assert flash == (variant == "tc" and K.flash_attention_supported(SMALL.d_model // SMALL.n_head))
+        flash = fused(gpu.backend.ops, SMALL.d_model // SMALL.n_head, 19)  # tc where the device runs it
+        assert flash == (variant == "tc" and K.flash_attention_supported(SMALL.d_model // SMALL.n_head, 19))
         memory_bound = {"gelu_fwd", "gelu_bwd", "crossentropy_bwd", "embed_fwd"} | (set() if flash else heads)
         assert {f"k_{op}_fast" for op in memory_bound} <= launched  # fast's, which tc runs too
         assert not {f"k_{op}" for op in memory_bound} & launched
@@ -190,7 +190,7 @@ def test_the_model_runs_its_variants_kernels_and_only_kernels_of_the_registry(rn
         if variant == "tc" and K.tensor_cores():
             # at d_model 64 the dX of qkv and mlp.fc (K = 3C, 4C) are long enough for the tensor cores, on the
             # 128 x 64 tile (N = C), mma.sync on any device (too few outputs for wgmma: WG_MIN_OUTPUTS); the
-            # forward (K = C) and the weight gradients (K = B*T = 14) are too short for them (TC_MIN_K)
+            # forward (K = C) and the weight gradients (K = B*T = 38) are too short for them (TC_MIN_K)
             assert "k_gemm_tc_nn_n64" in tensor_cores and {"k_sgemm_nt", "k_sgemm_tn"} <= simt
         else:
             assert {"k_sgemm_nt", "k_sgemm_nn", "k_sgemm_tn", "k_sgemm_nt_n64"} <= simt and not tensor_cores

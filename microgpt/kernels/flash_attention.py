@@ -1,8 +1,8 @@
 """Launchers of cuda/flash_attention.cuh: the tc variant's fused attention, flash attention on the tensor cores
 at FP32 accuracy. The heads are read from the QKV projection's output and written where W_O reads them; the
 saved state is y and one log-sum-exp a row. Where it cannot run as accurately or at all (d_k below 16 or above
-128, no TF32 tensor cores, too little shared memory for the kernels of that width) the launch is the reference
-kernels', and the model's attention is the fast pipeline."""
+128, T below 128, no TF32 tensor cores, too little shared memory for the kernels of that width) the launch is
+the reference kernels', and the model's attention is the fast pipeline."""
 from __future__ import annotations
 
 import functools
@@ -18,6 +18,10 @@ MAX_D_K = 128
 # Below this the product of the scores is too short for 3xTF32 to keep within 1.5x the SIMT pipeline's error (as
 # matmul_tc.TC_MIN_K for the products): at d_k 5 and T = 77, dQ came out at 1.52x on the H200 (2026-12-01)
 MIN_D_K = 16
+# and the products over keys (dQ) and queries (dK) are as short as T: at T = 7, d_k 32, dQ came out at 1.83x the
+# fast pipeline's error, at T = 16 dK at 1.53x (the same date), so shorter sequences take the SIMT kernels too, from
+# the same bound as the products' (matmul_tc.TC_MIN_K)
+MIN_T = 128
 
 
 def width(d_k: int) -> int:
@@ -29,23 +33,23 @@ def width(d_k: int) -> int:
 def _sizes(D: int) -> dict:
     """Warps a block and shared-memory bytes of the kernels of width D (enum FlashLaunch)."""
     c = int_constants()
-    return dict(fwd_warps=c[f"FA_FWD_W{D}"], bwd_warps=c["FA_BWD_W"], fwd=c[f"FA_FWD_BYTES{D}"],
-                dq=c[f"FA_DQ_BYTES{D}"], dkdv=c[f"FA_DKDV_BYTES{D}"])
+    return dict(fwd_warps=c[f"FA_FWD_W{D}"], bwd_warps=c["FA_BWD_W"], keys=c["FA_KEYS_A_TILE"],
+                fwd=c[f"FA_FWD_BYTES{D}"], delta=c[f"FA_DELTA_BYTES{D}"], bwd=c[f"FA_BWD_BYTES{D}"])
 
 
-def supported(d_k: int) -> bool:
-    """Whether flash attention runs heads of d_k on this device."""
-    if not MIN_D_K <= d_k <= MAX_D_K or not tensor_cores():
+def supported(d_k: int, T: int) -> bool:
+    """Whether flash attention runs T positions of heads of d_k on this device within the accuracy bar."""
+    if not MIN_D_K <= d_k <= MAX_D_K or T < MIN_T or not tensor_cores():
         return False
     s = _sizes(width(d_k))
-    return max(s["fwd"], s["dq"], s["dkdv"]) <= engine().max_shared
+    return max(s["fwd"], s["delta"], s["bwd"]) <= engine().max_shared
 
 
 def fused_attention_fwd_tc(y, lse, qkv, n_head, *, stream=None):
     """fused_attention_fwd's y and lse, by flash attention: a block of query rows streams the key tiles up to the
     diagonal with an online softmax."""
     B, T, C, d_k = fused_attention_args(qkv, n_head)
-    if not supported(d_k):
+    if not supported(d_k, T):
         return fused_attention_fwd(y, lse, qkv, n_head, stream=stream)
     D = width(d_k)
     s = _sizes(D)
@@ -57,19 +61,25 @@ def fused_attention_fwd_tc(y, lse, qkv, n_head, *, stream=None):
 
 
 def fused_attention_bwd_tc(dqkv, dy, qkv, y, lse, n_head, *, stream=None):
-    """fused_attention_bwd's dqkv, by flash attention: dQ's kernel (a block of query rows against the key tiles,
-    writing delta) then dK/dV's (a block of keys against the query tiles from the diagonal on)."""
+    """fused_attention_bwd's dqkv, by flash attention: the delta kernel (a row's sum of p dp; it also zeroes the
+    counters and the ticket), then one kernel for dQ, dK and dV (a block of 64 keys, taken from the ticket,
+    against the query tiles from the last down to the diagonal, adding into dQ in the order of the key tiles
+    behind a counter a query tile)."""
     B, T, C, d_k = fused_attention_args(qkv, n_head)
-    if not supported(d_k):
+    if not supported(d_k, T):
         return fused_attention_bwd(dqkv, dy, qkv, y, lse, n_head, stream=stream)
     D = width(d_k)
     s = _sizes(D)
     p_dqkv, p_dy = ptr("dqkv", dqkv, (B, T, 3 * C)), ptr("dy", dy, (B, T, C))
     p_qkv, p_y, p_lse = ptr("qkv", qkv, (B, T, 3 * C)), ptr("y", y, (B, T, C)), ptr("lse", lse, (B, n_head, T))
-    delta = scratch(B * n_head * T)  # held here until both launches are queued
-    grid, block = (math.ceil(T / (16 * s["bwd_warps"])), n_head, B), 32 * s["bwd_warps"]
+    tiles = math.ceil(T / s["keys"])  # 16 * bwd_warps rows a block: one tile
+    # held here until both launches are queued. sync: int32 in a float32 scratch of the same size, a counter for
+    # each (b, h, query tile) and the ticket; uninitialised, as the delta kernel zeroes it before each backward
+    delta, sync = scratch(B * n_head * T), scratch(B * n_head * tiles + 1)
+    grid, block = (tiles, n_head, B), 32 * s["bwd_warps"]
     q, k, v, dq, dk, dv = p_qkv, p_qkv + 4 * C, p_qkv + 8 * C, p_dqkv, p_dqkv + 4 * C, p_dqkv + 8 * C
-    launch(f"k_flash_bwd_dq_d{D}", [dq, int(delta.gpudata), q, k, v, p_y, p_dy, p_lse, T, d_k, 3 * C, C], grid,
-           stream, shared=s["dq"], block=block)
-    launch(f"k_flash_bwd_dkdv_d{D}", [dk, dv, q, k, v, p_dy, p_lse, int(delta.gpudata), T, d_k, 3 * C, C], grid,
-           stream, shared=s["dkdv"], block=block)
+    p_delta, p_sync = int(delta.gpudata), int(sync.gpudata)
+    launch(f"k_flash_bwd_delta_d{D}", [p_delta, p_sync, q, k, v, p_y, p_dy, p_lse, T, d_k, 3 * C, C], grid, stream,
+           shared=s["delta"], block=block)
+    launch(f"k_flash_bwd_d{D}", [dq, dk, dv, p_sync, q, k, v, p_dy, p_lse, p_delta, T, d_k, 3 * C, C], grid, stream,
+           shared=s["bwd"], block=block)
