@@ -218,7 +218,7 @@ struct FlashSmem {
 };
 
 // The grid is (tiles, NH, B): head h = blockIdx.y of batch row b = blockIdx.z, at this offset in a matrix of rows
-// ld floats apart (no division: with b * NH + h in one index, the division cost the forward 33 registers'
+// ld floats apart (no division: with b * NH + h in one index, the division cost the forward 132 bytes of
 // spills at its bound of 128); its rows of lse and delta (B, NH, T) at fa_row(T).
 __device__ __forceinline__ long long fa_head(int T, int d_k, int ld) {
     return (long long)blockIdx.z * T * ld + (long long)blockIdx.y * d_k;
@@ -635,7 +635,7 @@ __device__ void flash_bwd(float* dq, float* dk, float* dv, int* sync, const floa
 // floats of dynamic shared memory. q, k, v (and dq, dk, dv) are the heads' columns of one matrix of rows ld_in
 // apart, o and d_o of one of rows ld_out apart; lse and delta (B, NH, T); sync an int scratch of
 // B * NH * ceil(T / 64) + 1 (the delta kernel zeroes it).
-// The 8-warp forward held to two blocks an SM (128 registers, no spills); the 4-warp ones left to ptxas (187 at
+// The 8-warp forward held to two blocks an SM (128 registers, 4 bytes spilled); the 4-warp ones left to ptxas (187 at
 // d_k 64 without spills, where a bound of one block gives 255 and spills)
 #define FA_FWD_BOUNDS_32 __launch_bounds__(32 * FA_FWD_WARPS(32))
 #define FA_FWD_BOUNDS_64 __launch_bounds__(32 * FA_FWD_WARPS(64), 2)

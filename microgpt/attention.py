@@ -6,9 +6,9 @@ every layer, and as MultiHeadAttention, the sublayer on its own with its interme
     inter["scores"][b, h]                                    # head h's (T, T) scores, before the mask
     dx = mha.backward(dout); mha.grads["qkv.w"]
 
-The stages (the tc variant fuses those between the two projections into one kernel each way, flash
-attention, which keeps a log-sum-exp a row instead of the probabilities): fused QKV projection, split into heads,
-scores `scores[i][j] = dot(Q[i], K[j]) * (1.0f /
+The stages (the tc variant fuses those between the two projections into flash attention, one kernel forward
+and a delta kernel and one more backward, keeping a log-sum-exp a row instead of the probabilities): fused QKV
+projection, split into heads, scores `scores[i][j] = dot(Q[i], K[j]) * (1.0f /
 sqrtf(d_k))`, causal mask (MASK_VALUE where j > i), row softmax, weighted sum of V, concat, W_O. Weights
 follow torch.nn.Linear: `qkv.w` (3C, C), `qkv.b` (3C,), `proj.w` (C, C), `proj.b` (C,); Q, K, V are rows
 0:C, C:2C, 2C:3C of `qkv.w`.
@@ -30,8 +30,8 @@ INTERMEDIATES = ("q", "k", "v", "scores", "masked", "probs", "heads", "lse", "y"
 # ---------------------------------------------------------------------------------------------- on the GPU
 # The stages on buffers the caller owns (a namespace `a` forward, `d` backward), in one variant's kernels.
 # The fast variant's scores kernel writes the masked scores directly: a.scores is None there. A variant with
-# fused attention (tc) runs the heads in one kernel each way, reading them from qkv: the buffers it is given
-# (fused=True) have a.lse and no per-head stages (a.q ... a.heads None).
+# fused attention (tc) runs the heads in one kernel forward and two backward, reading them from qkv: the buffers
+# it is given (fused=True) have a.lse and no per-head stages (a.q ... a.heads None).
 def fused(ops: Kernels, d_k: int, T: int) -> bool:
     """Whether the variant's attention runs fused at this head width and length on this device."""
     return ops.variant.fused_attention and flash_attention_supported(d_k, T)
