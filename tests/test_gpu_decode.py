@@ -208,3 +208,21 @@ def test_sampling_on_the_gpu_repeats_with_its_seed(rng):
     runs = [gpu.generate(prompt, 30, temperature=0.9, top_k=20, top_p=0.9, seed=s) for s in (1, 1, 2)]
     np.testing.assert_array_equal(runs[0], runs[1])
     assert ((0 <= runs[2]) & (runs[2] < SMALL.vocab_size)).all() and runs[2].shape == (3, 34)
+
+
+def test_a_prefill_through_flash_attention_fills_the_caches_as_a_full_forward_reads_them(rng):
+    """A prompt long enough for flash attention (the tc variant, T >= MIN_T): prefill splits each layer's keys and
+    values out of its qkv for the caches; the decoded positions after it have the full forward's logits."""
+    cfg = GPTConfig(n_layer=2, n_head=4, d_model=64, block_size=136, vocab_size=97)
+    gpu = GPT(cfg, backend="cuda", seed=3, variant="tc")
+    T = cfg.block_size
+    if not K.flash_attention_supported(cfg.d_model // cfg.n_head, 130):
+        pytest.skip("flash attention does not run on this device")
+    idx = rng.integers(0, cfg.vocab_size, size=(2, T)).astype(np.int32)
+    steps = [gpu.backend.prefill(idx[:, :130])]
+    assert gpu.backend._bufs.fused  # the prompt's forward ran flash attention
+    for pos in range(130, T):
+        steps.append(gpu.backend.decode(idx[:, pos], pos))
+    full, _ = gpu.forward(idx)
+    for pos, got in zip(range(129, T), steps):
+        close("decoded logits vs the full forward, after a flash-attention prefill", got, full[:, pos], 1e-5)

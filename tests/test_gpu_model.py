@@ -166,7 +166,7 @@ def test_generate_on_the_gpu(rng):
 @VARIANT
 def test_the_model_runs_its_variants_kernels_and_only_kernels_of_the_registry(rng, variant):
     gpu = GPT(SMALL, backend="cuda", variant=variant)
-    idx = rng.integers(0, SMALL.vocab_size, size=(2, 19))  # T = 19: long enough for flash attention (MIN_T)
+    idx = rng.integers(0, SMALL.vocab_size, size=(2, 19))  # T = 19: the tc variant's attention is the pipeline
     gpu.forward(idx, idx)
     gpu.backward()
     launched = {name for plan in gpu.backend._plans.values() for name, *_ in plan}
@@ -177,16 +177,12 @@ def test_the_model_runs_its_variants_kernels_and_only_kernels_of_the_registry(rn
         assert not simt and not tensor_cores and "k_attn_scores_fwd" in launched
     else:
         assert "k_matmul_fwd" not in launched and "k_attn_scores_fwd" not in launched  # mask fused into scores
-        heads = {"split_heads_fwd", "split_heads_bwd", "merge_heads_fwd", "merge_heads_bwd"}
-        flash = fused(gpu.backend.ops, SMALL.d_model // SMALL.n_head, 19)  # tc where the device runs it
-        assert flash == (variant == "tc" and K.flash_attention_supported(SMALL.d_model // SMALL.n_head, 19))
-        memory_bound = {"gelu_fwd", "gelu_bwd", "crossentropy_bwd", "embed_fwd"} | (set() if flash else heads)
-        assert {f"k_{op}_fast" for op in memory_bound} <= launched  # fast's, which tc runs too
+        # at T = 19 the tc variant's attention is the pipeline too (below flash attention's MIN_T: the next test)
+        assert not fused(gpu.backend.ops, SMALL.d_model // SMALL.n_head, 19)
+        memory_bound = {"gelu_fwd", "gelu_bwd", "split_heads_fwd", "split_heads_bwd", "merge_heads_fwd",
+                        "merge_heads_bwd", "crossentropy_bwd", "embed_fwd"}  # fast's, which tc runs too
+        assert {f"k_{op}_fast" for op in memory_bound} <= launched
         assert not {f"k_{op}" for op in memory_bound} & launched
-        if flash:  # the heads read from qkv and written to y by flash attention: no split, merge nor T x T stage
-            assert any(n.startswith("k_flash_") for n in launched)
-            assert not {f"k_{op}_fast" for op in heads} & launched
-            assert not {"k_softmax_fwd_fast", "k_softmax_bwd_fast"} & launched
         if variant == "tc" and K.tensor_cores():
             # at d_model 64 the dX of qkv and mlp.fc (K = 3C, 4C) are long enough for the tensor cores, on the
             # 128 x 64 tile (N = C), mma.sync on any device (too few outputs for wgmma: WG_MIN_OUTPUTS); the
@@ -194,6 +190,21 @@ def test_the_model_runs_its_variants_kernels_and_only_kernels_of_the_registry(rn
             assert "k_gemm_tc_nn_n64" in tensor_cores and {"k_sgemm_nt", "k_sgemm_tn"} <= simt
         else:
             assert {"k_sgemm_nt", "k_sgemm_nn", "k_sgemm_tn", "k_sgemm_nt_n64"} <= simt and not tensor_cores
+
+
+def test_the_tc_model_at_flash_attentions_lengths_runs_it_and_no_head_split_merge_or_softmax(rng):
+    cfg = GPTConfig(n_layer=2, n_head=4, d_model=64, block_size=130, vocab_size=97)
+    if not K.flash_attention_supported(cfg.d_model // cfg.n_head, cfg.block_size):
+        pytest.skip("flash attention does not run on this device")
+    gpu = GPT(cfg, backend="cuda", variant="tc")
+    idx = rng.integers(0, cfg.vocab_size, size=(2, cfg.block_size))
+    gpu.forward(idx, idx)
+    gpu.backward()
+    launched = {name for plan in gpu.backend._plans.values() for name, *_ in plan}
+    assert {n for n in launched if n.startswith("k_flash_")} == {"k_flash_fwd_d32", "k_flash_bwd_delta_d32",
+                                                                 "k_flash_bwd_d32"}
+    heads = {"split_heads_fwd", "split_heads_bwd", "merge_heads_fwd", "merge_heads_bwd", "softmax_fwd", "softmax_bwd"}
+    assert not {f"k_{op}_fast" for op in heads} & launched and not {f"k_{op}" for op in heads} & launched
 
 
 # ---------------------------------------------------------------------------------------------- training

@@ -251,9 +251,10 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
     # the attention fused (flash attention in the tc variant): the products of the lower triangle (the forward's
     # two, the backward's five: S and dP recomputed, dV, dK, dQ), reading qkv and writing y, and back
     lse, y_fused, dqkv_fused = empty(B, NH, T), empty(B, T, C), empty(B, T, 3 * C)
+    lse_out, y_out = empty(B, NH, T), empty(B, T, C)  # the forward cases' own: the backward's stay a forward's
     dys = [(randn(B, T, C),) for _ in range(sets)]
     for case, fwd in own("fused_attention_fwd"):
-        add(case, lambda s, qkv, fwd=fwd: fwd(y_fused, lse, qkv, NH, stream=s), F * (4 * N * C + BH * T),
+        add(case, lambda s, qkv, fwd=fwd: fwd(y_out, lse_out, qkv, NH, stream=s), F * (4 * N * C + BH * T),
             4 * causal * d_k, qkvs)
     K.fused_attention_fwd_tc(y_fused, lse, qkvs[0][0], NH)  # a forward's y and lse, which the backward reads
     for case, bwd in own("fused_attention_bwd"):

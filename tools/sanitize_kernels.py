@@ -6,7 +6,8 @@ report.
     python tools/sanitize_kernels.py --tool memcheck --log-dir out/
 
 Shapes are small and odd on purpose (T=7, C=20, d_k=5, V=37): out-of-bounds accesses show up where
-sizes are not multiples of a block.
+sizes are not multiples of a block. Flash attention takes no sequence that short (T >= 128, d_k >= 16), so its
+kernels run again at FLASH_SHAPE (T=130: two key tiles and two rows of a third; d_k 16, and 32, 64, 128).
 """
 from __future__ import annotations
 
@@ -17,15 +18,21 @@ import shutil
 import subprocess
 import sys
 
+from microgpt import kernels as K
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernel_cases import Shape, build_cases  # noqa: E402
 
 SHAPE = dict(B=2, T=7, C=20, NH=4, V=37)
+FLASH_SHAPE = dict(B=2, T=130, C=48, NH=3, V=37)
 
 
 def child() -> int:
     """Inside the sanitizer: launch every kernel once, synchronously."""
     cases = build_cases(Shape(**SHAPE), seed=1)
+    if K.flash_attention_supported(FLASH_SHAPE["C"] // FLASH_SHAPE["NH"], FLASH_SHAPE["T"]):
+        cases += [c for c in build_cases(Shape(**FLASH_SHAPE), seed=2, variants=("tc",))
+                  if c.kernel.startswith("fused_attention")]
     for case in cases:
         case.launch()
     print(f"launched {len(cases)} kernel cases: {', '.join(sorted({c.kernel.split()[0] for c in cases}))}")
