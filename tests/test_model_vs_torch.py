@@ -57,9 +57,17 @@ def test_two_steps_of_clipping_and_adamw(rng):
         opt.step()
         assert t_norm.item() > 0.5  # clipping was active
         assert record("numpy backend vs PyTorch", "grad norm", rel_err(model.last_grad_norm, t_norm.item())) < 1e-4
+    # Adam divides each weight's step by the size of its own gradients, so where a weight's two gradients nearly
+    # cancel, the float32 roundings of the two implementations become a visible share of its step (a seed gave a
+    # relative error of 1.7e-4 on mlp.proj.w: 111 of its 16384 weights off by more than 1e-6, the worst by 0.06 of
+    # a step). So each weight is held within a tenth of one step (lr) of torch's, and the typical weight (the
+    # median difference, at most 5e-8 on that seed) to 2e-7, which any error in the update itself would pass
+    # (weight decay forgotten: lr * 0.1 * |w|, about 4e-6)
     ours, theirs = model.state_dict(), peer.numpy_state()
     for name in ours:
-        assert record("numpy backend vs PyTorch", "weights after 2 steps", rel_err(ours[name], theirs[name])) < 1e-4, name
+        record("numpy backend vs PyTorch", "weights after 2 steps", rel_err(ours[name], theirs[name]))
+        diff = np.abs(ours[name] - theirs[name])
+        assert diff.max() <= 0.1 * 3e-3 and np.median(diff) <= 2e-7, (name, diff.max(), np.median(diff))
 
 
 def test_float64_backend_matches_torch_float64(rng):
