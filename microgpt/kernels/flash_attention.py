@@ -1,8 +1,9 @@
 """Launchers of cuda/flash_attention.cuh: the tc variant's fused attention, flash attention on the tensor cores
 at FP32 accuracy. The heads are read from the QKV projection's output and written where W_O reads them; the
 saved state is y and one log-sum-exp a row. Where it cannot run as accurately or at all (d_k below 16 or above
-128, T below 128, no TF32 tensor cores, too little shared memory for the kernels of that width) the launch is
-the reference kernels', and the model's attention is the fast pipeline."""
+128, T below 128, no TF32 tensor cores, too little shared memory for the kernels of that width, or more than
+65535 heads or batch rows for its grid) the launch is the reference kernels', and the model's attention is the
+fast pipeline."""
 from __future__ import annotations
 
 import functools
@@ -22,6 +23,7 @@ MIN_D_K = 16
 # fast pipeline's error, at T = 16 dK at 1.53x (the same date), so shorter sequences take the SIMT kernels too, from
 # the same bound as the products' (matmul_tc.TC_MIN_K)
 MIN_T = 128
+GRID_YZ = 65535  # CUDA's limit on a grid's y and z: heads and batch rows, in these kernels' grids
 
 
 def width(d_k: int) -> int:
@@ -49,7 +51,7 @@ def fused_attention_fwd_tc(y, lse, qkv, n_head, *, stream=None):
     """fused_attention_fwd's y and lse, by flash attention: a block of query rows streams the key tiles up to the
     diagonal with an online softmax."""
     B, T, C, d_k = fused_attention_args(qkv, n_head)
-    if not supported(d_k, T):
+    if not supported(d_k, T) or max(B, n_head) > GRID_YZ:
         return fused_attention_fwd(y, lse, qkv, n_head, stream=stream)
     D = width(d_k)
     s = _sizes(D)
@@ -66,7 +68,7 @@ def fused_attention_bwd_tc(dqkv, dy, qkv, y, lse, n_head, *, stream=None):
     against the query tiles from the last down to the diagonal, adding into dQ in the order of the key tiles
     behind a counter a query tile)."""
     B, T, C, d_k = fused_attention_args(qkv, n_head)
-    if not supported(d_k, T):
+    if not supported(d_k, T) or max(B, n_head) > GRID_YZ:
         return fused_attention_bwd(dqkv, dy, qkv, y, lse, n_head, stream=stream)
     D = width(d_k)
     s = _sizes(D)
