@@ -17,14 +17,21 @@ from .checks import causal_flag, head_dims, ptr, rows, shape_of
 from .runtime import blocks, launch, scratch
 
 
-def split_heads_fwd_args(q, k, v, qkv, n_head) -> list:
-    """The checked arguments of k_split_heads_fwd and k_split_heads_fwd_fast: q, k, v, qkv, B, T, NH, d_k."""
+def qkv_dims(qkv, n_head) -> tuple[int, int, int, int]:
+    """(B, T, C, d_k) of the QKV projection's output qkv (B, T, 3C) split into n_head heads (n_head dividing C)."""
     B, T, C3 = shape_of("qkv", qkv, 3)
+    if isinstance(n_head, bool) or not isinstance(n_head, numbers.Integral) or n_head <= 0:
+        raise ValueError(f"n_head must be a positive int, got {n_head!r}")
     if C3 % 3 or (C3 // 3) % n_head:
         raise ValueError(f"qkv's last dimension {C3} must be 3 * C with n_head={n_head} dividing C")
-    d_k = C3 // 3 // n_head
+    return B, T, C3 // 3, C3 // 3 // n_head
+
+
+def split_heads_fwd_args(q, k, v, qkv, n_head) -> list:
+    """The checked arguments of k_split_heads_fwd and k_split_heads_fwd_fast: q, k, v, qkv, B, T, NH, d_k."""
+    B, T, C, d_k = qkv_dims(qkv, n_head)
     hs = (B, n_head, T, d_k)
-    return [ptr("q", q, hs), ptr("k", k, hs), ptr("v", v, hs), ptr("qkv", qkv, (B, T, C3)), B, T, n_head, d_k]
+    return [ptr("q", q, hs), ptr("k", k, hs), ptr("v", v, hs), ptr("qkv", qkv, (B, T, 3 * C)), B, T, n_head, d_k]
 
 
 def split_heads_bwd_args(dqkv, dq, dk, dv) -> list:
@@ -161,20 +168,10 @@ def merge_heads_bwd(dheads, dy, n_head, *, stream=None):
     launch("k_merge_heads_bwd", args, blocks(B * T * NH * d_k), stream)
 
 
-def fused_attention_args(qkv, n_head) -> tuple[int, int, int, int]:
-    """(B, T, C, d_k) of a fused attention over qkv (B, T, 3C), n_head dividing C."""
-    B, T, C3 = shape_of("qkv", qkv, 3)
-    if isinstance(n_head, bool) or not isinstance(n_head, numbers.Integral) or n_head <= 0:
-        raise ValueError(f"n_head must be a positive int, got {n_head!r}")
-    if C3 % 3 or (C3 // 3) % n_head:
-        raise ValueError(f"qkv's last dimension {C3} must be 3 * C with n_head={n_head} dividing C")
-    return B, T, C3 // 3, C3 // 3 // n_head
-
-
 def fused_attention_fwd(y, lse, qkv, n_head, *, stream=None):
     """y (B, T, C): causal attention of the heads of qkv (B, T, 3C) in one kernel, written where W_O reads them;
     lse (B, NH, T): each row's log-sum-exp of its scores, which the backward rebuilds the probabilities from."""
-    B, T, C, d_k = fused_attention_args(qkv, n_head)
+    B, T, C, d_k = qkv_dims(qkv, n_head)
     args = [ptr("y", y, (B, T, C)), ptr("lse", lse, (B, n_head, T)), ptr("qkv", qkv, (B, T, 3 * C)), B, T, n_head,
             d_k]
     launch("k_fused_attention_fwd", args, blocks(B * n_head * T), stream)
@@ -183,7 +180,7 @@ def fused_attention_fwd(y, lse, qkv, n_head, *, stream=None):
 def fused_attention_bwd(dqkv, dy, qkv, y, lse, n_head, *, stream=None):
     """dqkv (B, T, 3C) written: the gradients of the heads' Q, K and V from dy (B, T, C), the forward's qkv, y
     (read by the tc variant's kernels, for delta) and lse."""
-    B, T, C, d_k = fused_attention_args(qkv, n_head)
+    B, T, C, d_k = qkv_dims(qkv, n_head)
     p_dqkv, p_dy = ptr("dqkv", dqkv, (B, T, 3 * C)), ptr("dy", dy, (B, T, C))
     p_qkv, p_lse = ptr("qkv", qkv, (B, T, 3 * C)), ptr("lse", lse, (B, n_head, T))
     ptr("y", y, (B, T, C))

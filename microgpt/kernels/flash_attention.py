@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import math
 
-from .attention import fused_attention_args, fused_attention_bwd, fused_attention_fwd
+from .attention import fused_attention_bwd, fused_attention_fwd, qkv_dims
 from .checks import ptr
 from .matmul_tc import tensor_cores
 from .runtime import engine, launch, scratch
@@ -47,11 +47,16 @@ def supported(d_k: int, T: int) -> bool:
     return max(s["fwd"], s["delta"], s["bwd"]) <= engine().max_shared
 
 
+def _runs(B: int, n_head: int, d_k: int, T: int) -> bool:
+    """Whether flash attention takes this launch: supported, and B and n_head within its grid's y and z."""
+    return supported(d_k, T) and max(B, n_head) <= GRID_YZ
+
+
 def fused_attention_fwd_tc(y, lse, qkv, n_head, *, stream=None):
     """fused_attention_fwd's y and lse, by flash attention: a block of query rows streams the key tiles up to the
     diagonal with an online softmax."""
-    B, T, C, d_k = fused_attention_args(qkv, n_head)
-    if not supported(d_k, T) or max(B, n_head) > GRID_YZ:
+    B, T, C, d_k = qkv_dims(qkv, n_head)
+    if not _runs(B, n_head, d_k, T):
         return fused_attention_fwd(y, lse, qkv, n_head, stream=stream)
     D = width(d_k)
     s = _sizes(D)
@@ -67,8 +72,8 @@ def fused_attention_bwd_tc(dqkv, dy, qkv, y, lse, n_head, *, stream=None):
     counters and the ticket), then one kernel for dQ, dK and dV (a block of 64 keys, taken from the ticket,
     against the query tiles from the last down to the diagonal, adding into dQ in the order of the key tiles
     behind a counter a query tile)."""
-    B, T, C, d_k = fused_attention_args(qkv, n_head)
-    if not supported(d_k, T) or max(B, n_head) > GRID_YZ:
+    B, T, C, d_k = qkv_dims(qkv, n_head)
+    if not _runs(B, n_head, d_k, T):
         return fused_attention_bwd(dqkv, dy, qkv, y, lse, n_head, stream=stream)
     D = width(d_k)
     s = _sizes(D)
