@@ -37,32 +37,42 @@ def fused(ops: Kernels, d_k: int, T: int) -> bool:
     return ops.variant.fused_attention and flash_attention_supported(d_k, T)
 
 
-def attention_fwd(ops: Kernels, x, w, a, n_head, stream=None):
-    """x (B, T, C) -> a.out; keeps a.qkv and a.y for backward, and a.lse (fused) or a.q, a.k, a.v and a.probs
+def heads_fwd(ops: Kernels, a, n_head, stream=None):
+    """The stages between the two projections: a.qkv -> a.y, keeping a.lse (fused) or a.q, a.k, a.v and a.probs
     (and the scores before the mask in a.scores unless it is None)."""
-    ops.matmul_fwd(a.qkv, x, w["qkv.w"], w["qkv.b"], stream=stream)
     if a.lse is not None:
         ops.fused_attention_fwd(a.y, a.lse, a.qkv, n_head, stream=stream)
-    else:
-        ops.split_heads_fwd(a.q, a.k, a.v, a.qkv, n_head, stream=stream)
-        ops.causal_scores_fwd(a.masked, a.q, a.k, scores=a.scores, stream=stream)
-        ops.softmax_fwd(a.probs, a.masked, causal=True, stream=stream)
-        ops.attn_values_fwd(a.heads, a.probs, a.v, stream=stream)
-        ops.merge_heads_fwd(a.y, a.heads, stream=stream)
+        return
+    ops.split_heads_fwd(a.q, a.k, a.v, a.qkv, n_head, stream=stream)
+    ops.causal_scores_fwd(a.masked, a.q, a.k, scores=a.scores, stream=stream)
+    ops.softmax_fwd(a.probs, a.masked, causal=True, stream=stream)
+    ops.attn_values_fwd(a.heads, a.probs, a.v, stream=stream)
+    ops.merge_heads_fwd(a.y, a.heads, stream=stream)
+
+
+def heads_bwd(ops: Kernels, a, d, n_head, stream=None):
+    """Their backward: d.dy -> d.dqkv written."""
+    if a.lse is not None:
+        ops.fused_attention_bwd(d.dqkv, d.dy, a.qkv, a.y, a.lse, n_head, stream=stream)
+        return
+    ops.merge_heads_bwd(d.dheads, d.dy, n_head, stream=stream)
+    ops.attn_values_bwd(d.dprobs, d.dv, d.dheads, a.probs, a.v, stream=stream)
+    ops.softmax_bwd(d.dscores, d.dprobs, a.probs, causal=True, stream=stream)
+    ops.causal_scores_bwd(d.dq, d.dk, d.dscores, a.q, a.k, stream=stream)
+    ops.split_heads_bwd(d.dqkv, d.dq, d.dk, d.dv, stream=stream)
+
+
+def attention_fwd(ops: Kernels, x, w, a, n_head, stream=None):
+    """x (B, T, C) -> a.out; keeps a.qkv, a.y and what heads_fwd keeps for backward."""
+    ops.matmul_fwd(a.qkv, x, w["qkv.w"], w["qkv.b"], stream=stream)
+    heads_fwd(ops, a, n_head, stream)
     ops.matmul_fwd(a.out, a.y, w["proj.w"], w["proj.b"], stream=stream)
 
 
 def attention_bwd(ops: Kernels, dout, x, w, g, a, d, n_head, stream=None):
     """dout (B, T, C) -> d.dx written; g (the weights' gradients) added into. d holds the scratch."""
     ops.matmul_bwd(d.dy, g["proj.w"], g["proj.b"], dout, a.y, w["proj.w"], stream=stream)
-    if a.lse is not None:
-        ops.fused_attention_bwd(d.dqkv, d.dy, a.qkv, a.y, a.lse, n_head, stream=stream)
-    else:
-        ops.merge_heads_bwd(d.dheads, d.dy, n_head, stream=stream)
-        ops.attn_values_bwd(d.dprobs, d.dv, d.dheads, a.probs, a.v, stream=stream)
-        ops.softmax_bwd(d.dscores, d.dprobs, a.probs, causal=True, stream=stream)
-        ops.causal_scores_bwd(d.dq, d.dk, d.dscores, a.q, a.k, stream=stream)
-        ops.split_heads_bwd(d.dqkv, d.dq, d.dk, d.dv, stream=stream)
+    heads_bwd(ops, a, d, n_head, stream)
     ops.matmul_bwd(d.dx, g["qkv.w"], g["qkv.b"], d.dqkv, x, w["qkv.w"], stream=stream)
 
 

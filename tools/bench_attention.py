@@ -26,7 +26,7 @@ import sys
 import numpy as np
 
 from microgpt import kernels as K
-from microgpt.attention import fused
+from microgpt.attention import attention_buffers, attention_grad_buffers, fused, heads_bwd, heads_fwd
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import cuda_median_ms, gpu_or_exit, torch_median_ms  # noqa: E402
@@ -35,45 +35,27 @@ REFERENCE_MAX_T = 1024
 
 
 def ours(B, NH, T, d_k, variant, iters, warmup):
-    """(forward ms, forward+backward ms, MiB of the attention's own buffers) between qkv and y."""
+    """(forward ms, forward+backward ms, MiB of the attention's own buffers) between qkv and y: the model's own
+    stages (microgpt.attention.heads_fwd, heads_bwd) on its own buffers."""
     ops = K.select(variant)
     e = K.engine()
     ga = e.ga
     rng = np.random.default_rng(0)
     stream = e.cuda.Stream()
     C = NH * d_k
-    qkv = ga.to_gpu(rng.standard_normal((B, T, 3 * C)).astype(np.float32))
-    dy = ga.to_gpu(rng.standard_normal((B, T, C)).astype(np.float32))
-    y, dqkv = ga.empty((B, T, C), np.float32), ga.empty((B, T, 3 * C), np.float32)
-    own = []
 
     def new(*shape):
-        own.append(ga.empty(shape, np.float32))
-        return own[-1]
-
+        return ga.empty(shape, np.float32)
+    is_fused = fused(ops, d_k, T)
+    a = attention_buffers(new, B, T, C, NH, fused=is_fused)
+    d = attention_grad_buffers(new, B, T, C, NH, fused=is_fused)
+    a.qkv.set(rng.standard_normal((B, T, 3 * C)).astype(np.float32))
+    d.dy.set(rng.standard_normal((B, T, C)).astype(np.float32))
     # the launches are recorded once (arguments checked once), as the model runs them
-    if fused(ops, d_k, T):
-        lse = new(B, NH, T)
-        with K.recording() as fwd_plan:
-            ops.fused_attention_fwd(y, lse, qkv, NH)
-        with K.recording() as bwd_plan:
-            ops.fused_attention_bwd(dqkv, dy, qkv, y, lse, NH)
-    else:
-        hs, att = (B, NH, T, d_k), (B, NH, T, T)
-        q, k, v, heads, dheads, dq, dk, dv = (new(*hs) for _ in range(8))
-        masked, probs, dprobs, dscores = (new(*att) for _ in range(4))
-        with K.recording() as fwd_plan:
-            ops.split_heads_fwd(q, k, v, qkv, NH)
-            ops.causal_scores_fwd(masked, q, k)
-            ops.softmax_fwd(probs, masked, causal=True)
-            ops.attn_values_fwd(heads, probs, v)
-            ops.merge_heads_fwd(y, heads)
-        with K.recording() as bwd_plan:
-            ops.merge_heads_bwd(dheads, dy, NH)
-            ops.attn_values_bwd(dprobs, dv, dheads, probs, v)
-            ops.softmax_bwd(dscores, dprobs, probs, causal=True)
-            ops.causal_scores_bwd(dq, dk, dscores, q, k)
-            ops.split_heads_bwd(dqkv, dq, dk, dv)
+    with K.recording() as fwd_plan:
+        heads_fwd(ops, a, NH)
+    with K.recording() as bwd_plan:
+        heads_bwd(ops, a, d, NH)
 
     def run_fwd(s):
         K.replay(fwd_plan, s, "forward")
@@ -81,7 +63,10 @@ def ours(B, NH, T, d_k, variant, iters, warmup):
     def run_both(s):
         K.replay(fwd_plan, s, "forward")
         K.replay(bwd_plan, s, "backward")
-    mb = sum(a.nbytes for a in own + fwd_plan.keep + bwd_plan.keep) / 2 ** 20  # with the launchers' scratch
+    # the attention's own: what its stages keep or pass between them, and the launchers' scratch
+    own = [getattr(a, n) for n in ("lse", "q", "k", "v", "scores", "masked", "probs", "heads")]
+    own += [getattr(d, n, None) for n in ("dheads", "dq", "dk", "dv", "dprobs", "dscores")]
+    mb = sum(x.nbytes for x in own + fwd_plan.keep + bwd_plan.keep if x is not None) / 2 ** 20
     return cuda_median_ms(run_fwd, iters, warmup, stream), cuda_median_ms(run_both, iters, warmup, stream), mb
 
 
