@@ -212,8 +212,8 @@ extern "C" __global__ void __launch_bounds__(256, 3)
         residual_layernorm_row<1>(x + o, out + o, mean, rstd, resid + o, branch + o, w, b, n, C);
 }
 
-// The backward, llm.c's way: one pass over the rows gives dx and each block's partial row of dw and db; then
-// k_layernorm_bwd_fast_reduce adds the blocks' partial rows into dw and db.
+// The backward, llm.c's way: one pass over the rows gives dx and each block's partial row of dw and db; then the
+// last blocks to finish add the blocks' partial rows into dw and db (ln_bwd_finish), in the same launch.
 //
 // dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = dout * w, xhat = (x - mean) * rstd:
 // written, or added into where ACC (as k_layernorm_bwd: the residual stream's gradient, the same rounding as a
@@ -235,7 +235,7 @@ enum LayernormBwdLaunch : int {
     LN_BWD_ROWS = 4,         // rows a block takes at once: each thread's 16 floats of dout and of x all in flight,
                              // and one barrier for the rows' sums
     LN_BWD_THREADS = 1024,   // rows of up to 4 * this many columns take k_layernorm_bwd_fast
-    LN_BWD_REDUCE_COLS = 8,  // columns of the 2 * C a block of k_layernorm_bwd_fast_reduce adds: a 32-byte sector
+    LN_BWD_REDUCE_COLS = 16, // columns of the 2 * C that a finishing block adds at a time (a strip; a multiple of 4)
 };
 
 // xhat = (x - mean) * rstd
@@ -426,13 +426,101 @@ __device__ __forceinline__ void ln_bwd_partial_row(float* partials, const float4
     }
 }
 
-// dx of every row (accumulate != 0: added into), and each block's partial row of dw and db (partials:
-// (gridDim.x, 2, C)), which k_layernorm_bwd_fast_reduce adds into dw and db. Rows of up to 4 * LN_BWD_THREADS
-// columns; blockDim.x = ceil(C / 4) rounded up to a warp, and 32 * blockDim.x bytes of dynamic shared memory.
-// At most 64 registers (the bound's 1024 threads), so that at C = 768 (192 threads) five blocks fit an SM.
+// The reduction of the blocks' partial rows, by the last `reducers` blocks of the launch to finish their rows:
+// each takes a ticket as it finishes; those with one of the last `reducers` wait until every block has counted
+// (the rest leave), then add strips of LN_BWD_REDUCE_COLS columns of the 2 * C into dw and db (strip j by
+// reducer j % reducers). A launch more for it cost as much as the adds (H200, C = 768: a 7 us reduction launch
+// after 24 us of rows). Waiting is safe: at most `reducers` blocks wait, fewer than the GPU has SMs (the launcher
+// holds it below the SM count), so a block still to run always finds a place.
+//
+// A column's order is fixed by blockDim.x alone (a function of C), whichever block adds it: group g of the
+// reducer's threads adds the partial rows g, g + G, g + 2G, ... in order (LN_BWD_REDUCE_BATCH loads in flight),
+// then the G groups' sums are added in group order. 16-byte loads where the partial rows are (C even).
+constexpr int LN_BWD_REDUCE_BATCH = 4;
+template <int VEC>
+__device__ __forceinline__ void ln_bwd_reduce_strip(float* dw, float* db, const float* partials, float* group_sums,
+                                                    int blocks, int C, int strip) {
+    constexpr int UNITS = LN_BWD_REDUCE_COLS / VEC;  // a strip's loads a row: 4 of 16 bytes, or 16 floats
+    static_assert(32 % UNITS == 0, "a warp holds whole groups");
+    const int unit = threadIdx.x % UNITS, g = threadIdx.x / UNITS, G = blockDim.x / UNITS, C2 = 2 * C;
+    const int c = strip * LN_BWD_REDUCE_COLS + unit * VEC;  // this thread's first column of the 2 * C
+    float s[VEC] = {};
+    if (c < C2)
+        for (int k0 = g; k0 < blocks; k0 += G * LN_BWD_REDUCE_BATCH) {
+            float t[LN_BWD_REDUCE_BATCH][VEC];
+#pragma unroll
+            for (int u = 0; u < LN_BWD_REDUCE_BATCH; u++) {
+                const int k = k0 + G * u;
+                if (k < blocks) {
+                    const float* p = partials + (long long)k * C2 + c;  // in L2: written by other blocks
+                    if constexpr (VEC == 4) {
+                        float4 q = __ldcg(reinterpret_cast<const float4*>(p));
+                        t[u][0] = q.x, t[u][1] = q.y, t[u][2] = q.z, t[u][3] = q.w;
+                    } else {
+                        t[u][0] = __ldcg(p);
+                    }
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < LN_BWD_REDUCE_BATCH; u++)
+                if (k0 + G * u < blocks)
+#pragma unroll
+                    for (int e = 0; e < VEC; e++) s[e] += t[u][e];
+        }
+#pragma unroll
+    for (int e = 0; e < VEC; e++) group_sums[g * LN_BWD_REDUCE_COLS + unit * VEC + e] = s[e];
+    __syncthreads();
+    if (threadIdx.x < LN_BWD_REDUCE_COLS) {
+        const int j = strip * LN_BWD_REDUCE_COLS + threadIdx.x;
+        if (j < C2) {
+            float total = group_sums[threadIdx.x];
+            for (int k = 1; k < G; k++) total += group_sums[k * LN_BWD_REDUCE_COLS + threadIdx.x];
+            *(j < C ? dw + j : db + (j - C)) += total;
+        }
+    }
+    __syncthreads();  // the next strip writes group_sums again
+}
+
+// After the block's partial row is written (every thread's share of it): its ticket, and the reduction if it is
+// one of the last `reducers`. counters: 2, zero before the launch; the last reducer to finish sets them back.
+// group_sums: blockDim.x * 4 floats of shared memory, free by now.
+__device__ __forceinline__ void ln_bwd_finish(float* dw, float* db, const float* partials, unsigned int* counters,
+                                              float* group_sums, int C, int reducers) {
+    __shared__ unsigned int ticket;
+    __threadfence();  // this block's partial row is visible to every block before the block counts as done
+    __syncthreads();
+    if (threadIdx.x == 0) ticket = atomicAdd(counters, 1u);
+    __syncthreads();
+    const unsigned int first = gridDim.x - reducers;
+    if (ticket < first) return;  // the whole block leaves together
+    if (threadIdx.x == 0) {
+        const volatile unsigned int* arrived = counters;
+        while (*arrived < gridDim.x) __nanosleep(256);
+    }
+    __syncthreads();
+    __threadfence();
+    const int strips = (2 * C + LN_BWD_REDUCE_COLS - 1) / LN_BWD_REDUCE_COLS;
+    for (int strip = ticket - first; strip < strips; strip += reducers) {
+        if (C % 2 == 0)  // partial rows of 2 * C floats: 16-byte aligned
+            ln_bwd_reduce_strip<4>(dw, db, partials, group_sums, gridDim.x, C, strip);
+        else
+            ln_bwd_reduce_strip<1>(dw, db, partials, group_sums, gridDim.x, C, strip);
+    }
+    if (threadIdx.x == 0 && atomicAdd(counters + 1, 1u) == reducers - 1) {
+        counters[0] = 0;  // every reducer is past its wait: the next launch finds both zero
+        counters[1] = 0;
+    }
+}
+
+// dx of every row (accumulate != 0: added into), each block's partial row of dw and db (partials:
+// (gridDim.x, 2, C)), and their sums added into dw and db by the last `reducers` blocks (ln_bwd_finish). Rows of up
+// to 4 * LN_BWD_THREADS columns; blockDim.x = ceil(C / 4) rounded up to a warp, and 32 * blockDim.x bytes of
+// dynamic shared memory. At most 64 registers (the bound's 1024 threads), so that at C = 768 (192 threads) five
+// blocks fit an SM.
 extern "C" __global__ void __launch_bounds__(LN_BWD_THREADS, 1)
-    k_layernorm_bwd_fast(float* dx, float* partials, const float* dout, const float* x, const float* w,
-                         const float* mean, const float* rstd, int N, int C, int rows_per_block, int accumulate) {
+    k_layernorm_bwd_fast(float* dx, float* dw, float* db, float* partials, unsigned int* counters, const float* dout,
+                         const float* x, const float* w, const float* mean, const float* rstd, int N, int C,
+                         int rows_per_block, int accumulate, int reducers) {
     __shared__ __align__(16) float sums[2][32][2 * LN_BWD_ROWS];
     extern __shared__ float4 ln_bwd_shares[];
     if (rows_vec4(C, dx, dout, x, w, partials)) {
@@ -455,6 +543,7 @@ extern "C" __global__ void __launch_bounds__(LN_BWD_THREADS, 1)
         ln_bwd_partial_row<4>(partials, ln_bwd_shares, C);
     else
         ln_bwd_partial_row<1>(partials, ln_bwd_shares, C);
+    ln_bwd_finish(dw, db, partials, counters, reinterpret_cast<float*>(ln_bwd_shares), C, reducers);
 }
 
 // Rows too long for a block to span: a block of LN_BWD_THREADS threads takes them one at a time, thread t owning
@@ -514,13 +603,14 @@ __device__ __forceinline__ void layernorm_bwd_wide_rows(float* dx, float* partia
     }
 }
 
-// k_layernorm_bwd_fast for rows longer than 4 * LN_BWD_THREADS columns (the same arguments and partial rows);
-// blockDim.x = LN_BWD_THREADS, no dynamic shared memory.
+// k_layernorm_bwd_fast for rows longer than 4 * LN_BWD_THREADS columns (the same arguments, partial rows and
+// reduction); blockDim.x = LN_BWD_THREADS, and 16 * LN_BWD_THREADS bytes of dynamic shared memory (the reduction's).
 extern "C" __global__ void __launch_bounds__(LN_BWD_THREADS, 1)
-    k_layernorm_bwd_fast_wide(float* dx, float* partials, const float* dout, const float* x, const float* w,
-                              const float* mean, const float* rstd, int N, int C, int rows_per_block,
-                              int accumulate) {
+    k_layernorm_bwd_fast_wide(float* dx, float* dw, float* db, float* partials, unsigned int* counters,
+                              const float* dout, const float* x, const float* w, const float* mean, const float* rstd,
+                              int N, int C, int rows_per_block, int accumulate, int reducers) {
     __shared__ __align__(16) float sums[2][32][2];
+    extern __shared__ float ln_bwd_group_sums[];
     if (rows_vec4(C, dx, dout, x, w, partials)) {
         if (accumulate)
             layernorm_bwd_wide_rows<4, true>(dx, partials, sums, dout, x, w, mean, rstd, N, C, rows_per_block);
@@ -532,41 +622,5 @@ extern "C" __global__ void __launch_bounds__(LN_BWD_THREADS, 1)
         else
             layernorm_bwd_wide_rows<1, false>(dx, partials, sums, dout, x, w, mean, rstd, N, C, rows_per_block);
     }
-}
-
-// dw += the column sums of the blocks' dw partials, db += those of db (partials: (blocks, 2, C)), in a fixed
-// order: a block takes LN_BWD_REDUCE_COLS columns of the 2 * C (one 32-byte sector of every partial row), its
-// 256 threads 32 groups of them; group k adds the partial rows k, k + 32, k + 64, ... (REDUCE_BATCH loads in
-// flight at a time), then the groups' sums are added, the four of a warp by the shuffle tree, then the 8
-// warps' in warp order. Grid: ceil(2C / LN_BWD_REDUCE_COLS) blocks of 256 threads (C = 768: 192 blocks, over
-// every SM, where a block of 32 columns left 48 blocks each a long chain of loads).
-constexpr int REDUCE_BATCH = 16;
-extern "C" __global__ void __launch_bounds__(256)
-    k_layernorm_bwd_fast_reduce(float* dw, float* db, const float* partials, int blocks, int C) {
-    constexpr int COLS = LN_BWD_REDUCE_COLS, GROUPS = 256 / COLS;
-    static_assert(32 % COLS == 0, "a warp holds whole groups");
-    __shared__ float sums[8][COLS];
-    const int col = threadIdx.x % COLS, group = threadIdx.x / COLS, lane = threadIdx.x % 32;
-    const int j = blockIdx.x * COLS + col, C2 = 2 * C;
-    float t = 0.0f;
-    if (j < C2)
-        for (int k0 = group; k0 < blocks; k0 += GROUPS * REDUCE_BATCH) {
-            float v[REDUCE_BATCH];
-#pragma unroll
-            for (int u = 0; u < REDUCE_BATCH; u++) {
-                int k = k0 + GROUPS * u;
-                v[u] = k < blocks ? partials[(long long)k * C2 + j] : 0.0f;
-            }
-#pragma unroll
-            for (int u = 0; u < REDUCE_BATCH; u++)
-                if (k0 + GROUPS * u < blocks) t += v[u];
-        }
-    for (int off = COLS; off < 32; off *= 2) t += __shfl_xor_sync(0xffffffff, t, off);
-    if (lane < COLS) sums[threadIdx.x / 32][lane] = t;
-    __syncthreads();
-    if (threadIdx.x < COLS && j < C2) {
-        for (int k = 1; k < 8; k++) t += sums[k][col];
-        float* out = j < C ? dw + j : db + (j - C);
-        *out += t;
-    }
+    ln_bwd_finish(dw, db, partials, counters, ln_bwd_group_sums, C, reducers);
 }

@@ -91,6 +91,7 @@ class FakeEngine:
     def __init__(self, signatures, sm_count=132, arch="sm_90a", max_shared=227 * 1024):
         self.signatures, self.sm_count, self.arch, self.max_shared = signatures, sm_count, arch, max_shared
         self.ga = SimpleNamespace(empty=lambda shape, dtype=np.float32: FakeArray(np.atleast_1d(shape), dtype),
+                                  zeros=lambda shape, dtype=np.float32: FakeArray(np.atleast_1d(shape), dtype),
                                   to_gpu=lambda a: FakeArray(np.shape(a), np.asarray(a).dtype))
         self.cuda = SimpleNamespace(mem_alloc=lambda n: FakeArray((n,), np.uint8).gpudata,
                                     memset_d32=lambda *a: None, memset_d32_async=lambda *a: None,

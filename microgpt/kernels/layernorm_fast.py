@@ -1,8 +1,8 @@
 """Launchers of cuda/layernorm_fast.cuh: the layernorms a warp per row (the row in registers where it fits);
 the backward a block per row, each thread owning the same 4 columns of every row its block takes, so that dw
-and db add up in registers in the same pass as dx into a partial row per block, then added in block order.
-Each reduction in a fixed order. The header's enum LayernormBwdLaunch is read here for the backward's rows a
-block takes at once, its widest rows and the reduction's columns a block."""
+and db add up in registers in the same pass as dx into a partial row per block, which the launch's last blocks
+add up. Each reduction in a fixed order. The header's enum LayernormBwdLaunch is read here for the backward's
+rows a block takes at once, its widest rows and the reduction's strip of columns."""
 from __future__ import annotations
 
 import functools
@@ -11,7 +11,7 @@ import math
 from .checks import flag, ptr, rows, shape_of
 from .layernorm import layernorm_fwd_args
 from .rows_fast import WARP
-from .runtime import blocks, launch, scratch
+from .runtime import blocks, counters, engine, launch, scratch
 from .source import int_constants
 
 # The blocks a backward's grid aims at: at most four of C = 768's (192 threads, 64 registers: five fit) on each
@@ -25,7 +25,7 @@ BWD_BLOCKS = 512
 def bwd_launch() -> tuple[int, int, int]:
     """(LN_BWD_ROWS, LN_BWD_THREADS, LN_BWD_REDUCE_COLS) of cuda/layernorm_fast.cuh: the rows a block of the
     backward takes at once, its most threads (rows of up to 4 times as many columns take k_layernorm_bwd_fast,
-    longer ones k_layernorm_bwd_fast_wide), and the columns of dw and db a block of the reduction adds."""
+    longer ones k_layernorm_bwd_fast_wide), and the columns of dw and db a finishing block adds at a time."""
     c = int_constants()
     return c["LN_BWD_ROWS"], c["LN_BWD_THREADS"], c["LN_BWD_REDUCE_COLS"]
 
@@ -52,26 +52,35 @@ def bwd_rows_per_block(N: int) -> int:
     return at_once * max(1, math.ceil(N / (BWD_BLOCKS * at_once)))
 
 
+def bwd_reducers(n_blocks: int, C: int, sm_count: int) -> int:
+    """Blocks of a backward launch that add the partial rows into dw and db once every block is done: a strip
+    of columns each, but fewer than the SMs, since they wait for the others in place (a block still to run must
+    find an SM), and no more than the launch has. Which block adds a column never changes its bits."""
+    strips = math.ceil(2 * C / bwd_launch()[2])
+    return max(1, min(strips, n_blocks, sm_count - 1))
+
+
 def layernorm_bwd_fast(dx, dw, db, dout, x, w, mean, rstd, *, accumulate=False, stream=None):
     """dx written (accumulate=True: added into) and, in the same pass, each block's partial row of dw and db: a
     block of ceil(C / 4) threads (rounded up to a warp) spans a row, each thread adding its own 4 columns of dw
     and db (in registers over 4 rows, in shared memory between); rows wider than a block's most threads span take
-    k_layernorm_bwd_fast_wide, each thread's columns added in the partial row itself. k_layernorm_bwd_fast_reduce
-    then adds the blocks' partials into dw and db in a fixed order."""
+    k_layernorm_bwd_fast_wide, each thread's columns added in the partial row itself. The launch's last blocks to
+    finish then add the blocks' partials into dw and db in a fixed order."""
     shape = shape_of("x", x)
     N, C = rows(shape)
-    args = [ptr("dx", dx, shape), ptr("dout", dout, shape), ptr("x", x, shape), ptr("w", w, (C,)),
-            ptr("mean", mean, shape[:-1]), ptr("rstd", rstd, shape[:-1])]
-    p_dw, p_db, acc = ptr("dw", dw, (C,)), ptr("db", db, (C,)), flag("accumulate", accumulate)
-    _, max_threads, reduce_cols = bwd_launch()
+    args = [ptr("dout", dout, shape), ptr("x", x, shape), ptr("w", w, (C,)), ptr("mean", mean, shape[:-1]),
+            ptr("rstd", rstd, shape[:-1])]
+    p_dx, p_dw, p_db = ptr("dx", dx, shape), ptr("dw", dw, (C,)), ptr("db", db, (C,))
+    acc = flag("accumulate", accumulate)
+    _, max_threads, _ = bwd_launch()
     rows_per_block = bwd_rows_per_block(N)
     n_blocks = math.ceil(N / rows_per_block)
-    partials = scratch(n_blocks * 2 * C)  # held here until both launches are queued
-    bwd_args = [args[0], int(partials.gpudata), *args[1:], N, C, rows_per_block, acc]
+    reducers = bwd_reducers(n_blocks, C, engine().sm_count)
+    partials, done = scratch(n_blocks * 2 * C), counters(2)  # held here until the launch is queued
+    bwd_args = [p_dx, p_dw, p_db, int(partials.gpudata), int(done.gpudata), *args, N, C, rows_per_block, acc,
+                reducers]
     threads = WARP * math.ceil(C / (4 * WARP))
     if threads <= max_threads:  # each thread's 16 bytes of dw and of db in shared memory between rows
         launch("k_layernorm_bwd_fast", bwd_args, n_blocks, stream, shared=2 * 16 * threads, block=threads)
-    else:
-        launch("k_layernorm_bwd_fast_wide", bwd_args, n_blocks, stream, block=max_threads)
-    launch("k_layernorm_bwd_fast_reduce", [p_dw, p_db, int(partials.gpudata), n_blocks, C],
-           math.ceil(2 * C / reduce_cols), stream)
+    else:  # the reduction's group sums: 4 floats a thread
+        launch("k_layernorm_bwd_fast_wide", bwd_args, n_blocks, stream, shared=16 * max_threads, block=max_threads)

@@ -212,3 +212,12 @@ def scratch(n: int):
     if _recording is not None:
         _recording.keep.append(buf)
     return buf
+
+
+def counters(n: int):
+    """n uint32 counters, zero, kept alive like scratch: for a kernel whose last block to finish does the final
+    step of a reduction and sets its counters back to zero, so that every replay of a plan finds them zero."""
+    buf = engine().ga.zeros(n, np.uint32)
+    if _recording is not None:
+        _recording.keep.append(buf)
+    return buf
