@@ -314,7 +314,7 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
     # radix search, 4 bits a pass), the draw twice; an exp for each token weighed (at least every token once)
     next_logits, next_ids = randn(B, V, scale=2.0), ga.empty(B, np.int32)
     draws = ga.to_gpu(rng.random(B))
-    add("k_sample", lambda s: K.sample(next_ids, next_logits, draws, 0.8, top_k=40, top_p=0.9, stream=s),
+    add("k_sample", lambda s: K.sample(next_ids, next_logits, draws, 0.8, top_k=min(40, V), top_p=0.9, stream=s),
         F * (B * V + B) + 8 * B, 2 * B * V)
     logits_row = empty(B, 1, V)  # the decode step's tied output projection: B rows, so k_matvec
     add("k_matvec", lambda s: K.select("fast").matmul_fwd(logits_row, y_row, wte, None, stream=s),
