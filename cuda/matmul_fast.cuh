@@ -6,6 +6,8 @@
 //   C[z] (M x N, ldc) = alpha * op(A[z]) @ op(B[z]) + bias[n] + beta * C[z]     for z < gridDim.z
 //   op(A) is M x K: A stored M x K (lda) or, transposed, K x M; op(B) is K x N: B stored K x N (ldb) or,
 //   transposed, N x K. C is read only when beta != 0, so it may hold anything (NaN) before.
+//   Every product kernel takes one more argument, a_sums: the wgmma kernels' (matmul_tc.cuh) row sums of a
+//   transposed A, a linear layer's bias gradient taken in its dW product; this SGEMM ignores it (always 0).
 //
 // Each block computes a 128 x 128 tile of C with 256 threads, 8 x 8 outputs a thread, stepping K by 8:
 // the A and B tiles go through shared memory (double-buffered, the next tile's loads in flight in
@@ -66,7 +68,8 @@ template <bool TA, bool TB, int BN>
 __device__ __forceinline__ void sgemm_tile(float* C, const float* A, const float* B, const float* bias,
                                            int M, int N, int K, int lda, int ldb, int ldc,
                                            long long strideA, long long strideB, long long strideC,
-                                           float alpha, float beta, Causal causal, float fill) {
+                                           float alpha, float beta, Causal causal, float fill,
+                                           float* /* a_sums: the launchers pass 0 */) {
     constexpr int BM = GEMM_BM, BK = GEMM_BK, TN = BN / 16;
     __shared__ __align__(16) float As[2][BK][BM + GEMM_PAD];
     __shared__ __align__(16) float Bs[2][BK][BN + GEMM_PAD];
@@ -173,9 +176,9 @@ __device__ __forceinline__ void sgemm_tile(float* C, const float* A, const float
     extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)                                          \
     name(float* C, const float* A, const float* B, const float* bias, int M, int N, int K, int lda, int ldb,   \
          int ldc, long long strideA, long long strideB, long long strideC, float alpha, float beta,            \
-         Causal causal, float fill) {                                                                          \
+         Causal causal, float fill, float* a_sums) {                                                           \
         TILE<TA, TB, BN>(C, A, B, bias, M, N, K, lda, ldb, ldc, strideA, strideB, strideC, alpha, beta, causal, \
-                         fill);                                                                                \
+                         fill, a_sums);                                                                        \
     }
 
 // One kernel per (transposes, tile width), named k_sgemm_<op(A)><op(B)>, with _n64 for the 128 x 64 tile.
@@ -192,10 +195,21 @@ SGEMM_KERNEL(k_sgemm_tt_n64, true, true, 64)
 
 // Split-K, for products whose M x N has too few tiles to fill the GPU (the weight gradients): each split
 // wrote its partial product; C = beta * C + the partials added in split order, so it is deterministic.
-extern "C" __global__ void k_splitk_reduce(float* C, const float* partials, int splits, long long MN, float beta) {
+// Where sums is given, the splits of a wgmma dW product also wrote their row sums of op(A) (the bias gradient,
+// matmul_tc.cuh), [splits][M] after the partial products: the M threads past MN add them into sums in split
+// order too, so that the bias gradient takes no launch of its own.
+extern "C" __global__ void k_splitk_reduce(float* C, const float* partials, int splits, long long MN, float beta,
+                                           float* sums, int M) {
     long long i = thread_index();
-    if (i >= MN) return;
-    float s = 0.0f;
-    for (int k = 0; k < splits; k++) s += partials[k * MN + i];
-    C[i] = (beta != 0.0f ? beta * C[i] : 0.0f) + s;
+    if (i < MN) {
+        float s = 0.0f;
+        for (int k = 0; k < splits; k++) s += partials[k * MN + i];
+        C[i] = (beta != 0.0f ? beta * C[i] : 0.0f) + s;
+    } else if (i < MN + M) {
+        const float* row_sums = partials + splits * MN;
+        const long long m = i - MN;
+        float s = 0.0f;
+        for (int k = 0; k < splits; k++) s += row_sums[k * M + m];
+        sums[m] += s;
+    }
 }

@@ -3,6 +3,12 @@
 //
 //   C[z] (M x N, ldc) = alpha * op(A[z]) @ op(B[z]) + bias[n] + beta * C[z]     for z < gridDim.z
 //
+// and, on the wgmma kernels with A transposed (k_gemm_wg_t*) and a_sums given, the row sums of op(A): in a
+// linear layer's dW = dout^T @ inp they are the bias gradient, summed from the dout the product reads anyway
+//
+//   a_sums[m] += sum_k op(A)[m][k]   for one product (gridDim.z = 1)
+//   a_sums[z * M + m] = sum_k op(A[z])[m][k]   for each z of several: split-K's slices, k_splitk_reduce adds
+//
 // Error-compensated TF32 ("3xTF32"): each FP32 operand x is split into a TF32 high part and the rest,
 // x = hi + lo, and hi*hi + hi*lo + lo*hi go through the tensor cores (lo*lo lies below FP32's resolution).
 // The tensor cores' own accumulation is not round-to-nearest FP32 and its error grows with K, so each k8
@@ -189,7 +195,7 @@ template <bool TA, bool TB, int BN>
 __device__ __forceinline__ void gemm_tc_tile(float* C, const float* A, const float* B, const float* bias,
                                              int M, int N, int K, int lda, int ldb, int ldc, long long strideA,
                                              long long strideB, long long strideC, float alpha, float beta,
-                                             Causal causal, float fill) {
+                                             Causal causal, float fill, float* /* a_sums: the launchers pass 0 */) {
 #if TC_AVAILABLE
     constexpr int BM = TC_BM, BK = TC_BK, S = TC_STAGES, CH = TC_CHUNK;
     constexpr int WARPS_N = BN / 32, WARP_M = BM / (8 / WARPS_N), MI = WARP_M / 16;  // MI m16 tiles a warp
@@ -339,7 +345,8 @@ GEMM_TC_KERNEL(k_gemm_tc_tt_n64, true, true, 64)
 // N = d_k), and each warpgroup has one job, so that the tensor cores do not wait for the split:
 //   - warpgroup 0 (the producer) copies each 32-wide slice of K as it lies in global memory (cp.async,
 //     WG_RAW stages), splits it into hi and lo, written K-major with the 128-byte swizzle the descriptors
-//     name, into one of WG_BUFS split buffers, and marks the buffer full (an mbarrier);
+//     name, into one of WG_BUFS split buffers, and marks the buffer full (an mbarrier); where a_sums is
+//     given, the first column tile's producers also sum the raw A they split (each thread one m, below);
 //   - warpgroups 1 and 2 (the consumers) each multiply 64 rows of the tile by its BN columns: per slice
 //     12 wgmma.m64nBNk8 (4 k8 steps x lo*hi, hi*lo, hi*hi) into a fragment that FP32 adds carry into the
 //     running sum, then mark the buffer empty.
@@ -360,6 +367,33 @@ __device__ __forceinline__ void wg_split_store(float* hi, float* lo, int at, flo
     *reinterpret_cast<uint4*>(hi + at) = make_uint4(h[0], h[1], h[2], h[3]);
     *reinterpret_cast<uint4*>(lo + at) = make_uint4(l[0], l[1], l[2], l[3]);
 }
+
+// v[0] + ... + v[N - 1] (N a power of two) as a pairwise tree, in place: a slice's 32 values of A
+template <int N>
+__device__ __forceinline__ float pairwise_sum(float (&v)[N]) {
+    static_assert((N & (N - 1)) == 0, "a power of two");
+#pragma unroll
+    for (int w = 1; w < N; w *= 2)
+#pragma unroll
+        for (int i = 0; i < N; i += 2 * w) v[i] += v[i + w];
+    return v[0];
+}
+
+// A running FP32 sum that keeps each add's rounding error (Knuth's TwoSum) and adds them back at the end. A
+// plain running sum of the slices' sums over K = 8192 (256 adds) would be about 1.7x less accurate on random
+// inputs than colsum.cuh's chunked column sums it stands in for; compensated, it is about as accurate as the
+// slices' own trees allow. No multiplies (nothing to contract into an FMA), one fixed order: the same bits
+// every run.
+struct CompensatedSum {
+    float sum = 0.0f, err = 0.0f;
+    __device__ __forceinline__ void add(float x) {
+        const float t = sum + x, x_part = t - sum;
+        err += (sum - (t - x_part)) + (x - x_part);
+        sum = t;
+    }
+    // past FLT_MAX the errors are inf - inf: the sum's own inf, as a plain sum would give
+    __device__ __forceinline__ float value() const { return isfinite(sum) ? sum + err : sum; }
+};
 
 // the shared-memory descriptor of a K-major, 128B-swizzled tile: 8-row groups 1024 bytes apart
 __device__ __forceinline__ uint64_t wg_desc(const float* tile) {
@@ -435,7 +469,7 @@ template <bool TA, bool TB, int BN>
 __device__ __forceinline__ void gemm_wg_tile(float* C, const float* A, const float* B, const float* bias,
                                              int M, int N, int K, int lda, int ldb, int ldc, long long strideA,
                                              long long strideB, long long strideC, float alpha, float beta,
-                                             Causal causal, float fill) {
+                                             Causal causal, float fill, float* a_sums) {
 #if WG_AVAILABLE
     // as in global memory: K-contiguous, or M-contiguous transposed; unpadded, as the producer reads a
     // row's consecutive chunks (K-contiguous) or a k's consecutive floats (M-contiguous) across a warp
@@ -480,6 +514,13 @@ __device__ __forceinline__ void gemm_wg_tile(float* C, const float* A, const flo
             if (i < n_tiles) load(i, k_begin + i * WG_BK);
             cp_async_commit();
         }
+        // A stored K x M: thread tid's quads are A[k][m0 + tid] for every k of the slice (mn_a below), so each
+        // thread sums its own m over all of K with no exchange between threads. One column tile's blocks do
+        // it, the others' would repeat it; the tile's zero fill past M and K adds nothing.
+        static_assert(WG_PRODUCERS == 128, "a producer thread per row of the 128-row tile");
+        constexpr int QUADS = 128 * WG_BK / 4 / WG_PRODUCERS;
+        const bool sum_rows = TA && a_sums != nullptr && blockIdx.x == 0;
+        CompensatedSum row_sum;
         for (int kt = 0; kt < n_tiles; kt++) {
             cp_async_wait<WG_RAW - 2>();                       // this thread's copies of slice kt have landed
             asm volatile("bar.sync 1, %0;" ::"n"(WG_PRODUCERS) : "memory");  // ... every producer's; and
@@ -491,11 +532,14 @@ __device__ __forceinline__ void gemm_wg_tile(float* C, const float* A, const flo
             const float* ra = raw + (kt % WG_RAW) * RAW;
             const float* rb = ra + RawA::FLOATS;
             float* s = split + buf * 4 * WG_SPLIT;
+            float quad_sums[QUADS];
 #pragma unroll
-            for (int q = 0; q < 128 * WG_BK / 4 / WG_PRODUCERS; q++) {  // quads along the raw tile's rows
+            for (int q = 0; q < QUADS; q++) {  // quads along the raw tile's rows
                 const int e = tid + q * WG_PRODUCERS;
                 const int mn_a = TA ? e % 128 : e / 8, k4_a = TA ? (e / 128) * 4 : (e % 8) * 4;
-                wg_split_store(s, s + WG_SPLIT, wg_swizzled(mn_a, k4_a), RawA::k_quad(ra, mn_a, k4_a));
+                const float4 a = RawA::k_quad(ra, mn_a, k4_a);
+                wg_split_store(s, s + WG_SPLIT, wg_swizzled(mn_a, k4_a), a);
+                if (sum_rows) quad_sums[q] = (a.x + a.y) + (a.z + a.w);
                 if (q < BN * WG_BK / 4 / WG_PRODUCERS) {  // B's BN rows (of the tile's 128)
                     const int mn_b = TB ? e / 8 : e % BN, k4_b = TB ? (e % 8) * 4 : (e / BN) * 4;
                     wg_split_store(s + 2 * WG_SPLIT, s + 3 * WG_SPLIT, wg_swizzled(mn_b, k4_b),
@@ -504,6 +548,11 @@ __device__ __forceinline__ void gemm_wg_tile(float* C, const float* A, const flo
             }
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // what was stored, the tensor cores read
             mbar_arrive(&full[buf]);
+            if (sum_rows) row_sum.add(pairwise_sum(quad_sums));  // after the arrive: off the consumers' wait
+        }
+        if (sum_rows && m0 + tid < M) {  // the block owns rows m0.. of a_sums: no other writes them
+            if (gridDim.z == 1) a_sums[m0 + tid] += row_sum.value();
+            else a_sums[(long long)blockIdx.z * M + m0 + tid] = row_sum.value();
         }
         return;
     }
@@ -559,7 +608,8 @@ __device__ __forceinline__ void gemm_wg_tile(float* C, const float* A, const flo
 #endif
 }
 
-// One kernel per layout and tile width, k_gemm_wg_<op(A)><op(B)>[_n64]; the SGEMM's arguments.
+// One kernel per layout and tile width, k_gemm_wg_<op(A)><op(B)>[_n64]; the SGEMM's arguments (a_sums: the
+// _t* kernels').
 #define GEMM_WG_KERNEL(name, TA, TB, BN) GEMM_KERNEL(name, gemm_wg_tile, TA, TB, BN, TC_WG_THREADS, 1)
 GEMM_WG_KERNEL(k_gemm_wg_nn, false, false, 128)
 GEMM_WG_KERNEL(k_gemm_wg_nt, false, true, 128)

@@ -70,7 +70,7 @@ def test_every_kernel_of_the_translation_unit_is_extern_c_with_a_mappable_signat
     assert declared == set(sigs)  # a __global__ function that is not extern "C" could not be found by name
     assert sigs["k_attn_scores_fwd"] == "PPPiii"
     assert sigs["k_adamw"] == "PPPPqfffffPffPf"
-    assert sigs["k_sgemm_tn_n64"] == "PPPPiiiiiiqqqffif"  # enum Causal travels as an int
+    assert sigs["k_sgemm_tn_n64"] == "PPPPiiiiiiqqqffifP"  # enum Causal travels as an int; last, a_sums
 
 
 def test_argument_formats_come_from_the_preprocessed_text():

@@ -1,7 +1,8 @@
 """The tensor-core products (variant tc, cuda/matmul_tc.cuh) held to the accuracy bar: on the same fresh
 random inputs, their worst relative error against float64 is at most 1.5 times the SIMT SGEMM's (variant
 fast), for every product of andrea-120m at T=1024 (the linear layers forward, dX and dW, the tied lm_head,
-the attention products) and for odd shapes that fill no tile; and they repeat bit for bit.
+the attention products) and for odd shapes that fill no tile; the bias gradient the wgmma kernel sums inside the
+dW product, against the fast variant's column sums; and they repeat bit for bit.
 
 The errors are ||out - ref|| / ||ref|| in float64; conftest prints the worst of each at the end of the run.
 """
@@ -127,18 +128,60 @@ def test_odd_shapes(ga, rng, M, N, K_, batch, ta, tb, wgmma):
 
 
 def test_the_products_repeat_bit_for_bit(ga, rng):
-    """The same inputs give the same bits: no atomics, split-K reduced in slice order."""
+    """The same inputs give the same bits: no atomics, split-K reduced in slice order (the bias gradient's
+    slices too)."""
     x = ga.to_gpu(rng.standard_normal((4096, 768)).astype(np.float32))
     d = ga.to_gpu(rng.standard_normal((4096, 3072)).astype(np.float32))
     w = ga.to_gpu(rng.standard_normal((3072, 768)).astype(np.float32))
     runs = []
     for _ in range(2):
         y, dx, dw = poisoned(ga, 4096, 3072), poisoned(ga, 4096, 768), ga.zeros((3072, 768), np.float32)
+        db = ga.zeros(3072, np.float32)
         TC.matmul_fwd(y, x, w)
-        TC.matmul_bwd(dx, dw, None, d, x, w)
-        runs.append([a.get() for a in (y, dx, dw)])
+        TC.matmul_bwd(dx, dw, db, d, x, w)
+        runs.append([a.get() for a in (y, dx, dw, db)])
     for first, second in zip(*runs):
         np.testing.assert_array_equal(first, second)
+
+
+# (N = B*T, OUT, IN): andrea-120m's linear layers at B*T = 8192 (dW split over K on the wgmma kernel), odd shapes
+# split (K = 1000 in two) and not (K odd), and a long K unsplit (odd: no even slices)
+BIAS_SHAPES = {"qkv": (8192, 3 * C, C), "attn.proj": (8192, C, C), "mlp.fc": (8192, 4 * C, C),
+               "mlp.proj": (8192, C, 4 * C), "odd-split": (1000, 333, 130), "odd-unsplit": (4099, 130, 772),
+               "long-unsplit": (8191, C, C)}
+
+
+@pytest.mark.parametrize("case", list(BIAS_SHAPES))
+def test_the_bias_gradient_inside_the_weight_gradients_product(ga, rng, case):
+    """On sm_90a tc's dW product sums dbias from the dout it reads, with no column-sum pass: dbias (added into a
+    random start) within the bar of the fast variant's column sums; dX and dW the same bits as the same product
+    without dbias; dbias the same bits on a second run."""
+    N, OUT, IN = BIAS_SHAPES[case]
+    x_h = rng.standard_normal((N, IN)).astype(np.float32)
+    w_h = (rng.standard_normal((OUT, IN)) * 0.02).astype(np.float32)
+    d_h = rng.standard_normal((N, OUT)).astype(np.float32)
+    dw0, db0 = rng.standard_normal((OUT, IN)).astype(np.float32), rng.standard_normal(OUT).astype(np.float32)
+    x, w, d = ga.to_gpu(x_h), ga.to_gpu(w_h), ga.to_gpu(d_h)
+    if K.warpgroup_mma():  # the path under test: the wgmma kernel, split or not as the case says
+        g = K.Gemm.dense(OUT, IN, N, trans_a=True, beta=1.0)
+        assert K.matmul_tc.tc_kernel(g)[0] == "k_gemm_wg_tn"
+        assert (g.splits(K.engine().sm_count, per_sm=1) == 1) == case.endswith("unsplit"), case
+        with K.recording() as plan:
+            TC.matmul_bwd(poisoned(ga, N, IN), ga.to_gpu(dw0), ga.to_gpu(db0), d, x, w)
+        assert not [name for name, *_ in plan if name.startswith("k_colsum")], [name for name, *_ in plan]
+
+    def bwd(ops, bias=True):
+        dx, dw, db = poisoned(ga, N, IN), ga.to_gpu(dw0), ga.to_gpu(db0) if bias else None
+        ops.matmul_bwd(dx, dw, db, d, x, w)
+        return dx.get(), dw.get(), None if db is None else db.get()
+
+    _, _, db_fast = bwd(SIMT)
+    dx_tc, dw_tc, db_tc = bwd(TC)
+    dx_plain, dw_plain, _ = bwd(TC, bias=False)
+    np.testing.assert_array_equal(dx_tc, dx_plain)
+    np.testing.assert_array_equal(dw_tc, dw_plain)
+    np.testing.assert_array_equal(bwd(TC)[2], db_tc)
+    within_bar(f"{case} dbias", db_tc, db_fast, db0.astype(np.float64) + d_h.astype(np.float64).sum(axis=0))
 
 
 @pytest.mark.parametrize("wgmma", [None, False], ids=["device's kernel", "mma.sync"])

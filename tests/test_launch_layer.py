@@ -124,6 +124,8 @@ def _run_every_launcher():
                 args, kw = call()
                 getattr(ops, op)(*args, **kw)
             ops.matmul_fwd(f32(B, 1, 4 * C), f32(B, 1, C), f32(4 * C, C), f32(4 * C))  # a decode step's few rows
+            # mlp.fc's backward: dW of 4C x C outputs, enough for tc's wgmma kernel, which takes dbias in it
+            ops.matmul_bwd(f32(B, T, C), f32(4 * C, C), f32(4 * C), f32(B, T, 4 * C), f32(B, T, C), f32(4 * C, C))
             for n_head in (2, 1):  # flash attention's wider kernels: d_k 32 (CALLS: 16), 64
                 ops.fused_attention_fwd(f32(B, T, C), f32(B, n_head, T), f32(B, T, 3 * C), n_head)
                 ops.fused_attention_bwd(f32(B, T, 3 * C), f32(B, T, C), f32(B, T, 3 * C), f32(B, T, C),
@@ -381,6 +383,41 @@ def test_split_k_for_one_block_per_sm_fills_the_last_wave():
     assert K.Gemm.dense(768, 768, 8191, trans_a=True).splits(132, per_sm=1) == 1  # K odd: no even slices
     assert K.Gemm.dense(768, 768, 1024, trans_a=True).splits(132, per_sm=1) <= 4  # slices of 256 at least
     assert K.Gemm.dense(768, 768, 1024, trans_a=True).splits(132) == 8  # the SGEMM's rule is unchanged
+
+
+def test_the_wgmma_weight_gradient_takes_the_bias_gradient_in_its_pass_over_dout(fake):
+    """On sm_90a the tc variant's dW = dout^T @ inp runs on the wgmma kernel, whose producers sum dout's columns
+    as they split them: no column-sum kernel reads dout again. Split over K (andrea-120m's linear layers at
+    B*T = 8192), each slice writes its sums after its partial product and k_splitk_reduce adds them into dbias;
+    unsplit (K odd), the product adds them itself. Where the dW product is another kernel's (mma.sync on sm_80),
+    the column-sum pass stays."""
+    def launches(N, OUT, IN):
+        db = f32(OUT)
+        with K.recording() as plan:
+            K.matmul_bwd_tc(f32(N, IN), f32(OUT, IN), db, f32(N, OUT), f32(N, IN), f32(OUT, IN))
+        return db.gpudata, [name for name, *_ in plan], plan
+
+    for OUT, IN in [(2304, 768), (768, 768), (3072, 768), (768, 3072)]:  # qkv, attn.proj, mlp.fc, mlp.proj
+        db, names, plan = launches(8192, OUT, IN)
+        assert names[-2:] == ["k_gemm_wg_tn", "k_splitk_reduce"], names
+        assert not [n for n in names if n.startswith("k_colsum")], names
+        (_, _, grid, args, _, _), (_, _, _, reduce_args, _, _) = plan[-2:]
+        splits, partials = grid[2], reduce_args[1]
+        assert splits > 1 and reduce_args[2:] == [splits, OUT * IN, 1.0, db, OUT], reduce_args
+        # the slices' partial products, then their sums ([splits][OUT]) in the same scratch
+        assert args[0] == partials and args[-1] == partials + 4 * splits * OUT * IN
+        assert plan.keep[-1].size == splits * (OUT * IN + OUT)
+        assert all(a[-1] == 0 for _, _, _, a, *_ in plan[:-2]), names  # dX's product sums nothing
+    db, names, plan = launches(4099, 130, 772)  # K odd: one slice, which adds into dbias itself
+    assert names[-1] == "k_gemm_wg_tn" and not [n for n in names if n.startswith("k_colsum")], names
+    assert plan[-1][2][2] == 1 and plan[-1][3][-1] == db
+    fake.arch = "sm_80"
+    db, names, plan = launches(8192, 768, 768)
+    assert names[:3] == ["k_gemm_tc_nn", "k_gemm_tc_tn", "k_splitk_reduce"] and names[-1].startswith("k_colsum")
+    assert plan[1][3][-1] == 0 and plan[2][3][-2:] == [0, 0]  # the products and the reduce sum no rows
+    for gemm in (K.gemm, K.gemm_tc):  # row sums of an A stored M x K would need threads to exchange them
+        with pytest.raises(ValueError, match="sums: the row sums of op"):
+            gemm(K.Gemm.dense(300, 200, 256), 1, 1, 1, sums=1)
 
 
 @pytest.mark.parametrize("arch,tc,wg", [("sm_75", False, False), ("sm_80", True, False), ("sm_89", True, False),

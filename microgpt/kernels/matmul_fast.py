@@ -71,10 +71,11 @@ class Gemm:
     def grid(self) -> tuple[int, int, int]:
         return math.ceil(self.N / self.tile_n), math.ceil(self.M / GEMM_TILE), self.batch
 
-    def args(self, c: int, a: int, b: int, bias: int) -> list:
+    def args(self, c: int, a: int, b: int, bias: int, sums: int = 0) -> list:
+        """The product kernels' arguments; sums: where the wgmma kernel adds op(A)'s row sums (0: nowhere)."""
         return [c, a, b, bias, self.M, self.N, self.K, self.lda, self.ldb, self.ldc, self.stride_a,
                 self.stride_b, self.stride_c, float(self.alpha), float(self.beta), int(self.causal),
-                float(self.fill)]
+                float(self.fill), sums]
 
     def splits(self, sm_count: int, per_sm: int = 2) -> int:
         """How many slices to cut K into so that a product of few tiles (a weight gradient: M x N small,
@@ -98,28 +99,45 @@ def sgemm_product(g: Gemm, c: int, a: int, b: int, bias: int, stream) -> None:
     launch(g.kernel, g.args(c, a, b, bias), g.grid, stream)
 
 
-def gemm(g: Gemm, c: int, a: int, b: int, bias: int = 0, stream=None, *, product=sgemm_product,
-         per_sm: int = 2) -> None:
+def gemm(g: Gemm, c: int, a: int, b: int, bias: int = 0, stream=None, *, sums: int = 0, product=sgemm_product,
+         per_sm: int = 2, product_sums: bool = False) -> None:
     """Launches g on checked pointers through `product` (one unsplit launch: the SIMT SGEMM, or the tensor
     cores' in matmul_tc, `per_sm` blocks of it to an SM); split-K where it pays (one plain product, no bias,
-    no causal mode): each slice writes its partial product, and k_splitk_reduce adds them in slice order."""
+    no causal mode): each slice writes its partial product, and k_splitk_reduce adds them in slice order.
+    sums (M,) += the row sums of op(A), for one product of A stored K x M: a linear layer's bias gradient, the
+    column sums of dout, beside its dW = dout^T @ inp. Where product_sums, `product` takes them itself (the
+    wgmma kernel, from the dout it reads for dW anyway; split, k_splitk_reduce adds the slices' sums too);
+    otherwise a column-sum pass over A after the product does."""
+    if sums and not (g.trans_a and g.batch == 1 and g.lda == g.M and g.causal == Causal.NONE):
+        raise ValueError("sums: the row sums of op(A) are taken for one plain product of A stored K x M "
+                         f"(trans_a, lda = M), not {g}")
     if g.M == 0 or g.N == 0 or g.batch == 0:
-        return  # an empty product: nothing to write
+        product_sums = False  # an empty product: nothing to write, and no pass over A to sum it in
+    else:
+        _launch_product(g, c, a, b, bias, stream, sums if product_sums else 0, product, per_sm)
+    if sums and not product_sums and g.M > 0 and g.K > 0:
+        add_column_sums(sums, a, g.K, g.M, stream)
+
+
+def _launch_product(g: Gemm, c: int, a: int, b: int, bias: int, stream, sums: int, product, per_sm: int) -> None:
+    """gemm's product launches, split where it pays; sums: where `product` adds op(A)'s row sums, or 0."""
     if max(g.grid[1:]) > 65535:  # CUDA's limit on a grid's y and z
         raise ValueError(f"M = {g.M} (at most {65535 * GEMM_TILE}) and batch = {g.batch} (at most 65535) must fit "
                          f"one grid")
     plain = g.batch == 1 and not bias and g.causal == Causal.NONE and g.ldc == g.N
     splits = g.splits(engine().sm_count, per_sm) if plain else 1
     if splits == 1:
-        product(g, c, a, b, bias, stream)
+        product(g, c, a, b, bias, stream, **({"sums": sums} if sums else {}))  # only a summing product takes it
         return
     k_slice = g.K // splits  # a slice of K is a block of A's and B's rows (or columns, transposed)
     sliced = dataclasses.replace(g, K=k_slice, batch=splits, beta=0.0,
                                  stride_a=k_slice * (g.lda if g.trans_a else 1),
                                  stride_b=k_slice * (1 if g.trans_b else g.ldb), stride_c=g.M * g.N)
-    partials = scratch(splits * g.M * g.N)
-    product(sliced, int(partials.gpudata), a, b, 0, stream)
-    launch("k_splitk_reduce", [c, int(partials.gpudata), splits, g.M * g.N, float(g.beta)], blocks(g.M * g.N),
+    M_sums = g.M if sums else 0  # the slices' row sums follow their partial products: [splits][M]
+    partials = scratch(splits * (g.M * g.N + M_sums))
+    p = int(partials.gpudata)
+    product(sliced, p, a, b, 0, stream, **({"sums": p + 4 * splits * g.M * g.N} if sums else {}))
+    launch("k_splitk_reduce", [c, p, splits, g.M * g.N, float(g.beta), sums, M_sums], blocks(g.M * g.N + M_sums),
            stream)
 
 
@@ -148,9 +166,10 @@ def _attn_dims(name, a):
 
 class MatrixProducts:
     """The model's matrix products, the linear layers and attention's, on one GEMM (gemm(g, c, a, b, bias,
-    stream)): the SIMT SGEMM here, the tensor cores' in matmul_tc. The attention products skip what the
-    causal mask makes constant; they compute the reference stages for causal inputs (probs and the scores'
-    gradient zero above the diagonal, as the pipeline makes them)."""
+    stream, sums=...), a bias gradient being its dW product's sums): the SIMT SGEMM here, the tensor cores' in
+    matmul_tc. The attention products skip what the causal mask makes constant; they compute the reference
+    stages for causal inputs (probs and the scores' gradient zero above the diagonal, as the pipeline makes
+    them)."""
 
     OPS = ("matmul_fwd", "matmul_bwd", "causal_scores_fwd", "causal_scores_bwd", "attn_values_fwd",
            "attn_values_bwd")
@@ -186,7 +205,8 @@ class MatrixProducts:
             self.gemm(Gemm.dense(N, OUT, IN, trans_b=True), p_out, p_inp, p_w, p_b, stream)
 
     def matmul_bwd(self, dinp, dweight, dbias, dout, inp, weight, *, stream=None):
-        """As matmul_bwd: dinp = dout @ W (written), dW += dout^T @ inp, dbias += column sums of dout."""
+        """As matmul_bwd: dinp = dout @ W (written), dW += dout^T @ inp, dbias += column sums of dout (summed
+        by the dW product from the dout it reads where its kernel can: the wgmma one)."""
         shape = shape_of("inp", inp)
         N, IN = rows(shape)
         OUT = shape_of("weight", weight, 2)[0]
@@ -194,9 +214,7 @@ class MatrixProducts:
         p_db, p_dout = opt_ptr("dbias", dbias, (OUT,)), ptr("dout", dout, shape[:-1] + (OUT,))
         p_inp, p_w = ptr("inp", inp, shape), ptr("weight", weight, (OUT, IN))
         self.gemm(Gemm.dense(N, IN, OUT), p_dinp, p_dout, p_w, stream=stream)
-        self.gemm(Gemm.dense(OUT, IN, N, trans_a=True, beta=1.0), p_dw, p_dout, p_inp, stream=stream)
-        if p_db:
-            add_column_sums(p_db, p_dout, N, OUT, stream)
+        self.gemm(Gemm.dense(OUT, IN, N, trans_a=True, beta=1.0), p_dw, p_dout, p_inp, stream=stream, sums=p_db)
 
     def causal_scores_fwd(self, masked, q, k, *, scores=None, stream=None):
         """As causal_scores_fwd, in one pass: masked[i][j] = dot(Q[i], K[j]) * (1/sqrt(d_k)) for j <= i and

@@ -1,9 +1,11 @@
 """Launchers of cuda/matmul_tc.cuh: the model's matrix products on the tensor cores at FP32 accuracy (3xTF32).
 
 The same products as matmul_fast (MatrixProducts over a gemm), through the same Gemm description, causal
-tile skipping and deterministic split-K; only the unsplit launch differs. Where the device has no TF32
-tensor cores (before sm_80), and for products with K < TC_MIN_K, the launch is the SIMT SGEMM's: the variant
-runs everywhere, and never less accurately than 1.5x the SIMT kernel.
+tile skipping and deterministic split-K; only the unsplit launch differs, and, on sm_90a, where a linear
+layer's bias gradient is summed: in its dW product, by the wgmma kernel from the dout it reads (split-K's reduce
+adding the slices' sums), not by a column-sum pass of its own. Where the device has no TF32 tensor cores (before
+sm_80), and for products with K < TC_MIN_K, the launch is the SIMT SGEMM's: the variant runs everywhere, and never
+less accurately than 1.5x the SIMT kernel.
 """
 from __future__ import annotations
 
@@ -58,22 +60,28 @@ def tc_kernel(g: Gemm, wgmma: bool | None = None) -> tuple[str, int, int] | None
     return f"k_gemm_tc_{ops}", launch_size("TC_SMEM_BYTES"), BLOCK
 
 
-def tc_product(g: Gemm, c: int, a: int, b: int, bias: int, stream, wgmma: bool | None = None) -> None:
-    """One unsplit launch of g on the kernel tc_kernel chooses; the tile and grid are the SGEMM's."""
+def tc_product(g: Gemm, c: int, a: int, b: int, bias: int, stream, wgmma: bool | None = None, sums: int = 0) -> None:
+    """One unsplit launch of g on the kernel tc_kernel chooses; the tile and grid are the SGEMM's. sums: where
+    the wgmma kernel adds op(A)'s row sums (A transposed; gemm_tc gives them to no other kernel)."""
     kernel = tc_kernel(g, wgmma)
+    if sums and (kernel is None or not kernel[0].startswith("k_gemm_wg") or not g.trans_a):
+        raise ValueError(f"sums: only the wgmma kernel with A transposed takes row sums, not {kernel} for {g}")
     if kernel is None:
         sgemm_product(g, c, a, b, bias, stream)
         return
     name, shared, threads = kernel
-    launch(name, g.args(c, a, b, bias), g.grid, stream, shared=shared, block=threads)
+    launch(name, g.args(c, a, b, bias, sums), g.grid, stream, shared=shared, block=threads)
 
 
-def gemm_tc(g: Gemm, c: int, a: int, b: int, bias: int = 0, stream=None, *, wgmma: bool | None = None) -> None:
-    """As matmul_fast.gemm, on the tensor cores (wgmma: as tc_kernel); the wgmma kernel holds one block per
-    SM, which split-K counts."""
+def gemm_tc(g: Gemm, c: int, a: int, b: int, bias: int = 0, stream=None, *, sums: int = 0,
+            wgmma: bool | None = None) -> None:
+    """As matmul_fast.gemm, on the tensor cores (wgmma: as tc_kernel). The wgmma kernel holds one block per SM,
+    which split-K counts, and sums a transposed A's rows as it splits them (a dW product's bias gradient: no
+    pass over dout of its own); its split-K slices' sums stay on the wgmma kernel, as K / splits >= WG_MIN_K."""
     kernel = tc_kernel(g, wgmma)
-    per_sm = 1 if kernel is not None and kernel[0].startswith("k_gemm_wg") else 2
-    gemm(g, c, a, b, bias, stream, product=functools.partial(tc_product, wgmma=wgmma), per_sm=per_sm)
+    wg = kernel is not None and kernel[0].startswith("k_gemm_wg")
+    gemm(g, c, a, b, bias, stream, sums=sums, product=functools.partial(tc_product, wgmma=wgmma),
+         per_sm=1 if wg else 2, product_sums=wg)
 
 
 def sgemm_tc(c, a, b, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, bias=None, stream=None, wgmma=None):
