@@ -206,10 +206,11 @@ extern "C" __global__ void k_softmax_bwd_fast(float* dx, const float* dprobs, co
         softmax_bwd_row_regs<1>(dxr, dp, p, n, cols);
 }
 
-// The cross-entropy forward reads a row twice (the row of V = 50257 logits is 200 KB, too long for registers):
-// once for its max and sum of exp together, an online softmax (the sum rescaled whenever the max rises), once
-// to write the probabilities. A row starts where it starts (V odd: another offset from 16 bytes each row), so
-// each pass runs a scalar head up to the first 16-byte boundary, float4s, and a scalar tail.
+// The cross-entropy forward makes two passes over a row (the row of V = 50257 logits is 200 KB, too long for
+// registers): one for its max and sum of exp together, an online softmax (the sum rescaled whenever the max
+// rises), one to write the probabilities, reading the row again from shared memory where it fits there
+// (CE_SMEM_MAX_FLOATS), else from global memory. A row starts where it starts (V odd: another offset from 16
+// bytes each row), so each pass runs a scalar head up to the first 16-byte boundary, float4s, and a scalar tail.
 
 // (m, s): the max so far and the sum of exp(x - m) so far; x = -inf (a masked logit) adds nothing
 __device__ __forceinline__ void online_add(float& m, float& s, float x) {
@@ -246,28 +247,83 @@ __device__ __forceinline__ void load_chunks(float4 (&x)[MB_UNROLL], const float4
         if (i0 + u * (int)blockDim.x < nvec) x[u] = row[i0 + u * blockDim.x];
 }
 
-// A block per position (row of logits (N, V)); probs has the offsets of logits from 16 bytes, or vec = false.
-// The first pass takes a thread's MB_UNROLL float4s as one batch: their max first, the sum rescaled once a
-// batch (by exp(0) = 1 where the max held), then one expf a logit against the batch's new max. The second
-// pass writes exp(x - m) * (1 / s), one division a row. Two expf (the online rescale) and a division a logit
-// made the kernel bound by instructions: 201 us at andrea-120m's (8192, 8449), 2.87 TB/s, where its floor is
-// 130 us. 40 registers on sm_90a, six blocks an SM: forced to 32 (eight blocks) the first pass spills.
-extern "C" __global__ void __launch_bounds__(256)
-    k_crossentropy_fwd_fast(float* losses, float* probs, const float* logits, const int* targets, int N, int V) {
-    __shared__ float pair_m[32], pair_s[32];
-    const long long n = blockIdx.x;
-    if (n >= N) return;
-    const float* lr = logits + n * V;
-    float* pr = probs + n * V;
+// The cross-entropy forward's variants, one constant each, to sweep on the GPU. The first pass keeps a row of up to
+// CE_SMEM_MAX_FLOATS - 3 floats (3: the shift that puts its first 16-byte chunk on a 16-byte boundary) in dynamic
+// shared memory, and the second pass reads it back from there: read again from global memory, part of the row
+// had left L2 under the probabilities streaming through it (ncu at (8192, 8449): 640 MB of DRAM traffic where
+// 554 MB is read and written once). 12032 floats is 47 KB: with the kernel's 1 KB of static shared memory (its
+// 256 bytes padded to the 1024-byte alignment matmul_tc's tiles give every kernel's dynamic shared memory), the
+// most a block takes without the opt-in (larger values work too: the launcher opts in). V = 8449 takes 33.8 KB,
+// six blocks an SM as the registers allow (with the 1 KB static and the 1 KB the SM reserves, 215 of 228 KB);
+// gpt2's V = 50257 (196 KB) stays in global memory, and 0 keeps every row there. The launcher
+// (microgpt/kernels/rows_fast.py) reads it and gives a launch the memory; the kernel takes the path its launch
+// was given memory for. CE_STREAM_STORES = 1 writes the probabilities evict-first (st.global.cs): nothing reads
+// them before the backward, and they need not push rows out of L2.
+enum CrossEntropyFwdLaunch : int {
+    CE_SMEM_MAX_FLOATS = 12032,
+    CE_STREAM_STORES = 1,
+};
+
+// the bytes of dynamic shared memory this launch was given
+__device__ __forceinline__ unsigned dynamic_smem_bytes() {
+    unsigned bytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
+    return bytes;
+}
+
+// The probabilities' stores: st.global.cs, or where CE_STREAM_STORES = 0 st.global with no cache operator (a
+// plain store's), written as __stcs is: a plain store through a generic pointer may alias the shared copy of the
+// row as far as the compiler knows, and took 48 registers (five blocks an SM) where these take 40. (__stwb's
+// st.global.wb is not that store: ptxas makes it STG.STRONG.SM.)
+__device__ __forceinline__ void ce_store(float* p, float v) {
+    if constexpr (CE_STREAM_STORES)
+        __stcs(p, v);
+    else
+        asm("st.global.f32 [%0], %1;" ::"l"(p), "f"(v) : "memory");
+}
+
+__device__ __forceinline__ void ce_store(float4* p, float4 v) {
+    if constexpr (CE_STREAM_STORES)
+        __stcs(p, v);
+    else
+        asm("st.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
+}
+
+// One row; probs has the offsets of logits from 16 bytes, or vec = false. keep: the first pass also copies the
+// row into shared memory at smem, indexed by column as the logits are (so each column is the same value to both
+// passes, whichever thread and load width reads it), shifted so that its 16-byte chunks are aligned where the
+// logits' are; the second pass and the loss read that copy. Only where x is read from differs, so both paths give
+// the same bits. keep is a run-time flag, not a template parameter: ptxas gave the kernel holding both
+// instantiations 44 registers (five blocks an SM), this one path 40 (six), as before the shared-memory path.
+// The first pass takes a thread's MB_UNROLL float4s as one batch: their max first, the sum rescaled once a batch
+// (by exp(0) = 1 where the max held), then one expf a logit against the batch's new max. The second pass writes
+// exp(x - m) * (1 / s), one division a row.
+__device__ __forceinline__ void crossentropy_fwd_row(bool keep, float* losses, float* pr, const float* lr,
+                                                     float* smem, float* pair_m, float* pair_s, long long n,
+                                                     const int* targets, int V) {
     const int head = head_to_16(lr, V), nvec = (V - head) / 4, tail = head + 4 * nvec;
     const bool vec = head == head_to_16(pr, V);
     const float4* lr4 = reinterpret_cast<const float4*>(lr + head);
+    float* sx = smem + (4 - head) % 4;  // sx + head: smem + 4, or smem itself where head = 0
+    float4* sx4 = reinterpret_cast<float4*>(sx + head);
+    // where the second pass's scalars and the loss read x: a generic pointer (a few columns a row, or every one
+    // where probs and logits differ in alignment); its float4s are read from either space by name
+    const float* xr = keep ? sx : lr;
 
     float m = -INFINITY, s = 0.0f;
-    for (int v = threadIdx.x; v < head; v += blockDim.x) online_add(m, s, lr[v]);
+    for (int v = threadIdx.x; v < head; v += blockDim.x) {
+        const float x = lr[v];
+        if (keep) sx[v] = x;
+        online_add(m, s, x);
+    }
     for (int i0 = threadIdx.x; i0 < nvec; i0 += MB_UNROLL * blockDim.x) {
         float4 x[MB_UNROLL];
         load_chunks(x, lr4, i0, nvec);
+        if (keep) {
+#pragma unroll
+            for (int u = 0; u < MB_UNROLL; u++)
+                if (i0 + u * (int)blockDim.x < nvec) sx4[i0 + u * blockDim.x] = x[u];
+        }
         float M = m;
 #pragma unroll
         for (int u = 0; u < MB_UNROLL; u++)
@@ -280,8 +336,13 @@ extern "C" __global__ void __launch_bounds__(256)
         s = s * expf(m - shift) + b;  // expf(0) = 1 where the max held: s unchanged
         m = M;
     }
-    for (int v = tail + threadIdx.x; v < V; v += blockDim.x) online_add(m, s, lr[v]);
-    // the block's (m, s): a shuffle tree in each warp, then the warps in order; every thread gets it
+    for (int v = tail + threadIdx.x; v < V; v += blockDim.x) {
+        const float x = lr[v];
+        if (keep) sx[v] = x;
+        online_add(m, s, x);
+    }
+    // the block's (m, s): a shuffle tree in each warp, then the warps in order; every thread gets it. The barrier
+    // also puts the whole copy of the row in shared memory before any thread reads it.
     for (int off = 16; off > 0; off >>= 1)
         online_merge(m, s, __shfl_xor_sync(0xffffffff, m, off), __shfl_xor_sync(0xffffffff, s, off));
     if (threadIdx.x % 32 == 0) pair_m[threadIdx.x / 32] = m, pair_s[threadIdx.x / 32] = s;
@@ -289,24 +350,47 @@ extern "C" __global__ void __launch_bounds__(256)
     m = pair_m[0], s = pair_s[0];
     for (int w = 1; w < (int)(blockDim.x + 31) / 32; w++) online_merge(m, s, pair_m[w], pair_s[w]);
 
+    // the loss before the second pass, which then needs neither s nor the loss's pointers
+    if (threadIdx.x == 0) losses[n] = logf(s) + m - xr[targets[n]];
     const float inv_s = 1.0f / s;
     if (vec) {
-        for (int v = threadIdx.x; v < head; v += blockDim.x) pr[v] = expf(lr[v] - m) * inv_s;
+        for (int v = threadIdx.x; v < head; v += blockDim.x) ce_store(pr + v, expf(xr[v] - m) * inv_s);
         float4* pr4 = reinterpret_cast<float4*>(pr + head);
         for (int i0 = threadIdx.x; i0 < nvec; i0 += MB_UNROLL * blockDim.x) {
             float4 x[MB_UNROLL];
-            load_chunks(x, lr4, i0, nvec);
+            if (keep)
+                load_chunks(x, sx4, i0, nvec);
+            else
+                load_chunks(x, lr4, i0, nvec);
 #pragma unroll
             for (int u = 0; u < MB_UNROLL; u++)
                 if (i0 + u * (int)blockDim.x < nvec)
-                    pr4[i0 + u * blockDim.x] = make_float4(expf(x[u].x - m) * inv_s, expf(x[u].y - m) * inv_s,
-                                                           expf(x[u].z - m) * inv_s, expf(x[u].w - m) * inv_s);
+                    ce_store(pr4 + i0 + u * blockDim.x,
+                             make_float4(expf(x[u].x - m) * inv_s, expf(x[u].y - m) * inv_s,
+                                         expf(x[u].z - m) * inv_s, expf(x[u].w - m) * inv_s));
         }
-        for (int v = tail + threadIdx.x; v < V; v += blockDim.x) pr[v] = expf(lr[v] - m) * inv_s;
+        for (int v = tail + threadIdx.x; v < V; v += blockDim.x) ce_store(pr + v, expf(xr[v] - m) * inv_s);
     } else {
-        for (int v = threadIdx.x; v < V; v += blockDim.x) pr[v] = expf(lr[v] - m) * inv_s;
+        for (int v = threadIdx.x; v < V; v += blockDim.x) ce_store(pr + v, expf(xr[v] - m) * inv_s);
     }
-    if (threadIdx.x == 0) losses[n] = logf(s) + m - lr[targets[n]];
+}
+
+// A block per position (row of logits (N, V)); the row kept in shared memory where its launch was given
+// 4 * (V + 3) bytes of it (CE_SMEM_MAX_FLOATS), else read twice from global memory (the row of V = 50257 logits
+// is 200 KB, too long to keep). Two expf (the online rescale) and a division a logit made the kernel bound by
+// instructions: 201 us at andrea-120m's (8192, 8449), 2.87 TB/s, where its floor is 130 us; with one expf a
+// logit, 166 us (77% of the copy bandwidth), its DRAM traffic 16% over the floor's from the second pass's reads.
+// 40 registers on sm_90a, six blocks an SM: forced to 32 (eight blocks) the first pass spills.
+extern "C" __global__ void __launch_bounds__(256)
+    k_crossentropy_fwd_fast(float* losses, float* probs, const float* logits, const int* targets, int N, int V) {
+    extern __shared__ __align__(16) float ce_row[];
+    __shared__ float pair_m[32], pair_s[32];
+    const long long n = blockIdx.x;
+    if (n >= N) return;
+    const float* lr = logits + n * V;
+    float* pr = probs + n * V;
+    const bool keep = dynamic_smem_bytes() >= 4ull * ((unsigned long long)V + 3);
+    crossentropy_fwd_row(keep, losses, pr, lr, ce_row, pair_m, pair_s, n, targets, V);
 }
 
 // dlogits = (probs - onehot(target)) * dloss over chunks [0, chunks) of VEC columns from column v0 of one row:

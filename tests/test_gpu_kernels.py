@@ -14,7 +14,7 @@ import pytest
 
 from microgpt import kernels
 from microgpt import reference as R
-from microgpt.kernels import VARIANTS
+from microgpt.kernels import VARIANTS, rows_fast
 
 from helpers import record, rel_err
 
@@ -840,18 +840,63 @@ def test_crossentropy_bwd_on_odd_and_unaligned_arrays(K, dev, variant, N, V, off
 @pytest.mark.parametrize("N,V,offsets", [(7, 101, (0, 0)), (7, 8449, (1, 1)), (7, 8449, (1, 0)), (5, 3, (0, 0)),
                                          (5, 1, (2, 2)), (3, 50257, (0, 0))])
 def test_crossentropy_fwd_on_odd_and_unaligned_arrays(K, dev, variant, N, V, offsets):
-    lg_h = (dev.rng.standard_normal((N, V)) * 3).astype(np.float32)
-    lg_h[0] = np.sort(lg_h[0])
-    if V > 2:
-        lg_h[-1, ::2] = -np.inf
-    tg_h = dev.rng.integers(0, V, N).astype(np.int32)
-    tg_h[-1] = V - 1 if V > 2 and (V - 1) % 2 else 1 % V  # a target whose logit is finite
+    lg_h, tg_h = awkward_logits(dev, N, V)
     lg, tg = dev.upload(lg_h, offsets[1]), dev.ga.to_gpu(tg_h)
     losses, probs = dev.poisoned(N), dev.poisoned(N, V, offset=offsets[0])
     K.launcher("crossentropy_fwd", variant)(losses, probs, lg, tg)
     rl, rp = R.crossentropy_fwd(lg_h.astype(np.float64), tg_h)
     close("k_crossentropy_fwd", losses.get(), rl, REDUCTION, variant)
     close("k_crossentropy_fwd", probs.get(), rp, REDUCTION, variant)
+
+
+def awkward_logits(dev, N, V):
+    """(N, V) logits whose first row ascends (its max rises at every batch) and whose last has every other logit
+    masked (-inf), and targets, the last one a finite logit."""
+    lg_h = (dev.rng.standard_normal((N, V)) * 3).astype(np.float32)
+    lg_h[0] = np.sort(lg_h[0])
+    if V > 2:
+        lg_h[-1, ::2] = -np.inf
+    tg_h = dev.rng.integers(0, V, N).astype(np.int32)
+    tg_h[-1] = V - 1 if V > 2 and (V - 1) % 2 else 1 % V
+    return lg_h, tg_h
+
+
+# The forward keeps a row of up to CE_SMEM_MAX_FLOATS - 3 logits in shared memory between its passes (the
+# launcher gives it the memory): the same bits as the row read twice from global memory, which it takes where the
+# device's shared memory is forced to none, and as close to float64. Rows at every offset from 16 bytes (odd V),
+# probs aligned as the logits or not (offsets of probs and logits), the longest row kept and one past it.
+@FAST
+@pytest.mark.parametrize("N,V,offsets", [(9, 8449, (0, 0)), (9, 8449, (1, 1)), (9, 8449, (1, 0)), (9, 8449, (0, 3)),
+                                         (6, "longest kept", (1, 1)), (6, "longest kept", (2, 0)),
+                                         (6, "one past", (1, 1)), (3, 50257, (1, 1)), (3, 50257, (1, 0)),
+                                         (5, 1, (2, 2)), (5, 3, (1, 0)), (7, 101, (0, 0))])
+def test_crossentropy_fwd_bits_do_not_depend_on_where_the_row_is_read_again(K, dev, variant, monkeypatch, N, V,
+                                                                             offsets):
+    longest = min(rows_fast.kept_row_floats(), (K.engine().max_shared - rows_fast.CE_STATIC_SHARED) // 4) - 3
+    V = {"longest kept": longest, "one past": longest + 1}.get(V, V)
+    if V < 1:
+        pytest.skip("CE_SMEM_MAX_FLOATS keeps no row in shared memory")
+    lg_h, tg_h = awkward_logits(dev, N, V)
+    lg, tg = dev.upload(lg_h, offsets[1]), dev.ga.to_gpu(tg_h)
+
+    def run():
+        losses, probs = dev.poisoned(N), dev.poisoned(N, V, offset=offsets[0])
+        with K.recording() as plan:
+            K.launcher("crossentropy_fwd", variant)(losses, probs, lg, tg)
+        K.replay(plan, None, "forward")
+        K.engine().cuda.Context.synchronize()
+        return losses.get(), probs.get(), plan[-1][4]
+
+    kept_losses, kept_probs, shared = run()
+    assert (shared > 0) == (V <= longest), (V, longest, shared)
+    rl, rp = R.crossentropy_fwd(lg_h.astype(np.float64), tg_h)
+    close("k_crossentropy_fwd", kept_losses, rl, REDUCTION, variant)
+    close("k_crossentropy_fwd", kept_probs, rp, REDUCTION, variant)
+    monkeypatch.setattr(K.engine(), "max_shared", 0)
+    global_losses, global_probs, shared = run()
+    assert shared == 0
+    same_bits("losses, the row in shared memory", kept_losses, global_losses)
+    same_bits("probs, the row in shared memory", kept_probs, global_probs)
 
 
 # rows of C in 16-byte chunks or not, longer than a lane's MB_UNROLL chunks, wte off a 16-byte boundary

@@ -1,6 +1,7 @@
 """Launchers of cuda/rows_fast.cuh: a warp per row (softmax, the embedding's positions) or a block per row
 (the cross-entropy over the vocabulary); each reduction in a fixed order. The header's MB_UNROLL, the chunks a
-thread of the memory-bound fast kernels has in flight, is read here (unroll()) for their grids."""
+thread of the memory-bound fast kernels has in flight, is read here (unroll()) for their grids, and its
+CE_SMEM_MAX_FLOATS (kept_row_floats()) for the cross-entropy forward's shared memory."""
 from __future__ import annotations
 
 import functools
@@ -8,17 +9,29 @@ import functools
 from .checks import causal_flag, check_ids, ptr, rows, shape_of
 from .crossentropy import crossentropy_bwd_args
 from .embed import embed_fwd_args
-from .runtime import BLOCK, blocks, launch
+from .runtime import BLOCK, blocks, engine, launch
 from .source import int_constants
 
 WARP = 32
 GRID_Y = 65535  # the most blocks a launch may have along y
+# k_crossentropy_fwd_fast's static shared memory, which the device's limit on a block's shared memory also counts:
+# its warps' (max, sum) pairs, 256 bytes, padded to the 1024-byte alignment that matmul_tc's tiles give the dynamic
+# shared memory of every kernel of the translation unit (ptxas: 1024 bytes smem)
+CE_STATIC_SHARED = 1024
+NO_OPT_IN = 48 * 1024  # the shared memory a block may take, static and dynamic together, without the opt-in
 
 
 @functools.cache
 def unroll() -> int:
     """MB_UNROLL of cuda/rows_fast.cuh (enum MemoryBoundLaunch)."""
     return int_constants()["MB_UNROLL"]
+
+
+@functools.cache
+def kept_row_floats() -> int:
+    """CE_SMEM_MAX_FLOATS of cuda/rows_fast.cuh (enum CrossEntropyFwdLaunch): the most floats of shared memory a
+    row of the cross-entropy forward is given, V + 3 (its 16-byte chunks aligned as the logits' are)."""
+    return int_constants()["CE_SMEM_MAX_FLOATS"]
 
 
 def softmax_fwd_fast(probs, x, *, causal=False, stream=None):
@@ -40,12 +53,18 @@ def softmax_bwd_fast(dx, dprobs, probs, *, causal=False, stream=None):
 
 
 def crossentropy_fwd_fast(losses, probs, logits, targets, *, check_token_ids=True, stream=None):
-    """As crossentropy_fwd, a block of BLOCK threads per position."""
+    """As crossentropy_fwd, a block of BLOCK threads per position. A row that fits in kept_row_floats() and in what
+    the device allows a block is kept in shared memory by the kernel's first pass for its second, instead of read
+    again from global memory; the kernel takes the path the launch gives it memory for, with the same bits."""
     shape = shape_of("logits", logits)
     N, V = rows(shape)
     args = [ptr("losses", losses, shape[:-1]), ptr("probs", probs, shape), ptr("logits", logits, shape),
             check_ids("targets", targets, shape[:-1], V, check_token_ids), N, V]
-    launch("k_crossentropy_fwd_fast", args, blocks(N * BLOCK), stream)
+    kept = 4 * (V + 3)
+    if kept + CE_STATIC_SHARED > NO_OPT_IN:  # runtime.function opts in only for more than 48 KB of dynamic memory
+        kept = max(kept, NO_OPT_IN + 4)
+    fits = V + 3 <= kept_row_floats() and kept + CE_STATIC_SHARED <= engine().max_shared
+    launch("k_crossentropy_fwd_fast", args, blocks(N * BLOCK), stream, shared=kept if fits else 0)
 
 
 def crossentropy_bwd_fast(dlogits, probs, targets, dlosses, *, check_token_ids=True, stream=None):
