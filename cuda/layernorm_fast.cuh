@@ -436,8 +436,9 @@ __device__ __forceinline__ void ln_bwd_partial_row(float* partials, const float4
 // each takes a ticket as it finishes; those with one of the last `reducers` wait until every block has counted
 // (the rest leave), then add strips of LN_BWD_REDUCE_COLS columns of the 2 * C into dw and db (strip j by
 // reducer j % reducers). A launch more for it cost as much as the adds (H200, C = 768: a 7 us reduction launch
-// after 24 us of rows). Waiting is safe: at most `reducers` blocks wait, fewer than the GPU has SMs (the launcher
-// holds it below the SM count), so a block still to run always finds a place.
+// after 24 us of rows). Waiting is safe: at most `reducers` blocks wait, a quarter of the blocks the GPU holds at
+// once at most (the launcher's bound), so a block still to run always finds a place, even beside three more such
+// launches on other streams.
 //
 // A column's order is fixed by blockDim.x alone (a function of C), whichever block adds it: group g of the
 // reducer's threads adds the partial rows g, g + G, g + 2G, ... in order (LN_BWD_REDUCE_BATCH loads in flight),

@@ -9,6 +9,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from microgpt.kernels.runtime import SmLimits
+
 
 def rel_err(a, b):
     """||a - b|| / ||b||, in float64; inf where a holds a NaN or inf (never passes)."""
@@ -90,12 +92,17 @@ class FakeEngine:
 
     def __init__(self, signatures, sm_count=132, arch="sm_90a", max_shared=227 * 1024):
         self.signatures, self.sm_count, self.arch, self.max_shared = signatures, sm_count, arch, max_shared
+        self.regs = 64  # a thread's registers, for resident_blocks: the layernorm backward's on sm_90a
         self.ga = SimpleNamespace(empty=lambda shape, dtype=np.float32: FakeArray(np.atleast_1d(shape), dtype),
                                   zeros=lambda shape, dtype=np.float32: FakeArray(np.atleast_1d(shape), dtype),
                                   to_gpu=lambda a: FakeArray(np.shape(a), np.asarray(a).dtype))
         self.cuda = SimpleNamespace(mem_alloc=lambda n: FakeArray((n,), np.uint8).gpudata,
                                     memset_d32=lambda *a: None, memset_d32_async=lambda *a: None,
                                     memcpy_dtoh=lambda host, p: host.fill(0))
+
+    def resident_blocks(self, name, threads, shared=0):
+        """As the engine's, for kernels of `regs` registers a thread and an H200's SM."""
+        return SmLimits(2048, 65536, 233472).blocks(self.regs, threads, shared)
 
     def function(self, name, shared=0):
         if name not in self.signatures:

@@ -212,8 +212,11 @@ def test_the_fast_layernorm_backward_is_one_launch_set_by_n_alone(fake):
         return kernel, grid, args[10:14], args[14], threads, shared, len(plan.keep)
 
     fast = "k_layernorm_bwd_fast"
-    # 2 * 768 columns in strips of 16: 96 reducers, fewer than the H200's 132 SMs; partials and counters kept
+    # 2 * 768 columns in strips of 16: 96 reducers, within a quarter of the 5 x 132 blocks of 192 threads (64
+    # registers) an H200 holds at once; partials and counters kept
     assert launches(8192, 768) == (fast, (512, 1), [8192, 768, 16, 1], 96, 192, 192 * 32, 2)
+    # 768 threads a block: one an SM, so a quarter of the 132 SMs wait (375 strips)
+    assert launches(8192, 3000)[:4] == (fast, (512, 1), [8192, 3000, 16, 1], 33)
     assert launches(7, 3) == (fast, (2, 1), [7, 3, 4, 1], 1, 32, 32 * 32, 2)
     assert launches(5, 4096)[:6] == (fast, (2, 1), [5, 4096, 4, 1], 2, 1024, 1024 * 32)
     assert launches(5, 4097)[:6] == (fast + "_wide", (2, 1), [5, 4097, 4, 1], 2, 1024, 1024 * 16)
@@ -229,7 +232,8 @@ def test_the_fast_layernorm_backward_is_one_launch_set_by_n_alone(fake):
     def but_reducers(launch):
         return launch[:3] + launch[4:]
     assert [but_reducers(la) for la in on_40_sms] == [but_reducers(la) for la in on_h200]
-    assert [la[3] for la in on_40_sms] == [39, 39, 1]  # waiting blocks stay fewer than the SMs (N = 3: one block)
+    # a quarter of 40 SMs x 5 blocks of 192 threads, of 40 x 4 of 256; N = 3: one block
+    assert [la[3] for la in on_40_sms] == [50, 40, 1]
 
 
 def test_the_profile_cases_launch_every_kernel(fake):

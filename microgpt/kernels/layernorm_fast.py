@@ -52,12 +52,13 @@ def bwd_rows_per_block(N: int) -> int:
     return at_once * max(1, math.ceil(N / (BWD_BLOCKS * at_once)))
 
 
-def bwd_reducers(n_blocks: int, C: int, sm_count: int) -> int:
+def bwd_reducers(n_blocks: int, C: int, resident: int) -> int:
     """Blocks of a backward launch that add the partial rows into dw and db once every block is done: a strip
-    of columns each, but fewer than the SMs, since they wait for the others in place (a block still to run must
-    find an SM), and no more than the launch has. Which block adds a column never changes its bits."""
+    of columns each, no more than the launch has, and at most a quarter of the blocks the GPU holds at once
+    (`resident`), since they wait for the others in place: the blocks still to run find room, even beside three
+    more such launches. Which block adds a column never changes its bits."""
     strips = math.ceil(2 * C / bwd_launch()[2])
-    return max(1, min(strips, n_blocks, sm_count - 1))
+    return max(1, min(strips, n_blocks, resident // 4))
 
 
 def layernorm_bwd_fast(dx, dw, db, dout, x, w, mean, rstd, *, accumulate=False, stream=None):
@@ -75,12 +76,14 @@ def layernorm_bwd_fast(dx, dw, db, dout, x, w, mean, rstd, *, accumulate=False, 
     _, max_threads, _ = bwd_launch()
     rows_per_block = bwd_rows_per_block(N)
     n_blocks = math.ceil(N / rows_per_block)
-    reducers = bwd_reducers(n_blocks, C, engine().sm_count)
-    partials, done = scratch(n_blocks * 2 * C), counters(2)  # held here until the launch is queued
-    bwd_args = [p_dx, p_dw, p_db, int(partials.gpudata), int(done.gpudata), *args, N, C, rows_per_block, acc,
-                reducers]
     threads = WARP * math.ceil(C / (4 * WARP))
     if threads <= max_threads:  # each thread's 16 bytes of dw and of db in shared memory between rows
-        launch("k_layernorm_bwd_fast", bwd_args, n_blocks, stream, shared=2 * 16 * threads, block=threads)
+        kernel, shared = "k_layernorm_bwd_fast", 2 * 16 * threads
     else:  # the reduction's group sums: 4 floats a thread
-        launch("k_layernorm_bwd_fast_wide", bwd_args, n_blocks, stream, shared=16 * max_threads, block=max_threads)
+        kernel, threads, shared = "k_layernorm_bwd_fast_wide", max_threads, 16 * max_threads
+    e = engine()
+    reducers = bwd_reducers(n_blocks, C, e.sm_count * e.resident_blocks(kernel, threads, shared))
+    partials, done = scratch(n_blocks * 2 * C), counters(2, stream)  # held here until the launch is queued
+    bwd_args = [p_dx, p_dw, p_db, int(partials.gpudata), int(done.gpudata), *args, N, C, rows_per_block, acc,
+                reducers]
+    launch(kernel, bwd_args, n_blocks, stream, shared=shared, block=threads)

@@ -53,12 +53,21 @@ class _Engine:
         self.sm_count = self.device.get_attribute(cuda.device_attribute.MULTIPROCESSOR_COUNT)
         # the most dynamic shared memory a block may be given (after the opt-in past 48 KB)
         self.max_shared = self.device.get_attribute(cuda.device_attribute.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        attr = cuda.device_attribute
+        self.sm_limits = SmLimits(self.device.get_attribute(attr.MAX_THREADS_PER_MULTIPROCESSOR),
+                                  self.device.get_attribute(attr.MAX_REGISTERS_PER_MULTIPROCESSOR),
+                                  self.device.get_attribute(attr.MAX_SHARED_MEMORY_PER_MULTIPROCESSOR))
         src_dir = cuda_source_dir()
         self.module = SourceModule((src_dir / TRANSLATION_UNIT).read_text(), options=list(NVCC_OPTIONS),
                                    arch=self.arch, no_extern_c=True, include_dirs=[str(src_dir)])
         self.signatures = kernel_signatures()
         self.functions = {}
         self._shared_limit = {}  # name -> the dynamic shared memory the kernel may take now
+
+    def resident_blocks(self, name: str, threads: int, shared: int = 0) -> int:
+        """Blocks of kernel `name` (threads a block, `shared` dynamic bytes) that fit on one SM at once."""
+        fn = self.function(name, shared)
+        return self.sm_limits.blocks(fn.num_regs, threads, fn.shared_size_bytes + shared)
 
     def memory_pool(self):
         """A pool whose blocks are reused rather than freed; it gives its memory back at exit, while the
@@ -80,6 +89,21 @@ class _Engine:
             fn.set_attribute(self.cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, shared)
             self._shared_limit[name] = shared
         return fn
+
+
+class SmLimits:
+    """What one SM holds (threads, registers, shared memory), for how many blocks of a kernel fit on it at once:
+    a kernel whose blocks wait for the launch's other blocks must leave room for them to run."""
+
+    def __init__(self, threads: int, registers: int, shared: int):
+        self.threads, self.registers, self.shared = threads, registers, shared
+
+    def blocks(self, regs: int, threads: int, shared: int) -> int:
+        warps = math.ceil(threads / 32)
+        per_warp = math.ceil(max(regs, 1) * 32 / 256) * 256  # registers are given a warp 256 at a time
+        fit = min(self.threads // (32 * warps), self.registers // (per_warp * warps),
+                  self.shared // (shared + 1024))  # the 1 KB a block's shared memory costs the SM besides
+        return max(1, min(fit, 32))
 
 
 _engine = None
@@ -214,10 +238,16 @@ def scratch(n: int):
     return buf
 
 
-def counters(n: int):
-    """n uint32 counters, zero, kept alive like scratch: for a kernel whose last block to finish does the final
-    step of a reduction and sets its counters back to zero, so that every replay of a plan finds them zero."""
-    buf = engine().ga.zeros(n, np.uint32)
+def counters(n: int, stream=None):
+    """n uint32 counters, kept alive like scratch and zeroed on `stream` (the launch's, so that they are zero
+    before it on any stream): for a kernel whose last block to finish does the final step of a reduction and sets
+    its counters back to zero, so that every replay of a plan finds them zero."""
+    e = engine()
+    buf = e.ga.empty(n, np.uint32)
+    if stream is None:
+        e.cuda.memset_d32(buf.gpudata, 0, n)
+    else:
+        e.cuda.memset_d32_async(buf.gpudata, 0, n, stream)
     if _recording is not None:
         _recording.keep.append(buf)
     return buf
