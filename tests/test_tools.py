@@ -1,7 +1,17 @@
-"""The tools in tools/: each answers --help anywhere, and without a GPU stops with a one-line reason."""
+"""The tools in tools/: each answers --help anywhere, and without a GPU stops with a one-line reason; the
+kernel cases they time are built on a stand-in engine."""
+import hashlib
+import importlib
+import shutil
+from types import SimpleNamespace
+
+import numpy as np
 import pytest
 
-from helpers import GPU_REASON, run_tool as run
+from microgpt import kernels as K
+from microgpt.kernels import runtime
+
+from helpers import GPU_REASON, TOOLS, FakeEngine, run_tool as run
 
 GPU_TOOLS = ["profile_kernels.py", "bench_attention.py", "bench_train.py", "ncu_kernel.py", "sanitize_kernels.py",
              "bench_generate.py", "profile_step.py", "profile_decode.py"]
@@ -89,3 +99,74 @@ def test_bench_generate_quick_runs_on_the_cpu_and_counts_the_tokens():
         assert r["microgpt_tok_s"] == pytest.approx(r["B"] * out["new"] / r["microgpt_s"]) and "ratio" not in r
     bad = run("bench_generate.py", "--quick", "-B", "0")
     assert bad.returncode == 2 and "-B must be >= 1, got 0" in bad.stderr
+
+
+# ---------------------------------------------------------------------------------------------- kernel_cases
+@pytest.fixture
+def build(monkeypatch):
+    """tools/kernel_cases.build_cases(wanted) on the stand-in engine at a small shape, each case launched once:
+    (the cases, the launches recorded, what was made: arrays, elements, checksums of those copied to the device)."""
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH (the kernels' formats come from it)")
+    engine = FakeEngine(K.kernel_signatures())
+    empty = engine.ga.empty
+    made = SimpleNamespace()
+
+    def counted_to_gpu(a):
+        made.drawn.append(hashlib.sha1(np.ascontiguousarray(a).tobytes()).hexdigest())
+        return counted_empty(np.shape(a), np.asarray(a).dtype)
+
+    def counted_empty(shape, dtype=np.float32):
+        made.arrays, made.elements = made.arrays + 1, made.elements + int(np.prod(shape))
+        return empty(shape, dtype)
+    monkeypatch.setattr(engine.ga, "to_gpu", counted_to_gpu)
+    monkeypatch.setattr(engine.ga, "empty", counted_empty)
+    monkeypatch.setattr(runtime, "_engine", engine)
+    monkeypatch.setattr(importlib.import_module("microgpt.kernels.adamw"), "_norm_partials", None)
+    monkeypatch.setattr(runtime, "_persistent", [])
+    monkeypatch.syspath_prepend(TOOLS)
+    kc = importlib.import_module("kernel_cases")
+
+    def build(wanted=None):
+        made.arrays, made.elements, made.drawn = 0, 0, []
+        with K.recording() as plan:
+            cases = kc.build_cases(kc.Shape(B=2, T=512, C=64, NH=4, V=97), sets=2, wanted=wanted)
+            for case in cases:
+                case.launch()
+        return [(c.kernel, c.bytes, c.flops, c.sets) for c in cases], plan, SimpleNamespace(**vars(made))
+    return build
+
+
+def test_building_every_case_is_the_default(build):
+    every, _, made = build()
+    also_every, _, made_too = build(lambda name: True)
+    assert every == also_every and len(every) > 100
+    assert made == made_too  # the same inputs, drawn from the same streams
+
+
+def test_a_filtered_build_makes_only_the_wanted_cases_and_their_inputs(build):
+    every, _, made_all = build()
+    for terms, launched in (("layernorm_bwd_fast|colsum", {"k_layernorm_bwd_fast", "k_colsum_partial"}),
+                            ("crossentropy_fwd", {"k_crossentropy_fwd", "k_crossentropy_fwd_fast"})):
+        cases, plan, made = build(_profile_kernels().name_filter(terms))
+        assert cases == [c for c in every if any(t in c[0] for t in terms.split("|"))] != []
+        assert {name for name, *_ in plan} >= launched
+        assert made.arrays < made_all.arrays / 5, terms
+        assert set(made.drawn) <= set(made_all.drawn)  # a case's inputs do not depend on which others are built
+    # no attention, logits or AdamW state: only the cross-entropy's logits, targets and outputs
+    assert made.elements < made_all.elements / 100
+
+
+def test_each_case_built_alone_is_as_in_the_whole_build(build):
+    """As ncu_kernel builds its one case: the same name, bytes and FLOPs, inputs drawn from the same streams."""
+    every, _, made_all = build()
+    for case in every:
+        cases, plan, made = build(lambda name: name == case[0])
+        assert cases == [case] and plan, case[0]
+        assert set(made.drawn) <= set(made_all.drawn) and made.arrays < made_all.arrays, case[0]
+
+
+def test_a_filter_that_matches_nothing_builds_nothing(build):
+    cases, plan, made = build(_profile_kernels().name_filter("no such kernel"))
+    assert cases == [] and plan == [] and made.arrays == 0
+    assert _profile_kernels().name_filter("") is None  # no --filter: every case

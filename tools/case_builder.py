@@ -1,0 +1,133 @@
+"""How tools/kernel_cases.py builds its cases: the Case and the Shape, and a Builder that adds only the cases
+a caller wants and makes each input only when a wanted case first needs it.
+
+Making every input takes most of a minute at andrea-120m's shapes (several GB of random draws), which a
+profile of two kernels should not pay. Each input is drawn from a random stream of its own, named after what
+it is, so that a case's inputs do not depend on which other cases are built.
+"""
+from __future__ import annotations
+
+import functools
+import zlib
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from microgpt import kernels as K
+
+
+@dataclass
+class Case:
+    kernel: str           # the CUDA kernel's name
+    launch: Callable      # launches it once (synchronously unless given a stream)
+    bytes: int
+    flops: int
+    rotate: Callable = None  # switches to another set of inputs, so repeated timing is not a cache test
+    sets: int = 1            # the sets of inputs rotate() cycles through
+
+
+@dataclass(frozen=True)
+class Shape:
+    B: int
+    T: int
+    C: int
+    NH: int
+    V: int
+
+    @property
+    def N(self):
+        return self.B * self.T
+
+    @property
+    def d_k(self):
+        return self.C // self.NH
+
+    @property
+    def BH(self):
+        return self.B * self.NH
+
+
+class Draws:
+    """Random arrays on the device, from the stream of (seed, key)."""
+
+    def __init__(self, ga, seed: int, key: str):
+        self.ga, self.rng = ga, np.random.default_rng([seed, zlib.crc32(key.encode())])
+
+    def randn(self, *s, scale=1.0):
+        return self.ga.to_gpu(self.normal(*s, scale=scale))
+
+    def normal(self, *s, scale=1.0):  # drawn in float32, scaled in place: at andrea-120m's shapes the draws in
+        x = self.rng.standard_normal(s, dtype=np.float32)  # float64 and their casts were most of the setup time
+        if scale != 1.0:
+            x *= np.float32(scale)
+        return x
+
+    def ints(self, high, *s):
+        return self.ga.to_gpu(self.rng.integers(0, high, size=s).astype(np.int32))
+
+    def uniform(self, *s):
+        return self.ga.to_gpu(self.rng.random(s))
+
+    def probs_like(self, *s):  # rows of a softmax
+        x = self.normal(*s)
+        x -= x.max(-1, keepdims=True)
+        np.exp(x, out=x)
+        x /= x.sum(-1, keepdims=True)
+        return self.ga.to_gpu(x)
+
+
+class Builder:
+    """The cases added so far, and what adds them: which cases are wanted, in which variants, and the arrays
+    they share."""
+
+    def __init__(self, seed: int, sets: int, variants, wanted: Callable[[str], bool] | None):
+        self.ga = K.engine().ga  # compiles the module and makes the primary context current before any allocation
+        self.seed, self.sets, self.variants = seed, sets, variants
+        self.want = wanted or (lambda name: True)
+        self.cases: list[Case] = []
+        self.bufs = {}
+
+    def draws(self, key: str) -> Draws:
+        return Draws(self.ga, self.seed, key)
+
+    def drawn(self, make):
+        """make(draws, *args) as a getter of inputs that several cases share: made once per args, when a wanted
+        case first needs them, from the stream named after make and args."""
+        return functools.cache(lambda *args: make(self.draws(f"{make.__name__}{args}"), *args))
+
+    def empty(self, *s, dtype=np.float32):
+        return self.ga.empty(s, dtype)
+
+    def buf(self, name: str, *s):
+        """The output array called name: the cases that write it share it, as a step's kernels do."""
+        if (name, s) not in self.bufs:
+            self.bufs[name, s] = self.empty(*s)
+        return self.bufs[name, s]
+
+    def own(self, op, label="", with_reference=True, also=()):
+        """(case name, launcher) of op in each variant that has a launcher of its own, the wanted ones; `also`:
+        suffixes of further cases a loop adds beside each, which make it wanted too."""
+        reference, seen, out = K.launcher(op, "reference"), set(), []
+        for var in self.variants:
+            fn = K.launcher(op, var)
+            if fn not in seen and (with_reference or fn is not reference):
+                seen.add(fn)
+                name = (f"k_{op}" if fn is reference else fn.__name__) + label
+                if any(self.want(name + suffix) for suffix in ("", *also)):
+                    out.append((name, fn))
+        return out
+
+    def add(self, kernel, launch, nbytes, flops, inputs=None):
+        """inputs: a list of `sets` tuples of arrays; rotate() makes launch use the next tuple."""
+        state = {"i": 0}
+        if inputs is None:
+            self.cases.append(Case(kernel, lambda stream=None: launch(stream), int(nbytes), int(flops)))
+            return
+
+        def run(stream=None):
+            launch(stream, *inputs[state["i"]])
+
+        def rotate():
+            state["i"] = (state["i"] + 1) % len(inputs)
+        self.cases.append(Case(kernel, run, int(nbytes), int(flops), rotate, len(inputs)))
