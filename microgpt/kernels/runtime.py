@@ -63,11 +63,16 @@ class _Engine:
         self.signatures = kernel_signatures()
         self.functions = {}
         self._shared_limit = {}  # name -> the dynamic shared memory the kernel may take now
+        self._resident = {}  # (name, threads, shared) -> resident_blocks
 
     def resident_blocks(self, name: str, threads: int, shared: int = 0) -> int:
-        """Blocks of kernel `name` (threads a block, `shared` dynamic bytes) that fit on one SM at once."""
-        fn = self.function(name, shared)
-        return self.sm_limits.blocks(fn.num_regs, threads, fn.shared_size_bytes + shared)
+        """Blocks of kernel `name` (threads a block, `shared` dynamic bytes) that fit on one SM at once; asked of
+        the driver once per launch shape, not at every launch."""
+        key = (name, threads, shared)
+        if key not in self._resident:
+            fn = self.function(name, shared)
+            self._resident[key] = self.sm_limits.blocks(fn.num_regs, threads, fn.shared_size_bytes + shared)
+        return self._resident[key]
 
     def memory_pool(self):
         """A pool whose blocks are reused rather than freed; it gives its memory back at exit, while the
@@ -232,10 +237,7 @@ def launch(name: str, args: list, grid, stream=None, shared: int = 0, block: int
 
 def scratch(n: int):
     """A float32 device buffer of n elements for partial sums, kept alive by the plan being recorded."""
-    buf = engine().ga.empty(n, np.float32)
-    if _recording is not None:
-        _recording.keep.append(buf)
-    return buf
+    return _kept(engine().ga.empty(n, np.float32))
 
 
 def counters(n: int, stream=None):
@@ -248,6 +250,11 @@ def counters(n: int, stream=None):
         e.cuda.memset_d32(buf.gpudata, 0, n)
     else:
         e.cuda.memset_d32_async(buf.gpudata, 0, n, stream)
+    return _kept(buf)
+
+
+def _kept(buf):
+    """buf, held by the plan being recorded (if any) as long as the plan, whose launches point into it."""
     if _recording is not None:
         _recording.keep.append(buf)
     return buf
