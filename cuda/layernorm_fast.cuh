@@ -238,8 +238,8 @@ extern "C" __global__ void __launch_bounds__(256, 3)
 
 // Read by microgpt/kernels/layernorm_fast.py: which rows take which kernel, and the grids of their launches.
 enum LayernormBwdLaunch : int {
-    LN_BWD_ROWS = 4,         // rows a block takes at once: each thread's 16 floats of dout and of x all in flight,
-                             // and one barrier for the rows' sums
+    LN_BWD_ROWS = 2,         // rows a block takes at once (one barrier for their sums), the next 2 rows' loads in
+                             // flight meanwhile: each thread's 16 floats of dout and of x
     LN_BWD_THREADS = 1024,   // rows of up to 4 * this many columns take k_layernorm_bwd_fast
     LN_BWD_REDUCE_COLS = 16, // columns of the 2 * C that a finishing block adds at a time (a strip; a multiple of 4)
 };
@@ -340,12 +340,14 @@ __device__ __forceinline__ void block_sums(float (&v)[K], float (*slot)[K]) {
     }
 }
 
-// A block's rows LN_BWD_ROWS at a time: every load of the rows issued before any is used, their sums reduced
-// across the block together, then their dx (the dx added into loaded only then). Thread 0 asking L2 ahead for the
-// block's next rows (Hopper's bulk prefetch) measured slower on the H200: 0.034 ms and 0.041 adding into dx with
-// it, 0.031 and 0.035 without (andrea-120m, 2026-12-01); fewer or more blocks, 2 or 8 rows at once, no faster. The thread's shares of dw and db wait in shared memory between groups of
-// rows (shares: its 16 bytes of each), holding no registers through the barrier and the dx added into: held in
-// registers, they made ptxas spill within the 64.
+// A block's rows LN_BWD_ROWS at a time, the next group's loads issued before this group's sums are reduced across
+// the block and its dx stored: with 4 rows at once and no loads ahead, the memory was busy in bursts (every block
+// loading, then every block storing) and the kernel ran at 59% of the copy bandwidth; 2 rows at once with the next
+// 2 in flight, 63% (H200, andrea-120m, 2026-12-01; 4 rows ahead spills within the 64 registers). Thread 0 asking L2
+// ahead for the block's next rows (Hopper's bulk prefetch) measured slower; fewer or more blocks, no faster. The
+// thread's shares of dw and db wait in shared memory between groups of rows (shares: its 16 bytes of each),
+// holding no registers through the barrier and the dx added into: held in registers, they made ptxas spill within
+// the 64.
 template <int VEC, bool ACC>
 __device__ __forceinline__ void layernorm_bwd_rows(float* dx, float* partials, float (*sums)[32][2 * LN_BWD_ROWS],
                                                    float4* shares, const float* dout, const float* x,
@@ -363,20 +365,30 @@ __device__ __forceinline__ void layernorm_bwd_rows(float* dx, float* partials, f
         store_vec<4>(share_b, zero);
     }
     const long long r0 = (long long)blockIdx.x * rows_per_block, r1 = min((long long)N, r0 + rows_per_block);
-    int slot = 0;
-    for (long long n0 = r0; n0 < r1; n0 += R, slot ^= 1) {
+    // the group's rows (g: dout, h: x) and stat (lane r: row r's mean, lane R + r: its rstd), loaded a group
+    // ahead: the next group's loads are in flight while this one is reduced and stored
+    auto load_group = [&](long long n0, float (&g)[R][4], float (&h)[R][4], float& stat) {
         const int rows = (int)min((long long)R, r1 - n0);
         const long long o = n0 * C;
-        // lane r holds the mean of the group's row r, lane R + r its rstd: 1 register, not 2R, each thread
-        float stat = 0.0f;
+        stat = 0.0f;
         if (lane < 2 * R && lane % R < rows) stat = (lane < R ? mean : rstd)[n0 + lane % R];
-        float g[R][4] = {}, h[R][4] = {};
 #pragma unroll
         for (int r = 0; r < R; r++)
             if (r < rows && mine) {
                 load_cols4<VEC>(g[r], dout + o + r * C, c, C);
                 load_cols4<VEC>(h[r], x + o + r * C, c, C);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 4; e++) g[r][e] = 0.0f, h[r][e] = 0.0f;
             }
+    };
+    float g[R][4], h[R][4], stat, g_next[R][4], h_next[R][4], stat_next = 0.0f;
+    if (r0 < r1) load_group(r0, g, h, stat);
+    int slot = 0;
+    for (long long n0 = r0; n0 < r1; n0 += R, slot ^= 1) {
+        const int rows = (int)min((long long)R, r1 - n0);
+        const long long o = n0 * C;
+        if (n0 + R < r1) load_group(n0 + R, g_next, h_next, stat_next);
         {
             float pw[4], pb[4];
             load_vec<4>(pw, share_w);
@@ -398,7 +410,6 @@ __device__ __forceinline__ void layernorm_bwd_rows(float* dx, float* partials, f
                 if (r < rows && mine) ln_bwd_cols_sums<VEC>(g[r], h[r], wv, c, C, v[2 * r], v[2 * r + 1]);
         }
         block_sums<2 * R>(v, sums[slot]);
-        // dx of every row before the dx added into is loaded: xhat's registers take it
 #pragma unroll
         for (int r = 0; r < R; r++)
             ln_bwd_cols_dx(g[r], h[r], __shfl_sync(0xffffffff, stat, R + r), v[2 * r] / C, v[2 * r + 1] / C);
@@ -415,6 +426,11 @@ __device__ __forceinline__ void layernorm_bwd_rows(float* dx, float* partials, f
                     store_cols4<VEC>(dx + o + r * C, g[r], c, C);
                 }
         }
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) g[r][e] = g_next[r][e], h[r][e] = h_next[r][e];
+        stat = stat_next;
     }
 }
 

@@ -14,7 +14,7 @@ import pytest
 
 from microgpt import kernels as K
 from microgpt.kernels import registry, runtime
-from microgpt.kernels.layernorm_fast import BWD_BLOCKS, bwd_rows_per_block
+from microgpt.kernels.layernorm_fast import BWD_BLOCKS, bwd_launch, bwd_rows_per_block
 
 from helpers import FakeArray, FakeEngine
 
@@ -198,7 +198,7 @@ def test_split_k_cuts_a_weight_gradient_and_reduces_it_in_order(fake):
 
 def test_the_fast_layernorm_backward_is_one_launch_set_by_n_alone(fake):
     """dx, each block's partial row of dw and db, and their sums into dw and db, in one launch over the rows (the
-    last blocks to finish add the partials). Which rows a block takes is a function of N alone (a multiple of the 4
+    last blocks to finish add the partials). Which rows a block takes is a function of N alone (a multiple of the
     rows a block takes at once, at most BWD_BLOCKS blocks), never of the GPU: another SM count or shared-memory
     size changes only how many blocks add the partials, which never changes a column's order. A block spans a row
     (a thread per 4 columns, rounded up to a warp) up to 4096 columns; wider rows take the wide kernel's blocks of
@@ -211,18 +211,22 @@ def test_the_fast_layernorm_backward_is_one_launch_set_by_n_alone(fake):
         # kernel, grid, (N, C, rows a block, accumulate), reducers, threads, shared bytes, scratch buffers
         return kernel, grid, args[10:14], args[14], threads, shared, len(plan.keep)
 
-    fast = "k_layernorm_bwd_fast"
+    fast, at_once = "k_layernorm_bwd_fast", bwd_launch()[0]
+    per_block = at_once * -(-8192 // (BWD_BLOCKS * at_once))
     # 2 * 768 columns in strips of 16: 96 reducers, within a quarter of the 5 x 132 blocks of 192 threads (64
     # registers) an H200 holds at once; partials and counters kept
-    assert launches(8192, 768) == (fast, (512, 1), [8192, 768, 16, 1], 96, 192, 192 * 32, 2)
+    assert launches(8192, 768) == (fast, (8192 // per_block, 1), [8192, 768, per_block, 1], 96, 192, 192 * 32, 2)
     # 768 threads a block: one an SM, so a quarter of the 132 SMs wait (375 strips)
-    assert launches(8192, 3000)[:4] == (fast, (512, 1), [8192, 3000, 16, 1], 33)
-    assert launches(7, 3) == (fast, (2, 1), [7, 3, 4, 1], 1, 32, 32 * 32, 2)
-    assert launches(5, 4096)[:6] == (fast, (2, 1), [5, 4096, 4, 1], 2, 1024, 1024 * 32)
-    assert launches(5, 4097)[:6] == (fast + "_wide", (2, 1), [5, 4097, 4, 1], 2, 1024, 1024 * 16)
+    assert launches(8192, 3000)[:4] == (fast, (8192 // per_block, 1), [8192, 3000, per_block, 1], 33)
+    # short: blocks of the rows taken at once, as many reducers as blocks at most
+    small = -(-7 // at_once), -(-5 // at_once)
+    assert launches(7, 3) == (fast, (small[0], 1), [7, 3, at_once, 1], 1, 32, 32 * 32, 2)
+    assert launches(5, 4096)[:6] == (fast, (small[1], 1), [5, 4096, at_once, 1], small[1], 1024, 1024 * 32)
+    assert launches(5, 4097)[:6] == (fast + "_wide", (small[1], 1), [5, 4097, at_once, 1], small[1], 1024,
+                                     1024 * 16)
     for N in (1, 3, 4, 9, 2048, 2049, 8192, 8197, 100_000):
         _, (blocks, _), (_, _, rows_per_block, _), reducers, *_ = launches(N, 36)
-        assert rows_per_block == bwd_rows_per_block(N) and rows_per_block % 4 == 0, N
+        assert rows_per_block == bwd_rows_per_block(N) and rows_per_block % at_once == 0, N
         assert (blocks - 1) * rows_per_block < N <= blocks * rows_per_block and blocks <= BWD_BLOCKS, N
         assert 1 <= reducers <= min(blocks, 5), N  # 72 columns: 5 strips
     shapes = [(8197, 768), (8197, 1024), (3, 5000)]
@@ -232,8 +236,8 @@ def test_the_fast_layernorm_backward_is_one_launch_set_by_n_alone(fake):
     def but_reducers(launch):
         return launch[:3] + launch[4:]
     assert [but_reducers(la) for la in on_40_sms] == [but_reducers(la) for la in on_h200]
-    # a quarter of 40 SMs x 5 blocks of 192 threads, of 40 x 4 of 256; N = 3: one block
-    assert [la[3] for la in on_40_sms] == [50, 40, 1]
+    # a quarter of 40 SMs x 5 blocks of 192 threads, of 40 x 4 of 256; N = 3: as many as its blocks
+    assert [la[3] for la in on_40_sms] == [50, 40, -(-3 // at_once)]
 
 
 def test_the_profile_cases_launch_every_kernel(fake):
