@@ -1,11 +1,12 @@
 // Flash attention on the tensor cores at FP32 accuracy (3xTF32): the tc variant's fused attention, no T x T
 // buffer. The forward (one kernel) streams the 64-key tiles of K and V through shared memory (two cp.async
 // stages) with an online softmax; it keeps O and one log-sum-exp a row. The backward recomputes the
-// probabilities from the log-sum-exp in two kernels: delta's (which also zeroes the backward's counters), and one
-// of 5 products a tile pair for dQ, dK and dV, where separate dQ and dK/dV kernels would take 7 (both recompute
-// S and dP): a block owns a tile of keys, keeps dK and dV in registers and adds each query tile's part of dQ in
-// global memory, in a fixed order of key tiles behind per-(head, query tile) counters; blocks take their work
-// from a ticket, so that the longest start first whatever order the hardware dispatches them in.
+// probabilities from the log-sum-exp in three kernels: delta's two (a pass over P and dP for the first query
+// tiles, dO * O for the rest; they also zero the backward's counters), and one of 5 products a tile pair for dQ,
+// dK and dV, where separate dQ and dK/dV kernels would take 7 (both recompute S and dP): a block owns a tile of
+// keys, keeps dK and dV in registers and adds each query tile's part of dQ in global memory, in a fixed order of
+// key tiles behind per-(head, query tile) counters; blocks take their work from a ticket, so that the longest
+// start first whatever order the hardware dispatches them in.
 // The prototypes and how each choice measured: dev/cuda/flash_attention_tc2.cu (the forward),
 // dev/cuda/flash_attention_tc3.cu (the backward), dev/NOTES.md.
 //
@@ -37,9 +38,14 @@
 #define FA_FWD_WARPS_128 4
 #define FA_FWD_WARPS(D) FA_FWD_WARPS_##D
 #define FA_BWD_WARPS 4
+// Query tiles that see at most this many key tiles take delta from a pass over P and dP, as the fast variant
+// does (so p = 1 gives ds = 0 exactly); the rest from dO * O in FP64 (dev/NOTES.md: dO * O alone put dQ and dK
+// past the accuracy bar at T <= 77)
+#define FA_DELTA_PASS_TILES 2
 enum FlashLaunch : int {
     FA_KEYS_A_TILE = FA_KEYS,
     FA_BWD_W = FA_BWD_WARPS,
+    FA_PASS_TILES = FA_DELTA_PASS_TILES,
     FA_FWD_W32 = FA_FWD_WARPS(32),
     FA_FWD_W64 = FA_FWD_WARPS(64),
     FA_FWD_W128 = FA_FWD_WARPS(128),
@@ -54,10 +60,6 @@ enum FlashLaunch : int {
     FA_BWD_BYTES128 = FA_SMEM_BWD(128, FA_BWD_WARPS) * 4,
 };
 
-// Query tiles that see at most this many key tiles take delta from a pass over P and dP, as the fast variant
-// does (so p = 1 gives ds = 0 exactly); the rest from dO * O in FP64 (dev/NOTES.md: dO * O alone put dQ and dK
-// past the accuracy bar at T <= 77)
-#define FA_DELTA_PASS_TILES 2
 
 // Shared tiles at row stride D + 8, column d of row r at r * (D + 8) + (d ^ ((r & 4) << 1)): read as row
 // pairs of d (float2, rows 8 apart across a warp) and as columns (rows 2t, 2t + 1 across a quad) without bank
@@ -333,28 +335,27 @@ __device__ void flash_fwd(float* o, float* lse, const float* q, const float* k, 
 
 // ---------------------------------------------------------------------------------------------- backward
 // delta = the row's sum of p dp, for the 64 query rows of tile blockIdx.x of one head (fa_head), and the
-// backward's counters set to 0: this query tile's, and block (0, 0, 0) the ticket, so that the backward needs
-// nothing of the scratch from an earlier launch. Tiles up to FA_DELTA_PASS_TILES sum p dp over their key tiles,
-// p and dp as the backward kernel computes them (so ds is exactly 0 where p is 1: a one-key row); the rest sum
-// dO * O over d in FP64 (the same value in one read of O; O carries the forward's rounding, and the FP32 sum's
-// own would add to it).
+// backward's counters of those tiles set to 0 (block (0, 0, 0): the ticket too), so that the backward needs nothing
+// of the scratch from an earlier launch. Launched for the first FA_DELTA_PASS_TILES query tiles only: they sum p dp
+// over their key tiles, p and dp as the backward kernel computes them (so ds is exactly 0 where p is 1: a one-key
+// row); the rest take k_flash_bwd_delta_rows.
 template <int D>
 __device__ void flash_bwd_delta(float* delta, int* sync, const float* q, const float* k, const float* v,
-                                const float* o, const float* d_o, const float* lse, int T, int d_k, int ld_in,
-                                int ld_out) {
+                                const float* d_o, const float* lse, int T, int d_k, int ld_in, int ld_out) {
 #if TC_AVAILABLE
     using S = FlashSmem<D, FA_BWD_WARPS>;
     constexpr int THREADS = 32 * FA_BWD_WARPS;
     extern __shared__ __align__(16) float fa_smem[];
+    const int n = (T - 1) / FA_KEYS + 1;  // query tiles a head
     if (threadIdx.x == 0) {
-        sync[fa_row(gridDim.x) + blockIdx.x] = 0;  // (b, h, query tile): the backward's counter[i] of head b NH + h
-        if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) sync[gridDim.x * gridDim.y * gridDim.z] = 0;
+        sync[fa_row(n) + blockIdx.x] = 0;  // (b, h, query tile): the backward's counter[i] of head b NH + h
+        if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) sync[n * gridDim.y * gridDim.z] = 0;
     }
     float* qs = fa_smem;
     float* dos = qs + S::ROWS * S::LD;
     float* kv = dos + S::ROWS * S::LD;
-    const long long in = fa_head(T, d_k, ld_in), out = fa_head(T, d_k, ld_out);
-    q += in, k += in, v += in, o += out, d_o += out;
+    const long long in = fa_head(T, d_k, ld_in);
+    q += in, k += in, v += in, d_o += fa_head(T, d_k, ld_out);
     lse += fa_row(T), delta += fa_row(T);
     const bool vec = d_k % 4 == 0 && ld_in % 4 == 0 && ld_out % 4 == 0 && fa_aligned(q, k, v, d_o);
     const int q0 = blockIdx.x * S::ROWS;
@@ -364,56 +365,42 @@ __device__ void flash_bwd_delta(float* delta, int* sync, const float* q, const f
     const int n_tiles = blockIdx.x + 1;  // key tiles up to the diagonal
 
     float delta_a = 0.0f, delta_b = 0.0f;
-    if (n_tiles <= FA_DELTA_PASS_TILES) {
-        const float lse_a = row_a < T ? lse[row_a] : 0.0f, lse_b = row_b < T ? lse[row_b] : 0.0f;
-        auto load_kv = [&](int stage, int k0) {
-            float* s = kv + stage * 2 * S::TILE;
-            fa_load<D, FA_KEYS, THREADS>(s, k, k0, T, d_k, ld_in, vec);
-            fa_load<D, FA_KEYS, THREADS>(s + S::TILE, v, k0, T, d_k, ld_in, vec);
-        };
-        fa_load<D, S::ROWS, THREADS>(qs, q, q0, T, d_k, ld_in, vec);
-        fa_load<D, S::ROWS, THREADS>(dos, d_o, q0, T, d_k, ld_out, vec);
-        load_kv(0, 0);
+    const float lse_a = row_a < T ? lse[row_a] : 0.0f, lse_b = row_b < T ? lse[row_b] : 0.0f;
+    auto load_kv = [&](int stage, int k0) {
+        float* s = kv + stage * 2 * S::TILE;
+        fa_load<D, FA_KEYS, THREADS>(s, k, k0, T, d_k, ld_in, vec);
+        fa_load<D, FA_KEYS, THREADS>(s + S::TILE, v, k0, T, d_k, ld_in, vec);
+    };
+    fa_load<D, S::ROWS, THREADS>(qs, q, q0, T, d_k, ld_in, vec);
+    fa_load<D, S::ROWS, THREADS>(dos, d_o, q0, T, d_k, ld_out, vec);
+    load_kv(0, 0);
+    cp_async_commit();
+    for (int i = 0; i < n_tiles; i++) {
+        const int k0 = i * FA_KEYS;
+        cp_async_wait<0>();
+        __syncthreads();  // tile i is in, and every warp is done with tile i - 1's stage
+        if (i + 1 < n_tiles) load_kv((i + 1) & 1, k0 + FA_KEYS);
         cp_async_commit();
-        for (int i = 0; i < n_tiles; i++) {
-            const int k0 = i * FA_KEYS;
-            cp_async_wait<0>();
-            __syncthreads();  // tile i is in, and every warp is done with tile i - 1's stage
-            if (i + 1 < n_tiles) load_kv((i + 1) & 1, k0 + FA_KEYS);
-            cp_async_commit();
-            if (k0 > first + 15 || first >= T) continue;
-            const float* ks = kv + (i & 1) * 2 * S::TILE;
-            // S = Q K^T in the forward's order; dP = dO V^T in the order whose transpose the backward runs
-            float p[8][4], dp[8][4];
-            fa_rows_dot<D, 1>(p, qs + 16 * warp * S::LD, ks);
-            fa_rows_dot<D, 1>(dp, dos + 16 * warp * S::LD, ks + S::TILE);
+        if (k0 > first + 15 || first >= T) continue;
+        const float* ks = kv + (i & 1) * 2 * S::TILE;
+        // S = Q K^T in the forward's order; dP = dO V^T in the order whose transpose the backward runs
+        float p[8][4], dp[8][4];
+        fa_rows_dot<D, 1>(p, qs + 16 * warp * S::LD, ks);
+        fa_rows_dot<D, 1>(dp, dos + 16 * warp * S::LD, ks + S::TILE);
 #pragma unroll
-            for (int j = 0; j < 8; j++)
+        for (int j = 0; j < 8; j++)
 #pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int key = k0 + 8 * j + 2 * t + e;
-                    // _rn: s * scale rounded as the forward rounds it (no FMA with lse), so p is 1 where it was
-                    const float pa = key <= row_a && key < T ? expf(__fmul_rn(p[j][e], scale) - lse_a) : 0.0f;
-                    const float pb = key <= row_b && key < T ? expf(__fmul_rn(p[j][2 + e], scale) - lse_b) : 0.0f;
-                    delta_a += pa * dp[j][e];
-                    delta_b += pb * dp[j][2 + e];
-                }
-        }
-        cp_async_wait<0>();  // no copy may outlive the block (the empty group after the last tile)
-        delta_a = fa_quad_sum(delta_a), delta_b = fa_quad_sum(delta_b);
-    } else {
-        // a quad's four threads take every fourth d, in a fixed order
-        double sum_a = 0.0, sum_b = 0.0;
-#pragma unroll
-        for (int d = t; d < D; d += 4) {
-            if (d >= d_k) break;
-            if (row_a < T) sum_a += (double)d_o[(long long)row_a * ld_out + d] * o[(long long)row_a * ld_out + d];
-            if (row_b < T) sum_b += (double)d_o[(long long)row_b * ld_out + d] * o[(long long)row_b * ld_out + d];
-        }
-        sum_a += __shfl_xor_sync(0xffffffff, sum_a, 1), sum_b += __shfl_xor_sync(0xffffffff, sum_b, 1);
-        sum_a += __shfl_xor_sync(0xffffffff, sum_a, 2), sum_b += __shfl_xor_sync(0xffffffff, sum_b, 2);
-        delta_a = (float)sum_a, delta_b = (float)sum_b;
+            for (int e = 0; e < 2; e++) {
+                const int key = k0 + 8 * j + 2 * t + e;
+                // _rn: s * scale rounded as the forward rounds it (no FMA with lse), so p is 1 where it was
+                const float pa = key <= row_a && key < T ? expf(__fmul_rn(p[j][e], scale) - lse_a) : 0.0f;
+                const float pb = key <= row_b && key < T ? expf(__fmul_rn(p[j][2 + e], scale) - lse_b) : 0.0f;
+                delta_a += pa * dp[j][e];
+                delta_b += pb * dp[j][2 + e];
+            }
     }
+    cp_async_wait<0>();  // no copy may outlive the block (the empty group after the last tile)
+    delta_a = fa_quad_sum(delta_a), delta_b = fa_quad_sum(delta_b);
     if (t == 0) {
         if (row_a < T) delta[row_a] = delta_a;
         if (row_b < T) delta[row_b] = delta_b;
@@ -421,6 +408,32 @@ __device__ void flash_bwd_delta(float* delta, int* sync, const float* q, const f
 #else
     __trap();
 #endif
+}
+
+// delta of the query tiles past the first FA_DELTA_PASS_TILES: the row's sum of dO * O over d, the same value as
+// p dp's in one read of O (which carries the forward's rounding; an FP32 sum's own would add to it, so it is summed
+// in FP64), and those tiles' counters set to 0. A warp a (row, head), the heads of a row side by side: lane l takes
+// d = l, l + 32, ..., then a shuffle tree, a fixed order. It reads O and dO once at the memory's pace: as a branch
+// of the pass kernel, its 110 KB of shared memory left 8 warps an SM for what is a stream (56 us of the backward's
+// 1.2 ms at andrea-120m's shape on the H200). o and d_o: (B, T) rows ld_out floats apart, head h at h * d_k.
+extern "C" __global__ void __launch_bounds__(256)
+    k_flash_bwd_delta_rows(float* delta, int* sync, const float* o, const float* d_o, int B, int NH, int T,
+                           int d_k, int ld_out) {
+    constexpr int T0 = FA_DELTA_PASS_TILES * FA_KEYS;
+    const long long w = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, rows = T - T0;
+    if (w >= (long long)B * rows * NH) return;  // the whole warp leaves together
+    const int lane = threadIdx.x % 32, h = (int)(w % NH);
+    const long long bt = w / NH, b = bt / rows, t = T0 + bt % rows;
+    const long long at = (b * T + t) * ld_out + (long long)h * d_k;
+    double sum = 0.0;
+    for (int d = lane; d < d_k; d += 32) sum += (double)d_o[at + d] * o[at + d];
+#pragma unroll
+    for (int m = 16; m >= 1; m /= 2) sum += __shfl_xor_sync(0xffffffff, sum, m);
+    if (lane == 0) {
+        const long long bh = b * NH + h;
+        delta[bh * T + t] = (float)sum;
+        if (t % FA_KEYS == 0) sync[bh * ((T - 1) / FA_KEYS + 1) + t / FA_KEYS] = 0;
+    }
 }
 
 // dv = sum over queries of p^T do, dk = scale * sum of ds^T q, dq = scale * sum over keys of ds k, for the 64
@@ -648,9 +661,8 @@ __device__ void flash_bwd(float* dq, float* dk, float* dv, int* sync, const floa
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(32 * FA_BWD_WARPS)                                           \
         k_flash_bwd_delta_d##D(float* delta, int* sync, const float* q, const float* k, const float* v,       \
-                               const float* o, const float* d_o, const float* lse, int T, int d_k, int ld_in,  \
-                               int ld_out) {                                                                   \
-        flash_bwd_delta<D>(delta, sync, q, k, v, o, d_o, lse, T, d_k, ld_in, ld_out);                          \
+                               const float* d_o, const float* lse, int T, int d_k, int ld_in, int ld_out) {    \
+        flash_bwd_delta<D>(delta, sync, q, k, v, d_o, lse, T, d_k, ld_in, ld_out);                             \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(32 * FA_BWD_WARPS)                                           \
         k_flash_bwd_d##D(float* dq, float* dk, float* dv, int* sync, const float* q, const float* k,           \
