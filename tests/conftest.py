@@ -1,3 +1,5 @@
+import os
+
 import numpy as np
 import pytest
 
@@ -15,8 +17,10 @@ def pytest_terminal_summary(terminalreporter):
 
 @pytest.fixture
 def rng(request):
-    # fresh inputs on every run, but reproducible from the printed seed when a test fails
-    seed = np.random.SeedSequence().entropy % (2 ** 32)
+    # fresh inputs on every run, but reproducible from the printed seed when a test fails:
+    # MICROGPT_TEST_SEED=<seed> pytest ... runs it again on the same inputs
+    given = os.environ.get("MICROGPT_TEST_SEED")
+    seed = int(given) if given else np.random.SeedSequence().entropy % (2 ** 32)
     request.node.user_properties.append(("seed", seed))
     print(f"seed={seed}")
     return np.random.default_rng(seed)
