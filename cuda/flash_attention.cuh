@@ -413,9 +413,9 @@ __device__ void flash_bwd_delta(float* delta, int* sync, const float* q, const f
 // delta of the query tiles past the first FA_DELTA_PASS_TILES: the row's sum of dO * O over d, the same value as
 // p dp's in one read of O (which carries the forward's rounding; an FP32 sum's own would add to it, so it is summed
 // in FP64), and those tiles' counters set to 0. A warp a (row, head), the heads of a row side by side: lane l takes
-// d = l, l + 32, ..., then a shuffle tree, a fixed order. It reads O and dO once at the memory's pace: as a branch
-// of the pass kernel, its 110 KB of shared memory left 8 warps an SM for what is a stream (56 us of the backward's
-// 1.2 ms at andrea-120m's shape on the H200). o and d_o: (B, T) rows ld_out floats apart, head h at h * d_k.
+// d = l, l + 32, ..., then a shuffle tree, a fixed order. A stream, so not a branch of the pass kernel, whose 110 KB
+// of shared memory leave 8 warps an SM (the backward 1.218 -> 1.212 ms at andrea-120m's shape on the H200). o and
+// d_o: (B, T) rows ld_out floats apart, head h at h * d_k.
 extern "C" __global__ void __launch_bounds__(256)
     k_flash_bwd_delta_rows(float* delta, int* sync, const float* o, const float* d_o, int B, int NH, int T,
                            int d_k, int ld_out) {
