@@ -18,9 +18,10 @@ __device__ __forceinline__ float sumsq4(float4 v) {
 // its share of the scalars after the last whole float4; a shuffle tree and the warps in order give
 // partials[blockIdx.x]; the last block to finish adds the partials, each thread a strided subset in order,
 // then the same trees. Every order depends on the grid (the launcher's is fixed) and on g's offset from a
-// 16-byte boundary alone, so a run repeats bit for bit. Keep it at 32 registers or fewer (30 on sm_90a), so that 8 blocks fit an SM and the launcher's 1024
-// are resident at once on an H200 (132 SMs): a float4 loop at 40 registers fitted 6 an SM (792 blocks) and ran
-// in two waves. (A minimum of 8 blocks in __launch_bounds__ is out of range on the 1024- and 1536-thread SMs.)
+// 16-byte boundary alone, so a run repeats bit for bit. Keep it at 32 registers or fewer (30 on sm_90a), so that
+// 8 blocks fit an SM and the launcher's 1024 are resident at once on an H200 (132 SMs): a float4 loop at 40
+// registers fitted 6 an SM (792 blocks) and ran in two waves. (A minimum of 8 blocks in __launch_bounds__ is out
+// of range on the 1024- and 1536-thread SMs.)
 // blockDim is a multiple of 32 (the launcher's 256): the float4s are dealt out a warp at a time.
 extern "C" __global__ void __launch_bounds__(256)
     k_global_norm(double* sumsq, double* partials, const float* g, long long n) {

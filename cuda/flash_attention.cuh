@@ -60,7 +60,6 @@ enum FlashLaunch : int {
     FA_BWD_BYTES128 = FA_SMEM_BWD(128, FA_BWD_WARPS) * 4,
 };
 
-
 // Shared tiles at row stride D + 8, column d of row r at r * (D + 8) + (d ^ ((r & 4) << 1)): read as row
 // pairs of d (float2, rows 8 apart across a warp) and as columns (rows 2t, 2t + 1 across a quad) without bank
 // conflicts; the XOR moves whole 16-byte chunks, so cp.async fills it 16 bytes at a time.

@@ -239,7 +239,7 @@ extern "C" __global__ void __launch_bounds__(256, 3)
 // Read by microgpt/kernels/layernorm_fast.py: which rows take which kernel, and the grids of their launches.
 enum LayernormBwdLaunch : int {
     LN_BWD_ROWS = 2,         // rows a block takes at once (one barrier for their sums), the next 2 rows' loads in
-                             // flight meanwhile: each thread's 16 floats of dout and of x
+                             // flight meanwhile: each thread's 8 floats of dout and of x, twice
     LN_BWD_THREADS = 1024,   // rows of up to 4 * this many columns take k_layernorm_bwd_fast
     LN_BWD_REDUCE_COLS = 16, // columns of the 2 * C that a finishing block adds at a time (a strip; a multiple of 4)
 };
@@ -343,7 +343,7 @@ __device__ __forceinline__ void block_sums(float (&v)[K], float (*slot)[K]) {
 // A block's rows LN_BWD_ROWS at a time, the next group's loads issued before this group's sums are reduced across
 // the block and its dx stored: with 4 rows at once and no loads ahead, the memory was busy in bursts (every block
 // loading, then every block storing) and the kernel ran at 59% of the copy bandwidth; 2 rows at once with the next
-// 2 in flight, 63% (H200, andrea-120m, 2026-12-01; 4 rows ahead spills within the 64 registers). Thread 0 asking L2
+// 2 in flight, 63-64% (H200, andrea-120m, 2026-12-01; 4 rows ahead spills within the 64 registers). Thread 0 asking L2
 // ahead for the block's next rows (Hopper's bulk prefetch) measured slower; fewer or more blocks, no faster. The
 // thread's shares of dw and db wait in shared memory between groups of rows (shares: its 16 bytes of each),
 // holding no registers through the barrier and the dx added into: held in registers, they made ptxas spill within
