@@ -204,9 +204,16 @@ __device__ __forceinline__ void residual_layernorm_row(float* xr, float* o, floa
     }
 }
 
-// Three blocks an SM (at most 80 registers; held to 64 for four, ptxas spills): 24 warps with a row of both
-// inputs in flight each are still more bytes in flight than the memory needs.
-extern "C" __global__ void __launch_bounds__(256, 3)
+// Read by microgpt/kernels/layernorm_fast.py: the fused residual add and layernorm's blocks of 4 warps (rows), 6 an
+// SM: 80.2-80.7% of the copy bandwidth in three runs where 3 blocks of 8 gave 78.8-79.9% (H200, andrea-120m,
+// 2026-12-01; the same 24 warps an SM, but a block's place is taken again as soon as its 4 rows are done).
+enum ResidualLayernormLaunch : int {
+    RESID_LN_THREADS = 128,
+};
+
+// At most 80 registers (held to 64 for more warps, ptxas spills): 24 warps with a row of both inputs in flight
+// each are still more bytes in flight than the memory needs.
+extern "C" __global__ void __launch_bounds__(RESID_LN_THREADS, 6)
     k_residual_layernorm_fwd_fast(float* x, float* out, float* mean, float* rstd, const float* resid,
                                   const float* branch, const float* w, const float* b, int N, int C) {
     long long n = warp_row();

@@ -35,6 +35,12 @@ def layernorm_fwd_fast(out, mean, rstd, x, w, b, *, stream=None):
     launch("k_layernorm_fwd_fast", args, blocks(args[-2] * WARP), stream)
 
 
+@functools.cache  # (read from the preprocessed source once)
+def residual_threads() -> int:
+    """RESID_LN_THREADS of cuda/layernorm_fast.cuh: the fused residual add and layernorm's threads a block."""
+    return int_constants()["RESID_LN_THREADS"]
+
+
 def residual_layernorm_fwd_fast(x, out, mean, rstd, resid, branch, w, b, *, stream=None):
     """x = resid + branch (written) and out = layernorm(x) in one pass, a warp per row."""
     shape = shape_of("resid", resid)
@@ -42,7 +48,8 @@ def residual_layernorm_fwd_fast(x, out, mean, rstd, resid, branch, w, b, *, stre
     args = [ptr("x", x, shape), ptr("out", out, shape), ptr("mean", mean, shape[:-1]),
             ptr("rstd", rstd, shape[:-1]), ptr("resid", resid, shape), ptr("branch", branch, shape),
             ptr("w", w, (C,)), ptr("b", b, (C,)), N, C]
-    launch("k_residual_layernorm_fwd_fast", args, blocks(N * WARP), stream)
+    threads = residual_threads()  # a warp a row
+    launch("k_residual_layernorm_fwd_fast", args, math.ceil(N * WARP / threads), stream, block=threads)
 
 
 def bwd_rows_per_block(N: int) -> int:
