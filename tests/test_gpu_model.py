@@ -13,6 +13,8 @@ from microgpt.cli import main
 from microgpt.data import BatchSampler, load_tokens, split
 from microgpt import kernels as K
 from microgpt.kernels import VARIANTS
+from microgpt import reference as R
+from microgpt.params import decays
 
 from helpers import record, rel_err
 
@@ -99,52 +101,50 @@ def test_gpt_matches_numpy(rng, config, B, T, variant):
         close("gradients", gd[k], gr[k], 1e-3)
 
 
-def ill_conditioned(grads, betas):
-    """Components whose AdamW updates the GPU's rounding of the gradients may change by a whole step: a gradient
-    within 1e-3 of its parameter's largest of 0 at some step (the first update is lr times its sign), or a second
-    update whose moment nearly cancels (g2 close to -0.9 g1: m_hat within 1e-2 of sqrt(v_hat)). grads: the
-    clipped gradients of each step, as the steps used them."""
-    (b1, b2), (g1, g2) = betas, (g.astype(np.float64) for g in grads)
-    tiny = np.zeros(g1.shape, bool)
-    for g in (g1, g2):
-        tiny |= np.abs(g) <= 1e-3 * np.abs(g).max()
-    m_hat = (b1 * (1 - b1) * g1 + (1 - b1) * g2) / (1 - b1 ** 2)
-    v_hat = (b2 * (1 - b2) * g1 ** 2 + (1 - b2) * g2 ** 2) / (1 - b2 ** 2)
-    return tiny | (np.abs(m_hat) <= 1e-2 * np.sqrt(v_hat))
+def adamw_replay(start, grads, shape, name, lr, betas, eps, weight_decay):
+    """numpy's AdamW (float64, microgpt.reference.adamw) from `start` over each step's clipped gradients."""
+    w, m, v = start.astype(np.float64), 0.0, 0.0
+    wd = weight_decay if decays(name, shape) else 0.0
+    for t, g in enumerate(grads, 1):
+        w, m, v = R.adamw(w, g.astype(np.float64), m, v, t, lr, *betas, eps, wd)
+    return w
 
 
-def close_after_adamw(name, got, want, grads, betas, lr, tol):
-    """Weights after two AdamW steps from the same start: the ill-conditioned components held to the steps' size
-    (each update within 2 lr of the other's), the rest to tol."""
-    loose = ill_conditioned(grads, betas)
-    moved = np.abs(got.astype(np.float64) - want)
-    assert np.all(moved[loose] <= 2 * 2 * lr * len(grads)), f"{name}: a component moved past the steps' size"
-    err = rel_err(got[~loose], want[~loose])
-    record("cuda vs numpy backend", "weights after 2 steps", err)
-    assert err < tol, f"weights after 2 steps ({name}): relative error {err:.2e} >= {tol:.0e}"
-
-
+# The GPU's weights after two steps are held to numpy's AdamW replayed on the GPU's own clipped gradients (the
+# optimizer alone, to FP32 rounding), and those gradients to the numpy twin's at each step. Against the twin's
+# weights no tolerance tighter than the steps' size holds for every input: Adam divides each gradient by its own
+# size, so a component whose gradient is small beside the two backends' rounding differences (1e-3 and below of
+# the largest) can move by up to lr a step (seed 2398555781: 1.13e-4 from the twin on the reference variant, whose
+# gradients are the least accurate); so every component within the steps' size of the twin's, and the twins'
+# error recorded.
 @VARIANT
 def test_two_adamw_steps_with_clipping_match_numpy(rng, variant):
     ref, gpu = twins(SMALL, seed=5, variant=variant)
+    start = {k: w.copy() for k, w in gpu.state_dict().items()}
     idx = rng.integers(0, SMALL.vocab_size, size=(4, 19))
     tgt = rng.integers(0, SMALL.vocab_size, size=(4, 19))
-    lr, betas, ref_grads = 3e-3, (0.9, 0.95), []
+    lr, betas, eps, weight_decay, ref_grads, gpu_grads = 3e-3, (0.9, 0.95), 1e-8, 0.1, [], []
     for _ in range(2):
         for m in (ref, gpu):
             m.zero_grad()
             m.forward(idx, tgt)
             m.backward()
-            m.step(lr=lr, betas=betas, eps=1e-8, weight_decay=0.1, grad_clip=0.3)
-        ref_grads.append(ref.grad_dict())  # clipped, as the step used them
+            m.step(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, grad_clip=0.3)
+        ref_grads.append(ref.grad_dict())  # clipped, as the step used them (and as torch leaves them)
+        gpu_grads.append(gpu.grad_dict())
         assert ref.last_grad_norm > 0.3  # the clipping was active
         close("grad norm", gpu.last_grad_norm, ref.last_grad_norm, 1e-5)
+        for k in ref_grads[-1]:
+            close("clipped gradients", gpu_grads[-1][k], ref_grads[-1][k], 1e-3)
     sr, sg = ref.state_dict(), gpu.state_dict()
     for k in sr:
-        close_after_adamw(k, sg[k], sr[k], [g[k] for g in ref_grads], betas, lr, 1e-4)
-    gr, gd = ref.grad_dict(), gpu.grad_dict()  # clipped gradients, as torch leaves them
-    for k in gr:
-        close("clipped gradients", gd[k], gr[k], 1e-3)
+        replayed = adamw_replay(start[k], [g[k] for g in gpu_grads], sr[k].shape, k, lr, betas, eps, weight_decay)
+        err = rel_err(sg[k], replayed)
+        record("cuda vs numpy backend", "weights after 2 steps, numpy's AdamW on the GPU's gradients", err)
+        assert err < 1e-6, f"{k} after 2 AdamW steps: {err:.2e} from numpy's AdamW on the GPU's gradients"
+        moved = np.abs(sg[k].astype(np.float64) - sr[k])
+        assert np.all(moved <= 2 * 2 * lr * len(gpu_grads)), f"{k}: a component moved past the steps' size"
+        record("cuda vs numpy backend", "weights after 2 steps", rel_err(sg[k], sr[k]))
 
 
 def test_shapes_change_between_calls(rng):
