@@ -24,19 +24,28 @@
 #define FA_KEYS 64  // rows of a streamed tile
 #define FA_DS_LD 72  // row stride of the backward's staged dS^T (64 queries x 64 keys), laid out as fa_at<64>
 // Floats of shared memory of each kernel (D: d_k padded to 32, 64 or 128; W: warps of 16 rows a block): the
-// resident rows (Q; Q and dO; K and V) and two stages of two streamed tiles, each row D + 8 floats apart; for
+// resident rows (Q; Q and dO; K and V) and two stages of two streamed tiles, each row D + 8 floats apart (a
+// forward that splits its tiles once, SPLIT = 1: one stage of the raw K and V, and their hi and lo); for
 // the backward also two stages of the query tile's lse and delta, and the block's ticket (4 floats: a static
 // __shared__ int would take 1 KB, as matmul_tc.cuh's wgmma buffers align dynamic shared memory to 1024).
-#define FA_SMEM_FWD(D, W) (16 * (W) * ((D) + 8) + 4 * FA_KEYS * ((D) + 8))
+#define FA_SMEM_FWD(D, W, SPLIT) (16 * (W) * ((D) + 8) + (4 + 2 * (SPLIT)) * FA_KEYS * ((D) + 8))
 #define FA_SMEM_DELTA(D, W) (2 * 16 * (W) * ((D) + 8) + 4 * FA_KEYS * ((D) + 8))
 #define FA_SMEM_BWD(D, W) (2 * 16 * (W) * ((D) + 8) + 4 * FA_KEYS * ((D) + 8) + 4 * FA_KEYS + 4)
-// The forward of d_k 64 runs 8 warps a block (two blocks an SM at 128 registers: 0.416 ms against 0.455 with
-// 4 warps at andrea-120m's shape); every other kernel 4 (the backward's must: a block's 64 keys are the tile its
-// counters count).
+// The forward of d_k 64 runs 8 warps a block; every other kernel 4 (the backward's must: a block's 64 keys are
+// the tile its counters count). It also splits K and V into hi and lo once a tile, the block together, into
+// shared memory its warps read (FA_FWD_SPLIT): each warp split every fragment it read, the same 64 x 64 tiles 8
+// times over, 31% of its instructions. With the split tiles' shared memory it runs one block an SM (up to 255
+// registers) where two fitted: 0.392 ms against 0.421 at andrea-120m's shape, 1.326 / 4.842 against 1.377 / 4.928
+// at T = 2048 / 4096, the same bits (dev/cuda/flash_attention_split.cu, H200, 2026-12-01). Not measured at
+// d_k 32 and 128, which split as they read.
 #define FA_FWD_WARPS_32 4
 #define FA_FWD_WARPS_64 8
 #define FA_FWD_WARPS_128 4
 #define FA_FWD_WARPS(D) FA_FWD_WARPS_##D
+#define FA_FWD_SPLIT_32 0
+#define FA_FWD_SPLIT_64 1
+#define FA_FWD_SPLIT_128 0
+#define FA_FWD_SPLIT(D) FA_FWD_SPLIT_##D
 #define FA_BWD_WARPS 4
 // Query tiles that see at most this many key tiles take delta from a pass over P and dP, as the fast variant
 // does (so p = 1 gives ds = 0 exactly); the rest from dO * O in FP64 (dev/NOTES.md: dO * O alone put dQ and dK
@@ -49,9 +58,9 @@ enum FlashLaunch : int {
     FA_FWD_W32 = FA_FWD_WARPS(32),
     FA_FWD_W64 = FA_FWD_WARPS(64),
     FA_FWD_W128 = FA_FWD_WARPS(128),
-    FA_FWD_BYTES32 = FA_SMEM_FWD(32, FA_FWD_WARPS(32)) * 4,
-    FA_FWD_BYTES64 = FA_SMEM_FWD(64, FA_FWD_WARPS(64)) * 4,
-    FA_FWD_BYTES128 = FA_SMEM_FWD(128, FA_FWD_WARPS(128)) * 4,
+    FA_FWD_BYTES32 = FA_SMEM_FWD(32, FA_FWD_WARPS(32), FA_FWD_SPLIT(32)) * 4,
+    FA_FWD_BYTES64 = FA_SMEM_FWD(64, FA_FWD_WARPS(64), FA_FWD_SPLIT(64)) * 4,
+    FA_FWD_BYTES128 = FA_SMEM_FWD(128, FA_FWD_WARPS(128), FA_FWD_SPLIT(128)) * 4,
     FA_DELTA_BYTES32 = FA_SMEM_DELTA(32, FA_BWD_WARPS) * 4,
     FA_DELTA_BYTES64 = FA_SMEM_DELTA(64, FA_BWD_WARPS) * 4,
     FA_DELTA_BYTES128 = FA_SMEM_DELTA(128, FA_BWD_WARPS) * 4,
@@ -92,10 +101,7 @@ __device__ __forceinline__ void fa_load(float* s, const float* p, int r0, int T,
 // other order, so that A B computed as (B^T A^T)^T sums the same terms into the same partial sums
 template <bool TRANS = false>
 __device__ __forceinline__ void fa_mma3(float (&acc)[4], const uint32_t (&a_hi)[4], const uint32_t (&a_lo)[4],
-                                        float b0, float b1) {
-    uint32_t b_hi[2], b_lo[2];
-    tf32_split(b0, b_hi[0], b_lo[0]);
-    tf32_split(b1, b_hi[1], b_lo[1]);
+                                        const uint32_t (&b_hi)[2], const uint32_t (&b_lo)[2]) {
     float p[4];
     if constexpr (TRANS) {
         mma_tf32_first(p, a_hi, b_lo);
@@ -108,11 +114,43 @@ __device__ __forceinline__ void fa_mma3(float (&acc)[4], const uint32_t (&a_hi)[
 #pragma unroll
     for (int r = 0; r < 4; r++) acc[r] += p[r];
 }
+// ... B given raw (b0, b1), split here
+template <bool TRANS = false>
+__device__ __forceinline__ void fa_mma3(float (&acc)[4], const uint32_t (&a_hi)[4], const uint32_t (&a_lo)[4],
+                                        float b0, float b1) {
+    uint32_t b_hi[2], b_lo[2];
+    tf32_split(b0, b_hi[0], b_lo[0]);
+    tf32_split(b1, b_hi[1], b_lo[1]);
+    fa_mma3<TRANS>(acc, a_hi, a_lo, b_hi, b_lo);
+}
+
+// Tiles split once (FA_FWD_SPLIT): the hi and lo of a tile of floats, as TF32 bit patterns at the same places.
+struct FaSplit {
+    const uint32_t *hi, *lo;
+};
+template <class Tile>
+constexpr bool fa_is_split = false;
+template <>
+constexpr bool fa_is_split<FaSplit> = true;
+// the raw tiles at raw (n floats, a multiple of 4) into hi and lo, by the block's THREADS
+template <int THREADS>
+__device__ __forceinline__ void fa_split_tiles(uint32_t* hi, uint32_t* lo, const float* raw, int n) {
+    for (int i = threadIdx.x; i < n / 4; i += THREADS) {
+        const float4 x = reinterpret_cast<const float4*>(raw)[i];
+        uint4 h, l;
+        tf32_split(x.x, h.x, l.x);
+        tf32_split(x.y, h.y, l.y);
+        tf32_split(x.z, h.z, l.z);
+        tf32_split(x.w, h.w, l.w);
+        reinterpret_cast<uint4*>(hi)[i] = h;
+        reinterpret_cast<uint4*>(lo)[i] = l;
+    }
+}
 
 // acc[j] = A B^T over d, for the 8 n8 tiles of B's 64 rows: A the warp's 16 rows of a shared tile (a: its row
-// 0, a multiple of 8 of the tile), B the 64 rows at b; both raw, split as they are read
-template <int D, int UNROLL, bool TRANS = false>
-__device__ __forceinline__ void fa_rows_dot(float (&acc)[8][4], const float* a, const float* b) {
+// 0, a multiple of 8 of the tile), B the 64 rows at b; both raw, split as they are read (B: or split already)
+template <int D, int UNROLL, bool TRANS = false, class Tile = const float*>
+__device__ __forceinline__ void fa_rows_dot(float (&acc)[8][4], const float* a, Tile b) {
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int j = 0; j < 8; j++)
@@ -130,16 +168,23 @@ __device__ __forceinline__ void fa_rows_dot(float (&acc)[8][4], const float* a, 
         for (int r = 0; r < 4; r++) tf32_split(av[r], a_hi[r], a_lo[r]);
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            const float2 bv = *reinterpret_cast<const float2*>(b + (8 * j + g) * (D + 8) + col);
-            fa_mma3<TRANS>(acc[j], a_hi, a_lo, bv.x, bv.y);
+            const int at = (8 * j + g) * (D + 8) + col;
+            if constexpr (fa_is_split<Tile>) {
+                const uint2 h = *reinterpret_cast<const uint2*>(b.hi + at), l = *reinterpret_cast<const uint2*>(b.lo + at);
+                fa_mma3<TRANS>(acc[j], a_hi, a_lo, {h.x, h.y}, {l.x, l.y});
+            } else {
+                const float2 bv = *reinterpret_cast<const float2*>(b + at);
+                fa_mma3<TRANS>(acc[j], a_hi, a_lo, bv.x, bv.y);
+            }
         }
     }
 }
 
 // out += W M: W the warp's 16 x 64 weights in the accumulator layout (w[j]: columns 8j + 2t, + 1), M the 64
-// rows of a shared tile at m; each step of 8 rows of M relabelled (logical k t = row 2t, t + 4 = row 2t + 1)
-template <int D>
-__device__ __forceinline__ void fa_weigh(float (&out)[D / 8][4], const float (&w)[8][4], const float* m) {
+// rows of a shared tile at m (raw, or split already); each step of 8 rows of M relabelled (logical k t = row 2t,
+// t + 4 = row 2t + 1)
+template <int D, class Tile = const float*>
+__device__ __forceinline__ void fa_weigh(float (&out)[D / 8][4], const float (&w)[8][4], Tile m) {
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int kb = 0; kb < 8; kb++) {
@@ -151,7 +196,10 @@ __device__ __forceinline__ void fa_weigh(float (&out)[D / 8][4], const float (&w
 #pragma unroll
         for (int n = 0; n < D / 8; n++) {
             const int at = fa_at<D>(r, 8 * n + g);
-            fa_mma3(out[n], a_hi, a_lo, m[at], m[at + D + 8]);
+            if constexpr (fa_is_split<Tile>)
+                fa_mma3(out[n], a_hi, a_lo, {m.hi[at], m.hi[at + D + 8]}, {m.lo[at], m.lo[at + D + 8]});
+            else
+                fa_mma3(out[n], a_hi, a_lo, m[at], m[at + D + 8]);
         }
     }
 }
@@ -214,7 +262,7 @@ __device__ __forceinline__ void fa_store_release(int* p, int v) {
 template <int D, int WARPS>
 struct FlashSmem {
     static constexpr int LD = D + 8, ROWS = 16 * WARPS, TILE = FA_KEYS * LD;
-    static constexpr int FWD = FA_SMEM_FWD(D, WARPS), DELTA = FA_SMEM_DELTA(D, WARPS), BWD = FA_SMEM_BWD(D, WARPS);
+    static constexpr int DELTA = FA_SMEM_DELTA(D, WARPS), BWD = FA_SMEM_BWD(D, WARPS);
     static_assert(2 * TILE >= FA_KEYS * FA_DS_LD, "dS^T must fit over a stage's Q and dO");
 };
 
@@ -229,7 +277,10 @@ __device__ __forceinline__ long long fa_row(int T) { return ((long long)blockIdx
 // ---------------------------------------------------------------------------------------------- forward
 // A block owns 16 * WARPS query rows of one head (fa_head), the longest rows first; an
 // online softmax in FP32 over the 64-key tiles up to the diagonal; lse[i] = max + log(sum) for the backward.
-template <int D, int WARPS>
+// SPLIT: each tile of K and V lands raw in one stage, and the block splits it into hi and lo (split) before its
+// warps read it, while the next tile lands raw; else two raw stages, each fragment split as it is read. The same
+// products either way, so the same bits.
+template <int D, int WARPS, bool SPLIT>
 __device__ void flash_fwd(float* o, float* lse, const float* q, const float* k, const float* v, int T, int d_k,
                           int ld_in, int ld_out) {
 #if TC_AVAILABLE
@@ -237,7 +288,9 @@ __device__ void flash_fwd(float* o, float* lse, const float* q, const float* k, 
     constexpr int THREADS = 32 * WARPS, ND = D / 8;
     extern __shared__ __align__(16) float fa_smem[];
     float* qs = fa_smem;
-    float* kv = qs + S::ROWS * S::LD;  // stage s: K at kv + 2 s TILE, V after it
+    float* kv = qs + S::ROWS * S::LD;  // stage s: K at kv + 2 s TILE, V after it (SPLIT: one stage)
+    uint32_t* split_hi = reinterpret_cast<uint32_t*>(kv + 2 * S::TILE);  // SPLIT: K's, then V's
+    uint32_t* split_lo = split_hi + 2 * S::TILE;
     const long long in = fa_head(T, d_k, ld_in);
     q += in, k += in, v += in;  // o and lse offset where they are written: no registers held through the loop
     const bool vec = d_k % 4 == 0 && ld_in % 4 == 0 && fa_aligned(q, k, v);
@@ -263,8 +316,12 @@ __device__ void flash_fwd(float* o, float* lse, const float* q, const float* k, 
         const int k0 = i * FA_KEYS;
         cp_async_wait<0>();
         __syncthreads();  // tile i is in for every thread, and every warp is done with tile i - 1's stage
+        if constexpr (SPLIT) {
+            fa_split_tiles<THREADS>(split_hi, split_lo, kv, 2 * S::TILE);
+            __syncthreads();  // tile i's hi and lo are in, and the raw stage is free for tile i + 1
+        }
         if (i + 1 < n_tiles) {
-            float* next = kv + ((i + 1) & 1) * 2 * S::TILE;
+            float* next = SPLIT ? kv : kv + ((i + 1) & 1) * 2 * S::TILE;
             fa_load<D, FA_KEYS, THREADS>(next, k, k0 + FA_KEYS, T, d_k, ld_in, vec);
             fa_load<D, FA_KEYS, THREADS>(next + S::TILE, v, k0 + FA_KEYS, T, d_k, ld_in, vec);
         }
@@ -273,7 +330,10 @@ __device__ void flash_fwd(float* o, float* lse, const float* q, const float* k, 
         const float* ks = kv + (i & 1) * 2 * S::TILE;
 
         float s[8][4];  // this warp's 16 rows against keys k0 + 8 j .. + 7, in the accumulator layout
-        fa_rows_dot<D, 2>(s, qs + 16 * warp * S::LD, ks);
+        if constexpr (SPLIT)
+            fa_rows_dot<D, 2>(s, qs + 16 * warp * S::LD, FaSplit{split_hi, split_lo});
+        else
+            fa_rows_dot<D, 2>(s, qs + 16 * warp * S::LD, ks);
 
         // scale, as the literal line does, and mask; the online softmax of rows a (s[j][0..1]) and b
         const bool whole = k0 + FA_KEYS - 1 <= first && k0 + FA_KEYS <= T;  // no key hidden from any row
@@ -309,7 +369,10 @@ __device__ void flash_fwd(float* o, float* lse, const float* q, const float* k, 
             acc[n][0] *= alpha_a, acc[n][1] *= alpha_a;
             acc[n][2] *= alpha_b, acc[n][3] *= alpha_b;
         }
-        fa_weigh<D>(acc, s, ks + S::TILE);  // O += P V, P in registers
+        if constexpr (SPLIT)  // O += P V, P in registers
+            fa_weigh<D>(acc, s, FaSplit{split_hi + S::TILE, split_lo + S::TILE});
+        else
+            fa_weigh<D>(acc, s, ks + S::TILE);
     }
 
     o += fa_head(T, d_k, ld_out);
@@ -647,16 +710,16 @@ __device__ void flash_bwd(float* dq, float* dk, float* dv, int* sync, const floa
 // floats of dynamic shared memory. q, k, v (and dq, dk, dv) are the heads' columns of one matrix of rows ld_in
 // apart, o and d_o of one of rows ld_out apart; lse and delta (B, NH, T); sync an int scratch of
 // B * NH * ceil(T / 64) + 1 (the delta kernel zeroes it).
-// The 8-warp forward held to two blocks an SM (128 registers, 4 bytes spilled); the 4-warp ones left to ptxas (187 at
-// d_k 64 without spills, where a bound of one block gives 255 and spills)
+// The 8-warp forward of split tiles one block an SM (its shared memory: 255 registers, 8 bytes spilled); the
+// 4-warp ones left to ptxas (187 at d_k 64 without spills, where a bound of one block gives 255 and spills)
 #define FA_FWD_BOUNDS_32 __launch_bounds__(32 * FA_FWD_WARPS(32))
-#define FA_FWD_BOUNDS_64 __launch_bounds__(32 * FA_FWD_WARPS(64), 2)
+#define FA_FWD_BOUNDS_64 __launch_bounds__(32 * FA_FWD_WARPS(64), 1)
 #define FA_FWD_BOUNDS_128 __launch_bounds__(32 * FA_FWD_WARPS(128))
 #define FLASH_KERNELS(D)                                                                                       \
     extern "C" __global__ void FA_FWD_BOUNDS_##D k_flash_fwd_d##D(float* o, float* lse, const float* q,         \
                                                                   const float* k, const float* v, int T,       \
                                                                   int d_k, int ld_in, int ld_out) {    \
-        flash_fwd<D, FA_FWD_WARPS(D)>(o, lse, q, k, v, T, d_k, ld_in, ld_out);                             \
+        flash_fwd<D, FA_FWD_WARPS(D), FA_FWD_SPLIT(D)>(o, lse, q, k, v, T, d_k, ld_in, ld_out);            \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(32 * FA_BWD_WARPS)                                           \
         k_flash_bwd_delta_d##D(float* delta, int* sync, const float* q, const float* k, const float* v,       \
