@@ -35,9 +35,10 @@
 // the tile its counters count). It also splits K and V into hi and lo once a tile, the block together, into
 // shared memory its warps read (FA_FWD_SPLIT): each warp split every fragment it read, the same 64 x 64 tiles 8
 // times over, 31% of its instructions. With the split tiles' shared memory it runs one block an SM (up to 255
-// registers) where two fitted: 0.392 ms against 0.421 at andrea-120m's shape, 1.326 / 4.842 against 1.377 / 4.928
-// at T = 2048 / 4096, the same bits (dev/cuda/flash_attention_split.cu, H200, 2026-12-01). Not measured at
-// d_k 32 and 128, which split as they read.
+// registers) where two fitted: 0.376 ms against 0.422 at andrea-120m's shape, 1.282 / 4.681 against 1.377 / 4.941
+// at T = 2048 / 4096, the same bits (dev/cuda/flash_attention_split.cu, H200, 2026-12-01). d_k 32 splits as it
+// reads: its split tiles measured slower (4 warps: 0.245 ms against 0.233 at andrea-12m's 12 heads, T = 1024; 8
+// warps 0.275), and d_k 128's do not fit 227 KB beside 4 warps' Q.
 #define FA_FWD_WARPS_32 4
 #define FA_FWD_WARPS_64 8
 #define FA_FWD_WARPS_128 4
