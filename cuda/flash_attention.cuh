@@ -171,7 +171,8 @@ __device__ __forceinline__ void fa_rows_dot(float (&acc)[8][4], const float* a, 
         for (int j = 0; j < 8; j++) {
             const int at = (8 * j + g) * (D + 8) + col;
             if constexpr (fa_is_split<Tile>) {
-                const uint2 h = *reinterpret_cast<const uint2*>(b.hi + at), l = *reinterpret_cast<const uint2*>(b.lo + at);
+                const uint2 h = *reinterpret_cast<const uint2*>(b.hi + at);
+                const uint2 l = *reinterpret_cast<const uint2*>(b.lo + at);
                 fa_mma3<TRANS>(acc[j], a_hi, a_lo, {h.x, h.y}, {l.x, l.y});
             } else {
                 const float2 bv = *reinterpret_cast<const float2*>(b + at);
@@ -711,8 +712,8 @@ __device__ void flash_bwd(float* dq, float* dk, float* dv, int* sync, const floa
 // floats of dynamic shared memory. q, k, v (and dq, dk, dv) are the heads' columns of one matrix of rows ld_in
 // apart, o and d_o of one of rows ld_out apart; lse and delta (B, NH, T); sync an int scratch of
 // B * NH * ceil(T / 64) + 1 (the delta kernel zeroes it).
-// The 8-warp forward of split tiles one block an SM (its shared memory: 255 registers, 8 bytes spilled); the
-// 4-warp ones left to ptxas (187 at d_k 64 without spills, where a bound of one block gives 255 and spills)
+// The 8-warp forward of split tiles one block an SM, as its shared memory allows (255 registers; 28 bytes spilled,
+// three loads and two stores a tile); the 4-warp ones left to ptxas (168 at d_k 32 without spills)
 #define FA_FWD_BOUNDS_32 __launch_bounds__(32 * FA_FWD_WARPS(32))
 #define FA_FWD_BOUNDS_64 __launch_bounds__(32 * FA_FWD_WARPS(64), 1)
 #define FA_FWD_BOUNDS_128 __launch_bounds__(32 * FA_FWD_WARPS(128))
