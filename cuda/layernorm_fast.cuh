@@ -205,7 +205,7 @@ __device__ __forceinline__ void residual_layernorm_row(float* xr, float* o, floa
 }
 
 // Read by microgpt/kernels/layernorm_fast.py: the fused residual add and layernorm's blocks of 4 warps (rows), 6 an
-// SM: 80.2-80.7% of the copy bandwidth in three runs where 3 blocks of 8 gave 78.8-79.9% (H200, andrea-120m,
+// SM: 80.2-80.7% of the copy bandwidth in five runs where 3 blocks of 8 gave 78.8-79.9% (H200, andrea-120m,
 // 2026-12-01; the same 24 warps an SM, but a block's place is taken again as soon as its 4 rows are done).
 enum ResidualLayernormLaunch : int {
     RESID_LN_THREADS = 128,
