@@ -8,6 +8,7 @@ import inspect
 import os
 import shutil
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -465,3 +466,29 @@ def test_empty_products_launch_nothing_and_oversized_grids_are_refused(fake):
         K.fused_attention_fwd_tc(f32(2, 130, 64), f32(2, 4, 130), f32(2, 130, 192), 4)
     assert [name for name, *_ in plan] == ["k_fused_attention_fwd", "k_fused_attention_bwd_dq",
                                            "k_fused_attention_bwd_dkdv", "k_flash_fwd_d32"]
+
+
+def test_the_opt_in_counts_a_kernels_static_shared_memory():
+    """A block takes 48 KB of shared memory without the opt-in, its static shared memory among them: a kernel of 1 KB
+    static is opted in for dynamic sizes past 47 KB (its launch would fail without it), once for each larger size."""
+    raised = []
+
+    class Function:
+        shared_size_bytes = 1024
+
+        def prepare(self, fmt):
+            pass
+
+        def set_attribute(self, attribute, value):
+            raised.append((attribute, value))
+
+    e = object.__new__(runtime._Engine)  # the engine's bookkeeping alone, no device
+    e.module, e.signatures = SimpleNamespace(get_function=lambda name: Function()), {"k_static": "P"}
+    e.functions, e._shared_limit = {}, {}
+    e.cuda = SimpleNamespace(function_attribute=SimpleNamespace(MAX_DYNAMIC_SHARED_SIZE_BYTES="max dynamic"))
+    e.function("k_static", 47 * 1024)
+    assert raised == []
+    e.function("k_static", 47 * 1024 + 4)
+    e.function("k_static", 40 * 1024)
+    e.function("k_static", 100 * 1024)
+    assert raised == [("max dynamic", 47 * 1024 + 4), ("max dynamic", 100 * 1024)]

@@ -18,7 +18,6 @@ GRID_Y = 65535  # the most blocks a launch may have along y
 # its warps' (max, sum) pairs, 256 bytes, padded to the 1024-byte alignment that matmul_tc's tiles give the dynamic
 # shared memory of every kernel of the translation unit (ptxas: 1024 bytes smem)
 CE_STATIC_SHARED = 1024
-NO_OPT_IN = 48 * 1024  # the shared memory a block may take, static and dynamic together, without the opt-in
 
 
 @functools.cache
@@ -61,8 +60,6 @@ def crossentropy_fwd_fast(losses, probs, logits, targets, *, check_token_ids=Tru
     args = [ptr("losses", losses, shape[:-1]), ptr("probs", probs, shape), ptr("logits", logits, shape),
             check_ids("targets", targets, shape[:-1], V, check_token_ids), N, V]
     kept = 4 * (V + 3)
-    if kept + CE_STATIC_SHARED > NO_OPT_IN:  # runtime.function opts in only for more than 48 KB of dynamic memory
-        kept = max(kept, NO_OPT_IN + 4)
     fits = V + 3 <= kept_row_floats() and kept + CE_STATIC_SHARED <= engine().max_shared
     launch("k_crossentropy_fwd_fast", args, blocks(N * BLOCK), stream, shared=kept if fits else 0)
 

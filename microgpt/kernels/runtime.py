@@ -82,14 +82,15 @@ class _Engine:
         return pool
 
     def function(self, name, shared: int = 0):
-        """The prepared kernel; allowed `shared` bytes of dynamic shared memory (past the default 48 KB,
-        the limit is raised once, here)."""
+        """The prepared kernel; allowed `shared` bytes of dynamic shared memory (past what a block may take
+        without the opt-in, the limit is raised once, here)."""
         fn = self.functions.get(name)
         if fn is None:
             fn = self.module.get_function(name)
             fn.prepare(self.signatures[name])
             self.functions[name] = fn
-            self._shared_limit[name] = 48 * 1024
+            # without the opt-in a block takes 48 KB of shared memory at most, its static shared memory counted
+            self._shared_limit[name] = 48 * 1024 - fn.shared_size_bytes
         if shared > self._shared_limit[name]:
             fn.set_attribute(self.cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, shared)
             self._shared_limit[name] = shared
