@@ -30,9 +30,9 @@
 // __shared__ int would take 1 KB, as matmul_tc.cuh's wgmma buffers align dynamic shared memory to 1024).
 #define FA_SMEM_FWD(D, W, SPLIT) (16 * (W) * ((D) + 8) + (4 + 2 * (SPLIT)) * FA_KEYS * ((D) + 8))
 #define FA_SMEM_DELTA(D, W) (2 * 16 * (W) * ((D) + 8) + 4 * FA_KEYS * ((D) + 8))
-#define FA_SMEM_BWD(D, W) (2 * 16 * (W) * ((D) + 8) + 4 * FA_KEYS * ((D) + 8) + 4 * FA_KEYS + 4)
-// The forward of d_k 64 runs 8 warps a block; every other kernel 4 (the backward's must: a block's 64 keys are
-// the tile its counters count). It also splits K and V into hi and lo once a tile, the block together, into
+#define FA_SMEM_BWD(D, W, SPLIT) (2 * 16 * (W) * ((D) + 8) + (4 + 2 * (SPLIT)) * FA_KEYS * ((D) + 8) + 4 * FA_KEYS + 4)
+// The forward of d_k 64 runs 8 warps a block; every other forward 4. It also splits K and V into hi and lo once a
+// tile, the block together, into
 // shared memory its warps read (FA_FWD_SPLIT): each warp split every fragment it read, the same 64 x 64 tiles 8
 // times over, 31% of its instructions. With the split tiles' shared memory it runs one block an SM (up to 255
 // registers) where two fitted: 0.376 ms against 0.422 at andrea-120m's shape, 1.282 / 4.681 against 1.377 / 4.941
@@ -47,14 +47,30 @@
 #define FA_FWD_SPLIT_64 1
 #define FA_FWD_SPLIT_128 0
 #define FA_FWD_SPLIT(D) FA_FWD_SPLIT_##D
-#define FA_BWD_WARPS 4
+// The backward's block takes FA_BWD_TILES(D) key tiles, 4 warps each, and with FA_BWD_SPLIT(D) splits each query
+// tile's Q and dO into hi and lo once, for all its warps (the hi over the raw stage, the lo beside it): at d_k 64,
+// 4 warps a block split the same Q and dO 8 times a step, and their split copies did not fit beside a second block
+// an SM. The delta pass runs 4 warps (64 query rows) at every width.
+#define FA_BWD_TILES_32 1
+#define FA_BWD_TILES_64 2
+#define FA_BWD_TILES_128 1
+#define FA_BWD_TILES(D) FA_BWD_TILES_##D
+#define FA_BWD_SPLIT_32 0
+#define FA_BWD_SPLIT_64 1
+#define FA_BWD_SPLIT_128 0
+#define FA_BWD_SPLIT(D) FA_BWD_SPLIT_##D
+#define FA_BWD_WARPS(D) (4 * FA_BWD_TILES(D))
+#define FA_DELTA_WARPS 4
 // Query tiles that see at most this many key tiles take delta from a pass over P and dP, as the fast variant
 // does (so p = 1 gives ds = 0 exactly); the rest from dO * O in FP64 (dev/NOTES.md: dO * O alone put dQ and dK
 // past the accuracy bar at T <= 77)
 #define FA_DELTA_PASS_TILES 2
 enum FlashLaunch : int {
     FA_KEYS_A_TILE = FA_KEYS,
-    FA_BWD_W = FA_BWD_WARPS,
+    FA_DELTA_W = FA_DELTA_WARPS,
+    FA_BWD_W32 = FA_BWD_WARPS(32),
+    FA_BWD_W64 = FA_BWD_WARPS(64),
+    FA_BWD_W128 = FA_BWD_WARPS(128),
     FA_PASS_TILES = FA_DELTA_PASS_TILES,
     FA_FWD_W32 = FA_FWD_WARPS(32),
     FA_FWD_W64 = FA_FWD_WARPS(64),
@@ -62,12 +78,12 @@ enum FlashLaunch : int {
     FA_FWD_BYTES32 = FA_SMEM_FWD(32, FA_FWD_WARPS(32), FA_FWD_SPLIT(32)) * 4,
     FA_FWD_BYTES64 = FA_SMEM_FWD(64, FA_FWD_WARPS(64), FA_FWD_SPLIT(64)) * 4,
     FA_FWD_BYTES128 = FA_SMEM_FWD(128, FA_FWD_WARPS(128), FA_FWD_SPLIT(128)) * 4,
-    FA_DELTA_BYTES32 = FA_SMEM_DELTA(32, FA_BWD_WARPS) * 4,
-    FA_DELTA_BYTES64 = FA_SMEM_DELTA(64, FA_BWD_WARPS) * 4,
-    FA_DELTA_BYTES128 = FA_SMEM_DELTA(128, FA_BWD_WARPS) * 4,
-    FA_BWD_BYTES32 = FA_SMEM_BWD(32, FA_BWD_WARPS) * 4,
-    FA_BWD_BYTES64 = FA_SMEM_BWD(64, FA_BWD_WARPS) * 4,
-    FA_BWD_BYTES128 = FA_SMEM_BWD(128, FA_BWD_WARPS) * 4,
+    FA_DELTA_BYTES32 = FA_SMEM_DELTA(32, FA_DELTA_WARPS) * 4,
+    FA_DELTA_BYTES64 = FA_SMEM_DELTA(64, FA_DELTA_WARPS) * 4,
+    FA_DELTA_BYTES128 = FA_SMEM_DELTA(128, FA_DELTA_WARPS) * 4,
+    FA_BWD_BYTES32 = FA_SMEM_BWD(32, FA_BWD_WARPS(32), FA_BWD_SPLIT(32)) * 4,
+    FA_BWD_BYTES64 = FA_SMEM_BWD(64, FA_BWD_WARPS(64), FA_BWD_SPLIT(64)) * 4,
+    FA_BWD_BYTES128 = FA_SMEM_BWD(128, FA_BWD_WARPS(128), FA_BWD_SPLIT(128)) * 4,
 };
 
 // Shared tiles at row stride D + 8, column d of row r at r * (D + 8) + (d ^ ((r & 4) << 1)): read as row
@@ -145,6 +161,34 @@ __device__ __forceinline__ void fa_split_tiles(uint32_t* hi, uint32_t* lo, const
         tf32_split(x.w, h.w, l.w);
         reinterpret_cast<uint4*>(hi)[i] = h;
         reinterpret_cast<uint4*>(lo)[i] = l;
+    }
+}
+
+// A streamed tile of ROWS x D at s split in place: hi over s (as TF32 bit patterns), lo at lo (the same layout),
+// each thread the elements its own fa_load copied, so that its cp.async wait is all it needs before (the block's
+// barrier after makes the split seen)
+template <int D, int ROWS, int THREADS>
+__device__ __forceinline__ void fa_split_own(float* s, uint32_t* lo, bool vec) {
+    uint32_t* hi = reinterpret_cast<uint32_t*>(s);
+    if (vec) {
+#pragma unroll
+        for (int i = 0; i < ROWS * D / 4 / THREADS; i++) {
+            const int e = threadIdx.x + i * THREADS, at = fa_at<D>(e / (D / 4), e % (D / 4) * 4);
+            const float4 x = *reinterpret_cast<const float4*>(s + at);
+            uint4 h, l;
+            tf32_split(x.x, h.x, l.x);
+            tf32_split(x.y, h.y, l.y);
+            tf32_split(x.z, h.z, l.z);
+            tf32_split(x.w, h.w, l.w);
+            *reinterpret_cast<uint4*>(hi + at) = h;
+            *reinterpret_cast<uint4*>(lo + at) = l;
+        }
+    } else {
+        for (int i = 0; i < ROWS * D / THREADS; i++) {
+            const int e = threadIdx.x + i * THREADS, at = fa_at<D>(e / D, e % D);
+            const float x = s[at];
+            tf32_split(x, hi[at], lo[at]);
+        }
     }
 }
 
@@ -264,7 +308,6 @@ __device__ __forceinline__ void fa_store_release(int* p, int v) {
 template <int D, int WARPS>
 struct FlashSmem {
     static constexpr int LD = D + 8, ROWS = 16 * WARPS, TILE = FA_KEYS * LD;
-    static constexpr int DELTA = FA_SMEM_DELTA(D, WARPS), BWD = FA_SMEM_BWD(D, WARPS);
     static_assert(2 * TILE >= FA_KEYS * FA_DS_LD, "dS^T must fit over a stage's Q and dO");
 };
 
@@ -407,8 +450,8 @@ template <int D>
 __device__ void flash_bwd_delta(float* delta, int* sync, const float* q, const float* k, const float* v,
                                 const float* d_o, const float* lse, int T, int d_k, int ld_in, int ld_out) {
 #if TC_AVAILABLE
-    using S = FlashSmem<D, FA_BWD_WARPS>;
-    constexpr int THREADS = 32 * FA_BWD_WARPS;
+    using S = FlashSmem<D, FA_DELTA_WARPS>;
+    constexpr int THREADS = 32 * FA_DELTA_WARPS;
     extern __shared__ __align__(16) float fa_smem[];
     const int n = (T - 1) / FA_KEYS + 1;  // query tiles a head
     if (threadIdx.x == 0) {
@@ -500,52 +543,60 @@ extern "C" __global__ void __launch_bounds__(256)
     }
 }
 
-// dv = sum over queries of p^T do, dk = scale * sum of ds^T q, dq = scale * sum over keys of ds k, for the 64
-// keys of key tile j of head bh = b * NH + h, (j, bh) from the ticket: grid (ceil(T / 64), NH, B) as the
-// others, but a block's work is its ticket's, not its blockIdx's. A warp owns 16 keys; the block computes S^T,
-// dP^T and dS^T for each query tile its keys see, adds P^T dO and dS^T Q into dV and dK in registers, and the
-// query tile's part of dQ, dS K, into dQ in global memory (dS^T staged through shared memory over the tile's Q
-// and dO, which are no longer needed by then).
+// dv = sum over queries of p^T do, dk = scale * sum of ds^T q, dq = scale * sum over keys of ds k, for the
+// KT = FA_BWD_TILES(D) key tiles KT m .. KT m + KT - 1 of head bh = b * NH + h, (m, bh) from the ticket: grid
+// (ceil(T / (64 KT)), NH, B), but a block's work is its ticket's, not its blockIdx's. A warp owns 16 keys; the
+// block computes S^T, dP^T and dS^T for each query tile its keys see, adds P^T dO and dS^T Q into dV and dK in
+// registers, and the query tile's part of dQ, dS K, into dQ in global memory (dS^T staged through shared memory
+// over the tile's Q and dO, which are no longer needed by then).
 //
 // dQ without float atomics, deterministic: query tile i's parts are added in a fixed order, key tile 0 first
-// (it writes, so dQ needs no zeroing), then 1, ..., i last (it applies the scale, once to the sum). A block
-// waits, before its add, until counter[i] says the key tile before it has added; it publishes its own add at
-// its next step's first barrier (all its threads' stores are done by then) with a release store. The block
-// streams its query tiles from the last down to its diagonal, so key tiles j - 1 and j reach query tile i at
-// the same step: j waits once, at its first step, and then runs that far behind j - 1. The ticket, key tile
-// major, starts every head's key tile 0 (the longest, n tiles) first and the one-tile blocks last (1.01x the
-// ideal makespan in a list-scheduling simulation at T = 1024 .. 4096, against 1.05x .. 1.21x head-major); and it
-// keeps the protocol free of deadlock whatever order the hardware dispatches blocks in: a block waits only on
-// the block of the ticket `heads` before its own, which has taken its ticket and so is resident, and which waits
-// in turn only on an earlier ticket; key tile 0's blocks never wait.
+// (it writes, so dQ needs no zeroing), then 1, ..., i last (it applies the scale, once to the sum). A block adds
+// its key tiles' parts one after the other, as blocks of one tile each would (the same bits whatever KT). It
+// waits, before its add, until counter[i] says the block before it has added; it publishes its own add at its
+// next step's first barrier (all its threads' stores are done by then) with a release store. The block streams
+// its query tiles from the last down to its diagonal, so blocks m - 1 and m reach query tile i at the same step:
+// m waits once, at its first step, and then runs that far behind m - 1. The ticket, block major, starts every
+// head's block 0 (the longest) first and the shortest last (1.01x the ideal makespan in a list-scheduling
+// simulation at T = 1024 .. 4096, against 1.05x .. 1.21x head-major); and it keeps the protocol free of deadlock
+// whatever order the hardware dispatches blocks in: a block waits only on the block of the ticket `heads` before
+// its own, which has taken its ticket and so is resident, and which waits in turn only on an earlier ticket;
+// block 0 of a head never waits.
 //
 // S^T = K Q^T must be the forward's S = Q K^T bit for bit (p = 1 exactly on a one-key row, so that ds = 0
 // there): its three mmas run in the transposed order (fa_mma3<true>), the same terms with the same k into the
-// same partial sums; dP^T likewise, to match the delta kernel's dP = dO V^T.
+// same partial sums; dP^T likewise, to match the delta kernel's dP = dO V^T. Q and dO split once (SPLIT) give
+// the same hi and lo as split at each read, so the same bits.
 // sync: B * NH * ceil(T / 64) counters, (b, h, query tile), then the ticket; all 0 at the start (the delta
 // kernel zeroes them; this kernel leaves them 0 as well).
-template <int D>
+template <int D, int KT, bool SPLIT>
 __device__ void flash_bwd(float* dq, float* dk, float* dv, int* sync, const float* q, const float* k,
                           const float* v, const float* d_o, const float* lse, const float* delta, int T, int d_k,
                           int ld_in, int ld_out) {
 #if TC_AVAILABLE
-    using S = FlashSmem<D, FA_BWD_WARPS>;
-    constexpr int THREADS = 32 * FA_BWD_WARPS, ND = D / 8;
+    constexpr int WARPS = 4 * KT;
+    using S = FlashSmem<D, WARPS>;
+    constexpr int THREADS = 32 * WARPS, ND = D / 8;
     // n8 tiles of dQ's part at a time: 32 columns, whose part and loaded sum (32 registers) fit beside dK and dV
     // at d_k 64 (all 64 at once: 300-400 bytes spilled)
     constexpr int NQ = 4;
-    static_assert(S::ROWS == FA_KEYS, "a block's keys are one tile");
+    static_assert(S::ROWS == KT * FA_KEYS, "a block's keys are KT tiles");
+    static_assert(KT == 1 || S::TILE >= FA_KEYS * FA_DS_LD, "each key tile's dS^T fits over one of Q and dO");
+    static_assert(D % (8 * NQ * KT) == 0, "a warp of each key tile takes D / KT columns of dQ's rows");
     extern __shared__ __align__(16) float fa_smem[];
     float* ks = fa_smem;
     float* vs = ks + S::ROWS * S::LD;
     float* qd = vs + S::ROWS * S::LD;  // stage s: Q at qd + 2 s TILE, dO after it
-    float* ls = qd + 4 * S::TILE;      // stage s: lse at ls + 2 s FA_KEYS, delta after it
+    // SPLIT: the current stage's Q and dO lo (their hi over the stage)
+    uint32_t* q_lo = reinterpret_cast<uint32_t*>(qd + 4 * S::TILE);
+    uint32_t* do_lo = q_lo + S::TILE;
+    float* ls = qd + (4 + 2 * SPLIT) * S::TILE;  // stage s: lse at ls + 2 s FA_KEYS, delta after it
     int& ticket = *reinterpret_cast<int*>(ls + 4 * FA_KEYS);
-    // n from T, not gridDim.x (the same number): with gridDim.x, ptxas spilled 280-330 bytes at d_k 64
-    const int n = (T - 1) / FA_KEYS + 1, heads = gridDim.y * gridDim.z;
+    // n from T, not gridDim.x: with gridDim.x, ptxas spilled 280-330 bytes at d_k 64
+    const int n = (T - 1) / FA_KEYS + 1, blocks = (n - 1) / KT + 1, heads = gridDim.y * gridDim.z;
     if (threadIdx.x == 0) {
         ticket = atomicAdd(sync + heads * n, 1);
-        if (ticket == heads * n - 1) sync[heads * n] = 0;  // the last ticket drawn: left 0 for the next launch
+        if (ticket == heads * blocks - 1) sync[heads * n] = 0;  // the last ticket drawn: left 0 for the next launch
     }
     __syncthreads();
     // The head (bh = b * NH + h, NH = gridDim.y) and its offsets are recomputed from the ticket in shared memory
@@ -557,16 +608,16 @@ __device__ void flash_bwd(float* dq, float* dk, float* dv, int* sync, const floa
         const int b = bh / gridDim.y;
         return (long long)b * T * ld + (long long)(bh - b * (int)gridDim.y) * d_k;
     };
-    auto counter = [&](int bh, int i) { return sync + bh * n + i; };  // key tiles that have added to dQ's tile i
-    const int j = ticket / heads;                                    // key tile major: every head's longest first
+    auto counter = [&](int bh, int i) { return sync + bh * n + i; };  // blocks that have added to dQ's tile i
+    const int m = ticket / heads;                                    // block major: every head's longest first
     const long long in = head(ticket_head(), ld_in);
     const bool vec = d_k % 4 == 0 && ld_in % 4 == 0 && ld_out % 4 == 0 &&
                      fa_aligned(q + in, k + in, v + in, d_o + head(ticket_head(), ld_out));
-    const int k0 = j * FA_KEYS;
+    const int j0 = KT * m, k0 = j0 * FA_KEYS;  // the block's first key tile, and its first key
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int first = k0 + 16 * warp, key_a = first + g, key_b = key_a + 8;
     const float scale = 1.0f / sqrtf((float)d_k);
-    const int n_steps = n - j;  // query tiles n - 1 down to j
+    const int n_steps = n - j0;  // query tiles n - 1 down to j0
 
     auto load_tile = [&](int stage, int q0) {
         float* s = qd + stage * 2 * S::TILE;
@@ -592,25 +643,37 @@ __device__ void flash_bwd(float* dq, float* dk, float* dv, int* sync, const floa
     int* publish = nullptr;  // thread 0's: the counter of the last step's add, set once the block's stores are done
     for (int s = 0; s < n_steps; s++) {
         const int i = n - 1 - s, q0 = i * FA_KEYS;
+        float* qs = qd + (s & 1) * 2 * S::TILE;
+        const float* dos = qs + S::TILE;
         cp_async_wait<0>();
-        __syncthreads();  // tile i is in; every warp is done with step s - 1 (its stage, and its dQ stores)
+        if constexpr (SPLIT) {  // lo's last readers passed the last step's second barrier
+            fa_split_own<D, FA_KEYS, THREADS>(qs, q_lo, vec);
+            fa_split_own<D, FA_KEYS, THREADS>(qs + S::TILE, do_lo, vec);
+        }
+        __syncthreads();  // tile i is in (and split); every warp is done with step s - 1 (its stage, its dQ stores)
         if (publish != nullptr) {
             __threadfence();
-            fa_store_release(publish, j + 1);
+            fa_store_release(publish, m + 1);
             publish = nullptr;
         }
         if (s + 1 < n_steps) load_tile((s + 1) & 1, q0 - FA_KEYS);
         cp_async_commit();
-        float* qs = qd + (s & 1) * 2 * S::TILE;
-        const float* dos = qs + S::TILE;
         const float* tl = ls + (s & 1) * 2 * FA_KEYS;
 
-        // ds^T: rows this warp's keys, columns the tile's queries 8c + 2t (+ 1); 0 for a warp past T
+        // ds^T: rows this warp's keys, columns the tile's queries 8c + 2t (+ 1); 0 for a warp past T, and for
+        // a warp whose keys all come after the tile's queries (a second key tile at the first's diagonal)
         float dst[8][4];
-        if (first < T) {
+        if (first < T && first < q0 + FA_KEYS) {
             float pt[8][4];
-            fa_rows_dot<D, 1, true>(pt, ks + 16 * warp * S::LD, qs);
-            fa_rows_dot<D, 1, true>(dst, vs + 16 * warp * S::LD, dos);
+            if constexpr (SPLIT) {
+                const FaSplit q_split{reinterpret_cast<const uint32_t*>(qs), q_lo};
+                fa_rows_dot<D, 1, true>(pt, ks + 16 * warp * S::LD, q_split);
+                fa_rows_dot<D, 1, true>(dst, vs + 16 * warp * S::LD,
+                                        FaSplit{reinterpret_cast<const uint32_t*>(dos), do_lo});
+            } else {
+                fa_rows_dot<D, 1, true>(pt, ks + 16 * warp * S::LD, qs);
+                fa_rows_dot<D, 1, true>(dst, vs + 16 * warp * S::LD, dos);
+            }
 #pragma unroll
             for (int c = 0; c < 8; c++)
 #pragma unroll
@@ -623,8 +686,13 @@ __device__ void flash_bwd(float* dq, float* dk, float* dv, int* sync, const floa
                     dst[c][e] = pt[c][e] * (dst[c][e] - dl);
                     dst[c][2 + e] = pt[c][2 + e] * (dst[c][2 + e] - dl);
                 }
-            fa_weigh<D>(acc_v, pt, dos);
-            fa_weigh<D>(acc_k, dst, qs);
+            if constexpr (SPLIT) {
+                fa_weigh<D>(acc_v, pt, FaSplit{reinterpret_cast<const uint32_t*>(dos), do_lo});
+                fa_weigh<D>(acc_k, dst, FaSplit{reinterpret_cast<const uint32_t*>(qs), q_lo});
+            } else {
+                fa_weigh<D>(acc_v, pt, dos);
+                fa_weigh<D>(acc_k, dst, qs);
+            }
         } else {
 #pragma unroll
             for (int c = 0; c < 8; c++)
@@ -632,61 +700,72 @@ __device__ void flash_bwd(float* dq, float* dk, float* dv, int* sync, const floa
                 for (int r = 0; r < 4; r++) dst[c][r] = 0.0f;
         }
         __syncthreads();  // every warp is done with the stage's Q and dO: dS^T goes over them
-        float* ds_t = qs;  // 64 queries x 64 keys, as fa_at<64>
+        // key tile kt's 64 queries x 64 keys at qs + kt TILE, as fa_at<64>
+        float* ds_t = qs + warp / 4 * S::TILE;
 #pragma unroll
         for (int c = 0; c < 8; c++)
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 const int col = 8 * c + 2 * t + e;
-                ds_t[fa_at<64>(col, 16 * warp + g)] = dst[c][e];
-                ds_t[fa_at<64>(col, 16 * warp + g + 8)] = dst[c][2 + e];
+                ds_t[fa_at<64>(col, 16 * (warp % 4) + g)] = dst[c][e];
+                ds_t[fa_at<64>(col, 16 * (warp % 4) + g + 8)] = dst[c][2 + e];
             }
         __syncthreads();  // dS^T is whole
 
-        // dQ's rows q0 + 16 warp + g (+ 8) += dS^T K over the block's keys: after key tile j - 1's add,
-        // the first (j = 0) writes, the last (j = i) scales
-        const int row_a = q0 + 16 * warp + g, row_b = row_a + 8;
-        if (q0 + 16 * warp < T) {
+        // dQ's rows q0 + 16 (warp % 4) + g (+ 8), columns D / KT of them (warp / 4), += dS^T K over the block's
+        // key tiles in order, after block m - 1's add: key tile 0 writes, key tile i scales
+        const int rows = 16 * (warp % 4), row_a = q0 + rows + g, row_b = row_a + 8;
+        const int tiles = min(KT, i - j0 + 1);  // the block's key tiles that see query tile i
+        if (q0 + rows < T) {
             const int h = ticket_head();
             float* dq_h = dq + head(h, ld_in);
-            if (j > 0)
-                while (fa_load_acquire(counter(h, i)) != j) __nanosleep(100);
+            if (m > 0)
+                while (fa_load_acquire(counter(h, i)) != m) __nanosleep(100);
 #pragma unroll
-            for (int c0 = 0; c0 < D; c0 += 8 * NQ) {
-                float prev[NQ][4];  // loaded before the product, to land while it runs
-                if (j > 0)
+            for (int dc = 0; dc < D / KT; dc += 8 * NQ) {  // a constant count: with the warp's bounds, 330 bytes spilled
+                const int c0 = warp / 4 * (D / KT) + dc;
+                float x[NQ][4];  // the sum so far, loaded before the product, to land while it runs
+                if (m > 0)
 #pragma unroll
                     for (int c = 0; c < NQ; c++)
 #pragma unroll
                         for (int e = 0; e < 2; e++) {
                             const int d = c0 + 8 * c + 2 * t + e;
                             // a conditional load of volatile asm is a branch: load dq[0] where out of bounds
-                            prev[c][e] = __ldcg(row_a < T && d < d_k ? dq_h + (long long)row_a * ld_in + d : dq_h);
-                            prev[c][2 + e] = __ldcg(row_b < T && d < d_k ? dq_h + (long long)row_b * ld_in + d : dq_h);
+                            x[c][e] = __ldcg(row_a < T && d < d_k ? dq_h + (long long)row_a * ld_in + d : dq_h);
+                            x[c][2 + e] = __ldcg(row_b < T && d < d_k ? dq_h + (long long)row_b * ld_in + d : dq_h);
                         }
-                float part[NQ][4];
-                fa_dq_part<D, NQ>(part, ds_t + 16 * warp * FA_DS_LD, ks, c0);
+#pragma unroll
+                for (int kt = 0; kt < KT; kt++) {
+                    if (kt >= tiles) break;
+                    float part[NQ][4];
+                    fa_dq_part<D, NQ>(part, qs + kt * S::TILE + rows * FA_DS_LD, ks + kt * FA_KEYS * S::LD, c0);
+#pragma unroll
+                    for (int c = 0; c < NQ; c++)
+#pragma unroll
+                        for (int r = 0; r < 4; r++) x[c][r] = m > 0 || kt > 0 ? x[c][r] + part[c][r] : part[c][r];
+                }
 #pragma unroll
                 for (int c = 0; c < NQ; c++)
 #pragma unroll
                     for (int e = 0; e < 2; e++) {
                         const int d = c0 + 8 * c + 2 * t + e;
                         if (d >= d_k) continue;
-                        float x_a = j > 0 ? prev[c][e] + part[c][e] : part[c][e];
-                        float x_b = j > 0 ? prev[c][2 + e] + part[c][2 + e] : part[c][2 + e];
-                        if (j == i) x_a *= scale, x_b *= scale;
+                        float x_a = x[c][e], x_b = x[c][2 + e];
+                        if (i < j0 + KT) x_a *= scale, x_b *= scale;  // key tile i is the block's
                         if (row_a < T) __stcg(dq_h + (long long)row_a * ld_in + d, x_a);
                         if (row_b < T) __stcg(dq_h + (long long)row_b * ld_in + d, x_b);
                     }
             }
         }
-        // j = i, the last step, adds last: no one waits
-        if (threadIdx.x == 0 && j < i) publish = counter(ticket_head(), i);
+        // a query tile of the block's own key tiles takes its last add from this block: no one waits
+        if (threadIdx.x == 0 && i >= j0 + KT) publish = counter(ticket_head(), i);
     }
-    // the last add to query tile j was this block's: its counter back to 0 for the next launch, once every warp
-    // has seen it at j (a warp may still be in its spin until this barrier)
+    // the last adds to query tiles j0 .. j0 + KT - 1 were this block's: their counters back to 0 for the next
+    // launch, once every warp has seen them at m (a warp may still be in its spin until this barrier)
     __syncthreads();
-    if (threadIdx.x == 0 && j > 0) *counter(ticket_head(), j) = 0;
+    if (threadIdx.x == 0 && m > 0)
+        for (int i = j0; i < min(j0 + KT, n); i++) *counter(ticket_head(), i) = 0;
     dk += head(ticket_head(), ld_in), dv += head(ticket_head(), ld_in);
 #pragma unroll
     for (int c = 0; c < ND; c++)
@@ -717,22 +796,27 @@ __device__ void flash_bwd(float* dq, float* dk, float* dv, int* sync, const floa
 #define FA_FWD_BOUNDS_32 __launch_bounds__(32 * FA_FWD_WARPS(32))
 #define FA_FWD_BOUNDS_64 __launch_bounds__(32 * FA_FWD_WARPS(64), 1)
 #define FA_FWD_BOUNDS_128 __launch_bounds__(32 * FA_FWD_WARPS(128))
+// the backward's blocks of 8 warps one an SM (their shared memory), up to 255 registers as the 4-warp ones
+#define FA_BWD_BOUNDS_32 __launch_bounds__(32 * FA_BWD_WARPS(32))
+#define FA_BWD_BOUNDS_64 __launch_bounds__(32 * FA_BWD_WARPS(64), 1)
+#define FA_BWD_BOUNDS_128 __launch_bounds__(32 * FA_BWD_WARPS(128))
 #define FLASH_KERNELS(D)                                                                                       \
     extern "C" __global__ void FA_FWD_BOUNDS_##D k_flash_fwd_d##D(float* o, float* lse, const float* q,         \
                                                                   const float* k, const float* v, int T,       \
                                                                   int d_k, int ld_in, int ld_out) {    \
         flash_fwd<D, FA_FWD_WARPS(D), FA_FWD_SPLIT(D)>(o, lse, q, k, v, T, d_k, ld_in, ld_out);            \
     }                                                                                                          \
-    extern "C" __global__ void __launch_bounds__(32 * FA_BWD_WARPS)                                           \
+    extern "C" __global__ void __launch_bounds__(32 * FA_DELTA_WARPS)                                         \
         k_flash_bwd_delta_d##D(float* delta, int* sync, const float* q, const float* k, const float* v,       \
                                const float* d_o, const float* lse, int T, int d_k, int ld_in, int ld_out) {    \
         flash_bwd_delta<D>(delta, sync, q, k, v, d_o, lse, T, d_k, ld_in, ld_out);                             \
     }                                                                                                          \
-    extern "C" __global__ void __launch_bounds__(32 * FA_BWD_WARPS)                                           \
+    extern "C" __global__ void FA_BWD_BOUNDS_##D                                                               \
         k_flash_bwd_d##D(float* dq, float* dk, float* dv, int* sync, const float* q, const float* k,           \
                          const float* v, const float* d_o, const float* lse, const float* delta, int T,        \
                          int d_k, int ld_in, int ld_out) {                                                     \
-        flash_bwd<D>(dq, dk, dv, sync, q, k, v, d_o, lse, delta, T, d_k, ld_in, ld_out);                       \
+        flash_bwd<D, FA_BWD_TILES(D), FA_BWD_SPLIT(D)>(dq, dk, dv, sync, q, k, v, d_o, lse, delta, T, d_k, ld_in, \
+                                                       ld_out);                                                \
     }
 FLASH_KERNELS(32)
 FLASH_KERNELS(64)

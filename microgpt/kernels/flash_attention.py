@@ -35,8 +35,8 @@ def width(d_k: int) -> int:
 def _sizes(D: int) -> dict:
     """Warps a block and shared-memory bytes of the kernels of width D (enum FlashLaunch)."""
     c = int_constants()
-    return dict(fwd_warps=c[f"FA_FWD_W{D}"], bwd_warps=c["FA_BWD_W"], keys=c["FA_KEYS_A_TILE"],
-                pass_tiles=c["FA_PASS_TILES"],
+    return dict(fwd_warps=c[f"FA_FWD_W{D}"], delta_warps=c["FA_DELTA_W"], bwd_warps=c[f"FA_BWD_W{D}"],
+                keys=c["FA_KEYS_A_TILE"], pass_tiles=c["FA_PASS_TILES"],
                 fwd=c[f"FA_FWD_BYTES{D}"], delta=c[f"FA_DELTA_BYTES{D}"], bwd=c[f"FA_BWD_BYTES{D}"])
 
 
@@ -71,9 +71,8 @@ def fused_attention_fwd_tc(y, lse, qkv, n_head, *, stream=None):
 def fused_attention_bwd_tc(dqkv, dy, qkv, y, lse, n_head, *, stream=None):
     """fused_attention_bwd's dqkv, by flash attention: the delta kernels (a row's sum of p dp: by a pass over P and
     dP for the first query tiles, from dO * O for the rest; they also zero the counters and the ticket), then one
-    kernel for dQ, dK and dV (a block of 64 keys, taken from the ticket,
-    against the query tiles from the last down to the diagonal, adding into dQ in the order of the key tiles
-    behind a counter a query tile)."""
+    kernel for dQ, dK and dV (a block of 64 keys a 4 warps, taken from the ticket, against the query tiles from
+    the last down to the diagonal, adding into dQ in the order of the key tiles behind a counter a query tile)."""
     B, T, C, d_k = qkv_dims(qkv, n_head)
     if not _runs(B, n_head, d_k, T):
         return fused_attention_bwd(dqkv, dy, qkv, y, lse, n_head, stream=stream)
@@ -81,11 +80,11 @@ def fused_attention_bwd_tc(dqkv, dy, qkv, y, lse, n_head, *, stream=None):
     s = _sizes(D)
     p_dqkv, p_dy = ptr("dqkv", dqkv, (B, T, 3 * C)), ptr("dy", dy, (B, T, C))
     p_qkv, p_y, p_lse = ptr("qkv", qkv, (B, T, 3 * C)), ptr("y", y, (B, T, C)), ptr("lse", lse, (B, n_head, T))
-    tiles = math.ceil(T / s["keys"])  # 16 * bwd_warps rows a block: one tile
+    tiles = math.ceil(T / s["keys"])  # query tiles, and key tiles: a backward block takes bwd_warps / 4 of them
     # held here until the launches are queued. sync: int32 in a float32 scratch of the same size, a counter for
     # each (b, h, query tile) and the ticket; uninitialised, as the delta kernels zero it before each backward
     delta, sync = scratch(B * n_head * T), scratch(B * n_head * tiles + 1)
-    grid, block = (tiles, n_head, B), 32 * s["bwd_warps"]
+    block = 32 * s["delta_warps"]
     q, k, v, dq, dk, dv = p_qkv, p_qkv + 4 * C, p_qkv + 8 * C, p_dqkv, p_dqkv + 4 * C, p_dqkv + 8 * C
     p_delta, p_sync = int(delta.gpudata), int(sync.gpudata)
     pass_tiles = min(tiles, s["pass_tiles"])  # delta from a pass over P and dP; the rows past them from dO * O
@@ -95,5 +94,6 @@ def fused_attention_bwd_tc(dqkv, dy, qkv, y, lse, n_head, *, stream=None):
     if row_heads > 0:  # a warp each
         launch("k_flash_bwd_delta_rows", [p_delta, p_sync, p_y, p_dy, B, n_head, T, d_k, C], blocks(32 * row_heads),
                stream)
-    launch(f"k_flash_bwd_d{D}", [dq, dk, dv, p_sync, q, k, v, p_dy, p_lse, p_delta, T, d_k, 3 * C, C], grid, stream,
-           shared=s["bwd"], block=block)
+    key_tiles = s["bwd_warps"] // 4
+    launch(f"k_flash_bwd_d{D}", [dq, dk, dv, p_sync, q, k, v, p_dy, p_lse, p_delta, T, d_k, 3 * C, C],
+           (math.ceil(tiles / key_tiles), n_head, B), stream, shared=s["bwd"], block=32 * s["bwd_warps"])

@@ -25,8 +25,9 @@ NVCC_OPTIONS = ("-lineinfo",)  # line numbers for compute-sanitizer and ncu; no 
 _FORMATS = (("*", "P"), ("long long", "q"), ("double", "d"), ("float", "f"), ("unsigned int", "I"),
             ("int", "i"))
 _LINE_MARKER = re.compile(r'^# (\d+) "([^"]+)"', re.M)
-_KERNEL = re.compile(r'extern "C" __attribute__\(\(global\)\) void\s+(?:__attribute__\(\(launch_bounds\([^)]*\)\)\)\s+)?'
-                     r'(\w+)\s*\(([^)]*)\)')
+# launch bounds of one level of parentheses within (32 * (4 * 2))
+_KERNEL = re.compile(r'extern "C" __attribute__\(\(global\)\) void\s+'
+                     r'(?:__attribute__\(\(launch_bounds\((?:[^()]|\([^()]*\))*\)\)\)\s+)?(\w+)\s*\(([^)]*)\)')
 
 
 def cuda_source_dir() -> Path:
