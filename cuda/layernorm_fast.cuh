@@ -19,7 +19,8 @@ __device__ __forceinline__ int batch_col(int c0, int u) { return c0 + u * 32 * V
 
 // out, mean and rstd of row n from its values v (the lane's chunks, 0 past C) and their lane sum. STREAM: out's
 // 16-byte chunks stored evict-first (st.global.cs), so that the rows still to be read keep L2: the plain forward
-// went from 73% to 80% of the copy bandwidth with it on the H200 (andrea-120m, 2026-12-01); the fused residual add
+// went from 73% to 80% of the copy bandwidth with it on the H200 (andrea-120m, 2026-12-01, one out buffer for every
+// launch timed, which L2 kept: 71-74% with each launch's own); the fused residual add
 // and layernorm, whose sum x is also written, measured no faster (79%), and keeps ordinary stores.
 template <int VEC, bool STREAM = false>
 __device__ __forceinline__ void layernorm_regs_out(float* o, float* mean, float* rstd, float (&v)[ROW_REGS / VEC][VEC],
@@ -110,7 +111,7 @@ __device__ __forceinline__ void layernorm_fwd_row(float* o, float* mean, float* 
 #pragma unroll
         for (int k = 0; k < CHUNKS; k++) {
             int c = chunk_col<VEC>(k);
-            if (c < C) load_vec<VEC>(v[k], xr + c);
+            if (c < C) load_vec<VEC, true>(v[k], xr + c);  // evict-first: 71.3% -> 73.9% of the copy bandwidth
         }
         float sum = 0.0f;
 #pragma unroll
@@ -158,8 +159,8 @@ __device__ __forceinline__ void residual_layernorm_row(float* xr, float* o, floa
         for (int k = 0; k < CHUNKS; k++) {
             int c = chunk_col<VEC>(k);
             if (c < C) {
-                load_vec<VEC>(v[k], rr + c);
-                load_vec<VEC>(u[k], br + c);
+                load_vec<VEC, true>(v[k], rr + c);  // evict-first: 80.3% -> 81.3%
+                load_vec<VEC, true>(u[k], br + c);
             }
         }
         float sum = 0.0f;

@@ -33,13 +33,15 @@ __device__ __forceinline__ long long warp_row() { return thread_index() / 32; }
 // exp(MASK_VALUE - max) is 0 in FP32; the columns from n on are written 0, as the full softmax gives them.
 constexpr int ROW_REGS = 32;
 
-template <int VEC>
+// ONCE: loaded evict-first (ld.global.cs), for what the kernel reads once and nothing reads soon after, so that
+// the rows still to be read keep their place in L2
+template <int VEC, bool ONCE = false>
 __device__ __forceinline__ void load_vec(float (&v)[VEC], const float* p) {
     if constexpr (VEC == 4) {
-        float4 f = *reinterpret_cast<const float4*>(p);
+        float4 f = ONCE ? __ldcs(reinterpret_cast<const float4*>(p)) : *reinterpret_cast<const float4*>(p);
         v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
     } else {
-        v[0] = p[0];
+        v[0] = ONCE ? __ldcs(p) : p[0];
     }
 }
 

@@ -79,25 +79,43 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
     def ln_douts(r):  # the layernorms' output gradients; the residual + layernorm's other input
         return [(r.randn(B, T, C),) for _ in range(sets)]
 
+    def ln_outs():  # a set's out, mean and rstd of a layernorm: each layer writes its own (one out for all the sets
+        # stayed in the 50 MB L2 from launch to launch, and its writes never reached memory)
+        return empty(B, T, C), empty(B, T), empty(B, T)
+
     for case, fwd in own("layernorm_fwd"):
-        (w, b), (ln, mean, rstd) = ln_params(), ln_stats()
-        add(case, lambda s, xi, fwd=fwd: fwd(ln, mean, rstd, xi, w, b, stream=s), F * (2 * N * C + 2 * C + 2 * N),
-            8 * N * C, xs())
+        w, b = ln_params()
+        add(case, lambda s, xi, ln, mean, rstd, fwd=fwd: fwd(ln, mean, rstd, xi, w, b, stream=s),
+            F * (2 * N * C + 2 * C + 2 * N), 8 * N * C, [(xi, *ln_outs()) for (xi,) in xs()])
 
     @drawn
-    def ln_grads(r):  # dw, db, and the residual stream's gradient that the accumulating backward adds into
-        return r.randn(C), r.randn(C), r.randn(B, T, C)
+    def ln_grads(r):  # dw, db, and each set's residual-stream gradient, which the accumulating backward adds into
+        return r.randn(C), r.randn(C), [r.randn(B, T, C) for _ in range(sets)]
+
+    @functools.cache
+    def ln_bwd_sets():  # each set's (dout, x, mean and rstd of x's forward, dx): every large array the backward
+        # reads or writes is the set's own, as each layer's are (with one x and one dx for all the sets, the 50 MB
+        # L2 kept them from launch to launch, and the accumulating backward measured 87% of the copy bandwidth
+        # where the model's would not)
+        (w, b), (ln, _, _) = ln_params(), ln_stats()
+        out = []
+        for (d,), (x,) in zip(ln_douts(), xs()):
+            mean, rstd = empty(B, T), empty(B, T)
+            K.layernorm_fwd(ln, mean, rstd, x, w, b)
+            out.append((d, x, mean, rstd, empty(B, T, C)))
+        return out
 
     for case, bwd in own("layernorm_bwd", also=[" (accumulate)"]):
-        (w, b), (ln, mean, rstd), (dw, db, dx_sum), dx = ln_params(), ln_stats(), ln_grads(), buf("dx", B, T, C)
-        x0 = xs()[0][0]  # mean and rstd's input
+        (w, _), (dw, db, dx_sums) = ln_params(), ln_grads()
         if want(case):
-            add(case, lambda s, d, bwd=bwd: bwd(dx, dw, db, d, x0, w, mean, rstd, stream=s),
-                F * (3 * N * C + 5 * C + 2 * N), 14 * N * C, ln_douts())
+            add(case, lambda s, d, x, mean, rstd, dx, bwd=bwd: bwd(dx, dw, db, d, x, w, mean, rstd, stream=s),
+                F * (3 * N * C + 5 * C + 2 * N), 14 * N * C, ln_bwd_sets())
         if want(f"{case} (accumulate)"):  # as training calls it twice a layer: adding into the residual stream's
             add(f"{case} (accumulate)",   # gradient (read and written)
-                lambda s, d, bwd=bwd: bwd(dx_sum, dw, db, d, x0, w, mean, rstd, accumulate=True, stream=s),
-                F * (4 * N * C + 5 * C + 2 * N), 15 * N * C, ln_douts())
+                lambda s, d, x, mean, rstd, dx, bwd=bwd: bwd(dx, dw, db, d, x, w, mean, rstd, accumulate=True,
+                                                             stream=s),
+                F * (4 * N * C + 5 * C + 2 * N), 15 * N * C,
+                [(*inputs[:4], dx_sum) for inputs, dx_sum in zip(ln_bwd_sets(), dx_sums)])
     if "fast" in variants and want("layernorm_bwd_fast (wide rows)"):
         # T rows wider than a block of the fast backward spans (k_layernorm_bwd_fast_wide)
         r, W = draws_for("layernorm_bwd_fast (wide rows)"), 4 * K.layernorm_fast.bwd_launch()[1] + 4
@@ -109,9 +127,10 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
             F * (3 * T * W + 5 * W + 2 * T), 14 * T * W, [(r.randn(T, W),) for _ in range(sets)])
     # the residual add fused with the layernorm after it (the reference runs k_residual_fwd, k_layernorm_fwd)
     for case, fwd in own("residual_layernorm_fwd", with_reference=False):
-        (w, b), (ln, mean, rstd), x_sum = ln_params(), ln_stats(), buf("x_sum", B, T, C)
-        add(case, lambda s, ri, d, fwd=fwd: fwd(x_sum, ln, mean, rstd, ri, d, w, b, stream=s),
-            F * (4 * N * C + 2 * C + 2 * N), 9 * N * C, [(xs()[i][0], ln_douts()[i][0]) for i in range(sets)])
+        w, b = ln_params()
+        add(case, lambda s, ri, d, x_sum, ln, mean, rstd, fwd=fwd: fwd(x_sum, ln, mean, rstd, ri, d, w, b, stream=s),
+            F * (4 * N * C + 2 * C + 2 * N), 9 * N * C,
+            [(xi, d, empty(B, T, C), *ln_outs()) for (xi,), (d,) in zip(xs(), ln_douts())])
 
     for layer, (IN, OUT) in {"qkv": (C, 3 * C), "attn.proj": (C, C), "mlp.fc": (C, 4 * C),
                              "mlp.proj": (4 * C, C), "lm_head": (C, V)}.items():
@@ -323,13 +342,16 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
     def hs(r):
         return [(r.randn(B, T, 4 * C),) for _ in range(sets)]
 
+    @drawn
+    def dhs(r):  # the GELU backward's output gradients
+        return [(r.randn(B, T, 4 * C),) for _ in range(sets)]
+
     for case, fwd in own("gelu_fwd"):
-        h_out = buf("h_out", B, T, 4 * C)
-        add(case, lambda s, h, fwd=fwd: fwd(h_out, h, stream=s), F * 8 * N * C, 10 * 4 * N * C, hs())
+        add(case, lambda s, h, h_out, fwd=fwd: fwd(h_out, h, stream=s), F * 8 * N * C, 10 * 4 * N * C,
+            [(h, empty(B, T, 4 * C)) for (h,) in hs()])
     for case, bwd in own("gelu_bwd"):
-        h_out = buf("h_out", B, T, 4 * C)
-        add(case, lambda s, h, bwd=bwd, h0=hs()[0][0]: bwd(h_out, h0, h, stream=s), F * 12 * N * C, 16 * 4 * N * C,
-            hs())
+        add(case, lambda s, h, d, h_out, bwd=bwd: bwd(h_out, d, h, stream=s), F * 12 * N * C, 16 * 4 * N * C,
+            [(h, d, empty(B, T, 4 * C)) for (h,), (d,) in zip(hs(), dhs())])
     if want("k_residual_fwd"):
         res, x = buf("res", B, T, C), buf("x", B, T, C)
         add("k_residual_fwd", lambda s, xi: K.residual_fwd(res, xi, x, stream=s), F * 3 * N * C, N * C, xs())
