@@ -46,10 +46,14 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
     def embeddings(r):  # wte, wpe: the embedding's, and the decode step's
         return r.randn(V, C, scale=0.02), r.randn(T, C, scale=0.02)
 
+    def per_set(*shapes):  # each set's own outputs (as each layer writes its own): with one array for every launch
+        # timed, the 50 MB L2 kept it from launch to launch and its writes never reached memory
+        return [tuple(empty(*shape) for shape in shapes) for _ in range(sets)]
+
     for case, fwd in own("embed_fwd"):
-        (wte, wpe), x = embeddings(), buf("x", B, T, C)
-        add(case, lambda s, i, fwd=fwd: fwd(x, i, wte, wpe, check_token_ids=False, stream=s),
-            F * (N + 2 * N * C + T * C), N * C, token_ids())
+        wte, wpe = embeddings()
+        add(case, lambda s, i, x, fwd=fwd: fwd(x, i, wte, wpe, check_token_ids=False, stream=s),
+            F * (N + 2 * N * C + T * C), N * C, [(*i, *o) for i, o in zip(token_ids(), per_set((B, T, C)))])
 
     @drawn
     def embed_grads(r):  # dwte, dwpe, and each set's (dx, token ids, their order)
@@ -79,14 +83,11 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
     def ln_douts(r):  # the layernorms' output gradients; the residual + layernorm's other input
         return [(r.randn(B, T, C),) for _ in range(sets)]
 
-    def ln_outs():  # a set's out, mean and rstd of a layernorm: each layer writes its own (one out for all the sets
-        # stayed in the 50 MB L2 from launch to launch, and its writes never reached memory)
-        return empty(B, T, C), empty(B, T), empty(B, T)
-
     for case, fwd in own("layernorm_fwd"):
         w, b = ln_params()
         add(case, lambda s, xi, ln, mean, rstd, fwd=fwd: fwd(ln, mean, rstd, xi, w, b, stream=s),
-            F * (2 * N * C + 2 * C + 2 * N), 8 * N * C, [(xi, *ln_outs()) for (xi,) in xs()])
+            F * (2 * N * C + 2 * C + 2 * N), 8 * N * C,
+            [(*i, *o) for i, o in zip(xs(), per_set((B, T, C), (B, T), (B, T)))])
 
     @drawn
     def ln_grads(r):  # dw, db, and each set's residual-stream gradient, which the accumulating backward adds into
@@ -130,7 +131,7 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
         w, b = ln_params()
         add(case, lambda s, ri, d, x_sum, ln, mean, rstd, fwd=fwd: fwd(x_sum, ln, mean, rstd, ri, d, w, b, stream=s),
             F * (4 * N * C + 2 * C + 2 * N), 9 * N * C,
-            [(xi, d, empty(B, T, C), *ln_outs()) for (xi,), (d,) in zip(xs(), ln_douts())])
+            [(*i, *d, *o) for i, d, o in zip(xs(), ln_douts(), per_set((B, T, C), (B, T, C), (B, T), (B, T)))])
 
     for layer, (IN, OUT) in {"qkv": (C, 3 * C), "attn.proj": (C, C), "mlp.fc": (C, 4 * C),
                              "mlp.proj": (4 * C, C), "lm_head": (C, V)}.items():
@@ -201,12 +202,16 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
     def head_grads(r):  # dq, dk, dv
         return tuple(r.randn(B, NH, T, d_k) for _ in range(3))
 
+    @drawn
+    def head_grad_sets(r):  # each set's dq, dk, dv
+        return [tuple(r.randn(B, NH, T, d_k) for _ in range(3)) for _ in range(sets)]
+
     for case, fwd in own("split_heads_fwd"):
-        q, k, v = heads_of_qkv()
-        add(case, lambda s, qkv, fwd=fwd: fwd(q, k, v, qkv, NH, stream=s), F * 6 * N * C, 0, qkvs())
+        add(case, lambda s, qkv, q, k, v, fwd=fwd: fwd(q, k, v, qkv, NH, stream=s), F * 6 * N * C, 0,
+            [(*i, *o) for i, o in zip(qkvs(), per_set(*[(B, NH, T, d_k)] * 3))])
     for case, bwd in own("split_heads_bwd"):
-        (dq, dk, dv), dqkv = head_grads(), buf("dqkv", B, T, 3 * C)
-        add(case, lambda s, bwd=bwd: bwd(dqkv, dq, dk, dv, stream=s), F * 6 * N * C, 0)
+        add(case, lambda s, dq, dk, dv, dqkv, bwd=bwd: bwd(dqkv, dq, dk, dv, stream=s), F * 6 * N * C, 0,
+            [(*i, *o) for i, o in zip(head_grad_sets(), per_set((B, T, 3 * C)))])
 
     att = BH * T * T
     causal = BH * T * (T + 1) // 2  # the entries on and below the diagonals
@@ -248,21 +253,20 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
         masked = buf("masked", B, NH, T, T)
         add("k_causal_mask_bwd", lambda s, d: K.causal_mask_bwd(masked, d, stream=s), F * 2 * att, 0, dss())
     for case, fwd in own("softmax_fwd"):
-        probs = buf("probs", B, NH, T, T)
-        add(case, lambda s, sc, fwd=fwd: fwd(probs, sc, stream=s), F * 2 * att, 5 * att, dss())
+        add(case, lambda s, sc, probs, fwd=fwd: fwd(probs, sc, stream=s), F * 2 * att, 5 * att,
+            [(*i, *o) for i, o in zip(dss(), per_set((B, NH, T, T)))])
     for case, bwd in own("softmax_bwd"):
-        dscores = buf("dscores", B, NH, T, T)
-        add(case, lambda s, p, bwd=bwd, d=dss()[0][0]: bwd(dscores, d, p, stream=s), F * 3 * att, 4 * att, ps())
+        add(case, lambda s, p, d, dscores, bwd=bwd: bwd(dscores, d, p, stream=s), F * 3 * att, 4 * att,
+            [(*i, *d, *o) for i, d, o in zip(ps(), dss(), per_set((B, NH, T, T)))])
     # as the attention pipeline runs them: causal rows, of which the fast kernels read the lower triangle
     # (the bytes counted) and write every entry
     for case, fwd in own("softmax_fwd", " (causal)", with_reference=False):
-        probs = buf("probs", B, NH, T, T)
-        add(case, lambda s, sc, fwd=fwd: fwd(probs, sc, causal=True, stream=s), F * (causal + att), 5 * causal,
-            masked_ss())
+        add(case, lambda s, sc, probs, fwd=fwd: fwd(probs, sc, causal=True, stream=s), F * (causal + att),
+            5 * causal, [(*i, *o) for i, o in zip(masked_ss(), per_set((B, NH, T, T)))])
     for case, bwd in own("softmax_bwd", " (causal)", with_reference=False):
-        dscores = buf("dscores", B, NH, T, T)
-        add(case, lambda s, p, bwd=bwd, d=dss()[0][0]: bwd(dscores, d, p, causal=True, stream=s),
-            F * (2 * causal + att), 4 * causal, causal_ps())
+        add(case, lambda s, p, d, dscores, bwd=bwd: bwd(dscores, d, p, causal=True, stream=s),
+            F * (2 * causal + att), 4 * causal,
+            [(*i, *d, *o) for i, d, o in zip(causal_ps(), dss(), per_set((B, NH, T, T)))])
     if reference and want("k_attn_values_fwd"):
         heads, (q, k, v) = buf("heads", B, NH, T, d_k), heads_of_qkv()
         add("k_attn_values_fwd", lambda s, p: K.attn_values_fwd(heads, p, v, stream=s),
@@ -332,11 +336,11 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
                     dqkv_w, y_w, qkv_w, y_w, lse_w, nh, stream=s),
                 F * (8 * N * cw + B * nh * T), 10 * B * nh * T * (T + 1) // 2 * width)
     for case, fwd in own("merge_heads_fwd"):
-        y, heads = buf("y", B, T, C), buf("heads", B, NH, T, d_k)
-        add(case, lambda s, fwd=fwd: fwd(y, heads, stream=s), F * 2 * N * C, 0)
+        add(case, lambda s, heads, y, fwd=fwd: fwd(y, heads, stream=s), F * 2 * N * C, 0,
+            [(dq, *o) for (dq, _, _), o in zip(head_grad_sets(), per_set((B, T, C)))])
     for case, bwd in own("merge_heads_bwd"):
-        y, heads = buf("y", B, T, C), buf("heads", B, NH, T, d_k)
-        add(case, lambda s, bwd=bwd: bwd(heads, y, NH, stream=s), F * 2 * N * C, 0)
+        add(case, lambda s, y, heads, bwd=bwd: bwd(heads, y, NH, stream=s), F * 2 * N * C, 0,
+            [(*i, *o) for i, o in zip(ln_douts(), per_set((B, NH, T, d_k)))])
 
     @drawn
     def hs(r):
@@ -348,10 +352,10 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
 
     for case, fwd in own("gelu_fwd"):
         add(case, lambda s, h, h_out, fwd=fwd: fwd(h_out, h, stream=s), F * 8 * N * C, 10 * 4 * N * C,
-            [(h, empty(B, T, 4 * C)) for (h,) in hs()])
+            [(*i, *o) for i, o in zip(hs(), per_set((B, T, 4 * C)))])
     for case, bwd in own("gelu_bwd"):
         add(case, lambda s, h, d, h_out, bwd=bwd: bwd(h_out, d, h, stream=s), F * 12 * N * C, 16 * 4 * N * C,
-            [(h, d, empty(B, T, 4 * C)) for (h,), (d,) in zip(hs(), dhs())])
+            [(*i, *d, *o) for i, d, o in zip(hs(), dhs(), per_set((B, T, 4 * C)))])
     if want("k_residual_fwd"):
         res, x = buf("res", B, T, C), buf("x", B, T, C)
         add("k_residual_fwd", lambda s, xi: K.residual_fwd(res, xi, x, stream=s), F * 3 * N * C, N * C, xs())
@@ -364,18 +368,18 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
         return [(r.randn(B, T, V, scale=2.0), r.ints(V, B, T)) for _ in range(sets)]
 
     for case, fwd in own("crossentropy_fwd"):
-        losses, lprobs = buf("losses", B, T), buf("lprobs", B, T, V)
-        add(case, lambda s, lg, tg, fwd=fwd: fwd(losses, lprobs, lg, tg, check_token_ids=False, stream=s),
-            F * (2 * N * V + 2 * N), 4 * N * V, logits())
+        add(case, lambda s, lg, tg, losses, lprobs, fwd=fwd: fwd(losses, lprobs, lg, tg, check_token_ids=False,
+                                                                 stream=s),
+            F * (2 * N * V + 2 * N), 4 * N * V, [(*i, *o) for i, o in zip(logits(), per_set((B, T), (B, T, V)))])
 
     @functools.cache
     def dlosses():  # the mean's
         return ga.to_gpu(np.full((B, T), 1.0 / N, np.float32))
 
     for case, bwd in own("crossentropy_bwd"):
-        dlogits = buf("dlogits", B, T, V)
-        add(case, lambda s, lg, tg, bwd=bwd, dl=dlosses(): bwd(dlogits, lg, tg, dl, check_token_ids=False, stream=s),
-            F * (2 * N * V + 2 * N), 2 * N * V, logits())
+        add(case, lambda s, lg, tg, dlogits, bwd=bwd, dl=dlosses(): bwd(dlogits, lg, tg, dl, check_token_ids=False,
+                                                                        stream=s),
+            F * (2 * N * V + 2 * N), 2 * N * V, [(*i, *o) for i, o in zip(logits(), per_set((B, T, V)))])
 
     # sampling: one new position a sequence, against caches of T positions (the new one the last)
     @drawn
