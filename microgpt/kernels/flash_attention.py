@@ -71,7 +71,7 @@ def fused_attention_fwd_tc(y, lse, qkv, n_head, *, stream=None):
 def fused_attention_bwd_tc(dqkv, dy, qkv, y, lse, n_head, *, stream=None):
     """fused_attention_bwd's dqkv, by flash attention: the delta kernels (a row's sum of p dp: by a pass over P and
     dP for the first query tiles, from dO * O for the rest; they also zero the counters and the ticket), then one
-    kernel for dQ, dK and dV (a block of 64 keys a 4 warps, taken from the ticket, against the query tiles from
+    kernel for dQ, dK and dV (a block of 64 keys for each 4 warps, from the ticket, against the query tiles from
     the last down to the diagonal, adding into dQ in the order of the key tiles behind a counter a query tile)."""
     B, T, C, d_k = qkv_dims(qkv, n_head)
     if not _runs(B, n_head, d_k, T):
