@@ -19,7 +19,7 @@
 // is columns h * d_k .. + d_k of rows b * T .. + T of a matrix whose rows are ld floats apart (qkv and dqkv:
 // 3C, Q at column 0, K at C, V at 2C; y and dy: C), so no split or merge of heads runs before or after.
 #pragma once
-#include "matmul_tc.cuh"  // tf32_split, mma_tf32, mma_tf32_first, cp_async16, cp_async4, TC_AVAILABLE
+#include "matmul_tc.cuh"  // tf32_split(_store), mma_tf32, mma_tf32_first, cp_async16, cp_async4, TC_AVAILABLE
 
 #define FA_KEYS 64  // rows of a streamed tile
 #define FA_DS_LD 72  // row stride of the backward's staged dS^T (64 queries x 64 keys), laid out as fa_at<64>
@@ -155,16 +155,8 @@ constexpr bool fa_is_split<FaSplit> = true;
 // the raw tiles at raw (n floats, a multiple of 4) into hi and lo, by the block's THREADS
 template <int THREADS>
 __device__ __forceinline__ void fa_split_tiles(uint32_t* hi, uint32_t* lo, const float* raw, int n) {
-    for (int i = threadIdx.x; i < n / 4; i += THREADS) {
-        const float4 x = reinterpret_cast<const float4*>(raw)[i];
-        uint4 h, l;
-        tf32_split(x.x, h.x, l.x);
-        tf32_split(x.y, h.y, l.y);
-        tf32_split(x.z, h.z, l.z);
-        tf32_split(x.w, h.w, l.w);
-        reinterpret_cast<uint4*>(hi)[i] = h;
-        reinterpret_cast<uint4*>(lo)[i] = l;
-    }
+    for (int i = threadIdx.x; i < n / 4; i += THREADS)
+        tf32_split_store(hi, lo, 4 * i, reinterpret_cast<const float4*>(raw)[i]);
 }
 
 // A streamed tile of ROWS x D at s split in place: hi over s (as TF32 bit patterns), lo at lo (the same layout),
@@ -177,14 +169,7 @@ __device__ __forceinline__ void fa_split_own(float* s, uint32_t* lo, bool vec) {
 #pragma unroll
         for (int i = 0; i < ROWS * D / 4 / THREADS; i++) {
             const int e = threadIdx.x + i * THREADS, at = fa_at<D>(e / (D / 4), e % (D / 4) * 4);
-            const float4 x = *reinterpret_cast<const float4*>(s + at);
-            uint4 h, l;
-            tf32_split(x.x, h.x, l.x);
-            tf32_split(x.y, h.y, l.y);
-            tf32_split(x.z, h.z, l.z);
-            tf32_split(x.w, h.w, l.w);
-            *reinterpret_cast<uint4*>(hi + at) = h;
-            *reinterpret_cast<uint4*>(lo + at) = l;
+            tf32_split_store(hi, lo, at, *reinterpret_cast<const float4*>(s + at));
         }
     } else {
         for (int i = 0; i < ROWS * D / THREADS; i++) {
@@ -725,7 +710,7 @@ __device__ void flash_bwd(float* dq, float* dk, float* dv, int* sync, const floa
             if (m > 0)
                 while (fa_load_acquire(counter(h, i)) != m) __nanosleep(100);
 #pragma unroll
-            for (int dc = 0; dc < D / KT; dc += 8 * NQ) {  // a constant count: with the warp's bounds, 330 bytes spilled
+            for (int dc = 0; dc < D / KT; dc += 8 * NQ) {  // a constant count: the warp's bounds spilled 330 bytes
                 const int c0 = warp / 4 * (D / KT) + dc;
                 float x[NQ][4];  // the sum so far, loaded before the product, to land while it runs
                 if (m > 0)

@@ -94,6 +94,17 @@ __device__ __forceinline__ void tf32_split(float x, uint32_t& hi, uint32_t& lo) 
 #endif
 }
 
+// v's 4 floats split, their hi at hi + at and their lo at lo + at (16-byte aligned), as TF32 bit patterns
+__device__ __forceinline__ void tf32_split_store(void* hi, void* lo, int at, float4 v) {
+    uint32_t h[4], l[4];
+    tf32_split(v.x, h[0], l[0]);
+    tf32_split(v.y, h[1], l[1]);
+    tf32_split(v.z, h[2], l[2]);
+    tf32_split(v.w, h[3], l[3]);
+    reinterpret_cast<uint4*>(static_cast<uint32_t*>(hi) + at)[0] = make_uint4(h[0], h[1], h[2], h[3]);
+    reinterpret_cast<uint4*>(static_cast<uint32_t*>(lo) + at)[0] = make_uint4(l[0], l[1], l[2], l[3]);
+}
+
 // d += a @ b for one m16n8k8 TF32 tile. Not volatile: the compiler may interleave independent tiles' mmas
 // to hide their latency (volatile asm keeps program order, which serialises each tile's dependent chain).
 __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
@@ -358,16 +369,6 @@ GEMM_TC_KERNEL(k_gemm_tc_tt_n64, true, true, 64)
 // 128 rows x 32 floats, 128-byte rows; the 16-byte chunk c of row r is stored at chunk c ^ (r % 8)
 __device__ __forceinline__ int wg_swizzled(int r, int k4) { return r * WG_BK + (((k4 >> 2) ^ (r & 7)) << 2); }
 
-__device__ __forceinline__ void wg_split_store(float* hi, float* lo, int at, float4 v) {
-    uint32_t h[4], l[4];
-    tf32_split(v.x, h[0], l[0]);
-    tf32_split(v.y, h[1], l[1]);
-    tf32_split(v.z, h[2], l[2]);
-    tf32_split(v.w, h[3], l[3]);
-    *reinterpret_cast<uint4*>(hi + at) = make_uint4(h[0], h[1], h[2], h[3]);
-    *reinterpret_cast<uint4*>(lo + at) = make_uint4(l[0], l[1], l[2], l[3]);
-}
-
 // v[0] + ... + v[N - 1] (N a power of two) as a pairwise tree, in place: a slice's 32 values of A
 template <int N>
 __device__ __forceinline__ float pairwise_sum(float (&v)[N]) {
@@ -538,11 +539,11 @@ __device__ __forceinline__ void gemm_wg_tile(float* C, const float* A, const flo
                 const int e = tid + q * WG_PRODUCERS;
                 const int mn_a = TA ? e % 128 : e / 8, k4_a = TA ? (e / 128) * 4 : (e % 8) * 4;
                 const float4 a = RawA::k_quad(ra, mn_a, k4_a);
-                wg_split_store(s, s + WG_SPLIT, wg_swizzled(mn_a, k4_a), a);
+                tf32_split_store(s, s + WG_SPLIT, wg_swizzled(mn_a, k4_a), a);
                 if (sum_rows) quad_sums[q] = (a.x + a.y) + (a.z + a.w);
                 if (q < BN * WG_BK / 4 / WG_PRODUCERS) {  // B's BN rows (of the tile's 128)
                     const int mn_b = TB ? e / 8 : e % BN, k4_b = TB ? (e % 8) * 4 : (e / BN) * 4;
-                    wg_split_store(s + 2 * WG_SPLIT, s + 3 * WG_SPLIT, wg_swizzled(mn_b, k4_b),
+                    tf32_split_store(s + 2 * WG_SPLIT, s + 3 * WG_SPLIT, wg_swizzled(mn_b, k4_b),
                                    RawB::k_quad(rb, mn_b, k4_b));
                 }
             }
