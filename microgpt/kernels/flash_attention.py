@@ -33,10 +33,11 @@ def width(d_k: int) -> int:
 
 @functools.cache
 def _sizes(D: int) -> dict:
-    """Warps a block and shared-memory bytes of the kernels of width D (enum FlashLaunch)."""
+    """Warps a block, the backward's key tiles a block and shared-memory bytes of the kernels of width D (enum
+    FlashLaunch)."""
     c = int_constants()
     return dict(fwd_warps=c[f"FA_FWD_W{D}"], delta_warps=c["FA_DELTA_W"], bwd_warps=c[f"FA_BWD_W{D}"],
-                keys=c["FA_KEYS_A_TILE"], pass_tiles=c["FA_PASS_TILES"],
+                bwd_tiles=c[f"FA_BWD_KT{D}"], keys=c["FA_KEYS_A_TILE"], pass_tiles=c["FA_PASS_TILES"],
                 fwd=c[f"FA_FWD_BYTES{D}"], delta=c[f"FA_DELTA_BYTES{D}"], bwd=c[f"FA_BWD_BYTES{D}"])
 
 
@@ -80,7 +81,7 @@ def fused_attention_bwd_tc(dqkv, dy, qkv, y, lse, n_head, *, stream=None):
     s = _sizes(D)
     p_dqkv, p_dy = ptr("dqkv", dqkv, (B, T, 3 * C)), ptr("dy", dy, (B, T, C))
     p_qkv, p_y, p_lse = ptr("qkv", qkv, (B, T, 3 * C)), ptr("y", y, (B, T, C)), ptr("lse", lse, (B, n_head, T))
-    tiles = math.ceil(T / s["keys"])  # query tiles, and key tiles: a backward block takes bwd_warps / 4 of them
+    tiles = math.ceil(T / s["keys"])  # query tiles, and key tiles: a backward block takes bwd_tiles of them
     # held here until the launches are queued. sync: int32 in a float32 scratch of the same size, a counter for
     # each (b, h, query tile) and the ticket; uninitialised, as the delta kernels zero it before each backward
     delta, sync = scratch(B * n_head * T), scratch(B * n_head * tiles + 1)
@@ -94,6 +95,5 @@ def fused_attention_bwd_tc(dqkv, dy, qkv, y, lse, n_head, *, stream=None):
     if row_heads > 0:  # a warp each
         launch("k_flash_bwd_delta_rows", [p_delta, p_sync, p_y, p_dy, B, n_head, T, d_k, C], blocks(32 * row_heads),
                stream)
-    key_tiles = s["bwd_warps"] // 4
     launch(f"k_flash_bwd_d{D}", [dq, dk, dv, p_sync, q, k, v, p_dy, p_lse, p_delta, T, d_k, 3 * C, C],
-           (math.ceil(tiles / key_tiles), n_head, B), stream, shared=s["bwd"], block=32 * s["bwd_warps"])
+           (math.ceil(tiles / s["bwd_tiles"]), n_head, B), stream, shared=s["bwd"], block=32 * s["bwd_warps"])
