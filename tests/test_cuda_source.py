@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from microgpt import kernels, reference
+from microgpt.kernels.source import LAUNCH_BOUNDS
 
 SOURCE_DIR = kernels.cuda_source_dir()
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
@@ -65,9 +66,7 @@ def test_every_kernel_of_the_translation_unit_is_extern_c_with_a_mappable_signat
     sigs = kernels.kernel_signatures(text)
     ours = set(kernels.kernel_headers(text).values())
     assert ours == {f.name for f in SOURCE_DIR.glob("*.cuh")} - {"common.cuh"}  # every header is included
-    # launch bounds of one level of parentheses within (32 * (4 * 2)), as the flash backward's
-    declared = set(re.findall(r"__attribute__\(\(global\)\) void\s+"
-                              r"(?:__attribute__\(\(launch_bounds\((?:[^()]|\([^()]*\))*\)\)\)\s+)?(\w+)\s*\(", text))
+    declared = set(re.findall(r"__attribute__\(\(global\)\) void\s+" + LAUNCH_BOUNDS + r"(\w+)\s*\(", text))
     assert declared == set(sigs)  # a __global__ function that is not extern "C" could not be found by name
     assert sigs["k_attn_scores_fwd"] == "PPPiii"
     assert sigs["k_adamw"] == "PPPPqfffffPffPf"

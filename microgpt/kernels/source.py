@@ -25,9 +25,9 @@ NVCC_OPTIONS = ("-lineinfo",)  # line numbers for compute-sanitizer and ncu; no 
 _FORMATS = (("*", "P"), ("long long", "q"), ("double", "d"), ("float", "f"), ("unsigned int", "I"),
             ("int", "i"))
 _LINE_MARKER = re.compile(r'^# (\d+) "([^"]+)"', re.M)
-# launch bounds of one level of parentheses within (32 * (4 * 2))
-_KERNEL = re.compile(r'extern "C" __attribute__\(\(global\)\) void\s+'
-                     r'(?:__attribute__\(\(launch_bounds\((?:[^()]|\([^()]*\))*\)\)\)\s+)?(\w+)\s*\(([^)]*)\)')
+# a kernel's launch bounds as the preprocessor leaves them, one level of parentheses within: (32 * (4 * 2), 1)
+LAUNCH_BOUNDS = r'(?:__attribute__\(\(launch_bounds\((?:[^()]|\([^()]*\))*\)\)\)\s+)?'
+_KERNEL = re.compile(r'extern "C" __attribute__\(\(global\)\) void\s+' + LAUNCH_BOUNDS + r'(\w+)\s*\(([^)]*)\)')
 
 
 def cuda_source_dir() -> Path:
