@@ -46,14 +46,15 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
     def embeddings(r):  # wte, wpe: the embedding's, and the decode step's
         return r.randn(V, C, scale=0.02), r.randn(T, C, scale=0.02)
 
-    def per_set(*shapes):  # each set's own outputs (as each layer writes its own): with one array for every launch
-        # timed, the 50 MB L2 kept it from launch to launch and its writes never reached memory
-        return [tuple(empty(*shape) for shape in shapes) for _ in range(sets)]
+    def with_outputs(*input_sets, outputs):  # each set's inputs, then its own outputs of these shapes (as each layer
+        # writes its own): with one output array for every launch timed, the 50 MB L2 kept it from launch to launch
+        # and its writes never reached memory
+        return [sum(inputs, ()) + tuple(empty(*shape) for shape in outputs) for inputs in zip(*input_sets)]
 
     for case, fwd in own("embed_fwd"):
         wte, wpe = embeddings()
         add(case, lambda s, i, x, fwd=fwd: fwd(x, i, wte, wpe, check_token_ids=False, stream=s),
-            F * (N + 2 * N * C + T * C), N * C, [(*i, *o) for i, o in zip(token_ids(), per_set((B, T, C)))])
+            F * (N + 2 * N * C + T * C), N * C, with_outputs(token_ids(), outputs=[(B, T, C)]))
 
     @drawn
     def embed_grads(r):  # dwte, dwpe, and each set's (dx, token ids, their order)
@@ -73,12 +74,6 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
     def ln_params(r):  # w, b
         return r.randn(C), r.randn(C)
 
-    @functools.cache
-    def ln_stats():  # ln, mean, rstd of a forward of the first set of xs: the backward reads mean and rstd
-        ln, mean, rstd = buf("ln", B, T, C), buf("mean", B, T), buf("rstd", B, T)
-        K.layernorm_fwd(ln, mean, rstd, xs()[0][0], *ln_params())
-        return ln, mean, rstd
-
     @drawn
     def ln_douts(r):  # the layernorms' output gradients; the residual + layernorm's other input
         return [(r.randn(B, T, C),) for _ in range(sets)]
@@ -87,7 +82,7 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
         w, b = ln_params()
         add(case, lambda s, xi, ln, mean, rstd, fwd=fwd: fwd(ln, mean, rstd, xi, w, b, stream=s),
             F * (2 * N * C + 2 * C + 2 * N), 8 * N * C,
-            [(*i, *o) for i, o in zip(xs(), per_set((B, T, C), (B, T), (B, T)))])
+            with_outputs(xs(), outputs=[(B, T, C), (B, T), (B, T)]))
 
     @drawn
     def ln_grads(r):  # dw, db, and each set's residual-stream gradient, which the accumulating backward adds into
@@ -98,7 +93,7 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
         # reads or writes is the set's own, as each layer's are (with one x and one dx for all the sets, the 50 MB
         # L2 kept them from launch to launch, and the accumulating backward measured 87% of the copy bandwidth
         # where the model's would not)
-        (w, b), (ln, _, _) = ln_params(), ln_stats()
+        (w, b), ln = ln_params(), empty(B, T, C)  # the forwards' outputs, not read
         out = []
         for (d,), (x,) in zip(ln_douts(), xs()):
             mean, rstd = empty(B, T), empty(B, T)
@@ -131,7 +126,7 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
         w, b = ln_params()
         add(case, lambda s, ri, d, x_sum, ln, mean, rstd, fwd=fwd: fwd(x_sum, ln, mean, rstd, ri, d, w, b, stream=s),
             F * (4 * N * C + 2 * C + 2 * N), 9 * N * C,
-            [(*i, *d, *o) for i, d, o in zip(xs(), ln_douts(), per_set((B, T, C), (B, T, C), (B, T), (B, T)))])
+            with_outputs(xs(), ln_douts(), outputs=[(B, T, C), (B, T, C), (B, T), (B, T)]))
 
     for layer, (IN, OUT) in {"qkv": (C, 3 * C), "attn.proj": (C, C), "mlp.fc": (C, 4 * C),
                              "mlp.proj": (4 * C, C), "lm_head": (C, V)}.items():
@@ -208,10 +203,10 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
 
     for case, fwd in own("split_heads_fwd"):
         add(case, lambda s, qkv, q, k, v, fwd=fwd: fwd(q, k, v, qkv, NH, stream=s), F * 6 * N * C, 0,
-            [(*i, *o) for i, o in zip(qkvs(), per_set(*[(B, NH, T, d_k)] * 3))])
+            with_outputs(qkvs(), outputs=[(B, NH, T, d_k)] * 3))
     for case, bwd in own("split_heads_bwd"):
         add(case, lambda s, dq, dk, dv, dqkv, bwd=bwd: bwd(dqkv, dq, dk, dv, stream=s), F * 6 * N * C, 0,
-            [(*i, *o) for i, o in zip(head_grad_sets(), per_set((B, T, 3 * C)))])
+            with_outputs(head_grad_sets(), outputs=[(B, T, 3 * C)]))
 
     att = BH * T * T
     causal = BH * T * (T + 1) // 2  # the entries on and below the diagonals
@@ -254,19 +249,19 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
         add("k_causal_mask_bwd", lambda s, d: K.causal_mask_bwd(masked, d, stream=s), F * 2 * att, 0, dss())
     for case, fwd in own("softmax_fwd"):
         add(case, lambda s, sc, probs, fwd=fwd: fwd(probs, sc, stream=s), F * 2 * att, 5 * att,
-            [(*i, *o) for i, o in zip(dss(), per_set((B, NH, T, T)))])
+            with_outputs(dss(), outputs=[(B, NH, T, T)]))
     for case, bwd in own("softmax_bwd"):
         add(case, lambda s, p, d, dscores, bwd=bwd: bwd(dscores, d, p, stream=s), F * 3 * att, 4 * att,
-            [(*i, *d, *o) for i, d, o in zip(ps(), dss(), per_set((B, NH, T, T)))])
+            with_outputs(ps(), dss(), outputs=[(B, NH, T, T)]))
     # as the attention pipeline runs them: causal rows, of which the fast kernels read the lower triangle
     # (the bytes counted) and write every entry
     for case, fwd in own("softmax_fwd", " (causal)", with_reference=False):
         add(case, lambda s, sc, probs, fwd=fwd: fwd(probs, sc, causal=True, stream=s), F * (causal + att),
-            5 * causal, [(*i, *o) for i, o in zip(masked_ss(), per_set((B, NH, T, T)))])
+            5 * causal, with_outputs(masked_ss(), outputs=[(B, NH, T, T)]))
     for case, bwd in own("softmax_bwd", " (causal)", with_reference=False):
         add(case, lambda s, p, d, dscores, bwd=bwd: bwd(dscores, d, p, causal=True, stream=s),
             F * (2 * causal + att), 4 * causal,
-            [(*i, *d, *o) for i, d, o in zip(causal_ps(), dss(), per_set((B, NH, T, T)))])
+            with_outputs(causal_ps(), dss(), outputs=[(B, NH, T, T)]))
     if reference and want("k_attn_values_fwd"):
         heads, (q, k, v) = buf("heads", B, NH, T, d_k), heads_of_qkv()
         add("k_attn_values_fwd", lambda s, p: K.attn_values_fwd(heads, p, v, stream=s),
@@ -337,10 +332,10 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
                 F * (8 * N * cw + B * nh * T), 10 * B * nh * T * (T + 1) // 2 * width)
     for case, fwd in own("merge_heads_fwd"):
         add(case, lambda s, heads, y, fwd=fwd: fwd(y, heads, stream=s), F * 2 * N * C, 0,
-            [(dq, *o) for (dq, _, _), o in zip(head_grad_sets(), per_set((B, T, C)))])
+            with_outputs([(dq,) for dq, _, _ in head_grad_sets()], outputs=[(B, T, C)]))
     for case, bwd in own("merge_heads_bwd"):
         add(case, lambda s, y, heads, bwd=bwd: bwd(heads, y, NH, stream=s), F * 2 * N * C, 0,
-            [(*i, *o) for i, o in zip(ln_douts(), per_set((B, NH, T, d_k)))])
+            with_outputs(ln_douts(), outputs=[(B, NH, T, d_k)]))
 
     @drawn
     def hs(r):
@@ -352,10 +347,10 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
 
     for case, fwd in own("gelu_fwd"):
         add(case, lambda s, h, h_out, fwd=fwd: fwd(h_out, h, stream=s), F * 8 * N * C, 10 * 4 * N * C,
-            [(*i, *o) for i, o in zip(hs(), per_set((B, T, 4 * C)))])
+            with_outputs(hs(), outputs=[(B, T, 4 * C)]))
     for case, bwd in own("gelu_bwd"):
         add(case, lambda s, h, d, h_out, bwd=bwd: bwd(h_out, d, h, stream=s), F * 12 * N * C, 16 * 4 * N * C,
-            [(*i, *d, *o) for i, d, o in zip(hs(), dhs(), per_set((B, T, 4 * C)))])
+            with_outputs(hs(), dhs(), outputs=[(B, T, 4 * C)]))
     if want("k_residual_fwd"):
         res, x = buf("res", B, T, C), buf("x", B, T, C)
         add("k_residual_fwd", lambda s, xi: K.residual_fwd(res, xi, x, stream=s), F * 3 * N * C, N * C, xs())
@@ -370,7 +365,7 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
     for case, fwd in own("crossentropy_fwd"):
         add(case, lambda s, lg, tg, losses, lprobs, fwd=fwd: fwd(losses, lprobs, lg, tg, check_token_ids=False,
                                                                  stream=s),
-            F * (2 * N * V + 2 * N), 4 * N * V, [(*i, *o) for i, o in zip(logits(), per_set((B, T), (B, T, V)))])
+            F * (2 * N * V + 2 * N), 4 * N * V, with_outputs(logits(), outputs=[(B, T), (B, T, V)]))
 
     @functools.cache
     def dlosses():  # the mean's
@@ -379,7 +374,7 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
     for case, bwd in own("crossentropy_bwd"):
         add(case, lambda s, lg, tg, dlogits, bwd=bwd, dl=dlosses(): bwd(dlogits, lg, tg, dl, check_token_ids=False,
                                                                         stream=s),
-            F * (2 * N * V + 2 * N), 2 * N * V, [(*i, *o) for i, o in zip(logits(), per_set((B, T, V)))])
+            F * (2 * N * V + 2 * N), 2 * N * V, with_outputs(logits(), outputs=[(B, T, V)]))
 
     # sampling: one new position a sequence, against caches of T positions (the new one the last)
     @drawn
