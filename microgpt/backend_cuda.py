@@ -3,7 +3,8 @@
 Weights, gradients, Adam m and v live on the device as four flat float32 vectors laid out by
 microgpt.params; activations are allocated once per (B, T) and reused. A forward or backward pass is a
 fixed sequence of launches, so it is planned once per (B, T): every launch's arguments are checked by the
-launch layer when the plan is made, and later passes replay it on one stream. In a training step the
+launch layer when the plan is made, and the pass then runs as one CUDA graph of it (kernels.Pass; launch by
+launch where no graph can be captured) on one stream. In a training step the
 only transfers are the batch in (from page-locked memory) and the per-position losses out.
 """
 from __future__ import annotations
@@ -51,13 +52,13 @@ class CudaBackend:
         self.decay_mask = self.ga.to_gpu(mask)  # one AdamW launch covers every tensor
         self.sumsq = self.ga.zeros(1, np.float64)
         self._bufs = None   # activations of the current (B, T)
-        self._plans = {}    # (B, T, with_targets) -> recorded forward plan; "bwd" -> backward plan
+        self._passes = {}   # (B, T, with_targets) -> forward pass (K.Pass of its plan); "bwd" -> backward pass
         self._dec = None    # sampling's key-value caches, buffers and decode plan, for one batch size
         self._has_norm = False
 
     def release(self) -> None:
         """Drops every device buffer (the model is unusable after): called at exit, while the context lives."""
-        self._bufs, self._dec, self._plans, self.flat, self.P, self.G = None, None, {}, {}, {}, {}
+        self._bufs, self._dec, self._passes, self.flat, self.P, self.G = None, None, {}, {}, {}, {}
         self.decay_mask = self.sumsq = None
         self.pool.free_held()
 
@@ -87,7 +88,7 @@ class CudaBackend:
         if self._bufs is not None and self._bufs.shape == (B, T):
             return self._bufs
         self._bufs = None
-        self._plans = {}
+        self._passes = {}
         self.pool.free_held()
         cfg, new = self.config, self._new
         C, NH, V, L = cfg.d_model, cfg.n_head, cfg.vocab_size, cfg.n_layer
@@ -195,14 +196,14 @@ class CudaBackend:
         B, T = idx.shape
         b = self._buffers(B, T)
         key = (B, T, targets is not None)
-        if key not in self._plans:
-            self._plans[key] = self._plan_forward(b, targets is not None)
+        if key not in self._passes:
+            self._passes[key] = K.Pass(self._plan_forward(b, targets is not None), "forward")
         self.stream.synchronize()  # the page-locked batch may still be in flight from the last call
         b.batch_host[0] = idx
         b.batch_host[1] = 0 if targets is None else targets
         b.batch_host[2] = K.token_order(idx)
         self.cuda.memcpy_htod_async(b.batch.gpudata, b.batch_host, self.stream)
-        K.replay(self._plans[key], self.stream, "forward")
+        self._passes[key].launch(self.stream)
         losses = out = None
         if targets is not None:
             self.cuda.memcpy_dtoh_async(b.losses_host, b.losses.gpudata, self.stream)
@@ -221,9 +222,9 @@ class CudaBackend:
 
     def backward(self) -> None:
         b = self._bufs
-        if "bwd" not in self._plans:
-            self._plans["bwd"] = self._plan_backward(b)
-        K.replay(self._plans["bwd"], self.stream, "backward")
+        if "bwd" not in self._passes:
+            self._passes["bwd"] = K.Pass(self._plan_backward(b), "backward")
+        self._passes["bwd"].launch(self.stream)
 
     # -- sampling: a cache of every layer's keys and values -----------------------------------------
     def _decode_state(self, B):
@@ -248,8 +249,7 @@ class CudaBackend:
         # the next tokens as k_sample chooses them, and the draws it chooses them by
         d.chosen, d.chosen_host = new(B, dtype=np.int32), self.cuda.pagelocked_empty(B, np.int32)
         d.u, d.u_host = new(B, dtype=np.float64), self.cuda.pagelocked_empty(B, np.float64)
-        d.plan = self._plan_decode(d)
-        d.graph, d.graph_unavailable = None, None  # the plan as one CUDA graph, made at the first decode
+        d.step = K.Pass(self._plan_decode(d), "decode")  # one CUDA graph, captured at the first decode
         self._dec = d
         return d
 
@@ -317,24 +317,13 @@ class CudaBackend:
             raise ValueError(f"tokens must lie in [0, {self.config.vocab_size}), got {tokens.min()}..{tokens.max()}")
         d.ids_host[:d.B], d.ids_host[d.B] = tokens, pos  # the last decode's copy is done (synchronized)
         self.cuda.memcpy_htod_async(d.ids.gpudata, d.ids_host, self.stream)
-        self._run_decode_plan(d)
+        d.step.launch(self.stream)
         d.length += 1
         if choose is not None:
             return self._choose(d, choose, "decode")
         self.cuda.memcpy_dtoh_async(d.logits_host, d.logits.gpudata, self.stream)
         K.synchronize(self.stream, "decode")
         return d.logits_host.copy()
-
-    def _run_decode_plan(self, d):
-        if d.graph is None and d.graph_unavailable is None:
-            try:
-                d.graph = K.Graph(d.plan, self.stream, "decode")
-            except K.GraphUnavailable as e:  # replayed launch by launch instead: slower, the same results
-                d.graph_unavailable = str(e)
-        if d.graph is not None:
-            d.graph.launch(self.stream)
-        else:
-            K.replay(d.plan, self.stream, "decode")
 
     def _choose(self, d, choose, phase):
         """k_sample on d.logits by `choose`'s rule and draws; the chosen ids copied back."""

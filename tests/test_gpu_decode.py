@@ -180,9 +180,9 @@ def test_the_decode_graph_runs_the_plan_as_its_launches_do(rng):
         gpu = GPT(SMALL, backend="cuda", seed=3)
         gpu.backend.prefill(idx[:, :4])
         if not graph:
-            gpu.backend._dec.graph_unavailable = "replayed for the test"
+            gpu.backend._dec.step.unavailable = "replayed for the test"
         runs.append([gpu.backend.decode(idx[:, p], p) for p in range(4, 8)])
-        assert (gpu.backend._dec.graph is not None) == graph, gpu.backend._dec.graph_unavailable
+        assert (gpu.backend._dec.step.graph is not None) == graph, gpu.backend._dec.step.unavailable
     for with_graph, replayed in zip(*runs):
         np.testing.assert_array_equal(with_graph, replayed)
 

@@ -147,6 +147,35 @@ def test_two_adamw_steps_with_clipping_match_numpy(rng, variant):
         record("cuda vs numpy backend", "weights after 2 steps", rel_err(sg[k], sr[k]))
 
 
+@pytest.mark.parametrize("variant", ["fast", "tc"])
+def test_the_training_passes_as_cuda_graphs_give_the_bits_of_their_launches(rng, monkeypatch, variant):
+    """Forward and backward run as one CUDA graph each (captured at their first run): two steps of them give
+    every bit of the same plans replayed launch by launch (where no graph can be captured)."""
+    idx = rng.integers(0, SMALL.vocab_size, size=(3, 19))
+    tgt = rng.integers(0, SMALL.vocab_size, size=(3, 19))
+    runs = []
+    for graph in (True, False):
+        if not graph:
+            def refuse(plan, stream, phase):
+                raise K.GraphUnavailable("replayed for the test")
+            monkeypatch.setattr(K.graph, "Graph", refuse)
+        gpu = GPT(SMALL, backend="cuda", seed=7, variant=variant)
+        out = []
+        for _ in range(2):
+            gpu.zero_grad()
+            logits, loss = gpu.forward(idx, tgt)
+            gpu.backward()
+            out += [logits, np.float32(loss), *gpu.grad_dict().values()]
+            gpu.step(lr=3e-3, grad_clip=1.0)
+        out += list(gpu.state_dict().values())
+        passes = gpu.backend._passes.values()
+        assert {p.phase for p in passes} == {"forward", "backward"}
+        assert all((p.graph is not None) == graph for p in passes), [p.unavailable for p in passes]
+        runs.append(out)
+    for with_graphs, replayed in zip(*runs):
+        np.testing.assert_array_equal(with_graphs, replayed)
+
+
 def test_shapes_change_between_calls(rng):
     ref, gpu = twins(SMALL, seed=2)
     for B, T in [(2, 5), (3, 19), (2, 5), (1, 1)]:
@@ -196,7 +225,7 @@ def test_the_model_runs_its_variants_kernels_and_only_kernels_of_the_registry(rn
     idx = rng.integers(0, SMALL.vocab_size, size=(2, 19))  # T = 19: the tc variant's attention is the pipeline
     gpu.forward(idx, idx)
     gpu.backward()
-    launched = {name for plan in gpu.backend._plans.values() for name, *_ in plan}
+    launched = {name for p in gpu.backend._passes.values() for name, *_ in p.plan}
     assert launched <= set(K.kernel_names())
     simt = {n for n in launched if n.startswith("k_sgemm")}
     tensor_cores = {n for n in launched if n.startswith(("k_gemm_tc", "k_gemm_wg"))}
@@ -227,7 +256,7 @@ def test_the_tc_model_at_flash_attentions_lengths_runs_it_and_no_head_split_merg
     idx = rng.integers(0, cfg.vocab_size, size=(2, cfg.block_size))
     gpu.forward(idx, idx)
     gpu.backward()
-    launched = {name for plan in gpu.backend._plans.values() for name, *_ in plan}
+    launched = {name for p in gpu.backend._passes.values() for name, *_ in p.plan}
     assert {n for n in launched if n.startswith("k_flash_")} == {"k_flash_fwd_d32", "k_flash_bwd_delta_d32",
                                                                  "k_flash_bwd_delta_rows", "k_flash_bwd_d32"}
     heads = {"split_heads_fwd", "split_heads_bwd", "merge_heads_fwd", "merge_heads_bwd", "softmax_fwd", "softmax_bwd"}

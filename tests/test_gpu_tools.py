@@ -20,6 +20,9 @@ def test_profile_kernels_quick(tmp_path):
     for row in r["rows"]:
         assert row["ms"] > 0 and row["gbs"] >= 0 and 0 < row["pct_of_floor"] <= 150, row
     assert "k_layernorm_fwd" in res.stdout  # the table
+    short = [row for row in r["rows"] if row["batch"] > 1]  # at --quick's shapes, most kernels
+    assert len(short) > len(r["rows"]) // 2 and all(row["graph"] for row in short if row["kernel"].startswith("k_"))
+    assert "in one CUDA graph" in res.stdout
     try:
         import matplotlib  # noqa: F401
         assert png.stat().st_size > 10_000

@@ -57,15 +57,12 @@ def profile(cfg, B, prompt_len, steps):
     for pos in range(start, start + steps):
         tokens = be.decode(tokens, pos, greedy)
     step_ms = (time.perf_counter() - t0) / steps * 1e3
-    d = be._dec  # the decode state: its plan and graph (the tool looks inside the backend on purpose)
-    if d.graph is not None:
-        graph_ms = gpu_ms(cuda, be.stream, lambda: d.graph.launch(be.stream), steps)
-    else:
-        graph_ms = gpu_ms(cuda, be.stream, lambda: K.replay(d.plan, be.stream, "decode"), steps)
+    d = be._dec  # the decode state: its step's plan and graph (the tool looks inside the backend on purpose)
+    graph_ms = gpu_ms(cuda, be.stream, lambda: d.step.launch(be.stream), steps)
     kernels = []
-    for name in sorted({entry[0] for entry in d.plan}):
+    for name in sorted({entry[0] for entry in d.step.plan}):
         sub = K.Plan()
-        sub.extend([entry for entry in d.plan if entry[0] == name] * 10)
+        sub.extend([entry for entry in d.step.plan if entry[0] == name] * 10)
         try:
             graph = K.Graph(sub, be.stream, "profile")
         except K.GraphUnavailable:
@@ -88,8 +85,8 @@ def profile(cfg, B, prompt_len, steps):
                           stream=be.stream)
         choices.append(dict(temperature=c.temperature, top_k=c.top_k, top_p=c.top_p,
                             us=gpu_ms(cuda, be.stream, sample, 20) * 1e3))
-    return dict(B=B, prompt=prompt_len, launches=len(d.plan), step_ms=step_ms, tokens_per_s=B / step_ms * 1e3,
-                graph_ms=graph_ms, graph=d.graph is not None, graph_unavailable=d.graph_unavailable,
+    return dict(B=B, prompt=prompt_len, launches=len(d.step.plan), step_ms=step_ms, tokens_per_s=B / step_ms * 1e3,
+                graph_ms=graph_ms, graph=d.step.graph is not None, graph_unavailable=d.step.unavailable,
                 kernels=kernels, sample=choices)
 
 

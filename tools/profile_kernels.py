@@ -11,8 +11,9 @@ for FP32 accuracy).
 Each case's launches are recorded once per copy of its inputs (`--sets`), as the model records its passes
 (arguments checked, scratch allocated once), then replayed `--iters` times after `--warmup`, timed with CUDA
 events, rotating among the copies so that repeated launches do not measure the cache. A kernel that takes less
-than SHORT_MS is timed over `--batch` replays queued back to back (their mean), as a step runs it: timed alone,
-the gap between the start event and the kernel would count in its time.
+than SHORT_MS is timed over `--batch` launches (their mean) captured as one CUDA graph, as the model's passes
+run it: timed alone, the gap between the start event and the kernel would count in its time (`--stream`: the
+launches queued one by one on a stream instead, about a microsecond more each on the H200).
 "floor" is the least time the kernel could take at those ceilings (max of bytes / bandwidth and
 FLOPs / matmul rate; for the tc variant's products the matmul rate is a third of cuBLAS TF32's, three
 TF32 products standing for one FP32 one); "of floor" is floor / time, 100% being as fast as this GPU allows.
@@ -39,8 +40,8 @@ SHORT_MS = 0.25  # kernels faster than this are timed over a batch of launches (
 
 
 def planned(case):
-    """(launch, rotate) replaying the case's launches as recorded once per set of its inputs; the launcher itself
-    where it records nothing (a launch that is not a kernel's)."""
+    """(launch, rotate, plans) replaying the case's launches as recorded once per set of its inputs (plans, one a
+    set); the launcher itself and no plans where it records nothing (a launch that is not a kernel's)."""
     plans = []
     for _ in range(case.sets):
         with K.recording() as plan:
@@ -49,12 +50,28 @@ def planned(case):
         if case.rotate:
             case.rotate()
     if not all(plans):
-        return case.launch, case.rotate
+        return case.launch, case.rotate, None
     at = {"i": 0}
 
     def rotate():
         at["i"] = (at["i"] + 1) % len(plans)
-    return (lambda stream: K.replay(plans[at["i"]], stream, case.kernel)), rotate
+    return (lambda stream: K.replay(plans[at["i"]], stream, case.kernel)), rotate, plans
+
+
+def graph_ms(plans, batch, iters, stream):
+    """Mean milliseconds of a launch of the case, over `batch` of them (rotating its sets) in one CUDA graph; None
+    where this process cannot capture one."""
+    launches = K.Plan()
+    for i in range(batch):
+        launches.extend(plans[i % len(plans)])
+    try:
+        graph = K.Graph(launches, stream, "profile")
+    except K.GraphUnavailable:
+        return None
+    try:
+        return cuda_median_ms(graph.launch, iters, 1, stream) / batch
+    finally:
+        graph.release()
 
 
 def copy_bandwidth(stream, nbytes=2 << 30):
@@ -246,6 +263,7 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--sets", type=int, default=3, help="copies of the inputs to rotate among")
     ap.add_argument("--batch", type=int, default=10, help=f"launches a timing of a kernel under {SHORT_MS} ms spans")
+    ap.add_argument("--stream", action="store_true", help="time those launches queued one by one, not as a graph")
     ap.add_argument("--variant", choices=["all", *VARIANTS], default="all", help="whose kernels to time")
     ap.add_argument("--filter", default="", help="only cases whose name contains this (or one of a|b|c)")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch column and the cuBLAS ceiling")
@@ -274,10 +292,14 @@ def main() -> int:
                         wanted=name_filter(args.filter))
     rows = []
     for case in cases:
-        run, rotate = planned(case)
+        run, rotate, plans = planned(case)
         ms = cuda_median_ms(run, args.iters, args.warmup, stream, rotate)
         batch = args.batch if ms < SHORT_MS else 1
-        if batch > 1:
+        graphed = batch > 1 and plans is not None and not args.stream
+        if graphed:
+            ms = graph_ms(plans, batch, args.iters, stream)
+            graphed = ms is not None
+        if batch > 1 and not graphed:
             ms = cuda_median_ms(run, args.iters, 1, stream, rotate, batch)
         op = op_of(case.kernel)
         peer = peers.get(op)
@@ -286,7 +308,7 @@ def main() -> int:
                    if peer and op.partition(" ")[0] in PRODUCTS else None)
         ceiling = rate_tf32 / 3 if rate_tf32 and on_tensor_cores(case.kernel) else rate
         floor = max(case.bytes / (bw * 1e9), case.flops / (ceiling * 1e12)) * 1e3
-        rows.append(dict(kernel=case.kernel, ms=ms, batch=batch, bytes=case.bytes, flops=case.flops,
+        rows.append(dict(kernel=case.kernel, ms=ms, batch=batch, graph=graphed, bytes=case.bytes, flops=case.flops,
                          gbs=case.bytes / ms / 1e6, tflops=case.flops / ms / 1e9,
                          pct_bw=100 * case.bytes / ms / 1e6 / bw, pct_matmul=100 * case.flops / ms / 1e9 / rate,
                          floor_ms=floor, pct_of_floor=100 * floor / ms, torch_ms=torch_ms,
@@ -319,6 +341,11 @@ def main() -> int:
         t += f"{r['torch_tf32_ms']:>9.3f}{r['vs_torch_tf32']:>7.2f}" if r["torch_tf32_ms"] else f"{'-':>9}{'-':>7}"
         print(f"{r['kernel']:<34}{r['ms']:>9.3f}{r['gbs']:>9.0f}{r['tflops']:>9.2f}{r['pct_bw']:>7.1f}"
               f"{r['pct_matmul']:>6.1f}{r['floor_ms']:>8.3f}{r['pct_of_floor']:>8.1f}%{t}")
+    short = [r for r in rows if r["batch"] > 1]
+    if short:
+        graphed = sum(r["graph"] for r in short)
+        print(f"kernels under {SHORT_MS} ms: the mean of {args.batch} launches, {graphed} of {len(short)} in one CUDA "
+              f"graph (as the model's passes run them), the rest queued one by one; PyTorch's queued one by one")
     if not peers:
         print(f"torch column: {result['torch_note']}")
     if args.plot:

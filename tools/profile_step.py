@@ -67,7 +67,8 @@ def profile(cfg, B, T, variant, steps, reps) -> dict:
 
     backend = model.backend
     kernels, phases = collections.defaultdict(lambda: [0, 0.0]), {}
-    for key, plan in backend._plans.items():
+    for key, p in backend._passes.items():
+        plan = p.plan
         phase = "backward" if key == "bwd" else "forward"
         ms = launch_times(plan, backend.stream, reps)
         phases[phase] = sum(ms)

@@ -12,8 +12,9 @@ choosing the next token by microgpt.sampling's rule; colsum,
 matmul_fast, rows_fast, layernorm_fast, pointwise_fast, heads_fast and embed_fast for the fast variant;
 matmul_tc for the tc variant's tensor-core products, flash_attention for its fused attention).
 Beside them: source (what nvcc compiles, and the argument formats read from it), runtime (compile once,
-the primary context, launch, record and replay, KernelError), checks (the argument checks) and registry
-(which launcher each op runs in each variant).
+the primary context, launch, record and replay, KernelError), graph (a recorded plan as one CUDA graph: a
+model's passes run as Pass), checks (the argument checks) and registry (which launcher each op runs in each
+variant).
 
 Every launcher takes its arguments in the kernel's order (outputs first), checks each one and raises
 TypeError/ValueError naming the argument before anything is launched. Without `stream` a call is
@@ -29,7 +30,7 @@ from .crossentropy import crossentropy_bwd, crossentropy_fwd
 from .decode import attention_decode, embed_decode, kv_store
 from .embed import embed_bwd, embed_fwd, token_order
 from .embed_fast import embed_bwd_fast
-from .graph import Graph, GraphUnavailable
+from .graph import Graph, GraphUnavailable, Pass
 from .flash_attention import fused_attention_bwd_tc, fused_attention_fwd_tc
 from .flash_attention import supported as flash_attention_supported
 from .heads_fast import merge_heads_bwd_fast, merge_heads_fwd_fast, split_heads_bwd_fast, split_heads_fwd_fast
