@@ -1,14 +1,15 @@
 // Fast head split and merge: each is a set of (T, d_k) matrices copied between row strides, per head (b, h)
 // rows t of d_k floats, d_k apart on the heads side (B, NH, T, d_k) and 3C or C apart on the (B, T, 3C) /
-// (B, T, C) side. A block copies tiles of one matrix's rows, 16 bytes at a time where d_k % 4 == 0 and the
-// arrays are aligned (one float at a time otherwise), MB_UNROLL rows a thread in flight, every load before its
-// stores; each thread finds its column once, where the reference kernels divide their 64-bit index by d_k, T
-// and NH for every element. The copies are the reference kernels' bits: checked bit-identical on the H200,
-// where at andrea-120m's shapes (B=8, T=1024, 12 heads of 64) split_heads took 0.0677 -> 0.0413 ms forward
-// and 0.1353 -> 0.0420 backward, merge_heads 0.0369 -> 0.0154 and 0.0483 -> 0.0152.
+// (B, T, C) side. 16 bytes at a time where d_k % 4 == 0 and the arrays are aligned (one float at a time
+// otherwise). The split: a block copies tiles of one matrix's rows, MB_UNROLL rows a thread in flight, every load
+// before its stores; each thread finds its column once, where the reference kernels divide their 64-bit index by
+// d_k, T and NH for every element. The merge: a block a (B, T, C) row, a thread a chunk of it, evict-first both
+// ways. The copies are the reference kernels' bits: checked bit-identical on the H200, where at andrea-120m's
+// shapes (B=8, T=1024, 12 heads of 64) split_heads took 0.0677 -> 0.0413 ms forward and 0.1353 -> 0.0420
+// backward, merge_heads 0.0369 -> 0.0154 and 0.0483 -> 0.0152 (in the split's form).
 //
-// Grid: (matrices, tiles of rows), blockIdx.x the matrix and blockIdx.y the tile, both looped over (so any
-// grid covers everything; the y dimension stops at 65535). At least four blocks an SM (64 registers).
+// Grid of the split: (matrices, tiles of rows), blockIdx.x the matrix and blockIdx.y the tile, both looped over
+// (so any grid covers everything; the y dimension stops at 65535). At least four blocks an SM (64 registers).
 #pragma once
 #include "rows_fast.cuh"  // load_vec, store_vec, all_aligned16, MB_UNROLL
 
@@ -74,24 +75,45 @@ extern "C" __global__ void __launch_bounds__(256, 4)
     }
 }
 
-// Grid: (B * NH, min(ceil(T / rows_per_tile), 65535)), rows_per_tile as k_split_heads_fwd_fast's.
-extern "C" __global__ void __launch_bounds__(256, 4)
-    k_merge_heads_fwd_fast(float* y, const float* heads, int B, int T, int NH, int d_k) {
-    const int C = NH * d_k, BH = B * NH;
-    const bool vec = d_k % 4 == 0 && all_aligned16(y, heads);
-    for (long long bh = blockIdx.x; bh < BH; bh += gridDim.x) {
-        const int b = bh / NH, h = bh % NH;
-        copy_head(y + (long long)b * T * C + h * d_k, C, heads + (long long)bh * T * d_k, d_k, T, d_k, vec);
+// The merges walk the (B, T, C) side in order, a block a row bt = b * T + t (the blocks looping over the rows),
+// its threads along the row's chunks (16 bytes where d_k % 4 == 0 and the arrays are aligned, else a float),
+// each moving one chunk between y[bt][c] and heads[b][h][t][c - h d_k], loaded and stored evict-first: a pass
+// of 25 MB each way at andrea-120m's shapes, which the split's tiles of (T, d_k) took at 72-73% of the copy
+// bandwidth launched one by one and 80% in a CUDA graph, this form at 78-80% and 84-85% (H200, 2026-12-01,
+// dev/cuda/short_copy_bound.cu; a copy kernel of the same bytes: 81% and 87%).
+template <int VEC, bool TO_HEADS>
+__device__ __forceinline__ void merge_rows(float* dst, const float* src, int B, int T, int NH, int d_k) {
+    const int w = d_k / VEC, row = NH * w;  // chunks of a head's row, of a (B, T, C) row
+    const unsigned long long rows = (unsigned long long)B * T;
+    for (unsigned long long bt = blockIdx.x; bt < rows; bt += gridDim.x) {
+        // b = bt / T by a 32-bit division where the rows allow it: a 64-bit one costs several times its instructions
+        const unsigned long long b = rows >> 32 ? bt / T : (unsigned)bt / (unsigned)T, t = bt - b * T;
+        for (int j = threadIdx.x; j < row; j += blockDim.x) {
+            const int h = j / w, i = j - h * w;
+            const long long y_at = (long long)bt * NH * d_k + (long long)j * VEC;
+            const long long heads_at = (((long long)b * NH + h) * T + t) * d_k + (long long)i * VEC;
+            float v[VEC];
+            load_vec<VEC, true>(v, src + (TO_HEADS ? y_at : heads_at));
+            store_vec<VEC, true>(dst + (TO_HEADS ? heads_at : y_at), v);
+        }
     }
 }
 
+// Grid: min(B * T, 2^31 - 1) blocks (they loop over the rows) of the row's chunks (NH * d_k / 4 or NH * d_k) rounded up to a warp, at most
+// 1024 threads (longer rows loop).
+extern "C" __global__ void __launch_bounds__(1024)
+    k_merge_heads_fwd_fast(float* y, const float* heads, int B, int T, int NH, int d_k) {
+    if (d_k % 4 == 0 && all_aligned16(y, heads))
+        merge_rows<4, false>(y, heads, B, T, NH, d_k);
+    else
+        merge_rows<1, false>(y, heads, B, T, NH, d_k);
+}
+
 // Grid: as k_merge_heads_fwd_fast.
-extern "C" __global__ void __launch_bounds__(256, 4)
+extern "C" __global__ void __launch_bounds__(1024)
     k_merge_heads_bwd_fast(float* dheads, const float* dy, int B, int T, int NH, int d_k) {
-    const int C = NH * d_k, BH = B * NH;
-    const bool vec = d_k % 4 == 0 && all_aligned16(dheads, dy);
-    for (long long bh = blockIdx.x; bh < BH; bh += gridDim.x) {
-        const int b = bh / NH, h = bh % NH;
-        copy_head(dheads + (long long)bh * T * d_k, d_k, dy + (long long)b * T * C + h * d_k, C, T, d_k, vec);
-    }
+    if (d_k % 4 == 0 && all_aligned16(dheads, dy))
+        merge_rows<4, true>(dheads, dy, B, T, NH, d_k);
+    else
+        merge_rows<1, true>(dheads, dy, B, T, NH, d_k);
 }

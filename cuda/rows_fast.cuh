@@ -45,12 +45,20 @@ __device__ __forceinline__ void load_vec(float (&v)[VEC], const float* p) {
     }
 }
 
-template <int VEC>
+// ONCE: stored evict-first (st.global.cs), for what nothing in the kernel reads back
+template <int VEC, bool ONCE = false>
 __device__ __forceinline__ void store_vec(float* p, const float (&v)[VEC]) {
-    if constexpr (VEC == 4)
-        *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
-    else
+    if constexpr (VEC == 4) {
+        const float4 f = make_float4(v[0], v[1], v[2], v[3]);
+        if (ONCE)
+            __stcs(reinterpret_cast<float4*>(p), f);
+        else
+            *reinterpret_cast<float4*>(p) = f;
+    } else if (ONCE) {
+        __stcs(p, v[0]);
+    } else {
         p[0] = v[0];
+    }
 }
 
 // The memory-bound fast kernels (these rows, layernorm_fast, pointwise_fast, heads_fast) keep MB_UNROLL
