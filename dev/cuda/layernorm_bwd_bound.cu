@@ -1,19 +1,32 @@
 // Where the layernorm backward's bandwidth goes, at andrea-120m's rows (N = 8192, C = 768): simple kernels that
-// move the same bytes, timed alone, against a copy kernel of the same size (GB/s counting bytes read and written).
-// The engine's k_layernorm_bwd_fast reads dout and x and writes dx (75 MB); tools/profile_kernels.py holds it to
-// a 2 GB device copy (4.28 TB/s on the H200), which short kernels do not reach.
+// move the same bytes, against a copy kernel of the same size, and the engine's kernel in parts (GB/s counting
+// bytes read and written). The engine's k_layernorm_bwd_fast reads dout and x and writes dx (75 MB);
+// tools/profile_kernels.py holds it to a 2 GB device copy (4.28 TB/s on the H200), which short kernels do not
+// reach. Each timing is the mean of 30 launches queued back to back, then of the same 30 as one CUDA graph (as
+// the model's passes run them since 2026-12-01).
 //
-//     nvcc -O3 -arch=sm_90a -std=c++17 -o /tmp/ln_bound dev/cuda/layernorm_bwd_bound.cu && /tmp/ln_bound
+//     nvcc -O3 -arch=sm_90a -std=c++17 -I cuda -o /tmp/ln_bound dev/cuda/layernorm_bwd_bound.cu && /tmp/ln_bound
 //
-// H200, 2026-12-01 (GB/s; % of the 2 GB copy's 4.28 TB/s): a copy kernel of 25 MB 3080-3330 (72-78%); dout * x
-// streamed, 2 reads and a write, 3580-3640 (84-85%); a warp a row, dx with its two row sums, 3430-3570 (80-83%);
-// the same adding each lane's columns of dw and db in registers, then the block's partial row, 2930-3360 (68-78%,
-// best at 264 blocks), before any reduction of the partial rows. The engine's kernel: 2742 (64%).
+// H200, 2026-12-01 (% of the 2 GB copy, launched one by one / in a graph):
+// - bounds: a copy kernel of 25 MB 69-78% / 76-78%; dout * x streamed, 2 reads and a write, 76-85% / 82-83%.
+// - a warp a row without the engine's exact roundings: dx alone 83% / 90%; adding each lane's columns of dw and db
+//   in registers, then the block's partial row, 68-78% / 73-85% (best at 264 blocks), before any reduction of the
+//   partial rows.
+// - the engine's block a row: 59% / 63% (dx added into: 66% / 69%); its rows and partial rows without the
+//   reduction of the partial rows (ln_bwd_finish) 62% / 67% (70% / 74%): the reduction costs 1.7 us of 28.
+//   Its blocks' rows spread over the grid (a front of neighbouring rows, as the warps below): the same.
+// - the warp-a-row prototype below, with the engine's roundings: its rows alone 70% / 74% (81% / 86%), with its
+//   partial rows 63% / 67% (73% / 77%), with the reduction 55% / 57% (65% / 68%): 2.5 us to make the partial rows
+//   at the end, 4.6 to add them (96 strips of 16 columns for the 66 reducers that may wait: two rounds).
+// So the pass cannot reach 80% while it ends in a grid-wide reduction: even its rows alone, with the roundings the
+// engine spells out, stop at 74% of the copy in a graph (86% adding into dx).
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
 
 #include <cuda_runtime.h>
+
+#include "layernorm_fast.cuh"  // the engine's k_layernorm_bwd_fast
 
 #define CK(x)                                                                                                  \
     do {                                                                                                       \
@@ -93,6 +106,150 @@ __global__ void __launch_bounds__(256, 2) k_warprow(float* dx, float* partials, 
     }
 }
 
+// A prototype of the backward a warp a row (the engine's arithmetic and reduction, ln_bwd_finish), kept for its
+// measurements: slower than the engine's block a row once its partial rows are made and added (below).
+constexpr int NARROW_CHUNKS = 6, NARROW_THREADS = 256;
+
+// Rows of up to 4 * 32 * NARROW_CHUNKS columns (andrea-120m's 768): a warp a row, with no barrier
+// between rows. Lane l owns the 4-column chunks l, l + 32, ... of every row (columns 4 (k * 32 + l) ..), so its
+// shares of dw and db add up in registers over all the rows its warp takes, and the row's two sums come from
+// the lane's chunks and the shuffle tree. Warp w of block b takes the rows 8 b + w, 8 (b + G) + w, ... (G blocks)
+// in order, so that the grid's warps read one front of neighbouring rows; at the end the block's 8 warps' shares
+// are added in warp order into its partial row, and the launch's last blocks add those (ln_bwd_finish) as in
+// k_layernorm_bwd_fast. Which rows a block adds is set by G, which the launcher makes a function of N alone.
+// One float at a time (C % 4 != 0 or arrays off 16 bytes) reads the same columns a lane: the same bits.
+template <int VEC, bool ACC>
+__device__ __forceinline__ void layernorm_bwd_narrow_rows(float* dx, float (&pw)[NARROW_CHUNKS][4],
+                                                          float (&pb)[NARROW_CHUNKS][4], const float* dout,
+                                                          const float* x, const float* w, const float* mean,
+                                                          const float* rstd, int N, int C) {
+    constexpr int K = NARROW_CHUNKS;
+    const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    for (long long n = (long long)blockIdx.x * warps + threadIdx.x / 32; n < N; n += (long long)gridDim.x * warps) {
+        const long long o = n * C;
+        float g[K][4], h[K][4];  // dout and x of the lane's chunks (0 past C)
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            const int c = (k * 32 + lane) * 4;
+            if (c < C) {
+                load_cols4<VEC>(g[k], dout + o, c, C);
+                load_cols4<VEC>(h[k], x + o, c, C);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 4; e++) g[k][e] = 0.0f, h[k][e] = 0.0f;
+            }
+        }
+        const float m = mean[n], s = rstd[n];
+        float sum_g = 0.0f, sum_gh = 0.0f;
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            const int c = (k * 32 + lane) * 4;
+            if (c < C) {
+                float wv[4];
+                load_cols4<VEC>(wv, w, c, C);  // every row's: from L1
+                ln_bwd_cols_wb<VEC>(g[k], h[k], pw[k], pb[k], m, s, c, C);
+                ln_bwd_cols_sums<VEC>(g[k], h[k], wv, c, C, sum_g, sum_gh);
+            }
+        }
+        const float mean_g = warp_sum(sum_g) / C, mean_gh = warp_sum(sum_gh) / C;
+#pragma unroll
+        for (int k = 0; k < K; k++) ln_bwd_cols_dx(g[k], h[k], s, mean_g, mean_gh);
+        if (ACC)  // dx's old values, into x's registers (free now): every chunk's loads in flight at once
+#pragma unroll
+            for (int k = 0; k < K; k++) {
+                const int c = (k * 32 + lane) * 4;
+                if (c < C) load_cols4<VEC>(h[k], dx + o, c, C);
+            }
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            const int c = (k * 32 + lane) * 4;
+            if (c < C) {
+                ln_bwd_cols_acc<ACC>(g[k], h[k]);
+                store_cols4<VEC>(dx + o, g[k], c, C);
+            }
+        }
+    }
+}
+
+// The block's partial row, dw's C then db's, from its warps' shares: chunk j of it is the sum of the warps' chunk j,
+// in warp order, through shares (one of dw's or db's at a time).
+__device__ __forceinline__ void ln_bwd_narrow_partial_row(float* partials,
+                                                          float4 (*shares)[32 * NARROW_CHUNKS],
+                                                          const float (&pw)[NARROW_CHUNKS][4],
+                                                          const float (&pb)[NARROW_CHUNKS][4], int C) {
+    constexpr int K = NARROW_CHUNKS;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    const bool vec = C % 4 == 0 && all_aligned16(partials, nullptr);
+    float* out = partials + (long long)blockIdx.x * 2 * C;
+    for (int half = 0; half < 2; half++) {
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            const float (&v)[4] = half ? pb[k] : pw[k];
+            shares[warp][k * 32 + lane] = make_float4(v[0], v[1], v[2], v[3]);
+        }
+        __syncthreads();
+        for (int j = threadIdx.x; j * 4 < C; j += blockDim.x) {
+            float4 t = shares[0][j];
+            for (int q = 1; q < warps; q++) {
+                const float4 u = shares[q][j];
+                t.x += u.x, t.y += u.y, t.z += u.z, t.w += u.w;
+            }
+            const float v[4] = {t.x, t.y, t.z, t.w};
+            if (vec)
+                store_cols4<4>(out + half * C, v, j * 4, C);
+            else
+                store_cols4<1>(out + half * C, v, j * 4, C);
+        }
+        __syncthreads();  // the shares are written again (db's), then hold the reduction's group sums
+    }
+}
+
+// dx of every row as k_layernorm_bwd_fast (the same arguments, partial rows and reduction), for rows of up to
+// 4 * 32 * NARROW_CHUNKS columns; blockDim.x = NARROW_THREADS. 128 registers at most: two blocks an
+// SM, 16 warps with a row of dout and of x each in flight.
+__global__ void __launch_bounds__(NARROW_THREADS, 2)
+    k_layernorm_bwd_fast_narrow(float* dx, float* dw, float* db, float* partials, unsigned int* counters,
+                                const float* dout, const float* x, const float* w, const float* mean,
+                                const float* rstd, int N, int C, int accumulate, int reducers) {
+    constexpr int K = NARROW_CHUNKS, WARPS = NARROW_THREADS / 32;
+    __shared__ __align__(16) float4 shares[WARPS][32 * K];  // one of dw's or db's partial rows a warp
+    float pw[K][4] = {}, pb[K][4] = {};
+    if (rows_vec4(C, dx, dout, x, w)) {
+        if (accumulate)
+            layernorm_bwd_narrow_rows<4, true>(dx, pw, pb, dout, x, w, mean, rstd, N, C);
+        else
+            layernorm_bwd_narrow_rows<4, false>(dx, pw, pb, dout, x, w, mean, rstd, N, C);
+    } else {
+        if (accumulate)
+            layernorm_bwd_narrow_rows<1, true>(dx, pw, pb, dout, x, w, mean, rstd, N, C);
+        else
+            layernorm_bwd_narrow_rows<1, false>(dx, pw, pb, dout, x, w, mean, rstd, N, C);
+    }
+    ln_bwd_narrow_partial_row(partials, shares, pw, pb, C);
+    ln_bwd_finish(dw, db, partials, counters, reinterpret_cast<float*>(shares), C, reducers);
+}
+
+// the engine's rows without the reduction of the partial rows (ln_bwd_finish): where the time goes
+template <bool ACC, bool PARTIAL>
+__global__ void __launch_bounds__(NARROW_THREADS, 2)
+    k_narrow_nofinish(float* dx, float* partials, const float* dout, const float* x, const float* w,
+                      const float* mean, const float* rstd, int n_rows, int cols) {
+    __shared__ __align__(16) float4 shares[NARROW_THREADS / 32][32 * NARROW_CHUNKS];
+    float pw[NARROW_CHUNKS][4] = {}, pb[NARROW_CHUNKS][4] = {};
+    layernorm_bwd_narrow_rows<4, ACC>(dx, pw, pb, dout, x, w, mean, rstd, n_rows, cols);
+    if (PARTIAL) ln_bwd_narrow_partial_row(partials, shares, pw, pb, cols);
+}
+template <bool ACC>
+__global__ void __launch_bounds__(LN_BWD_THREADS, 1)
+    k_block_nofinish(float* dx, float* partials, const float* dout, const float* x, const float* w,
+                     const float* mean, const float* rstd, int n_rows, int cols, int rows_per_block) {
+    __shared__ __align__(16) float sums[2][32][2 * LN_BWD_ROWS];
+    extern __shared__ float4 ln_bwd_shares[];
+    layernorm_bwd_rows<4, ACC>(dx, partials, sums, ln_bwd_shares, dout, x, w, mean, rstd, n_rows, cols,
+                               rows_per_block);
+    ln_bwd_partial_row<4>(partials, ln_bwd_shares, cols);
+}
+
 int main() {
     const long long n = (long long)N * C;
     const int SETS = 3;  // copies of the arrays, rotated: the 50 MB L2 holds no repeat
@@ -115,36 +272,136 @@ int main() {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    auto time = [&](const char* name, double bytes, auto f) {
-        for (int i = 0; i < 3; i++) f(i % SETS);
-        CK(cudaDeviceSynchronize());
-        const int reps = 30;
+    double copy_gbs;  // the 2 GB copy profile_kernels takes as 100%
+    {
+        const size_t big = 2ull << 30;
+        void *s, *d;
+        CK(cudaMalloc(&s, big));
+        CK(cudaMalloc(&d, big));
+        CK(cudaMemset(s, 0, big));
+        for (int i = 0; i < 3; i++) CK(cudaMemcpyAsync(d, s, big, cudaMemcpyDeviceToDevice));
         CK(cudaEventRecord(e0));
-        for (int i = 0; i < reps; i++) f(i % SETS);
+        for (int i = 0; i < 5; i++) CK(cudaMemcpyAsync(d, s, big, cudaMemcpyDeviceToDevice));
         CK(cudaEventRecord(e1));
         CK(cudaEventSynchronize(e1));
         float ms;
         CK(cudaEventElapsedTime(&ms, e0, e1));
+        copy_gbs = 2.0 * big * 5 / ms / 1e6;
+        printf("2 GB copy: %.0f GB/s\n", copy_gbs);
+        CK(cudaFree(s));
+        CK(cudaFree(d));
+    }
+    // f(set, stream): the mean of 30 launches back to back, plainly and as one CUDA graph (as a step may run them)
+    auto time = [&](const char* name, double bytes, auto f) {
+        for (int i = 0; i < 3; i++) f(i % SETS, (cudaStream_t)0);
+        CK(cudaDeviceSynchronize());
+        const int reps = 30;
+        CK(cudaEventRecord(e0));
+        for (int i = 0; i < reps; i++) f(i % SETS, (cudaStream_t)0);
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        float ms, gms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
         ms /= reps;
-        printf("%-42s %8.4f ms %7.0f GB/s\n", name, ms, bytes / ms / 1e6);
+        cudaStream_t st;
+        CK(cudaStreamCreate(&st));
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        for (int i = 0; i < reps; i++) f(i % SETS, st);
+        CK(cudaStreamEndCapture(st, &g));
+        CK(cudaGraphInstantiate(&ge, g, 0));
+        CK(cudaGraphLaunch(ge, st));
+        CK(cudaEventRecord(e0, st));
+        CK(cudaGraphLaunch(ge, st));
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaEventElapsedTime(&gms, e0, e1));
+        gms /= reps;
+        CK(cudaGraphExecDestroy(ge));
+        CK(cudaGraphDestroy(g));
+        CK(cudaStreamDestroy(st));
+        printf("%-42s %8.4f ms %7.0f GB/s %5.1f%%   graph %8.4f ms %7.0f GB/s %5.1f%%\n", name, ms, bytes / ms / 1e6,
+               bytes / ms / 1e6 / copy_gbs * 100, gms, bytes / gms / 1e6, bytes / gms / 1e6 / copy_gbs * 100);
     };
     for (int blocks : {1056, 8192}) {
         char name[64];
         snprintf(name, sizeof name, "copy, %d blocks", blocks);
-        time(name, 2.0 * n * 4, [&](int s) { k_copy<<<blocks, 256>>>((float4*)o[s], (const float4*)a[s], n / 4); });
-        snprintf(name, sizeof name, "dout * x streamed, %d blocks", blocks);
-        time(name, 3.0 * n * 4, [&](int s) {
-            k_stream21<<<blocks, 256>>>((float4*)o[s], (const float4*)a[s], (const float4*)b[s], n / 4);
+        time(name, 2.0 * n * 4, [&](int s, cudaStream_t st) {
+            k_copy<<<blocks, 256, 0, st>>>((float4*)o[s], (const float4*)a[s], n / 4);
         });
+        snprintf(name, sizeof name, "dout * x streamed, %d blocks", blocks);
+        time(name, 3.0 * n * 4, [&](int s, cudaStream_t st) {
+            k_stream21<<<blocks, 256, 0, st>>>((float4*)o[s], (const float4*)a[s], (const float4*)b[s], n / 4);
+        });
+    }
+    {  // the engine's: 192 threads a row, 16 rows a block, 512 blocks, 96 reducers (as the launcher takes them)
+        unsigned int* counters;
+        CK(cudaMalloc(&counters, 8));
+        CK(cudaMemset(counters, 0, 8));
+        float *dw, *db;
+        CK(cudaMalloc(&dw, C * 4));
+        CK(cudaMalloc(&db, C * 4));
+        for (int acc : {0, 1})
+            time(acc ? "engine, dx added into" : "engine", (3.0 + acc) * n * 4, [&](int s, cudaStream_t st) {
+                k_layernorm_bwd_fast<<<512, 192, 32 * 192, st>>>(o[s], dw, db, partials, counters, a[s], b[s], w, mean,
+                                                                rstd, N, C, 16, acc, 96);
+            });
+        // the narrow rows' kernel: a warp a row, 256 blocks (one wave at two an SM), 66 reducers (a quarter of
+        // the 264 resident); and 128 blocks
+        for (int blocks : {256, 128})
+            for (int acc : {0, 1}) {
+                char name[64];
+                snprintf(name, sizeof name, "warp a row (prototype), %d blocks%s", blocks,
+                         acc ? ", dx added into" : "");
+                time(name, (3.0 + acc) * n * 4, [&](int s, cudaStream_t st) {
+                    k_layernorm_bwd_fast_narrow<<<blocks, 256, 0, st>>>(o[s], dw, db, partials, counters, a[s], b[s],
+                                                                        w, mean, rstd, N, C, acc, 66);
+                });
+            }
+        for (int acc : {0, 1}) {
+            time(acc ? "prototype's rows alone, added into" : "prototype's rows alone", (3.0 + acc) * n * 4,
+                 [&](int s, cudaStream_t st) {
+                     if (acc)
+                         k_narrow_nofinish<true, false><<<256, 256, 0, st>>>(o[s], partials, a[s], b[s], w, mean,
+                                                                                      rstd, N, C);
+                     else
+                         k_narrow_nofinish<false, false><<<256, 256, 0, st>>>(o[s], partials, a[s], b[s], w, mean,
+                                                                                      rstd, N, C);
+                 });
+            time(acc ? "prototype's rows + partial rows, added into" : "prototype's rows + partial rows",
+                 (3.0 + acc) * n * 4,
+                 [&](int s, cudaStream_t st) {
+                     if (acc)
+                         k_narrow_nofinish<true, true><<<256, 256, 0, st>>>(o[s], partials, a[s], b[s], w, mean,
+                                                                                      rstd, N, C);
+                     else
+                         k_narrow_nofinish<false, true><<<256, 256, 0, st>>>(o[s], partials, a[s], b[s], w, mean,
+                                                                                      rstd, N, C);
+                 });
+            time(acc ? "engine's rows + partial rows, added into" : "engine's rows + partial rows", (3.0 + acc) * n * 4,
+                 [&](int s, cudaStream_t st) {
+                     if (acc)
+                         k_block_nofinish<true><<<512, 192, 32 * 192, st>>>(o[s], partials, a[s], b[s], w, mean,
+                                                                                     rstd, N, C, 16);
+                     else
+                         k_block_nofinish<false><<<512, 192, 32 * 192, st>>>(o[s], partials, a[s], b[s], w, mean,
+                                                                                     rstd, N, C, 16);
+                 });
+        }
     }
     for (int blocks : {1024, 528, 396, 264, 132}) {
         char name[64];
         snprintf(name, sizeof name, "warp a row, %d blocks", blocks);
         time(name, 3.0 * n * 4,
-             [&](int s) { k_warprow<false><<<blocks, 256>>>(o[s], partials, a[s], b[s], w, mean, rstd); });
+             [&](int s, cudaStream_t st) {
+                 k_warprow<false><<<blocks, 256, 0, st>>>(o[s], partials, a[s], b[s], w, mean, rstd);
+             });
         snprintf(name, sizeof name, "warp a row, dw and db too, %d blocks", blocks);
         time(name, 3.0 * n * 4,
-             [&](int s) { k_warprow<true><<<blocks, 256>>>(o[s], partials, a[s], b[s], w, mean, rstd); });
+             [&](int s, cudaStream_t st) {
+                 k_warprow<true><<<blocks, 256, 0, st>>>(o[s], partials, a[s], b[s], w, mean, rstd);
+             });
     }
     return 0;
 }
