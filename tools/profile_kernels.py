@@ -344,8 +344,9 @@ def main() -> int:
     short = [r for r in rows if r["batch"] > 1]
     if short:
         graphed = sum(r["graph"] for r in short)
-        print(f"kernels under {SHORT_MS} ms: the mean of {args.batch} launches, {graphed} of {len(short)} in one CUDA "
-              f"graph (as the model's passes run them), the rest queued one by one; PyTorch's queued one by one")
+        how = ("each in one CUDA graph, as the model's passes run them" if graphed == len(short) else
+               f"{graphed} of {len(short)} in one CUDA graph, as the model's passes run them, the rest one by one")
+        print(f"kernels under {SHORT_MS} ms: the mean of {args.batch} launches, {how}; PyTorch's queued one by one")
     if not peers:
         print(f"torch column: {result['torch_note']}")
     if args.plot:
