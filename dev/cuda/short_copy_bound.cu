@@ -15,7 +15,9 @@
 // - the layernorm forward (a warp a row, 60 registers, 32 warps an SM): 73-74% / 78-79% in blocks of 64 to 256
 //   threads, 71% / 77% in blocks of one warp; held to 48 registers (spills) 62% / 65%; the warps looping over the
 //   rows with the next row's loads ahead (16 warps an SM) 69-71% / 74-77%; x and out both plain 70% / 76%, x alone
-//   evict-first 71% / 78%, out alone 69% / 76%, both (the engine's) 74% / 79%.
+//   evict-first 71% / 78%, out alone 69% / 76%, both (the engine's) 74% / 79%; held to 8 to 24 warps an SM
+//   (blocks of 128 held back by shared memory) 47-67% / 49-70%: its warps in flight are what it lacks, and a row
+//   of C floats in registers holds it to 60 registers, 32 warps.
 // - the head merge: the split's copy of (T, d_k) matrices in tiles of 64 rows, 4 a thread, 72-73% / 80%; a block a
 //   (B, T, C) row, each thread one 16-byte chunk, evict-first (the engine's since), 77-78% / 82-84% (backward
 //   79-80% / 85%); the same with constant shapes (no divisions) over the whole of y 81% / 87%.
@@ -360,6 +362,15 @@ int main() {
     both("layernorm, blocks of 128, both evict-first (the engine's)", bytes, [&](int s, cudaStream_t st) {
         k_ln_hints<true, true><<<N * 32 / 128, 128, 0, st>>>(out[s], mean[s], rstd[s], in[s], w, bias, N, C);
     });
+    // fewer warps an SM at once (dynamic shared memory taken to hold the blocks back): more waves of rows
+    CK(cudaFuncSetAttribute(k_ln_engine<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, 120 << 10));
+    for (int per_sm : {2, 3, 4, 6}) {
+        const int smem = ((227 << 10) / per_sm) - (2 << 10);
+        snprintf(name, sizeof name, "layernorm engine, blocks of 128, %d an SM", per_sm);
+        both(name, bytes, [&](int s, cudaStream_t st) {
+            k_ln_engine<false><<<N * 32 / 128, 128, smem, st>>>(out[s], mean[s], rstd[s], in[s], w, bias, N, C);
+        });
+    }
     snprintf(name, sizeof name, "layernorm engine, 48 registers");
     both(name, bytes, [&](int s, cudaStream_t st) {
         k_ln_regs48<<<N * 32 / 128, 128, 0, st>>>(out[s], mean[s], rstd[s], in[s], w, bias, N, C);
