@@ -144,6 +144,78 @@ extern "C" __global__ void __launch_bounds__(256)
         layernorm_fwd_row<1>(out + n * C, mean, rstd, x + n * C, w, b, n, C);
 }
 
+// The forward staged through shared memory, for rows of 16-byte chunks up to ROW_REGS * 32 columns on GPUs with
+// cp.async (sm_80 and later; the launcher takes k_layernorm_fwd_fast elsewhere). Each lane copies its own chunks of
+// the row into the warp's row of shared memory and reads back only those, so no barrier is needed, and no register
+// holds the row in flight: the kernel fits 32 registers, 64 warps an SM, and andrea-120m's 8192 rows are in flight
+// in one wave, where k_layernorm_fwd_fast's 60 registers (the row in them from load to store) hold it to 32 warps
+// and two waves. On the H200 (dev/cuda/layernorm_tma.cu, 2026-12-01, in a CUDA graph against the 2 GB copy):
+// 82.4-84.1% where k_layernorm_fwd_fast gives 78.3-78.9% (x copied evict-first: 77.5% without; out stored plainly,
+// as the product after it reads it: 77.3-77.9% evict-first). The bulk copy engine (one copy a row on an mbarrier)
+// gave 74-76%; more rows a warp in flight, fewer warps, 63-70%.
+//
+// The same sums in the same order as layernorm_fwd_row<4>: out, mean and rstd are k_layernorm_fwd_fast's bits
+// (and so k_residual_layernorm_fwd_fast's). Its register path adds the zeros of its chunks past C to the lane's sum,
+// which only turns a sum of -0 into +0; so does the one `+ 0.0f` below.
+enum LayernormStagedLaunch : int {
+    LN_STAGED_WARPS = 8,   // rows a block, a warp each
+    LN_STAGED_BLOCKS = 8,  // blocks an SM it is built for: 64 warps at 32 registers
+    LN_STAGED_MAX_C = 1024, // its longest rows: those of the register path, whose bits it gives
+};
+static_assert(LN_STAGED_MAX_C == ROW_REGS * 32, "the staged forward takes the register path's rows");
+
+extern "C" __global__ void __launch_bounds__(LN_STAGED_WARPS * 32, LN_STAGED_BLOCKS)
+    k_layernorm_fwd_staged(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
+                           int N, int C) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    extern __shared__ float4 ln_staged_rows[];  // C floats a warp
+    const int lane = threadIdx.x % 32;
+    if (warp_row() >= N) return;  // the whole warp leaves together
+    const int n = (int)warp_row();
+    float* row = reinterpret_cast<float*>(ln_staged_rows) + (threadIdx.x / 32) * C;
+    const float* xr = x + (long long)n * C;
+    {
+        unsigned long long evict_first;  // x is read once: the rows still to come keep L2
+        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(evict_first));
+        for (int c = lane * 4; c < C; c += 128)
+            asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(
+                             static_cast<unsigned>(__cvta_generic_to_shared(row + c))),
+                         "l"(xr + c), "l"(evict_first)
+                         : "memory");
+        asm volatile("cp.async.wait_all;" ::: "memory");
+    }
+    float sum = 0.0f;
+    for (int c = lane * 4; c < C; c += 128) {
+        const float4 v = *reinterpret_cast<const float4*>(row + c);
+        sum += v.x, sum += v.y, sum += v.z, sum += v.w;
+    }
+    if (chunk_col<4>(ROW_REGS / 4 - 1) >= C) sum += 0.0f;  // the register path's zero chunks
+    const float m = warp_sum(sum) / C;
+    float var = 0.0f;
+    for (int c = lane * 4; c < C; c += 128) {
+        const float4 v = *reinterpret_cast<const float4*>(row + c);
+        float d;
+        d = v.x - m, var += d * d;
+        d = v.y - m, var += d * d;
+        d = v.z - m, var += d * d;
+        d = v.w - m, var += d * d;
+    }
+    const float s = 1.0f / sqrtf(warp_sum(var) / C + LN_EPS);
+    if (lane == 0) {  // now, not after the row: fewer registers held through its stores
+        mean[n] = m;
+        rstd[n] = s;
+    }
+    float* o = out + (long long)n * C;
+    for (int c = lane * 4; c < C; c += 128) {
+        const float4 v = *reinterpret_cast<const float4*>(row + c);
+        const float4 wv = *reinterpret_cast<const float4*>(w + c), bv = *reinterpret_cast<const float4*>(b + c);
+        *reinterpret_cast<float4*>(o + c) =
+            make_float4((v.x - m) * s * wv.x + bv.x, (v.y - m) * s * wv.y + bv.y, (v.z - m) * s * wv.z + bv.z,
+                        (v.w - m) * s * wv.w + bv.w);
+    }
+#endif
+}
+
 // The residual add and the layernorm that reads its sum, in one pass over the row: x = resid + branch (written:
 // the next residual add and the backward read it; the same single rounding as k_residual_fwd), out =
 // layernorm(x). Each lane sums the same columns in the same order as k_layernorm_fwd_fast, so out, mean and

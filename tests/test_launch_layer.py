@@ -125,6 +125,8 @@ def _run_every_launcher():
                 args, kw = call()
                 getattr(ops, op)(*args, **kw)
             ops.matmul_fwd(f32(B, 1, 4 * C), f32(B, 1, C), f32(4 * C, C), f32(4 * C))  # a decode step's few rows
+            # rows of C % 4 != 0: the fast layernorm forward that is not staged
+            ops.layernorm_fwd(f32(B, 3, 6), f32(B, 3), f32(B, 3), f32(B, 3, 6), f32(6), f32(6))
             # mlp.fc's backward: dW of 4C x C outputs, enough for tc's wgmma kernel, which takes dbias in it
             ops.matmul_bwd(f32(B, T, C), f32(4 * C, C), f32(4 * C), f32(B, T, 4 * C), f32(B, T, C), f32(4 * C, C))
             for n_head in (2, 1):  # flash attention's wider kernels: d_k 32 (CALLS: 16), 64
@@ -445,6 +447,42 @@ def test_the_tensor_core_paths_follow_the_architecture(fake, arch, tc, wg):
     sizes = K.int_constants()
     assert (block, shared) == ((sizes["TC_WG_THREADS"], sizes["TC_WG_SMEM_BYTES"]) if wg else
                                (K.BLOCK, sizes["TC_SMEM_BYTES"]) if tc else (K.BLOCK, 0)), (kernel, block, shared)
+
+
+def _misaligned(a, floats=1):
+    """a, its address `floats` floats past the 16-byte boundary it had."""
+    a.gpudata += 4 * floats
+    a.__cuda_array_interface__["data"] = (a.gpudata, False)
+    return a
+
+
+@pytest.mark.parametrize("arch,C,misaligned,staged", [
+    ("sm_90a", 768, None, True), ("sm_80", 1024, None, True), ("sm_90a", 4, None, True),
+    ("sm_75", 768, None, False),  # no cp.async
+    ("sm_90a", 1028, None, False), ("sm_90a", 770, None, False),  # past the register path's rows; C % 4 != 0
+    ("sm_90a", 768, 0, False), ("sm_90a", 768, 3, False), ("sm_90a", 768, 4, False), ("sm_90a", 768, 5, False)])
+def test_the_layernorm_forward_is_staged_where_its_rows_allow(fake, arch, C, misaligned, staged):
+    """k_layernorm_fwd_staged takes rows of 16-byte chunks up to LN_STAGED_MAX_C columns on sm_80 and later, a
+    warp a row, LN_STAGED_WARPS rows a block with a row of shared memory each; the rest k_layernorm_fwd_fast.
+    misaligned: which of (out, mean, rstd, x, w, b) starts a float past a 16-byte boundary (mean and rstd, read a
+    float at a time, may)."""
+    fake.arch = arch
+    N = 37
+    arrays = [f32(N, C), f32(N), f32(N), f32(N, C), f32(C), f32(C)]
+    if misaligned is not None:
+        _misaligned(arrays[misaligned])
+    with K.recording() as plan:
+        K.launcher("layernorm_fwd", "fast")(*arrays)
+    warps, max_c = K.int_constants()["LN_STAGED_WARPS"], K.int_constants()["LN_STAGED_MAX_C"]
+    assert max_c == 1024
+    (kernel, _, grid, args, shared, block), = plan
+    assert args == [a.gpudata for a in arrays] + [N, C]
+    staged = staged and misaligned not in (0, 3, 4, 5)
+    if staged:
+        assert kernel == "k_layernorm_fwd_staged"
+        assert (grid, block, shared) == ((math.ceil(N / warps), 1), 32 * warps, 4 * C * warps), (grid, block, shared)
+    else:
+        assert kernel == "k_layernorm_fwd_fast" and shared == 0, kernel
 
 
 def test_empty_products_launch_nothing_and_oversized_grids_are_refused(fake):

@@ -121,6 +121,11 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
         add("layernorm_bwd_fast (wide rows)",
             lambda s, d: K.layernorm_bwd_fast(dx_w, dw_w, db_w, d, x_w, w_w, mean_w, rstd_w, stream=s),
             F * (3 * T * W + 5 * W + 2 * T), 14 * T * W, [(r.randn(T, W),) for _ in range(sets)])
+    if "fast" in variants and want("layernorm_fwd_fast (wide rows)"):  # rows wider than the staged forward takes
+        r, W = draws_for("layernorm_fwd_fast (wide rows)"), K.int_constants()["LN_STAGED_MAX_C"] + 4
+        add("layernorm_fwd_fast (wide rows)", lambda s, xi, ln, mean, rstd, wb=(r.randn(W), r.randn(W)):
+            K.layernorm_fwd_fast(ln, mean, rstd, xi, *wb, stream=s), F * (2 * T * W + 2 * W + 2 * T), 8 * T * W,
+            [(r.randn(T, W), empty(T, W), empty(T), empty(T)) for _ in range(sets)])
     # the residual add fused with the layernorm after it (the reference runs k_residual_fwd, k_layernorm_fwd)
     for case, fwd in own("residual_layernorm_fwd", with_reference=False):
         w, b = ln_params()

@@ -11,7 +11,7 @@ import math
 from .checks import flag, ptr, rows, shape_of
 from .layernorm import layernorm_fwd_args
 from .rows_fast import WARP
-from .runtime import blocks, counters, engine, launch, scratch
+from .runtime import blocks, counters, engine, launch, scratch, sm_version
 from .source import int_constants
 
 # The blocks a backward's grid aims at: at most four of C = 768's (192 threads, 64 registers: five fit) on each
@@ -30,9 +30,33 @@ def bwd_launch() -> tuple[int, int, int]:
     return c["LN_BWD_ROWS"], c["LN_BWD_THREADS"], c["LN_BWD_REDUCE_COLS"]
 
 
+@functools.cache  # (read from the preprocessed source once)
+def staged_launch() -> tuple[int, int]:
+    """(LN_STAGED_WARPS, LN_STAGED_MAX_C) of cuda/layernorm_fast.cuh: the rows (a warp each) of a block of
+    k_layernorm_fwd_staged, and its longest rows."""
+    c = int_constants()
+    return c["LN_STAGED_WARPS"], c["LN_STAGED_MAX_C"]
+
+
+def staged(C: int, *pointers: int) -> bool:
+    """Whether rows of C columns at these pointers take k_layernorm_fwd_staged: rows of 16-byte chunks (C % 4 == 0,
+    every row array on a 16-byte boundary) of at most LN_STAGED_MAX_C columns, on a GPU with cp.async (sm_80 on).
+    The rest take k_layernorm_fwd_fast, whose bits it gives."""
+    return (C % 4 == 0 and C <= staged_launch()[1] and all(p % 16 == 0 for p in pointers)
+            and sm_version() >= 80)
+
+
 def layernorm_fwd_fast(out, mean, rstd, x, w, b, *, stream=None):
+    """A warp a row: staged through shared memory where the rows allow it (k_layernorm_fwd_staged), else held in
+    registers or looped over (k_layernorm_fwd_fast); the same bits either way."""
     args = layernorm_fwd_args(out, mean, rstd, x, w, b)
-    launch("k_layernorm_fwd_fast", args, blocks(args[-2] * WARP), stream)
+    N, C = args[-2:]
+    p_out, _, _, p_x, p_w, p_b = args[:6]
+    if staged(C, p_out, p_x, p_w, p_b):
+        warps = staged_launch()[0]
+        launch("k_layernorm_fwd_staged", args, math.ceil(N / warps), stream, shared=warps * C * 4, block=warps * WARP)
+    else:
+        launch("k_layernorm_fwd_fast", args, blocks(N * WARP), stream)
 
 
 @functools.cache  # (read from the preprocessed source once)

@@ -10,10 +10,9 @@ less accurately than 1.5x the SIMT kernel.
 from __future__ import annotations
 
 import functools
-import re
 
 from .matmul_fast import Gemm, MatrixProducts, gemm, sgemm, sgemm_product
-from .runtime import BLOCK, engine, launch
+from .runtime import BLOCK, engine, launch, sm_version
 from .source import int_constants
 
 # Below this K the split's rounding and the tensor cores' truncating sum within a slice outweigh the FP32
@@ -31,7 +30,7 @@ WG_MIN_OUTPUTS = 128 * 128
 
 def tensor_cores() -> bool:
     """Whether this device runs mma.sync TF32 (compute capability 8.0 and later: sm_80, sm_90a, sm_100, ...)."""
-    return int(re.match(r"sm_(\d+)", engine().arch).group(1)) >= 80
+    return sm_version() >= 80
 
 
 def warpgroup_mma() -> bool:

@@ -16,6 +16,7 @@ import atexit
 import gc
 import math
 import os
+import re
 import weakref
 
 import numpy as np
@@ -150,6 +151,11 @@ def engine() -> _Engine:
     if _engine is None:
         _engine = _Engine()
     return _engine
+
+
+def sm_version() -> int:
+    """The compute capability the module is built for as one number: 80 for sm_80, 90 for sm_90a."""
+    return int(re.match(r"sm_(\d+)", engine().arch).group(1))
 
 
 def device_summary() -> str:
