@@ -149,7 +149,7 @@ extern "C" __global__ void __launch_bounds__(256)
 // the row into the warp's row of shared memory and reads back only those, so no barrier is needed, and no register
 // holds the row in flight: the kernel fits 32 registers, 64 warps an SM, and andrea-120m's 8192 rows are in flight
 // in one wave, where k_layernorm_fwd_fast's 60 registers (the row in them from load to store) hold it to 32 warps
-// and two waves. On the H200 (dev/cuda/layernorm_tma.cu, 2026-12-01, in a CUDA graph against the 2 GB copy):
+// and two waves. On the H200 (dev/cuda/layernorm_staged.cu, 2026-12-01, in a CUDA graph against the 2 GB copy):
 // 82.4-84.1% where k_layernorm_fwd_fast gives 78.3-78.9% (x copied evict-first: 77.5% without; out stored plainly,
 // as the product after it reads it: 77.3-77.9% evict-first). The bulk copy engine (one copy a row on an mbarrier)
 // gave 74-76%; more rows a warp in flight, fewer warps, 63-70%.
