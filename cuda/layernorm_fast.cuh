@@ -159,12 +159,14 @@ extern "C" __global__ void __launch_bounds__(256)
 // which only turns a sum of -0 into +0; so does the one `+ 0.0f` below.
 enum LayernormStagedLaunch : int {
     LN_STAGED_WARPS = 8,   // rows a block, a warp each
-    LN_STAGED_BLOCKS = 8,  // blocks an SM it is built for: 64 warps at 32 registers
+    LN_STAGED_REGS = 32,   // registers a thread: 64 warps an SM where an SM holds 2048 threads (sm_80, sm_90)
     LN_STAGED_MAX_C = 1024, // its longest rows: those of the register path, whose bits it gives
 };
 static_assert(LN_STAGED_MAX_C == ROW_REGS * 32, "the staged forward takes the register path's rows");
 
-extern "C" __global__ void __launch_bounds__(LN_STAGED_WARPS * 32, LN_STAGED_BLOCKS)
+// A register cap, not __launch_bounds__(256, 8): eight blocks of 256 threads are more than an SM of sm_75 or sm_89
+// holds, which ptxas refuses for every architecture the module may be built for.
+extern "C" __global__ void __maxnreg__(LN_STAGED_REGS)
     k_layernorm_fwd_staged(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
                            int N, int C) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800

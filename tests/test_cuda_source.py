@@ -80,9 +80,10 @@ extern "C" __attribute__((global)) void __attribute__((launch_bounds(256, 2))) k
 # 9 "x/two.cuh" 1
 extern "C" __attribute__((global)) void k_b(const int* __restrict__ q, int n) {}
 extern "C" __attribute__((global)) void __attribute__((launch_bounds(32 * (4 * 2), 1))) k_c(int n) {}
+extern "C" __attribute__((global)) void __attribute__((maxnreg(REGS))) k_d(float* p, int n) {}
 '''
-    assert kernels.kernel_signatures(text) == {"k_a": "Pqif", "k_b": "Pi", "k_c": "i"}
-    assert kernels.kernel_headers(text) == {"k_a": "one.cuh", "k_b": "two.cuh", "k_c": "two.cuh"}
+    assert kernels.kernel_signatures(text) == {"k_a": "Pqif", "k_b": "Pi", "k_c": "i", "k_d": "Pi"}
+    assert kernels.kernel_headers(text) == {"k_a": "one.cuh", "k_b": "two.cuh", "k_c": "two.cuh", "k_d": "two.cuh"}
     assert kernels.int_constants(text) == {"A": 0}
     assert kernels.int_constants("enum L : int { X = 2 * 2 * 128 * (32 + 8) * 4, Y = -3, Z = 7 / 2 };") == \
         {"X": 81920, "Y": -3, "Z": 3}

@@ -25,8 +25,9 @@ NVCC_OPTIONS = ("-lineinfo",)  # line numbers for compute-sanitizer and ncu; no 
 _FORMATS = (("*", "P"), ("long long", "q"), ("double", "d"), ("float", "f"), ("unsigned int", "I"),
             ("int", "i"))
 _LINE_MARKER = re.compile(r'^# (\d+) "([^"]+)"', re.M)
-# a kernel's launch bounds as the preprocessor leaves them, one level of parentheses within: (32 * (4 * 2), 1)
-LAUNCH_BOUNDS = r'(?:__attribute__\(\(launch_bounds\((?:[^()]|\([^()]*\))*\)\)\)\s+)?'
+# a kernel's launch bounds (or its register cap, __maxnreg__) as the preprocessor leaves them, one level of
+# parentheses within: (32 * (4 * 2), 1)
+LAUNCH_BOUNDS = r'(?:__attribute__\(\((?:launch_bounds|maxnreg)\((?:[^()]|\([^()]*\))*\)\)\)\s+)?'
 _KERNEL = re.compile(r'extern "C" __attribute__\(\(global\)\) void\s+' + LAUNCH_BOUNDS + r'(\w+)\s*\(([^)]*)\)')
 
 
