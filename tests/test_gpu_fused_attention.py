@@ -16,10 +16,10 @@ pytestmark = pytest.mark.gpu
 BAR = 1.5  # flash attention's error at most this times the fast pipeline's on the same inputs
 REDUCTION = 1e-5  # the reference kernels' error against float64
 # (B, T, NH, d_k): T = 128 (the shortest flash attention takes: two key tiles, delta from P and dP), 130, 200,
-# 1000 (a partial last tile), 1024, 2048; d_k 32 and 64 (the presets), 128 (the widest), 16 (the narrowest), odd
+# 1000 (a partial last tile), 1024, 2048; d_k 32 and 64 (the presets), 128 (the widest), 20 (the narrowest), odd
 # widths. T = 1, 7 and 33 below.
 CASES = [(2, 128, 3, 64), (1, 130, 2, 20), (1, 200, 1, 80), (1, 1000, 2, 64), (1, 1024, 2, 64), (1, 1024, 1, 128),
-         (1, 2048, 1, 64), (3, 192, 4, 96), (2, 129, 2, 16), (2, 256, 2, 32), (1, 160, 2, 17)]
+         (1, 2048, 1, 64), (3, 192, 4, 96), (2, 129, 2, 20), (2, 256, 2, 32), (1, 160, 2, 21)]
 
 
 @pytest.fixture(scope="module")
@@ -139,9 +139,9 @@ def test_flash_attention_of_one_position_gives_exactly_zero_dq_and_dk(ga, rng, m
     assert rel_err(y, qkv_h[..., 2 * C:]) < 1e-6 and rel_err(dqkv[..., 2 * C:], dy_h) < 1e-6
 
 
-# d_k below 16 (too short a product over d for 3xTF32's accuracy), above 128, or T below 128 (products over keys
+# d_k below 20 (too short a product over d for 3xTF32's accuracy), above 128, or T below 128 (products over keys
 # and queries as short; flash attention's dQ came out at 1.83x the fast pipeline's error at T = 7, dK 1.53x at 16)
-@pytest.mark.parametrize("d_k,T", [(5, 170), (15, 170), (130, 170), (32, 7), (64, 33), (17, 77), (64, 127)])
+@pytest.mark.parametrize("d_k,T", [(5, 170), (16, 129), (19, 170), (130, 170), (32, 7), (64, 33), (17, 77), (64, 127)])
 def test_the_tc_launcher_takes_the_reference_kernels_where_flash_attention_cannot_run(ga, rng, d_k, T):
     """There the tc variant's launch is the reference kernels', the same bits, and the model's attention the fast
     pipeline."""

@@ -294,8 +294,8 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
         add(case, lambda s, p, bwd=bwd: bwd(dq, dk, p, q, k, stream=s), F * (att + 4 * BH * T * d_k),
             4 * causal * d_k, causal_ps())
 
-    # the attention fused (flash attention in the tc variant): the products of the lower triangle (the forward's
-    # two, the backward's five: S and dP recomputed, dV, dK, dQ), reading qkv and writing y, and back
+    # the attention fused (flash attention in the tc variant): the lower triangle's products (the forward's two, the
+    # backward's five: S and dP recomputed, dV, dK, dQ), reading qkv and writing y, and back
     @functools.cache
     def fused_forward():  # a forward's y and lse, which the backward reads
         y_fused, lse = buf("y_fused", B, T, C), buf("lse", B, NH, T)
@@ -314,8 +314,8 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
         (y_fused, lse), dqkv_fused = fused_forward(), buf("dqkv_fused", B, T, 3 * C)
         add(case, lambda s, dy, bwd=bwd, qkv=qkvs()[0][0]: bwd(dqkv_fused, dy, qkv, y_fused, lse, NH, stream=s),
             F * (8 * N * C + BH * T), 10 * causal * d_k, dys())
-    # flash attention's other widths (d_k padded to 32, 64, 128), C rounded to fit them
-    widths = sorted({32, 64, 128} - {K.flash_attention.width(d_k)}) if "tc" in variants else []
+    at_d_k = {K.flash_attention.width(d_k)} if K.flash_attention_supported(d_k, T) else set()  # flash at the model
+    widths = sorted({32, 64, 128} - at_d_k) if "tc" in variants else []  # its other widths, C rounded to fit
     for width in widths:
         fwd_case, bwd_case = f"fused_attention_fwd_tc (d_k {width})", f"fused_attention_bwd_tc (d_k {width})"
         if not (want(fwd_case) or want(bwd_case)):

@@ -6,8 +6,8 @@ report.
     python tools/sanitize_kernels.py --tool memcheck --log-dir out/
 
 Shapes are small and odd on purpose (T=7, C=20, d_k=5, V=37): out-of-bounds accesses show up where
-sizes are not multiples of a block. Flash attention takes no sequence that short (T >= 128, d_k >= 16), so its
-kernels run again at FLASH_SHAPE (T=130: two key tiles and two rows of a third; d_k 16, and 32, 64, 128).
+sizes are not multiples of a block. Flash attention takes no sequence that short (T >= 128, d_k >= 20), so its
+kernels run again at FLASH_SHAPE (T=130: two key tiles and two rows of a third; d_k 20, and 32, 64, 128).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernel_cases import Shape, build_cases  # noqa: E402
 
 SHAPE = dict(B=2, T=7, C=20, NH=4, V=37)
-FLASH_SHAPE = dict(B=2, T=130, C=48, NH=3, V=37)
+FLASH_SHAPE = dict(B=2, T=130, C=60, NH=3, V=37)
 
 
 def child() -> int:
