@@ -213,7 +213,7 @@ def test_sampling_on_the_gpu_repeats_with_its_seed(rng):
 def test_a_prefill_through_flash_attention_fills_the_caches_as_a_full_forward_reads_them(rng):
     """A prompt long enough for flash attention (the tc variant, T >= MIN_T): prefill splits each layer's keys and
     values out of its qkv for the caches; the decoded positions after it have the full forward's logits."""
-    cfg = GPTConfig(n_layer=2, n_head=4, d_model=64, block_size=136, vocab_size=97)
+    cfg = GPTConfig(n_layer=2, n_head=2, d_model=64, block_size=136, vocab_size=97)  # d_k 32
     gpu = GPT(cfg, backend="cuda", seed=3, variant="tc")
     T = cfg.block_size
     if not K.flash_attention_supported(cfg.d_model // cfg.n_head, 130):
