@@ -36,7 +36,7 @@ VARIANTS = {v.name: v for v in (
             False, "reference"),
     Variant("tc", "fast, with every matrix product on the tensor cores at FP32 accuracy (3xTF32, the running "
                   "sum in FP32 registers; the SIMT SGEMM before sm_80), and the attention fused: flash attention, "
-                  "no T x T buffer (d_k 16 to 128, T from 128, sm_80 and later; the fast pipeline elsewhere)",
+                  "no T x T buffer (d_k 20 to 128, T from 128, sm_80 and later; the fast pipeline elsewhere)",
             False, "fast", fused_attention=True),
 )}
 # The fastest variant within the accuracy bar: its products' worst relative error against float64 is below
