@@ -244,10 +244,10 @@ __global__ void __launch_bounds__(LN_BWD_THREADS, 1)
     k_block_nofinish(float* dx, float* partials, const float* dout, const float* x, const float* w,
                      const float* mean, const float* rstd, int n_rows, int cols, int rows_per_block) {
     __shared__ __align__(16) float sums[2][32][2 * LN_BWD_ROWS];
-    extern __shared__ float4 ln_bwd_shares[];
-    layernorm_bwd_rows<4, ACC>(dx, partials, sums, ln_bwd_shares, dout, x, w, mean, rstd, n_rows, cols,
+    extern __shared__ float4 rows_only_shares[];
+    layernorm_bwd_rows<4, ACC>(dx, partials, sums, rows_only_shares, dout, x, w, mean, rstd, n_rows, cols,
                                rows_per_block);
-    ln_bwd_partial_row<4>(partials, ln_bwd_shares, cols);
+    ln_bwd_partial_row<4>(partials, rows_only_shares, cols);
 }
 
 int main() {

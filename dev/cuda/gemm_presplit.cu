@@ -1,0 +1,399 @@
+// What the wgmma product's split costs it: the engine's k_gemm_wg_* against the same product with its operands
+// split into TF32 hi and lo before the launch, once, by a pass of their own. dev/NOTES.md found the producer
+// warpgroup (copy, split, swizzle) the kernel's bottleneck, and every block splits its tiles afresh: a 128-row
+// slice of A once for each of the N / 128 column tiles (24 times in mlp.fc's forward), a slice of B once for each
+// of the M / 128 row tiles (64 times at B*T = 8192). Two kernels here take split operands instead:
+//   - k_gemm_ps_b: B arrives split (a weight: split, and transposed to K-major where the product reads it N-major,
+//     once a step after AdamW, 2-9 MB), A is copied and split by the producer as in the engine; every product
+//     whose B is a weight (the forwards and the dX products, two thirds of the step's FLOPs) could take it with
+//     no pass over an activation;
+//   - k_gemm_ps_ab: both arrive split; the producer only copies (3 stages of 64 KB). Its time is the bound for
+//     a product fed split operands, to be weighed against the split passes it needs (timed here too).
+// Both run the engine's wgmmas on the engine's hi and lo in the engine's order, so C must be the engine's bits
+// (checked, on fresh inputs and a poisoned C, at odd shapes as well). The split operands are padded with zeros
+// to whole tiles (rows to 128, K to 32), as the engine's copies zero-fill, so the main loop checks no bounds.
+//
+//     nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -std=c++17 -I cuda -o /tmp/gemm_presplit \
+//         dev/cuda/gemm_presplit.cu && /tmp/gemm_presplit
+//
+// Written 2026-12-01 without a GPU (none was lent that session): compiles for sm_90a; not yet run. A reviewing
+// helper's model of both kernels' barriers (1 to 11 slices, random thread orders) found no deadlock, no stage
+// overwritten while read and no stale slice. k_gemm_ps_b copies slice kt + 2 only once slice kt - 1's B is read,
+// about two slices ahead: its figure may understate a B-split design with stages of its own.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "matmul_tc.cuh"
+
+#define CK(x)                                                                                                  \
+    do {                                                                                                       \
+        cudaError_t e = (x);                                                                                   \
+        if (e != cudaSuccess) {                                                                                \
+            printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e));                           \
+            exit(1);                                                                                           \
+        }                                                                                                      \
+    } while (0)
+
+constexpr int PS_STAGES = 3;  // stages of split slices in flight (k_gemm_ps_ab), raw stages (k_gemm_ps_b)
+constexpr int PS_AB_SMEM = PS_STAGES * 4 * WG_SPLIT * 4 + 2 * PS_STAGES * 8;
+constexpr int PS_B_SMEM = WG_BUFS * 2 * WG_SPLIT * 4 + PS_STAGES * 3 * WG_SPLIT * 4 + 2 * WG_BUFS * 8;
+static_assert(PS_AB_SMEM <= 227 * 1024 && PS_B_SMEM <= 227 * 1024, "shared memory");
+
+// ---------------------------------------------------------------------------------------------- the split pass
+// hi, lo: rows_pad x K_pad, K-major, each x of op(src) split as the engine's producer splits it, 0 past rows and
+// K. src is rows x K (ld) or, TRANS, K x rows (ld) read transposed through a 32 x 32 tile of shared memory.
+__global__ void k_presplit(uint32_t* hi, uint32_t* lo, const float* src, int rows, int K, int ld, int K_pad,
+                           long long quads) {
+    const long long q = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (q >= quads) return;
+    const long long r = q / (K_pad / 4);
+    const int k = (int)(q % (K_pad / 4)) * 4;
+    float v[4];
+    if (r < rows && k + 4 <= K && ld % 4 == 0) {
+        const float4 t = *reinterpret_cast<const float4*>(src + r * ld + k);
+        v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
+    } else {
+        for (int e = 0; e < 4; e++) v[e] = r < rows && k + e < K ? src[r * ld + k + e] : 0.0f;
+    }
+    uint32_t h[4], l[4];
+    for (int e = 0; e < 4; e++) tf32_split(v[e], h[e], l[e]);
+    reinterpret_cast<uint4*>(hi + r * K_pad + k)[0] = make_uint4(h[0], h[1], h[2], h[3]);
+    reinterpret_cast<uint4*>(lo + r * K_pad + k)[0] = make_uint4(l[0], l[1], l[2], l[3]);
+}
+
+__global__ void k_presplit_t(uint32_t* hi, uint32_t* lo, const float* src, int rows, int K, int ld, int K_pad) {
+    __shared__ float t[32][33];
+    const int r0 = blockIdx.y * 32, k0 = blockIdx.x * 32;
+    for (int j = threadIdx.y; j < 32; j += 8) {
+        const int k = k0 + j, r = r0 + threadIdx.x;
+        t[j][threadIdx.x] = k < K && r < rows ? src[(long long)k * ld + r] : 0.0f;
+    }
+    __syncthreads();
+    for (int j = threadIdx.y; j < 32; j += 8) {
+        const long long r = r0 + j;
+        const int k = k0 + threadIdx.x;
+        uint32_t h, l;
+        tf32_split(t[threadIdx.x][j], h, l);
+        hi[r * K_pad + k] = h;
+        lo[r * K_pad + k] = l;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------- the products
+// A split 128 x 32 slice (rows row0.. of a K-major split operand, K_pad floats a row) copied by the producer's
+// thread tid into a 128B-swizzled tile, as the engine's producer stores its split.
+__device__ __forceinline__ void copy_split_slice(float* tile, const uint32_t* src, long long row0, int K_pad, int k0,
+                                                 int tid) {
+#pragma unroll
+    for (int i = 0; i < 128 * WG_BK / 4 / WG_PRODUCERS; i++) {
+        const int e = tid + i * WG_PRODUCERS, r = e / 8, c4 = (e % 8) * 4;
+        cp_async16(tile + wg_swizzled(r, c4), reinterpret_cast<const float*>(src) + (row0 + r) * K_pad + k0 + c4,
+                   16);
+    }
+}
+
+// The consumers' part, as the engine's: slice kt's 12 wgmmas (descriptors from the slice's A and B tiles) into
+// a fragment, then its FP32 add into the running sum; then the tile of C stored.
+template <class Slice>
+__device__ __forceinline__ void consume(float* C, int M, int N, int ldc, int m0, int n0, int n_tiles, Slice slice) {
+    constexpr int FRAG = 64;
+    const int half = threadIdx.x / 128 - 1, tid = threadIdx.x % 128;
+    float acc[FRAG], part[FRAG];
+#pragma unroll
+    for (int i = 0; i < FRAG; i++) acc[i] = 0.0f;
+    for (int kt = 0; kt < n_tiles; kt++) {
+        uint64_t a_hi, a_lo, b_hi, b_lo, *empty;
+        slice(kt, half, a_hi, a_lo, b_hi, b_lo, empty);  // waits for the slice
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (int kk = 0; kk < WG_BK / 4; kk += 2) {
+            wgmma_tf32(part, a_lo + kk, b_hi + kk, kk > 0);
+            wgmma_tf32(part, a_hi + kk, b_lo + kk, 1);
+            wgmma_tf32(part, a_hi + kk, b_hi + kk, 1);
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+        for (int i = 0; i < FRAG; i++) asm volatile("" : "+f"(part[i])::"memory");
+        mbar_arrive(empty);
+#pragma unroll
+        for (int i = 0; i < FRAG; i++) acc[i] += part[i];
+    }
+    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int i = 0; i < FRAG; i++) {
+        const int m = m0 + half * 64 + warp * 16 + g + 8 * ((i % 4) / 2);
+        const int n = n0 + (i / 4) * 8 + 2 * t + i % 2;
+        if (m < M && n < N) C[(long long)m * ldc + n] = 1.0f * acc[i];  // the engine's alpha * sum, alpha = 1
+    }
+}
+
+// C (M x N) = A @ B^T from split A (M_pad x K_pad) and split B (N_pad x K_pad): the producer only copies.
+extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
+    k_gemm_ps_ab(float* C, const uint32_t* a_hi, const uint32_t* a_lo, const uint32_t* b_hi, const uint32_t* b_lo,
+                 int M, int N, int K_pad, int ldc) {
+    extern __shared__ __align__(1024) float ps_smem[];
+    float* stage = ps_smem;  // [PS_STAGES][A hi, A lo, B hi, B lo][128 x 32]
+    uint64_t* full = reinterpret_cast<uint64_t*>(ps_smem + PS_STAGES * 4 * WG_SPLIT);
+    uint64_t* empty = full + PS_STAGES;
+    const int m0 = blockIdx.y * 128, n0 = blockIdx.x * 128, n_tiles = K_pad / WG_BK;
+    if (threadIdx.x == 0)
+        for (int s = 0; s < PS_STAGES; s++) {
+            mbar_init(&full[s], WG_PRODUCERS);
+            mbar_init(&empty[s], TC_WG_THREADS - WG_PRODUCERS);
+        }
+    __syncthreads();
+    if (threadIdx.x < WG_PRODUCERS) {
+        const int tid = threadIdx.x;
+        // slice kt = j - (S - 1) handed over before slice j's stage is waited for: the consumers, done with
+        // slice j - S, want slice j - S + 1 = kt next
+        for (int j = 0; j < n_tiles + PS_STAGES - 1; j++) {
+            const int kt = j - (PS_STAGES - 1);
+            if (kt >= 0) {
+                cp_async_wait<PS_STAGES - 2>();  // groups 0 .. j - 1 committed: this thread's copies of kt landed
+                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+                mbar_arrive(&full[kt % PS_STAGES]);
+            }
+            if (j < n_tiles) {
+                const int s = j % PS_STAGES;
+                mbar_wait(&empty[s], ((j / PS_STAGES) & 1) ^ 1);  // the consumers are done with slice j - S
+                float* t = stage + s * 4 * WG_SPLIT;
+                copy_split_slice(t, a_hi, m0, K_pad, j * WG_BK, tid);
+                copy_split_slice(t + WG_SPLIT, a_lo, m0, K_pad, j * WG_BK, tid);
+                copy_split_slice(t + 2 * WG_SPLIT, b_hi, n0, K_pad, j * WG_BK, tid);
+                copy_split_slice(t + 3 * WG_SPLIT, b_lo, n0, K_pad, j * WG_BK, tid);
+            }
+            cp_async_commit();
+        }
+        return;
+    }
+    const uint64_t d = wg_desc(stage);
+    consume(C, M, N, ldc, m0, n0, n_tiles,
+            [&](int kt, int half, uint64_t& ahi, uint64_t& alo, uint64_t& bhi, uint64_t& blo, uint64_t*& done) {
+                const int s = kt % PS_STAGES;
+                mbar_wait(&full[s], (kt / PS_STAGES) & 1);
+                ahi = d + (s * 4 * WG_SPLIT + half * 64 * WG_BK) / 4, alo = ahi + WG_SPLIT / 4;
+                bhi = d + (s * 4 + 2) * WG_SPLIT / 4, blo = bhi + WG_SPLIT / 4;
+                done = &empty[s];
+            });
+}
+
+// C (M x N) = A @ B^T from A as it lies (M x K, lda, K-contiguous: the engine's NN and NT products) and split B
+// (N_pad x K_pad). The producer copies A raw and B split into raw stage kt % S, splits A into buffer kt % 2 as the
+// engine does, and copies slice kt + S - 1 once the consumers are done with slice kt - 1 (whose B it overwrites).
+extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
+    k_gemm_ps_b(float* C, const float* A, const uint32_t* b_hi, const uint32_t* b_lo, int M, int N, int K, int lda,
+                int K_pad, int ldc) {
+    using RawA = TcTile<true, 128, WG_BK, 0>;
+    static_assert(RawA::FLOATS == WG_SPLIT, "a raw A slice is a tile");
+    extern __shared__ __align__(1024) float ps_smem[];
+    float* split = ps_smem;                             // [WG_BUFS][A hi, A lo]
+    float* raw = ps_smem + WG_BUFS * 2 * WG_SPLIT;      // [PS_STAGES][A raw, B hi, B lo]
+    uint64_t* full = reinterpret_cast<uint64_t*>(raw + PS_STAGES * 3 * WG_SPLIT);
+    uint64_t* empty = full + WG_BUFS;
+    const int m0 = blockIdx.y * 128, n0 = blockIdx.x * 128, n_tiles = K_pad / WG_BK;
+    if (threadIdx.x == 0)
+        for (int b = 0; b < WG_BUFS; b++) {
+            mbar_init(&full[b], WG_PRODUCERS);
+            mbar_init(&empty[b], TC_WG_THREADS - WG_PRODUCERS);
+        }
+    __syncthreads();
+    if (threadIdx.x < WG_PRODUCERS) {
+        const int tid = threadIdx.x;
+        const bool vec_a = aligned16(A, lda);
+        auto load = [&](int j) {
+            float* r = raw + (j % PS_STAGES) * 3 * WG_SPLIT;
+            RawA::template load<WG_PRODUCERS>(r, A, lda, m0, j * WG_BK, M, K, vec_a, tid);
+            copy_split_slice(r + WG_SPLIT, b_hi, n0, K_pad, j * WG_BK, tid);
+            copy_split_slice(r + 2 * WG_SPLIT, b_lo, n0, K_pad, j * WG_BK, tid);
+        };
+#pragma unroll
+        for (int i = 0; i < PS_STAGES - 1; i++) {
+            if (i < n_tiles) load(i);
+            cp_async_commit();
+        }
+        for (int kt = 0; kt < n_tiles; kt++) {
+            cp_async_wait<PS_STAGES - 2>();
+            asm volatile("bar.sync 1, %0;" ::"n"(WG_PRODUCERS) : "memory");  // every producer's copies; split kt-1 done
+            const int buf = kt % WG_BUFS;
+            mbar_wait(&empty[buf], ((kt / WG_BUFS) & 1) ^ 1);  // the consumers are done with slice kt - 2
+            const float* ra = raw + (kt % PS_STAGES) * 3 * WG_SPLIT;
+            float* s = split + buf * 2 * WG_SPLIT;
+#pragma unroll
+            for (int q = 0; q < 128 * WG_BK / 4 / WG_PRODUCERS; q++) {
+                const int e = tid + q * WG_PRODUCERS, mn = e / 8, k4 = (e % 8) * 4;
+                tf32_split_store(s, s + WG_SPLIT, wg_swizzled(mn, k4), RawA::k_quad(ra, mn, k4));
+            }
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the split, and B's landed copies
+            mbar_arrive(&full[buf]);
+            const int next = kt + PS_STAGES - 1;
+            if (next < n_tiles) {
+                if (kt >= 1) mbar_wait(&empty[(kt - 1) % WG_BUFS], ((kt - 1) / WG_BUFS) & 1);  // slice kt-1's B read
+                load(next);
+            }
+            cp_async_commit();
+        }
+        return;
+    }
+    const uint64_t d_split = wg_desc(split), d_raw = wg_desc(raw);
+    consume(C, M, N, ldc, m0, n0, n_tiles,
+            [&](int kt, int half, uint64_t& ahi, uint64_t& alo, uint64_t& bhi, uint64_t& blo, uint64_t*& done) {
+                const int buf = kt % WG_BUFS, s = kt % PS_STAGES;
+                mbar_wait(&full[buf], (kt / WG_BUFS) & 1);
+                ahi = d_split + (buf * 2 * WG_SPLIT + half * 64 * WG_BK) / 4, alo = ahi + WG_SPLIT / 4;
+                bhi = d_raw + (s * 3 + 1) * WG_SPLIT / 4, blo = bhi + WG_SPLIT / 4;
+                done = &empty[buf];
+            });
+}
+
+// ---------------------------------------------------------------------------------------------- the harness
+static cudaEvent_t e0, e1;
+
+template <class F>
+static float time_ms(F f, int iters = 20) {
+    for (int i = 0; i < 3; i++) f();
+    CK(cudaGetLastError());
+    float best = 1e30f;
+    for (int set = 0; set < 3; set++) {
+        CK(cudaEventRecord(e0));
+        for (int i = 0; i < iters; i++) f();
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        best = std::min(best, ms / iters);
+    }
+    return best;
+}
+
+static std::vector<float> host(const float* d, size_t n) {
+    std::vector<float> h(n);
+    CK(cudaMemcpy(h.data(), d, n * 4, cudaMemcpyDeviceToHost));
+    return h;
+}
+
+struct Shape {
+    const char* name;
+    int M, N, K;
+    bool b_n_major;  // B given K x N (the engine's NN: a dX product's W), else N x K (NT: a forward's W)
+    bool timed;
+};
+
+static int failures = 0;
+
+static void run(const Shape& s) {
+    const int M = s.M, N = s.N, K = s.K;
+    const int M_pad = (M + 127) / 128 * 128, N_pad = (N + 127) / 128 * 128, K_pad = (K + WG_BK - 1) / WG_BK * WG_BK;
+    float *A, *B, *C[3];
+    uint32_t *ahi, *alo, *bhi, *blo;
+    CK(cudaMalloc(&A, (size_t)M * K * 4));
+    CK(cudaMalloc(&B, (size_t)N * K * 4));
+    for (auto& c : C) CK(cudaMalloc(&c, (size_t)M * N * 4));
+    CK(cudaMalloc(&ahi, (size_t)M_pad * K_pad * 4));
+    CK(cudaMalloc(&alo, (size_t)M_pad * K_pad * 4));
+    CK(cudaMalloc(&bhi, (size_t)N_pad * K_pad * 4));
+    CK(cudaMalloc(&blo, (size_t)N_pad * K_pad * 4));
+    std::vector<float> ha((size_t)M * K), hb((size_t)N * K);
+    for (auto& v : ha) v = (float)rand() / RAND_MAX * 2 - 1;
+    for (auto& v : hb) v = (float)rand() / RAND_MAX * 2 - 1;
+    CK(cudaMemcpy(A, ha.data(), ha.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(B, hb.data(), hb.size() * 4, cudaMemcpyHostToDevice));
+    const int ldb = s.b_n_major ? N : K;
+    auto split_a = [&] {
+        const long long quads = (long long)M_pad * K_pad / 4;
+        k_presplit<<<(unsigned)((quads + 255) / 256), 256>>>(ahi, alo, A, M, K, K, K_pad, quads);
+    };
+    auto split_b = [&] {
+        if (s.b_n_major) {
+            k_presplit_t<<<dim3(K_pad / 32, N_pad / 32), dim3(32, 8)>>>(bhi, blo, B, N, K, ldb, K_pad);
+        } else {
+            const long long quads = (long long)N_pad * K_pad / 4;
+            k_presplit<<<(unsigned)((quads + 255) / 256), 256>>>(bhi, blo, B, N, K, ldb, K_pad, quads);
+        }
+    };
+    const dim3 grid((N + 127) / 128, (M + 127) / 128);
+    auto engine = [&] {
+        auto kernel = s.b_n_major ? k_gemm_wg_nn : k_gemm_wg_nt;
+        kernel<<<grid, TC_WG_THREADS, TC_WG_SMEM_BYTES>>>(C[0], A, B, nullptr, M, N, K, K, ldb, N, 0, 0, 0, 1.0f, 0.0f,
+                                                         CAUSAL_NONE, 0.0f, nullptr);
+    };
+    auto ps_b = [&] { k_gemm_ps_b<<<grid, TC_WG_THREADS, PS_B_SMEM>>>(C[1], A, bhi, blo, M, N, K, K, K_pad, N); };
+    auto ps_ab = [&] { k_gemm_ps_ab<<<grid, TC_WG_THREADS, PS_AB_SMEM>>>(C[2], ahi, alo, bhi, blo, M, N, K_pad, N); };
+
+    for (auto& c : C) CK(cudaMemset(c, 0xFF, (size_t)M * N * 4));  // NaN: a C element not stored shows
+    CK(cudaMemset(ahi, 0xFF, (size_t)M_pad * K_pad * 4));          // and a split element not written
+    CK(cudaMemset(alo, 0xFF, (size_t)M_pad * K_pad * 4));
+    CK(cudaMemset(bhi, 0xFF, (size_t)N_pad * K_pad * 4));
+    CK(cudaMemset(blo, 0xFF, (size_t)N_pad * K_pad * 4));
+    split_a();
+    split_b();
+    engine();
+    ps_b();
+    ps_ab();
+    CK(cudaDeviceSynchronize());
+    const std::vector<float> ce = host(C[0], (size_t)M * N), cb = host(C[1], (size_t)M * N),
+                             cab = host(C[2], (size_t)M * N);
+    // the engine against float64 at sampled elements, so that three equally wrong results do not pass
+    double worst = 0.0, scale = 0.0;
+    for (int i = 0; i < 512; i++) {
+        const int m = rand() % M, n = rand() % N;
+        double ref = 0.0;
+        for (int k = 0; k < K; k++)
+            ref += (double)ha[(size_t)m * K + k] * (s.b_n_major ? hb[(size_t)k * N + n] : hb[(size_t)n * K + k]);
+        const double err = std::fabs(ce[(size_t)m * N + n] - ref);
+        if (!(err <= worst)) worst = err;  // NaN too: an element no kernel stored
+        scale = std::max(scale, std::fabs(ref));
+    }
+    const bool b_same = memcmp(ce.data(), cb.data(), ce.size() * 4) == 0;
+    const bool ab_same = memcmp(ce.data(), cab.data(), ce.size() * 4) == 0;
+    const bool ok = b_same && ab_same && worst <= 1e-5 * scale;
+    failures += !ok;
+    printf("%-10s %5d x %5d x %5d %s  engine vs float64 %.2e  split B %s  split A and B %s%s\n", s.name, M, N, K,
+           s.b_n_major ? "NN" : "NT", worst / scale, b_same ? "same bits" : "DIFFERENT",
+           ab_same ? "same bits" : "DIFFERENT", ok ? "" : "  FAIL");
+    if (s.timed && ok) {
+        const double tflop = 2.0 * M * N * K / 1e12;
+        const float t_e = time_ms(engine), t_b = time_ms(ps_b), t_ab = time_ms(ps_ab);
+        const float t_sa = time_ms(split_a), t_sb = time_ms(split_b);
+        printf("    engine %.3f ms (%.1f TFLOP/s) | split B %.3f ms (%.1f, %.2fx) | split A and B %.3f ms (%.1f, "
+               "%.2fx) | splitting A %.3f ms, B %.3f ms\n",
+               t_e, tflop / t_e * 1e3, t_b, tflop / t_b * 1e3, t_e / t_b, t_ab, tflop / t_ab * 1e3, t_e / t_ab, t_sa,
+               t_sb);
+    }
+    CK(cudaFree(A));
+    CK(cudaFree(B));
+    for (auto& c : C) CK(cudaFree(c));
+    CK(cudaFree(ahi));
+    CK(cudaFree(alo));
+    CK(cudaFree(bhi));
+    CK(cudaFree(blo));
+}
+
+int main() {
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    CK(cudaFuncSetAttribute(k_gemm_wg_nt, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_WG_SMEM_BYTES));
+    CK(cudaFuncSetAttribute(k_gemm_wg_nn, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_WG_SMEM_BYTES));
+    CK(cudaFuncSetAttribute(k_gemm_ps_b, cudaFuncAttributeMaxDynamicSharedMemorySize, PS_B_SMEM));
+    CK(cudaFuncSetAttribute(k_gemm_ps_ab, cudaFuncAttributeMaxDynamicSharedMemorySize, PS_AB_SMEM));
+    const Shape shapes[] = {
+        {"short K", 200, 130, 8, false, false},     {"short K", 200, 130, 32, true, false},
+        {"short K", 100, 260, 64, false, false},    {"short K", 300, 70, 96, true, false},
+        {"odd", 1000, 333, 300, false, false},      {"odd", 1000, 333, 300, true, false},
+        {"tall", 4099, 130, 772, false, false},     {"tall", 4099, 130, 772, true, false},
+        {"qkv", 8192, 2304, 768, false, true},      {"attn.proj", 8192, 768, 768, false, true},
+        {"mlp.fc", 8192, 3072, 768, false, true},   {"mlp.proj", 8192, 768, 3072, false, true},
+        {"lm_head", 8192, 8449, 768, false, true},  {"fc dX", 8192, 768, 3072, true, true},
+        {"proj dX", 8192, 3072, 768, true, true},   {"qkv dX", 8192, 768, 2304, true, true},
+        {"lm_h dX", 8192, 768, 8449, true, true},
+    };
+    for (const Shape& s : shapes) run(s);
+    printf(failures ? "%d shapes FAILED\n" : "every shape the engine's bits\n", failures);
+    return failures != 0;
+}
