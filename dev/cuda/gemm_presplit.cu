@@ -1,23 +1,19 @@
-// What the wgmma product's split costs it: the engine's k_gemm_wg_* against the same product with its operands
-// split into TF32 hi and lo before the launch, once, by a pass of their own. dev/NOTES.md found the producer
-// warpgroup (copy, split, swizzle) the kernel's bottleneck, and every block splits its tiles afresh: a 128-row
-// slice of A once for each of the N / 128 column tiles (24 times in mlp.fc's forward), a slice of B once for each
-// of the M / 128 row tiles (64 times at B*T = 8192). Two kernels here take split operands instead:
+// What the wgmma product's split and its consumers' waits cost it. dev/NOTES.md found the producer warpgroup
+// (copy, split, swizzle) the kernel's bottleneck, and every block splits its tiles afresh: a 128-row slice of A
+// once for each of the N / 128 column tiles (24 times in mlp.fc's forward), a slice of B once for each of the
+// M / 128 row tiles (64 times at B*T = 8192). Against the engine's k_gemm_wg_nt / _nn, at the model's shapes:
+//   - k_gemm_lean_* / k_gemm_lean2_*: the engine's product as it is (the producer copies raw slices and splits
+//     them), its producer's addresses written as one base and constant offsets: 145 registers where the engine
+//     takes 158-168; lean2 with two fragments a consumer (slice k + 1's wgmmas issued before slice k's are added),
+//     the registers moved to the consumers by setmaxnreg (producer 80, consumers 216). What two fragments are
+//     worth with no pass before the product;
 //   - k_gemm_ps_b: B arrives split (a weight: split, and transposed to K-major where the product reads it N-major,
 //     once a step after AdamW, 2-9 MB), A is copied and split by the producer as in the engine; every product
 //     whose B is a weight (the forwards and the dX products, two thirds of the step's FLOPs) could take it with
 //     no pass over an activation;
-//   - k_gemm_ps_ab: both arrive split; the producer only copies (3 stages of 64 KB). Its time is the bound for
-//     a product fed split operands, to be weighed against the split passes it needs (timed here too);
-//   - k_gemm_ps_ab2: the same with two fragments a consumer (slice k + 1's wgmmas issued before slice k's are
-//     added), the registers moved to the consumers by setmaxnreg (producer 40, consumers 232). The first try of
-//     two fragments (2026-11-30, in the engine) was slower: ptxas spilled and serialized the wgmmas (C7514). What
-//     ptxas -v says here: setmaxnreg is honoured once each warpgroup's part is one branch of an if / else, the
-//     producer's copies fit 40 registers once their addresses are one base and constant offsets (held for each
-//     copy, they spilled), and the wgmmas stay asynchronous once every way out of the consumers' loop waits for
-//     all groups (a loop leaving by its own condition with a group in flight gave C7517 and C7514). The engine's
-//     own producer, which splits, spills under every split of the 64K registers tried (producer 48-128,
-//     consumers 232-192; 76-640 bytes in the 128-wide kernels), so there two fragments need a leaner producer.
+//   - k_gemm_ps_ab, k_gemm_ps_ab2: both arrive split and the producer only copies (3 stages of 64 KB); ab2 with
+//     two fragments (producer 40, consumers 232). The bound for a product fed split operands, to be weighed
+//     against the split passes it needs (timed here too).
 // All run the engine's wgmmas on the engine's hi and lo in the engine's order, so C must be the engine's bits
 // (checked, on fresh inputs and a poisoned C, at odd shapes as well). The split operands are padded with zeros
 // to whole tiles (rows to 128, K to 32), as the engine's copies zero-fill, so the main loop checks no bounds.
@@ -26,9 +22,17 @@
 //         dev/cuda/gemm_presplit.cu && /tmp/gemm_presplit
 //
 // Written 2026-12-01 without a GPU (none was lent that session): compiles for sm_90a; not yet run. A reviewing
-// helper's model of both kernels' barriers (1 to 11 slices, random thread orders) found no deadlock, no stage
-// overwritten while read and no stale slice (before k_gemm_ps_ab2, which adds its consumers only). k_gemm_ps_b copies slice kt + 2 only once slice kt - 1's B is read,
+// helper's model of the ps kernels' barriers (1 to 11 slices, random thread orders) found no deadlock, no stage
+// overwritten while read and no stale slice. k_gemm_ps_b copies slice kt + 2 only once slice kt - 1's B is read,
 // about two slices ahead: its figure may understate a B-split design with stages of its own.
+//
+// Two fragments, which the first try (2026-11-30, in the engine) found slower because ptxas spilled and serialized
+// the wgmmas (C7514), compile cleanly here (ptxas -v): setmaxnreg is honoured once each warpgroup's part is one
+// branch of an if / else; the producer fits its share once its copies' addresses are one base and constant
+// offsets (an address held for each copy spilled at 40-128 registers: the engine's producer under setmaxnreg
+// spills 76-640 bytes in its 128-wide kernels at every split of the 64K tried); and the wgmmas stay asynchronous
+// once every way out of the consumers' loop waits for all groups (a loop leaving by its own condition with a
+// group in flight gave C7517 and C7514).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -348,6 +352,154 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
     store_tile(C, acc, M, N, ldc, m0, n0);
 }
 
+// ---------------------------------------------------------------------------------------------- the engine, lean
+// The engine's product as it is (raw copies, the split by the producer, WG_BUFS split buffers), A K-contiguous (its
+// NN and NT products), with the producer's addresses written out: each thread's copies and split quads are rows
+// tid / 8 + 16 q (or tid / 32 + 4 q) of one base address, where the engine's loops over e = tid + 128 q divide e
+// by the row's chunks (signed: the compiler cannot take tid's rows out of the division), and ptxas holds an
+// address a copy. Tiles at the matrices' edges, and unaligned rows, take the engine's TcTile::load. TWO: the
+// two-fragment consumers, registers moved by setmaxnreg (LEAN_PRODUCER_REGS / LEAN_CONSUMER_REGS).
+#ifndef LEAN_PRODUCER_REGS
+#define LEAN_PRODUCER_REGS 80
+#endif
+#ifndef LEAN_CONSUMER_REGS
+#define LEAN_CONSUMER_REGS 216
+#endif
+static_assert(WG_PRODUCERS * LEAN_PRODUCER_REGS + (TC_WG_THREADS - WG_PRODUCERS) * LEAN_CONSUMER_REGS <= 65536, "regs");
+
+// 128 x 32 of a K-contiguous operand (rows r0.., columns c0..) raw into s (rows of 32): chunk tid % 8 of rows
+// tid / 8 + 16 i
+__device__ __forceinline__ void lean_load_k(float* s, const float* p, int ld, int r0, int c0, int row_end,
+                                            int col_end, bool vec, int tid) {
+    if (vec && r0 + 128 <= row_end && c0 + WG_BK <= col_end) {
+        const int r = tid >> 3, c = (tid & 7) * 4;
+        const float* from = p + (long long)(r0 + r) * ld + c0 + c;
+        float* to = s + r * WG_BK + c;
+        const long long step = 16LL * ld;
+#pragma unroll
+        for (int i = 0; i < 8; i++) cp_async16(to + i * 16 * WG_BK, from + i * step, 16);
+    } else {
+        TcTile<true, 128, WG_BK, 0>::template load<WG_PRODUCERS>(s, p, ld, r0, c0, row_end, col_end, vec, tid);
+    }
+}
+
+// 32 x 128 of an N-contiguous operand (rows k0.. along K, columns n0..) raw into s (rows of 128): chunk tid % 32
+// of rows tid / 32 + 4 i
+__device__ __forceinline__ void lean_load_n(float* s, const float* p, int ld, int k0, int n0, int k_end, int n_end,
+                                            bool vec, int tid) {
+    if (vec && k0 + WG_BK <= k_end && n0 + 128 <= n_end) {
+        const int r = tid >> 5, c = (tid & 31) * 4;
+        const float* from = p + (long long)(k0 + r) * ld + n0 + c;
+        float* to = s + r * 128 + c;
+        const long long step = 4LL * ld;
+#pragma unroll
+        for (int i = 0; i < 8; i++) cp_async16(to + i * 4 * 128, from + i * step, 16);
+    } else {
+        TcTile<false, 128, WG_BK, 0>::template load<WG_PRODUCERS>(s, p, ld, k0, n0, k_end, n_end, vec, tid);
+    }
+}
+
+// A raw K-contiguous 128 x 32 slice split into the swizzled hi and lo tiles: quads (tid / 8 + 16 q, 4 (tid % 8))
+__device__ __forceinline__ void lean_split_k(float* hi, const float* raw, int tid) {
+    const int r = tid >> 3, k4 = (tid & 7) * 4, at = wg_swizzled(r, k4);
+    const float* from = raw + r * WG_BK + k4;
+#pragma unroll
+    for (int q = 0; q < 8; q++)
+        tf32_split_store(hi, hi + WG_SPLIT, at + q * 16 * WG_BK, *reinterpret_cast<const float4*>(from + q * 16 * WG_BK));
+}
+
+// A raw N-contiguous 32 x 128 slice (B of an NN product) split K-major: quads (tid, 4 q), four rows of raw apart
+__device__ __forceinline__ void lean_split_n(float* hi, const float* raw, int tid) {
+    const float* from = raw + tid;
+#pragma unroll
+    for (int q = 0; q < 8; q++) {
+        const float* f = from + 4 * q * 128;
+        tf32_split_store(hi, hi + WG_SPLIT, tid * WG_BK + ((q ^ (tid & 7)) << 2),
+                         make_float4(f[0], f[128], f[256], f[384]));
+    }
+}
+
+template <bool TB, bool TWO>
+__device__ __forceinline__ void gemm_lean(float* C, const float* A, const float* B, int M, int N, int K, int lda,
+                                          int ldb, int ldc) {
+    extern __shared__ __align__(1024) float lean_smem[];
+    constexpr int RAW = 2 * WG_SPLIT;  // A raw, B raw: 128 x 32 and 128 x 32 (or 32 x 128)
+    float* split = lean_smem;                            // [WG_BUFS][A hi, A lo, B hi, B lo]
+    float* raw = lean_smem + WG_BUFS * 4 * WG_SPLIT;     // [WG_RAW][A raw, B raw]
+    uint64_t* full = reinterpret_cast<uint64_t*>(raw + WG_RAW * RAW);
+    uint64_t* empty = full + WG_BUFS;
+    const int m0 = blockIdx.y * 128, n0 = blockIdx.x * 128, n_tiles = (K + WG_BK - 1) / WG_BK;
+    if (threadIdx.x == 0)
+        for (int b = 0; b < WG_BUFS; b++) {
+            mbar_init(&full[b], WG_PRODUCERS);
+            mbar_init(&empty[b], TC_WG_THREADS - WG_PRODUCERS);
+        }
+    __syncthreads();
+    if (threadIdx.x < WG_PRODUCERS) {
+        if (TWO) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(LEAN_PRODUCER_REGS));
+        const int tid = threadIdx.x;
+        const bool vec_a = aligned16(A, lda), vec_b = aligned16(B, ldb);
+        auto load = [&](int stage, int k0) {
+            float *ra = raw + stage * RAW, *rb = ra + WG_SPLIT;
+            lean_load_k(ra, A, lda, m0, k0, M, K, vec_a, tid);
+            if (TB) lean_load_k(rb, B, ldb, n0, k0, N, K, vec_b, tid);
+            else lean_load_n(rb, B, ldb, k0, n0, K, N, vec_b, tid);
+        };
+#pragma unroll
+        for (int i = 0; i < WG_RAW - 1; i++) {
+            if (i < n_tiles) load(i, i * WG_BK);
+            cp_async_commit();
+        }
+        for (int kt = 0; kt < n_tiles; kt++) {  // the engine's order
+            cp_async_wait<WG_RAW - 2>();
+            asm volatile("bar.sync 1, %0;" ::"n"(WG_PRODUCERS) : "memory");
+            const int next = kt + WG_RAW - 1;
+            if (next < n_tiles) load(next % WG_RAW, next * WG_BK);
+            cp_async_commit();
+            const int buf = kt % WG_BUFS;
+            mbar_wait(&empty[buf], ((kt / WG_BUFS) & 1) ^ 1);
+            const float* ra = raw + (kt % WG_RAW) * RAW;
+            float* s = split + buf * 4 * WG_SPLIT;
+            lean_split_k(s, ra, tid);
+            if (TB) lean_split_k(s + 2 * WG_SPLIT, ra + WG_SPLIT, tid);
+            else lean_split_n(s + 2 * WG_SPLIT, ra + WG_SPLIT, tid);
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            mbar_arrive(&full[buf]);
+        }
+    } else {
+        if (TWO) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(LEAN_CONSUMER_REGS));
+        const uint64_t d = wg_desc(split);
+        const int half = threadIdx.x / 128 - 1;
+        auto slice = [&](int kt) {
+            const int buf = kt % WG_BUFS;
+            mbar_wait(&full[buf], (kt / WG_BUFS) & 1);
+            SliceDescs r;
+            r.a_hi = d + (buf * 4 * WG_SPLIT + half * 64 * WG_BK) / 4, r.a_lo = r.a_hi + WG_SPLIT / 4;
+            r.b_hi = d + (buf * 4 + 2) * WG_SPLIT / 4, r.b_lo = r.b_hi + WG_SPLIT / 4;
+            r.empty = &empty[buf];
+            return r;
+        };
+        float acc[64];
+#pragma unroll
+        for (int i = 0; i < 64; i++) acc[i] = 0.0f;
+        if (TWO)
+            consume2(acc, n_tiles, slice);
+        else
+            consume(acc, n_tiles, slice);
+        store_tile(C, acc, M, N, ldc, m0, n0);
+    }
+}
+
+#define LEAN_KERNEL(name, TB, TWO)                                                                             \
+    extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)                                             \
+        name(float* C, const float* A, const float* B, int M, int N, int K, int lda, int ldb, int ldc) {       \
+        gemm_lean<TB, TWO>(C, A, B, M, N, K, lda, ldb, ldc);                                                    \
+    }
+LEAN_KERNEL(k_gemm_lean_nt, true, false)
+LEAN_KERNEL(k_gemm_lean_nn, false, false)
+LEAN_KERNEL(k_gemm_lean2_nt, true, true)
+LEAN_KERNEL(k_gemm_lean2_nn, false, true)
+
 // ---------------------------------------------------------------------------------------------- the harness
 static cudaEvent_t e0, e1;
 
@@ -386,8 +538,9 @@ static int failures = 0;
 static void run(const Shape& s) {
     const int M = s.M, N = s.N, K = s.K;
     const int M_pad = (M + 127) / 128 * 128, N_pad = (N + 127) / 128 * 128, K_pad = (K + WG_BK - 1) / WG_BK * WG_BK;
-    constexpr int V = 4;  // the engine, then the three fed split operands
-    const char* names[V] = {"engine", "split B", "split A and B", "split A and B, two fragments"};
+    constexpr int V = 6;  // the engine, its lean producer (one fragment, two), then the three fed split operands
+    const char* names[V] = {"engine", "lean", "lean, two fragments", "split B", "split A and B",
+                            "split A and B, two fragments"};
     float *A, *B, *C[V];
     uint32_t *ahi, *alo, *bhi, *blo;
     CK(cudaMalloc(&A, (size_t)M * K * 4));
@@ -420,10 +573,13 @@ static void run(const Shape& s) {
         if (v == 0)
             (s.b_n_major ? k_gemm_wg_nn : k_gemm_wg_nt)<<<grid, TC_WG_THREADS, TC_WG_SMEM_BYTES>>>(
                 C[0], A, B, nullptr, M, N, K, K, ldb, N, 0, 0, 0, 1.0f, 0.0f, CAUSAL_NONE, 0.0f, nullptr);
-        else if (v == 1)
-            k_gemm_ps_b<<<grid, TC_WG_THREADS, PS_B_SMEM>>>(C[1], A, bhi, blo, M, N, K, K, K_pad, N);
+        else if (v <= 2)
+            (v == 1 ? (s.b_n_major ? k_gemm_lean_nn : k_gemm_lean_nt) : (s.b_n_major ? k_gemm_lean2_nn : k_gemm_lean2_nt))
+                <<<grid, TC_WG_THREADS, TC_WG_SMEM_BYTES>>>(C[v], A, B, M, N, K, K, ldb, N);
+        else if (v == 3)
+            k_gemm_ps_b<<<grid, TC_WG_THREADS, PS_B_SMEM>>>(C[v], A, bhi, blo, M, N, K, K, K_pad, N);
         else
-            (v == 2 ? k_gemm_ps_ab : k_gemm_ps_ab2)<<<grid, TC_WG_THREADS, PS_AB_SMEM>>>(C[v], ahi, alo, bhi, blo, M,
+            (v == 4 ? k_gemm_ps_ab : k_gemm_ps_ab2)<<<grid, TC_WG_THREADS, PS_AB_SMEM>>>(C[v], ahi, alo, bhi, blo, M,
                                                                                           N, K_pad, N);
     };
 
@@ -481,6 +637,8 @@ int main() {
     CK(cudaEventCreate(&e1));
     CK(cudaFuncSetAttribute(k_gemm_wg_nt, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_WG_SMEM_BYTES));
     CK(cudaFuncSetAttribute(k_gemm_wg_nn, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_WG_SMEM_BYTES));
+    for (auto k : {k_gemm_lean_nt, k_gemm_lean_nn, k_gemm_lean2_nt, k_gemm_lean2_nn})
+        CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_WG_SMEM_BYTES));
     CK(cudaFuncSetAttribute(k_gemm_ps_b, cudaFuncAttributeMaxDynamicSharedMemorySize, PS_B_SMEM));
     CK(cudaFuncSetAttribute(k_gemm_ps_ab, cudaFuncAttributeMaxDynamicSharedMemorySize, PS_AB_SMEM));
     CK(cudaFuncSetAttribute(k_gemm_ps_ab2, cudaFuncAttributeMaxDynamicSharedMemorySize, PS_AB_SMEM));
