@@ -60,14 +60,23 @@
 #ifndef WG_RAW
 #define WG_RAW 3
 #endif
+// The split operands' kernel's stages, each four split tiles (k_gemm_wg_split)
+#ifndef WG_SPLIT_STAGES
+#define WG_SPLIT_STAGES 3
+#endif
 // Launch sizes, mirrored in microgpt/kernels/matmul_tc.py through source.int_constants: the dynamic shared
 // memory a block takes (the mma.sync kernels: TC_STAGES stages of two tiles, at most 128 x (TC_BK + 8) floats
 // each; the wgmma ones: the buffers, the stages and an mbarrier pair per buffer) and the wgmma kernels'
 // threads (three warpgroups).
+// The split operands' kernel (k_gemm_wg_split): its stages' shared memory, and the padding of the split operands
+// (rows to TC_SPLIT_ROWS, K to TC_SPLIT_K: whole tiles, so the copies check no bounds).
 enum TcLaunch : int {
     TC_SMEM_BYTES = TC_STAGES * 2 * TC_BM * (TC_BK + 8) * 4,
     TC_WG_SMEM_BYTES = WG_BUFS * 4 * 128 * 32 * 4 + WG_RAW * 2 * 128 * 32 * 4 + 2 * WG_BUFS * 8,
     TC_WG_THREADS = 384,
+    TC_SPLIT_SMEM_BYTES = WG_SPLIT_STAGES * 4 * 128 * 32 * 4 + 2 * WG_SPLIT_STAGES * 8,
+    TC_SPLIT_ROWS = 128,
+    TC_SPLIT_K = 32,
 };
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
@@ -621,3 +630,152 @@ GEMM_WG_KERNEL(k_gemm_wg_nt_n64, false, true, 64)
 GEMM_WG_KERNEL(k_gemm_wg_tn_n64, true, false, 64)
 GEMM_WG_KERNEL(k_gemm_wg_tt_n64, true, true, 64)
 #undef GEMM_WG_KERNEL
+
+// ---------------------------------------------------------------------------------------------- split operands
+// The same product from operands split into hi and lo before the launch, by a pass of their own: every block of
+// the wgmma kernel splits its slices afresh (a slice of A once for each of the N / 128 column tiles, of B once for
+// each of the M / 128 row tiles), and its producer warpgroup was its bottleneck. Here the producer only copies:
+// 1.43-1.60x the wgmma kernel on the model's forward and dX products, 1.2-1.6x counting the split passes (H200,
+// 2026-12-01, dev/cuda/gemm_presplit.cu). The same tf32_split, the same wgmmas in the same order and the same
+// FP32 adds: the wgmma kernel's bits.
+//
+// A split operand is hi then lo, each rows_pad x K_pad K-major (rows_pad a multiple of TC_SPLIT_ROWS, K_pad of
+// TC_SPLIT_K), zero past the matrix: op(A) for A, op(B)^T for B.
+
+// hi, lo (rows_pad x K_pad) from src (rows x K, ld): a thread a quad of K, zero past rows and K
+extern "C" __global__ void k_tf32_split(uint32_t* hi, uint32_t* lo, const float* src, int rows, int K, int ld,
+                                        int K_pad, long long quads) {
+    const long long q = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (q >= quads) return;
+    const long long r = q / (K_pad / 4);
+    const int k = (int)(q % (K_pad / 4)) * 4;
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (r < rows && k + 4 <= K && aligned16(src, ld)) {
+        v = *reinterpret_cast<const float4*>(src + r * ld + k);
+    } else if (r < rows) {
+        const float* row = src + r * ld;
+        v.x = k < K ? row[k] : 0.0f;
+        v.y = k + 1 < K ? row[k + 1] : 0.0f;
+        v.z = k + 2 < K ? row[k + 2] : 0.0f;
+        v.w = k + 3 < K ? row[k + 3] : 0.0f;
+    }
+    uint32_t h[4], l[4];
+    tf32_split(v.x, h[0], l[0]);
+    tf32_split(v.y, h[1], l[1]);
+    tf32_split(v.z, h[2], l[2]);
+    tf32_split(v.w, h[3], l[3]);
+    reinterpret_cast<uint4*>(hi + r * K_pad + k)[0] = make_uint4(h[0], h[1], h[2], h[3]);
+    reinterpret_cast<uint4*>(lo + r * K_pad + k)[0] = make_uint4(l[0], l[1], l[2], l[3]);
+}
+
+// The same from src stored transposed (K x rows, ld), through a 32 x 32 tile of shared memory (a warp a row of
+// it, 8 warps): blocks of 256 threads, a grid of (K_pad / 32, rows_pad / 32)
+extern "C" __global__ void __launch_bounds__(256) k_tf32_split_t(uint32_t* hi, uint32_t* lo, const float* src,
+                                                                 int rows, int K, int ld, int K_pad) {
+    __shared__ float t[32][33];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int r0 = blockIdx.y * 32, k0 = blockIdx.x * 32;
+    for (int j = warp; j < 32; j += 8) {
+        const int k = k0 + j, r = r0 + lane;
+        t[j][lane] = k < K && r < rows ? src[(long long)k * ld + r] : 0.0f;
+    }
+    __syncthreads();
+    for (int j = warp; j < 32; j += 8) {
+        const long long at = (long long)(r0 + j) * K_pad + k0 + lane;
+        tf32_split(t[lane][j], hi[at], lo[at]);
+    }
+}
+
+// A split 128 x 32 slice (rows row0.. of a split operand, K_pad a row) copied by producer thread tid into a
+// 128B-swizzled tile, where the wgmma kernel's producer stores its split: chunk tid % 8 of rows tid / 8 + 16 i,
+// whose swizzle (r % 8) is the same for every i, so one address and constant offsets (an address held for each
+// copy took more registers than the kernel has)
+__device__ __forceinline__ void copy_split_slice(float* tile, const uint32_t* src, long long row0, int K_pad, int k0,
+                                                 int tid) {
+    const int r = tid / 8, c4 = (tid % 8) * 4;
+    const float* from = reinterpret_cast<const float*>(src) + (row0 + r) * K_pad + k0 + c4;
+    float* to = tile + wg_swizzled(r, c4);
+    const long long rows16 = 16LL * K_pad;
+#pragma unroll
+    for (int i = 0; i < 128 * WG_BK / 4 / WG_PRODUCERS; i++) cp_async16(to + i * 16 * WG_BK, from + i * rows16, 16);
+}
+
+// C (M x N, ldc) = alpha * op(A) @ op(B) + bias[n] + beta * C from split operands (a_split: M_pad x K_pad, b_split:
+// N_pad x K_pad, each hi then lo), as k_gemm_wg_*: warpgroup 0 copies slice after slice (WG_SPLIT_STAGES deep; slice
+// kt handed over before the next stage is waited for, as the consumers done with slice kt - S want kt next),
+// warpgroups 1 and 2 multiply. One block per SM (TC_SPLIT_SMEM_BYTES), a grid of (ceil(N / 128), ceil(M / 128)).
+extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
+    k_gemm_wg_split(float* C, const uint32_t* a_split, const uint32_t* b_split, const float* bias, int M, int N,
+                    int K_pad, int ldc, float alpha, float beta) {
+#if WG_AVAILABLE
+    extern __shared__ __align__(1024) float split_smem[];
+    float* stage = split_smem;  // [WG_SPLIT_STAGES][A hi, A lo, B hi, B lo][128 x 32]
+    uint64_t* full = reinterpret_cast<uint64_t*>(split_smem + WG_SPLIT_STAGES * 4 * WG_SPLIT);
+    uint64_t* empty = full + WG_SPLIT_STAGES;
+    const int m0 = blockIdx.y * 128, n0 = blockIdx.x * 128, n_tiles = K_pad / WG_BK;
+    const long long a_lo = (long long)(gridDim.y * 128) * K_pad, b_lo = (long long)(gridDim.x * 128) * K_pad;
+    if (threadIdx.x == 0)
+        for (int s = 0; s < WG_SPLIT_STAGES; s++) {
+            mbar_init(&full[s], WG_PRODUCERS);
+            mbar_init(&empty[s], TC_WG_THREADS - WG_PRODUCERS);
+        }
+    __syncthreads();
+    if (threadIdx.x < WG_PRODUCERS) {  // ------------------------------------------------ the producer: copy
+        const int tid = threadIdx.x;
+        for (int j = 0; j < n_tiles + WG_SPLIT_STAGES - 1; j++) {
+            const int kt = j - (WG_SPLIT_STAGES - 1);
+            if (kt >= 0) {
+                cp_async_wait<WG_SPLIT_STAGES - 2>();  // groups 0 .. j - 1 committed: this thread's slice kt landed
+                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+                mbar_arrive(&full[kt % WG_SPLIT_STAGES]);
+            }
+            if (j < n_tiles) {
+                const int s = j % WG_SPLIT_STAGES;
+                mbar_wait(&empty[s], ((j / WG_SPLIT_STAGES) & 1) ^ 1);  // the consumers are done with slice j - S
+                float* t = stage + s * 4 * WG_SPLIT;
+                copy_split_slice(t, a_split, m0, K_pad, j * WG_BK, tid);
+                copy_split_slice(t + WG_SPLIT, a_split + a_lo, m0, K_pad, j * WG_BK, tid);
+                copy_split_slice(t + 2 * WG_SPLIT, b_split, n0, K_pad, j * WG_BK, tid);
+                copy_split_slice(t + 3 * WG_SPLIT, b_split + b_lo, n0, K_pad, j * WG_BK, tid);
+            }
+            cp_async_commit();
+        }
+        return;
+    }
+    // ---------------------------------------------------------------- the consumers: multiply and sum
+    const int half = threadIdx.x / 128 - 1, tid = threadIdx.x % 128;
+    const uint64_t d = wg_desc(stage);
+    float acc[64], part[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) acc[i] = 0.0f;
+    for (int kt = 0; kt < n_tiles; kt++) {
+        const int s = kt % WG_SPLIT_STAGES;
+        mbar_wait(&full[s], (kt / WG_SPLIT_STAGES) & 1);
+        const uint64_t a_hi = d + (s * 4 * WG_SPLIT + half * 64 * WG_BK) / 4, a_lo_d = a_hi + WG_SPLIT / 4,
+                       b_hi = d + (s * 4 + 2) * WG_SPLIT / 4, b_lo_d = b_hi + WG_SPLIT / 4;
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (int kk = 0; kk < WG_BK / 4; kk += 2) {  // the wgmma kernel's order
+            wgmma_tf32(part, a_lo_d + kk, b_hi + kk, kk > 0);
+            wgmma_tf32(part, a_hi + kk, b_lo_d + kk, 1);
+            wgmma_tf32(part, a_hi + kk, b_hi + kk, 1);
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+        for (int i = 0; i < 64; i++) asm volatile("" : "+f"(part[i])::"memory");  // read only after the wait
+        mbar_arrive(&empty[s]);
+#pragma unroll
+        for (int i = 0; i < 64; i++) acc[i] += part[i];
+    }
+    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int i = 0; i < 64; i++) {
+        const int m = m0 + half * 64 + warp * 16 + g + 8 * ((i % 4) / 2);
+        const int n = n0 + (i / 4) * 8 + 2 * t + i % 2;
+        if (m < M && n < N) gemm_store(C, acc[i], m, n, ldc, bias, alpha, beta, CAUSAL_NONE, 0.0f);
+    }
+#else
+    __trap();  // the launchers choose this kernel on sm_90a only
+#endif
+}

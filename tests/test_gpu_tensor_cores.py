@@ -195,3 +195,35 @@ def test_bias_alpha_beta_and_strided_batches(ga, rng, wgmma):
     K.sgemm_tc(c, ga.to_gpu(a_h), ga.to_gpu(b_h), alpha=0.5, beta=-2.0, bias=ga.to_gpu(bias_h), wgmma=wgmma)
     ref = 0.5 * (a_h.astype(np.float64) @ b_h) + bias_h + -2.0 * c0
     assert record("tensor cores (tc) vs float64", "alpha, bias, beta", rel_err(c.get(), ref)) < 1e-6
+
+
+# Products that run from split operands on sm_90a (A stored M x K, one product, the 128 x 128 tile, wgmma-sized):
+# M, N not multiples of 128, K not of the 32 it is padded to, unaligned rows (K or N odd: the splits' one-float
+# path), fewer rows than a tile, and mlp.fc's dX at B*T = 8192
+SPLIT_SHAPES = [(300, 200, 256), (1000, 333, 300), (4099, 130, 772), (129, 257, 4097), (100, 260, 261),
+                (8192, C, 4 * C)]
+
+
+@pytest.mark.parametrize("M,N,K_", SPLIT_SHAPES)
+@pytest.mark.parametrize("tb", [False, True])
+def test_split_operands_give_the_wgmma_kernels_bits(ga, rng, M, N, K_, tb):
+    """The split passes and k_gemm_wg_split compute what the wgmma kernel computes from the raw operands, to the
+    bit (the same split, the same products in the same order), with and without alpha, bias and beta, on fresh
+    inputs and a poisoned c; and the default takes that path."""
+    if not K.warpgroup_mma():
+        pytest.skip(f"{K.device_summary()}: split operands are the wgmma path's (sm_90a)")
+    a = ga.to_gpu(rng.standard_normal((M, K_)).astype(np.float32))
+    b = ga.to_gpu(rng.standard_normal((N, K_) if tb else (K_, N)).astype(np.float32))
+    bias, c0 = ga.to_gpu(rng.standard_normal(N).astype(np.float32)), rng.standard_normal((M, N)).astype(np.float32)
+    with K.recording() as plan:
+        K.sgemm_tc(poisoned(ga, M, N), a, b, trans_b=tb, bias=bias)
+    assert [name for name, *_ in plan] == ["k_tf32_split", "k_tf32_split" if tb else "k_tf32_split_t",
+                                           "k_gemm_wg_split"], plan
+    for kw in (dict(), dict(alpha=0.5, beta=-2.0, bias=bias)):
+        outs = []
+        for split in (None, False):
+            c = ga.to_gpu(c0) if "beta" in kw else poisoned(ga, M, N)
+            K.sgemm_tc(c, a, b, trans_b=tb, split=split, **kw)
+            outs.append(c.get())
+        assert np.isfinite(outs[0]).all()
+        np.testing.assert_array_equal(outs[0], outs[1])

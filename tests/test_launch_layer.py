@@ -146,6 +146,9 @@ def _run_every_launcher():
                     b = f32(N, 4 * C) if tb else f32(4 * C, N)
                     K.sgemm(f32(B * T, N), a, b, trans_a=ta, trans_b=tb)
                     K.sgemm_tc(f32(B * T, N), a, b, trans_a=ta, trans_b=tb)
+                    # the wgmma kernel itself where the default takes split operands (split-K's slices,
+                    # batched products and causal ones run on it)
+                    K.sgemm_tc(f32(B * T, N), a, b, trans_a=ta, trans_b=tb, split=False)
     return plan
 
 
@@ -418,7 +421,8 @@ def test_the_wgmma_weight_gradient_takes_the_bias_gradient_in_its_pass_over_dout
         # the slices' partial products, then their sums ([splits][OUT]) in the same scratch
         assert args[0] == partials and args[-1] == partials + 4 * splits * OUT * IN
         assert plan.keep[-1].size == splits * (OUT * IN + OUT)
-        assert all(a[-1] == 0 for _, _, _, a, *_ in plan[:-2]), names  # dX's product sums nothing
+        # dX = dout @ W from split operands (W stored K x N: transposed as it is split), summing nothing
+        assert names[:-2] == ["k_tf32_split", "k_tf32_split_t", "k_gemm_wg_split"], names
     db, names, plan = launches(4099, 130, 772)  # K odd: one slice, which adds into dbias itself
     assert names[-1] == "k_gemm_wg_tn" and not [n for n in names if n.startswith("k_colsum")], names
     assert plan[-1][2][2] == 1 and plan[-1][3][-1] == db
@@ -437,16 +441,57 @@ def test_the_tensor_core_paths_follow_the_architecture(fake, arch, tc, wg):
     fake.arch = arch
     assert K.tensor_cores() == tc and K.warpgroup_mma() == wg
     with K.recording() as plan:
-        K.sgemm_tc(f32(300, 200), f32(300, 256), f32(256, 200))
+        K.sgemm_tc(f32(300, 200), f32(300, 256), f32(256, 200), split=False)
         K.sgemm_tc(f32(300, 200), f32(300, 255), f32(255, 200))  # K below WG_MIN_K: mma.sync there too
         K.sgemm_tc(f32(100, 100), f32(100, 256), f32(256, 100))  # fewer outputs than WG_MIN_OUTPUTS: so too
+        K.sgemm_tc(f32(300, 200), f32(300, 256), f32(256, 200))  # on sm_90a: from split operands
     kernel, _, _, _, shared, block = plan[0]
     assert kernel == ("k_gemm_wg_nn" if wg else "k_gemm_tc_nn" if tc else "k_sgemm_nn"), kernel
-    assert [p[0] for p in plan[1:]] == 2 * ["k_gemm_tc_nn" if tc else "k_sgemm_nn"], plan
-    # the wgmma kernel's three warpgroups and its shared memory come from the header's enum TcLaunch
+    assert [p[0] for p in plan[1:3]] == 2 * ["k_gemm_tc_nn" if tc else "k_sgemm_nn"], plan
+    # the wgmma kernels' three warpgroups and their shared memory come from the header's enum TcLaunch
     sizes = K.int_constants()
     assert (block, shared) == ((sizes["TC_WG_THREADS"], sizes["TC_WG_SMEM_BYTES"]) if wg else
                                (K.BLOCK, sizes["TC_SMEM_BYTES"]) if tc else (K.BLOCK, 0)), (kernel, block, shared)
+    split = [p[0] for p in plan[3:]]
+    assert split == (["k_tf32_split", "k_tf32_split_t", "k_gemm_wg_split"] if wg else [kernel]), split
+    if wg:
+        assert plan[-1][4:] == (sizes["TC_SPLIT_SMEM_BYTES"], sizes["TC_WG_THREADS"]), plan[-1]
+
+
+def test_split_operands_share_the_plans_workspace(fake):
+    """On sm_90a one product of A stored M x K that takes the wgmma kernel runs from split operands instead: A's
+    hi then lo (M_pad x K_pad each, rows padded to 128 and K to 32) and B's (N_pad x K_pad, transposed on the way
+    where B is stored K x N) in the plan's workspace, then k_gemm_wg_split on a grid of whole 128 x 128 tiles.
+    Later products of the plan reuse the workspace and a larger one takes its place; batched and causal products,
+    A transposed (the dW products) and products split over K keep the wgmma kernel."""
+    sizes = K.int_constants()
+    assert (sizes["TC_SPLIT_ROWS"], sizes["TC_SPLIT_K"]) == (128, 32)
+    a1, b1, c1, bias1 = f32(1000, 300), f32(300, 333), f32(1000, 333), f32(333)
+    with K.recording() as plan:
+        K.sgemm_tc(c1, a1, b1, bias=bias1, alpha=0.5, beta=2.0)
+        K.sgemm_tc(f32(300, 200), f32(300, 256), f32(200, 256), trans_b=True, bias=f32(200))  # fits: the same
+        K.sgemm_tc(f32(2000, 400), f32(2000, 512), f32(512, 400), bias=f32(400))  # larger: a workspace of its own
+    names = [p[0] for p in plan]
+    assert names == ["k_tf32_split", "k_tf32_split_t", "k_gemm_wg_split", "k_tf32_split", "k_tf32_split",
+                     "k_gemm_wg_split", "k_tf32_split", "k_tf32_split_t", "k_gemm_wg_split"], names
+    (_, _, g_a, split_a, _, _), (_, _, g_b, split_b, _, _), (_, _, g_c, product, shared, block) = plan[:3]
+    a_n, b_n = 1024 * 320, 384 * 320  # floats of each operand's hi
+    ws = split_a[0]
+    assert split_a == [ws, ws + 4 * a_n, a1.gpudata, 1000, 300, 300, 320, a_n // 4] and g_a[0] * K.BLOCK >= a_n // 4
+    assert split_b == [ws + 8 * a_n, ws + 8 * a_n + 4 * b_n, b1.gpudata, 333, 300, 333, 320] and g_b[:2] == (10, 12)
+    assert product == [c1.gpudata, ws, ws + 8 * a_n, bias1.gpudata, 1000, 333, 320, 333, 0.5, 2.0]
+    assert g_c[:2] == (3, 8) and (shared, block) == (sizes["TC_SPLIT_SMEM_BYTES"], sizes["TC_WG_THREADS"])
+    assert plan[3][3][0] == ws and plan[4][3][0] == ws + 8 * 384 * 256  # the second product: the same workspace
+    assert plan[6][3][0] != ws and plan[6][3][0] == plan.workspace.gpudata
+    assert plan.workspace.size == 2 * (2048 * 512 + 512 * 512)
+    with K.recording() as plan:
+        K.sgemm_tc(f32(3, 300, 200), f32(3, 300, 256), f32(3, 256, 200))  # a batch
+        K.sgemm_tc(f32(300, 200), f32(256, 300), f32(256, 200), trans_a=True)  # A transposed
+        K.sgemm_tc(f32(4099, 130), f32(4099, 772), f32(772, 130))  # plain, few tiles: split over K
+        K.matmul_fwd_tc(f32(2, 300, 200), f32(2, 300, 256), f32(200, 256), f32(200))  # a linear layer: split
+    assert [p[0] for p in plan] == ["k_gemm_wg_nn", "k_gemm_wg_tn", "k_gemm_wg_nn", "k_splitk_reduce",
+                                    "k_tf32_split", "k_tf32_split", "k_gemm_wg_split"], plan
+    assert plan[2][2][2] > 1  # the split-K slices, a batch of the wgmma kernel
 
 
 def _misaligned(a, floats=1):

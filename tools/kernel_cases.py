@@ -8,6 +8,7 @@ read and written); FLOPs count multiply-adds as two and each exp/tanh as one.
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import Callable
 
 import numpy as np
@@ -169,24 +170,23 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
     # 128 x 128 tile and, d_k wide, the 128 x 64 one: the device's kernel (wgmma on Hopper) and the mma.sync one
     if "tc" in variants:
         H = max(4 * C, K.matmul_tc.WG_MIN_K + 5)  # small shapes (the sanitizer's) still reach both kernels
-        # wgmma=True: the sanitizer's products are too small for the device's own choice of it; where the
-        # device's kernel is the mma.sync one, once
-        paths = [("", True), (" mma.sync", False)] if K.warpgroup_mma() else [("", None)]
-        for ta in (False, True):
-            for tb in (False, True):
-                for width, label in ((H, ""), (d_k, ", narrow")):
-                    layout = f"{'t' if ta else 'n'}{'t' if tb else 'n'}{label}"
-                    chosen = [(path, wgmma) for path, wgmma in paths if want(f"sgemm_tc{path} ({layout})")]
-                    if not chosen:
-                        continue
-                    r = draws_for(f"sgemm_tc ({layout})")
-                    a_op = r.randn(H, N) if ta else r.randn(N, H)
-                    b_op, c_out = (r.randn(width, H) if tb else r.randn(H, width)), empty(N, width)
-                    for path, wgmma in chosen:
-                        add(f"sgemm_tc{path} ({layout})",
-                            lambda s, a_op=a_op, b_op=b_op, c_out=c_out, ta=ta, tb=tb, wgmma=wgmma: K.sgemm_tc(
-                                c_out, a_op, b_op, trans_a=ta, trans_b=tb, stream=s, wgmma=wgmma),
-                            F * (N * H + H * width + N * width), 2 * N * H * width)
+        # wgmma=True: the sanitizer's products are too small for the device's own choice of it (mma.sync elsewhere);
+        # " wgmma": Hopper's wgmma kernel where a product of A stored M x K takes split operands (not ta, not narrow)
+        paths = [("", True, None), (" mma.sync", False, None)] if K.warpgroup_mma() else [("", None, None)]
+        wgmma_itself = [(" wgmma", True, False)] if K.warpgroup_mma() else []
+        for ta, tb, (width, label) in itertools.product((False, True), (False, True), ((H, ""), (d_k, ", narrow"))):
+            layout = f"{'t' if ta else 'n'}{'t' if tb else 'n'}{label}"
+            chosen = [p for p in paths + ([] if ta or label else wgmma_itself) if want(f"sgemm_tc{p[0]} ({layout})")]
+            if not chosen:
+                continue
+            r = draws_for(f"sgemm_tc ({layout})")
+            a_op = r.randn(H, N) if ta else r.randn(N, H)
+            b_op, c_out = (r.randn(width, H) if tb else r.randn(H, width)), empty(N, width)
+            for path, wgmma, split in chosen:
+                add(f"sgemm_tc{path} ({layout})",
+                    lambda s, a_op=a_op, b_op=b_op, c_out=c_out, ta=ta, tb=tb, wgmma=wgmma, split=split: K.sgemm_tc(
+                        c_out, a_op, b_op, trans_a=ta, trans_b=tb, stream=s, wgmma=wgmma, split=split),
+                    F * (N * H + H * width + N * width), 2 * N * H * width)
 
     @drawn
     def qkvs(r):  # the attention's input: split into heads, and read by the fused attention

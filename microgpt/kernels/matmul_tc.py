@@ -3,16 +3,19 @@
 The same products as matmul_fast (MatrixProducts over a gemm), through the same Gemm description, causal
 tile skipping and deterministic split-K; only the unsplit launch differs, and, on sm_90a, where a linear
 layer's bias gradient is summed: in its dW product, by the wgmma kernel from the dout it reads (split-K's reduce
-adding the slices' sums), not by a column-sum pass of its own. Where the device has no TF32 tensor cores (before
-sm_80), and for products with K < TC_MIN_K, the launch is the SIMT SGEMM's: the variant runs everywhere, and never
-less accurately than 1.5x the SIMT kernel.
+adding the slices' sums), not by a column-sum pass of its own. On sm_90a a single product of A stored M x K (the
+linear layers' forwards and dX products) runs from operands split into TF32 hi and lo by a pass before it
+(split_product), the same bits faster. Where the device has no TF32 tensor cores (before sm_80), and for
+products with K < TC_MIN_K, the launch is the SIMT SGEMM's: the variant runs everywhere, and never less
+accurately than 1.5x the SIMT kernel.
 """
 from __future__ import annotations
 
 import functools
+import math
 
-from .matmul_fast import Gemm, MatrixProducts, gemm, sgemm, sgemm_product
-from .runtime import BLOCK, engine, launch, sm_version
+from .matmul_fast import Causal, Gemm, MatrixProducts, gemm, sgemm, sgemm_product
+from .runtime import BLOCK, blocks, engine, launch, sm_version, workspace
 from .source import int_constants
 
 # Below this K the split's rounding and the tensor cores' truncating sum within a slice outweigh the FP32
@@ -40,7 +43,8 @@ def warpgroup_mma() -> bool:
 
 @functools.cache
 def launch_size(name: str) -> int:
-    """A launch size of cuda/matmul_tc.cuh (enum TcLaunch): TC_SMEM_BYTES, TC_WG_SMEM_BYTES, TC_WG_THREADS."""
+    """A launch size of cuda/matmul_tc.cuh (enum TcLaunch): TC_SMEM_BYTES, TC_WG_SMEM_BYTES, TC_WG_THREADS, and
+    the split operands kernel's TC_SPLIT_SMEM_BYTES and padding, TC_SPLIT_ROWS and TC_SPLIT_K."""
     return int_constants()[name]
 
 
@@ -59,35 +63,74 @@ def tc_kernel(g: Gemm, wgmma: bool | None = None) -> tuple[str, int, int] | None
     return f"k_gemm_tc_{ops}", launch_size("TC_SMEM_BYTES"), BLOCK
 
 
-def tc_product(g: Gemm, c: int, a: int, b: int, bias: int, stream, wgmma: bool | None = None, sums: int = 0) -> None:
-    """One unsplit launch of g on the kernel tc_kernel chooses; the tile and grid are the SGEMM's. sums: where
-    the wgmma kernel adds op(A)'s row sums (A transposed; gemm_tc gives them to no other kernel)."""
+def split_operands(g: Gemm, kernel: tuple[str, int, int] | None) -> bool:
+    """Whether g, where tc_kernel chose the wgmma kernel, runs from split operands instead (split_product): one
+    product (no batch, no causal skipping) of A stored M x K, on the 128 x 128 tile. The dW products (A
+    transposed; the wgmma kernel's producer sums their bias gradients) and attention's batches keep the wgmma
+    kernel."""
+    return (kernel is not None and kernel[0].startswith("k_gemm_wg") and g.batch == 1 and not g.trans_a
+            and g.causal == Causal.NONE and g.tile_n == 128 and math.ceil(g.N / 32) <= 65535)
+
+
+def split_product(g: Gemm, c: int, a: int, b: int, bias: int, stream) -> None:
+    """g from split operands: op(A) and op(B)^T split into TF32 hi and lo, K-major and padded to whole tiles, in
+    the plan's workspace (k_tf32_split; B stored K x N transposed on the way, k_tf32_split_t), then
+    k_gemm_wg_split, which only copies them: the wgmma kernel's bits."""
+    rows, tile_k = launch_size("TC_SPLIT_ROWS"), launch_size("TC_SPLIT_K")
+    M_pad, N_pad = (math.ceil(x / rows) * rows for x in (g.M, g.N))
+    K_pad = math.ceil(g.K / tile_k) * tile_k
+    a_n, b_n = M_pad * K_pad, N_pad * K_pad  # floats of each operand's hi (and of its lo)
+    ws = workspace(2 * (a_n + b_n))  # held here: outside a recording, the launches below are its only users
+    a_split = int(ws.gpudata)
+    b_split = a_split + 8 * a_n
+    launch("k_tf32_split", [a_split, a_split + 4 * a_n, a, g.M, g.K, g.lda, K_pad, a_n // 4], blocks(a_n // 4), stream)
+    if g.trans_b:  # stored N x K: K-major already
+        launch("k_tf32_split", [b_split, b_split + 4 * b_n, b, g.N, g.K, g.ldb, K_pad, b_n // 4], blocks(b_n // 4),
+               stream)
+    else:
+        launch("k_tf32_split_t", [b_split, b_split + 4 * b_n, b, g.N, g.K, g.ldb, K_pad], (K_pad // 32, N_pad // 32),
+               stream)
+    launch("k_gemm_wg_split", [c, a_split, b_split, bias, g.M, g.N, K_pad, g.ldc, float(g.alpha), float(g.beta)],
+           (N_pad // rows, M_pad // rows), stream, shared=launch_size("TC_SPLIT_SMEM_BYTES"),
+           block=launch_size("TC_WG_THREADS"))
+
+
+def tc_product(g: Gemm, c: int, a: int, b: int, bias: int, stream, wgmma: bool | None = None, sums: int = 0,
+               split: bool | None = None) -> None:
+    """One unsplit launch of g on the kernel tc_kernel chooses, from split operands where split_operands allows
+    (split=False: never, to measure or check the wgmma kernel); the tile and grid are the SGEMM's. sums: where the
+    wgmma kernel adds op(A)'s row sums (A transposed; gemm_tc gives them to no other kernel)."""
     kernel = tc_kernel(g, wgmma)
     if sums and (kernel is None or not kernel[0].startswith("k_gemm_wg") or not g.trans_a):
         raise ValueError(f"sums: only the wgmma kernel with A transposed takes row sums, not {kernel} for {g}")
     if kernel is None:
         sgemm_product(g, c, a, b, bias, stream)
         return
+    if split is not False and split_operands(g, kernel):
+        split_product(g, c, a, b, bias, stream)
+        return
     name, shared, threads = kernel
     launch(name, g.args(c, a, b, bias, sums), g.grid, stream, shared=shared, block=threads)
 
 
 def gemm_tc(g: Gemm, c: int, a: int, b: int, bias: int = 0, stream=None, *, sums: int = 0,
-            wgmma: bool | None = None) -> None:
-    """As matmul_fast.gemm, on the tensor cores (wgmma: as tc_kernel). The wgmma kernel holds one block per SM,
-    which split-K counts, and sums a transposed A's rows as it splits them (a dW product's bias gradient: no
-    pass over dout of its own); its split-K slices' sums stay on the wgmma kernel, as K / splits >= WG_MIN_K."""
+            wgmma: bool | None = None, split: bool | None = None) -> None:
+    """As matmul_fast.gemm, on the tensor cores (wgmma: as tc_kernel; split: as tc_product). The wgmma kernels hold
+    one block per SM, which split-K counts, and the wgmma kernel sums a transposed A's rows as it splits them (a
+    dW product's bias gradient: no pass over dout of its own); its split-K slices' sums stay on the wgmma kernel,
+    as K / splits >= WG_MIN_K."""
     kernel = tc_kernel(g, wgmma)
     wg = kernel is not None and kernel[0].startswith("k_gemm_wg")
-    gemm(g, c, a, b, bias, stream, sums=sums, product=functools.partial(tc_product, wgmma=wgmma),
+    gemm(g, c, a, b, bias, stream, sums=sums, product=functools.partial(tc_product, wgmma=wgmma, split=split),
          per_sm=1 if wg else 2, product_sums=wg)
 
 
-def sgemm_tc(c, a, b, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, bias=None, stream=None, wgmma=None):
+def sgemm_tc(c, a, b, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, bias=None, stream=None, wgmma=None,
+             split=None):
     """As matmul_fast.sgemm, on the tensor cores: c = alpha * op(a) @ op(b) + bias + beta * c (wgmma: as
-    tc_kernel)."""
+    tc_kernel; split: as tc_product)."""
     sgemm(c, a, b, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta, bias=bias, stream=stream,
-          gemm=functools.partial(gemm_tc, wgmma=wgmma))
+          gemm=functools.partial(gemm_tc, wgmma=wgmma, split=split))
 
 
 (matmul_fwd_tc, matmul_bwd_tc, causal_scores_fwd_tc, causal_scores_bwd_tc, attn_values_fwd_tc,

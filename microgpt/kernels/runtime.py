@@ -173,6 +173,7 @@ class Plan(list):
     def __init__(self):
         super().__init__()
         self.keep = []
+        self.workspace = None  # runtime.workspace's buffer for this plan's launches
 
 
 _recording: Plan | None = None
@@ -245,6 +246,17 @@ def launch(name: str, args: list, grid, stream=None, shared: int = 0, block: int
 def scratch(n: int):
     """A float32 device buffer of n elements for partial sums, kept alive by the plan being recorded."""
     return _kept(engine().ga.empty(n, np.float32))
+
+
+def workspace(n: int):
+    """A float32 device buffer of at least n elements, for what one launch writes and the next reads (split
+    operands): while recording, the plan's own, shared by its launches, which run in order on one stream (a
+    larger one takes its place when asked for more; the plan keeps both); otherwise scratch(n)."""
+    if _recording is None:
+        return scratch(n)
+    if _recording.workspace is None or _recording.workspace.size < n:
+        _recording.workspace = scratch(n)
+    return _recording.workspace
 
 
 def counters(n: int, stream=None):
