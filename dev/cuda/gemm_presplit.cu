@@ -5,7 +5,7 @@
 //   - k_gemm_lean_* / k_gemm_lean2_*: the engine's product as it is (the producer copies raw slices and splits
 //     them), its producer's addresses written as one base and constant offsets: 145 registers where the engine
 //     takes 158-168; lean2 with two fragments a consumer (slice k + 1's wgmmas issued before slice k's are added),
-//     the registers moved to the consumers by setmaxnreg (producer 80, consumers 216). What two fragments are
+//     the registers moved to the consumers by setmaxnreg (producer 72, consumers 216). What two fragments are
 //     worth with no pass before the product;
 //   - k_gemm_ps_b: B arrives split (a weight: split, and transposed to K-major where the product reads it N-major,
 //     once a step after AdamW, 2-9 MB), A is copied and split by the producer as in the engine; every product
@@ -21,10 +21,12 @@
 //     nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -std=c++17 -I cuda -o /tmp/gemm_presplit \
 //         dev/cuda/gemm_presplit.cu && /tmp/gemm_presplit
 //
-// Written 2026-12-01 without a GPU (none was lent that session): compiles for sm_90a; not yet run. A reviewing
-// helper's model of the ps kernels' barriers (1 to 11 slices, random thread orders) found no deadlock, no stage
-// overwritten while read and no stale slice. k_gemm_ps_b copies slice kt + 2 only once slice kt - 1's B is read,
-// about two slices ahead: its figure may understate a B-split design with stages of its own.
+// H200, 2026-12-01 (dev/NOTES.md has the table): every kernel the engine's bits at every shape. A and B split:
+// 1.33-1.93x the engine's kernel (95-122 TFLOP/s), 1.2-1.6x with a split pass for each operand; B alone 1.09-1.21x;
+// the lean producer 1.02-1.10x (0.91x on lm_head's unaligned dX); two fragments no faster than one, either way.
+// Taken into the engine as k_gemm_wg_split and the k_tf32_split passes. Written while no GPU was lent; a
+// reviewing helper's model of the barriers (1 to 12 slices, random thread orders) found no deadlock, no stage
+// overwritten while read and no stale slice, and its run found the lean2 kernel's first register split hanging.
 //
 // Two fragments, which the first try (2026-11-30, in the engine) found slower because ptxas spilled and serialized
 // the wgmmas (C7514), compile cleanly here (ptxas -v): setmaxnreg is honoured once each warpgroup's part is one
@@ -223,8 +225,13 @@ __device__ __forceinline__ void produce_split_slices(float* stage, uint64_t* ful
 // C (M x N) = A @ B^T from split A (M_pad x K_pad) and split B (N_pad x K_pad): the producer only copies.
 // TWO: the two-fragment consumers, with the registers moved to them (setmaxnreg: 128 x 40 + 256 x 232 of the
 // 64K; ptxas honours it only where each warpgroup's part is one branch of a single if/else, and says so when not).
+// setmaxnreg moves registers within the block's pool, which is what the launch got at entry: 168 a thread (64K
+// over 384 threads, rounded down to 8), so 64,512 in all, not 65,536. Asked for more, a consumer warp waits in
+// setmaxnreg.inc forever (the first run of k_gemm_lean2_* at 80 / 216 hung).
+constexpr int WG_REG_POOL = TC_WG_THREADS * (65536 / TC_WG_THREADS / 8 * 8);
 constexpr int PS_PRODUCER_REGS = 40, PS_CONSUMER_REGS = 232;
-static_assert(WG_PRODUCERS * PS_PRODUCER_REGS + (TC_WG_THREADS - WG_PRODUCERS) * PS_CONSUMER_REGS <= 65536, "regs");
+static_assert(WG_PRODUCERS * PS_PRODUCER_REGS + (TC_WG_THREADS - WG_PRODUCERS) * PS_CONSUMER_REGS <= WG_REG_POOL,
+              "regs");
 template <bool TWO>
 __device__ __forceinline__ void gemm_ps_ab(float* C, const uint32_t* a_hi, const uint32_t* a_lo,
                                            const uint32_t* b_hi, const uint32_t* b_lo, int M, int N, int K_pad,
@@ -360,12 +367,13 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
 // address a copy. Tiles at the matrices' edges, and unaligned rows, take the engine's TcTile::load. TWO: the
 // two-fragment consumers, registers moved by setmaxnreg (LEAN_PRODUCER_REGS / LEAN_CONSUMER_REGS).
 #ifndef LEAN_PRODUCER_REGS
-#define LEAN_PRODUCER_REGS 80
+#define LEAN_PRODUCER_REGS 72
 #endif
 #ifndef LEAN_CONSUMER_REGS
 #define LEAN_CONSUMER_REGS 216
 #endif
-static_assert(WG_PRODUCERS * LEAN_PRODUCER_REGS + (TC_WG_THREADS - WG_PRODUCERS) * LEAN_CONSUMER_REGS <= 65536, "regs");
+static_assert(WG_PRODUCERS * LEAN_PRODUCER_REGS + (TC_WG_THREADS - WG_PRODUCERS) * LEAN_CONSUMER_REGS <= WG_REG_POOL,
+              "regs");
 
 // 128 x 32 of a K-contiguous operand (rows r0.., columns c0..) raw into s (rows of 32): chunk tid % 8 of rows
 // tid / 8 + 16 i
