@@ -60,60 +60,10 @@ constexpr int PS_AB_SMEM = PS_STAGES * 4 * WG_SPLIT * 4 + 2 * PS_STAGES * 8;
 constexpr int PS_B_SMEM = WG_BUFS * 2 * WG_SPLIT * 4 + PS_STAGES * 3 * WG_SPLIT * 4 + 2 * WG_BUFS * 8;
 static_assert(PS_AB_SMEM <= 227 * 1024 && PS_B_SMEM <= 227 * 1024, "shared memory");
 
-// ---------------------------------------------------------------------------------------------- the split pass
-// hi, lo: rows_pad x K_pad, K-major, each x of op(src) split as the engine's producer splits it, 0 past rows and
-// K. src is rows x K (ld) or, TRANS, K x rows (ld) read transposed through a 32 x 32 tile of shared memory.
-__global__ void k_presplit(uint32_t* hi, uint32_t* lo, const float* src, int rows, int K, int ld, int K_pad,
-                           long long quads) {
-    const long long q = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (q >= quads) return;
-    const long long r = q / (K_pad / 4);
-    const int k = (int)(q % (K_pad / 4)) * 4;
-    float v[4];
-    if (r < rows && k + 4 <= K && ld % 4 == 0) {
-        const float4 t = *reinterpret_cast<const float4*>(src + r * ld + k);
-        v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
-    } else {
-        for (int e = 0; e < 4; e++) v[e] = r < rows && k + e < K ? src[r * ld + k + e] : 0.0f;
-    }
-    uint32_t h[4], l[4];
-    for (int e = 0; e < 4; e++) tf32_split(v[e], h[e], l[e]);
-    reinterpret_cast<uint4*>(hi + r * K_pad + k)[0] = make_uint4(h[0], h[1], h[2], h[3]);
-    reinterpret_cast<uint4*>(lo + r * K_pad + k)[0] = make_uint4(l[0], l[1], l[2], l[3]);
-}
-
-__global__ void k_presplit_t(uint32_t* hi, uint32_t* lo, const float* src, int rows, int K, int ld, int K_pad) {
-    __shared__ float t[32][33];
-    const int r0 = blockIdx.y * 32, k0 = blockIdx.x * 32;
-    for (int j = threadIdx.y; j < 32; j += 8) {
-        const int k = k0 + j, r = r0 + threadIdx.x;
-        t[j][threadIdx.x] = k < K && r < rows ? src[(long long)k * ld + r] : 0.0f;
-    }
-    __syncthreads();
-    for (int j = threadIdx.y; j < 32; j += 8) {
-        const long long r = r0 + j;
-        const int k = k0 + threadIdx.x;
-        uint32_t h, l;
-        tf32_split(t[threadIdx.x][j], h, l);
-        hi[r * K_pad + k] = h;
-        lo[r * K_pad + k] = l;
-    }
-}
+// The split passes: the engine's k_tf32_split and k_tf32_split_t (cuda/matmul_tc.cuh), this probe's first ones.
 
 // ---------------------------------------------------------------------------------------------- the products
-// A split 128 x 32 slice (rows row0.. of a K-major split operand, K_pad floats a row) copied by the producer's
-// thread tid into a 128B-swizzled tile, as the engine's producer stores its split: its chunk c4 / 4 of rows
-// tid / 8 + 16 i, whose swizzle (r % 8) is the same for every i, so one address and constant offsets (the copies'
-// addresses held for every slice took more than the producer's 40 registers, and it spilled)
-__device__ __forceinline__ void copy_split_slice(float* tile, const uint32_t* src, long long row0, int K_pad, int k0,
-                                                 int tid) {
-    const int r = tid / 8, c4 = (tid % 8) * 4;
-    const float* from = reinterpret_cast<const float*>(src) + (row0 + r) * K_pad + k0 + c4;
-    float* to = tile + wg_swizzled(r, c4);
-    const int rows16 = 16 * K_pad;
-#pragma unroll
-    for (int i = 0; i < 128 * WG_BK / 4 / WG_PRODUCERS; i++) cp_async16(to + i * 16 * WG_BK, from + i * rows16, 16);
-}
+// copy_split_slice: the engine's (cuda/matmul_tc.cuh), which this probe's first version was.
 
 // Slice kt's 12 wgmmas into part, committed as one group, as the engine's consumers issue them.
 struct SliceDescs {
@@ -566,14 +516,14 @@ static void run(const Shape& s) {
     const int ldb = s.b_n_major ? N : K;
     auto split_a = [&] {
         const long long quads = (long long)M_pad * K_pad / 4;
-        k_presplit<<<(unsigned)((quads + 255) / 256), 256>>>(ahi, alo, A, M, K, K, K_pad, quads);
+        k_tf32_split<<<(unsigned)((quads + 255) / 256), 256>>>(ahi, alo, A, M, K, K, K_pad, quads);
     };
     auto split_b = [&] {
         if (s.b_n_major) {
-            k_presplit_t<<<dim3(K_pad / 32, N_pad / 32), dim3(32, 8)>>>(bhi, blo, B, N, K, ldb, K_pad);
+            k_tf32_split_t<<<dim3(K_pad / 32, N_pad / 32), 256>>>(bhi, blo, B, N, K, ldb, K_pad);
         } else {
             const long long quads = (long long)N_pad * K_pad / 4;
-            k_presplit<<<(unsigned)((quads + 255) / 256), 256>>>(bhi, blo, B, N, K, ldb, K_pad, quads);
+            k_tf32_split<<<(unsigned)((quads + 255) / 256), 256>>>(bhi, blo, B, N, K, ldb, K_pad, quads);
         }
     };
     const dim3 grid((N + 127) / 128, (M + 127) / 128);
