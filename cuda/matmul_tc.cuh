@@ -475,6 +475,47 @@ __device__ __forceinline__ void wgmma_tf32(float (&d)[32], uint64_t a, uint64_t 
 #endif
 }
 
+// The consumers' steps, shared by the wgmma kernels (FRAG: a thread's share of its warpgroup's 64 x BN tile).
+// A slice's 12 wgmmas into part, committed as one group: 4 k8 steps (32 bytes along the rows apart) of lo*hi,
+// hi*lo, hi*hi, small products first; a descriptor's address field counts 16 bytes.
+template <int FRAG>
+__device__ __forceinline__ void wg_slice_products(float (&part)[FRAG], uint64_t a_hi, uint64_t a_lo, uint64_t b_hi,
+                                                  uint64_t b_lo) {
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int kk = 0; kk < WG_BK / 4; kk += 2) {
+        wgmma_tf32(part, a_lo + kk, b_hi + kk, kk > 0);
+        wgmma_tf32(part, a_hi + kk, b_lo + kk, 1);
+        wgmma_tf32(part, a_hi + kk, b_hi + kk, 1);
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+
+// once the slice's group is done: its buffer back to the producer (empty), its products into the running sum
+template <int FRAG>
+__device__ __forceinline__ void wg_add_slice(float (&acc)[FRAG], float (&part)[FRAG], uint64_t* empty) {
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+    for (int i = 0; i < FRAG; i++) asm volatile("" : "+f"(part[i])::"memory");  // read only after the wait
+    mbar_arrive(empty);
+#pragma unroll
+    for (int i = 0; i < FRAG; i++) acc[i] += part[i];
+}
+
+// the warpgroup's rows m0.. of C: acc[i] is column 8 (i / 4) + 2t (+1 for odd i), row 16 warp + g (+8 for
+// i % 4 >= 2) of its 64
+template <int FRAG>
+__device__ __forceinline__ void wg_store(float* C, const float (&acc)[FRAG], int m0, int n0, int M, int N, int ldc,
+                                         const float* bias, float alpha, float beta, Causal causal, float fill) {
+    const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int i = 0; i < FRAG; i++) {
+        const int m = m0 + warp * 16 + g + 8 * ((i % 4) / 2);
+        const int n = n0 + (i / 4) * 8 + 2 * t + i % 2;
+        if (m < M && n < N) gemm_store(C, acc[i], m, n, ldc, bias, alpha, beta, causal, fill);
+    }
+}
+
 template <bool TA, bool TB, int BN>
 __device__ __forceinline__ void gemm_wg_tile(float* C, const float* A, const float* B, const float* bias,
                                              int M, int N, int K, int lda, int ldb, int ldc, long long strideA,
@@ -573,46 +614,18 @@ __device__ __forceinline__ void gemm_wg_tile(float* C, const float* A, const flo
     float acc[FRAG];
 #pragma unroll
     for (int i = 0; i < FRAG; i++) acc[i] = 0.0f;
-    // slice kt's 12 wgmmas into part (committed as one group)
-    // a descriptor's address field counts 16 bytes (4 floats): tiles further on add their offset / 4
+    // slice kt's tiles: a descriptor's address field counts 16 bytes (4 floats), so tiles further on add offset / 4
     const uint64_t d_split = wg_desc(split);
-    auto multiply = [&](float (&part)[FRAG], int kt) {
-        const int buf = kt % WG_BUFS;
-        mbar_wait(&full[buf], (kt / WG_BUFS) & 1);
-        const uint64_t a_hi = d_split + (buf * 4 * WG_SPLIT + half * 64 * WG_BK) / 4, a_lo = a_hi + WG_SPLIT / 4,
-                       b_hi = d_split + (buf * 4 + 2) * WG_SPLIT / 4, b_lo = b_hi + WG_SPLIT / 4;
-        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-        for (int kk = 0; kk < WG_BK / 4; kk += 2) {  // k8 steps, 32 bytes along the rows; small products first
-            wgmma_tf32(part, a_lo + kk, b_hi + kk, kk > 0);
-            wgmma_tf32(part, a_hi + kk, b_lo + kk, 1);
-            wgmma_tf32(part, a_hi + kk, b_hi + kk, 1);
-        }
-        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-    };
-    // once slice kt's group is done: its buffer back to the producer, and its products into the running sum
-    auto add = [&](float (&part)[FRAG], int kt) {
-        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-#pragma unroll
-        for (int i = 0; i < FRAG; i++) asm volatile("" : "+f"(part[i])::"memory");  // read only after the wait
-        mbar_arrive(&empty[kt % WG_BUFS]);
-#pragma unroll
-        for (int i = 0; i < FRAG; i++) acc[i] += part[i];
-    };
     float part[FRAG];
     for (int kt = 0; kt < n_tiles; kt++) {
-        multiply(part, kt);
-        add(part, kt);
+        const int buf = kt % WG_BUFS;
+        mbar_wait(&full[buf], (kt / WG_BUFS) & 1);
+        const uint64_t a_hi = d_split + (buf * 4 * WG_SPLIT + half * 64 * WG_BK) / 4,
+                       b_hi = d_split + (buf * 4 + 2) * WG_SPLIT / 4;
+        wg_slice_products(part, a_hi, a_hi + WG_SPLIT / 4, b_hi, b_hi + WG_SPLIT / 4);
+        wg_add_slice(acc, part, &empty[buf]);
     }
-
-    // acc[i]: columns 8 (i / 4) + 2t (+1 for odd i), rows 16 warp + g (+8 for i % 4 >= 2) of the half's 64
-    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-#pragma unroll
-    for (int i = 0; i < FRAG; i++) {
-        const int m = m0 + half * 64 + warp * 16 + g + 8 * ((i % 4) / 2);
-        const int n = n0 + (i / 4) * 8 + 2 * t + i % 2;
-        if (m < M && n < N) gemm_store(C, acc[i], m, n, ldc, bias, alpha, beta, causal, fill);
-    }
+    wg_store(C, acc, m0 + half * 64, n0, M, N, ldc, bias, alpha, beta, causal, fill);
 #else
     __trap();  // the launchers choose this path on sm_90a only
 #endif
@@ -743,7 +756,7 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
         return;
     }
     // ---------------------------------------------------------------- the consumers: multiply and sum
-    const int half = threadIdx.x / 128 - 1, tid = threadIdx.x % 128;
+    const int half = threadIdx.x / 128 - 1;
     const uint64_t d = wg_desc(stage);
     float acc[64], part[64];
 #pragma unroll
@@ -751,30 +764,11 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
     for (int kt = 0; kt < n_tiles; kt++) {
         const int s = kt % WG_SPLIT_STAGES;
         mbar_wait(&full[s], (kt / WG_SPLIT_STAGES) & 1);
-        const uint64_t a_hi = d + (s * 4 * WG_SPLIT + half * 64 * WG_BK) / 4, a_lo_d = a_hi + WG_SPLIT / 4,
-                       b_hi = d + (s * 4 + 2) * WG_SPLIT / 4, b_lo_d = b_hi + WG_SPLIT / 4;
-        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-        for (int kk = 0; kk < WG_BK / 4; kk += 2) {  // the wgmma kernel's order
-            wgmma_tf32(part, a_lo_d + kk, b_hi + kk, kk > 0);
-            wgmma_tf32(part, a_hi + kk, b_lo_d + kk, 1);
-            wgmma_tf32(part, a_hi + kk, b_hi + kk, 1);
-        }
-        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-#pragma unroll
-        for (int i = 0; i < 64; i++) asm volatile("" : "+f"(part[i])::"memory");  // read only after the wait
-        mbar_arrive(&empty[s]);
-#pragma unroll
-        for (int i = 0; i < 64; i++) acc[i] += part[i];
+        const uint64_t a_hi = d + (s * 4 * WG_SPLIT + half * 64 * WG_BK) / 4, b_hi = d + (s * 4 + 2) * WG_SPLIT / 4;
+        wg_slice_products(part, a_hi, a_hi + WG_SPLIT / 4, b_hi, b_hi + WG_SPLIT / 4);
+        wg_add_slice(acc, part, &empty[s]);
     }
-    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-#pragma unroll
-    for (int i = 0; i < 64; i++) {
-        const int m = m0 + half * 64 + warp * 16 + g + 8 * ((i % 4) / 2);
-        const int n = n0 + (i / 4) * 8 + 2 * t + i % 2;
-        if (m < M && n < N) gemm_store(C, acc[i], m, n, ldc, bias, alpha, beta, CAUSAL_NONE, 0.0f);
-    }
+    wg_store(C, acc, m0 + half * 64, n0, M, N, ldc, bias, alpha, beta, CAUSAL_NONE, 0.0f);
 #else
     __trap();  // the launchers choose this kernel on sm_90a only
 #endif
