@@ -492,6 +492,9 @@ def test_split_operands_share_the_plans_workspace(fake):
     assert [p[0] for p in plan] == ["k_gemm_wg_nn", "k_gemm_wg_tn", "k_gemm_wg_nn", "k_splitk_reduce",
                                     "k_tf32_split", "k_tf32_split", "k_gemm_wg_split"], plan
     assert plan[2][2][2] > 1  # the split-K slices, a batch of the wgmma kernel
+    for N, split in ((16383 * 128, True), (16383 * 128 + 1, False)):  # k_tf32_split_t's grid: N_pad / 32 <= 65535
+        g = K.Gemm.dense(256, N, 256)
+        assert K.matmul_tc.split_operands(g, K.matmul_tc.tc_kernel(g)) == split, N
 
 
 def _misaligned(a, floats=1):

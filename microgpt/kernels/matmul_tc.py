@@ -69,7 +69,7 @@ def split_operands(g: Gemm, kernel: tuple[str, int, int] | None) -> bool:
     transposed; the wgmma kernel's producer sums their bias gradients) and attention's batches keep the wgmma
     kernel."""
     return (kernel is not None and kernel[0].startswith("k_gemm_wg") and g.batch == 1 and not g.trans_a
-            and g.causal == Causal.NONE and g.tile_n == 128 and math.ceil(g.N / 32) <= 65535)
+            and g.causal == Causal.NONE and g.tile_n == 128 and math.ceil(g.N / 128) * 4 <= 65535)  # split_t's grid
 
 
 def split_product(g: Gemm, c: int, a: int, b: int, bias: int, stream) -> None:
