@@ -713,9 +713,36 @@ __device__ __forceinline__ void copy_split_slice(float* tile, const uint32_t* sr
     for (int i = 0; i < 128 * WG_BK / 4 / WG_PRODUCERS; i++) cp_async16(to + i * 16 * WG_BK, from + i * rows16, 16);
 }
 
+// The producer of split slices: it only copies, WG_SPLIT_STAGES deep, each stage A hi, A lo, B hi, B lo (rows m0..
+// of A's, n0.. of B's). Slice kt = j - (S - 1) is handed over before slice j's stage is waited for: the consumers,
+// done with slice j - S, want slice j - S + 1 = kt next.
+__device__ __forceinline__ void wg_copy_split_slices(float* stage, uint64_t* full, uint64_t* empty,
+                                                     const uint32_t* a_hi, const uint32_t* a_lo,
+                                                     const uint32_t* b_hi, const uint32_t* b_lo, int m0, int n0,
+                                                     int K_pad, int n_tiles) {
+    const int tid = threadIdx.x;
+    for (int j = 0; j < n_tiles + WG_SPLIT_STAGES - 1; j++) {
+        const int kt = j - (WG_SPLIT_STAGES - 1);
+        if (kt >= 0) {
+            cp_async_wait<WG_SPLIT_STAGES - 2>();  // groups 0 .. j - 1 committed: this thread's slice kt landed
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            mbar_arrive(&full[kt % WG_SPLIT_STAGES]);
+        }
+        if (j < n_tiles) {
+            const int s = j % WG_SPLIT_STAGES;
+            mbar_wait(&empty[s], ((j / WG_SPLIT_STAGES) & 1) ^ 1);  // the consumers are done with slice j - S
+            float* t = stage + s * 4 * WG_SPLIT;
+            copy_split_slice(t, a_hi, m0, K_pad, j * WG_BK, tid);
+            copy_split_slice(t + WG_SPLIT, a_lo, m0, K_pad, j * WG_BK, tid);
+            copy_split_slice(t + 2 * WG_SPLIT, b_hi, n0, K_pad, j * WG_BK, tid);
+            copy_split_slice(t + 3 * WG_SPLIT, b_lo, n0, K_pad, j * WG_BK, tid);
+        }
+        cp_async_commit();
+    }
+}
+
 // C (M x N, ldc) = alpha * op(A) @ op(B) + bias[n] + beta * C from split operands (a_split: M_pad x K_pad, b_split:
-// N_pad x K_pad, each hi then lo), as k_gemm_wg_*: warpgroup 0 copies slice after slice (WG_SPLIT_STAGES deep; slice
-// kt handed over before the next stage is waited for, as the consumers done with slice kt - S want kt next),
+// N_pad x K_pad, each hi then lo), as k_gemm_wg_*: warpgroup 0 copies slice after slice (wg_copy_split_slices),
 // warpgroups 1 and 2 multiply. One block per SM (TC_SPLIT_SMEM_BYTES), a grid of (ceil(N / 128), ceil(M / 128)).
 extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
     k_gemm_wg_split(float* C, const uint32_t* a_split, const uint32_t* b_split, const float* bias, int M, int N,
@@ -733,26 +760,9 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
             mbar_init(&empty[s], TC_WG_THREADS - WG_PRODUCERS);
         }
     __syncthreads();
-    if (threadIdx.x < WG_PRODUCERS) {  // ------------------------------------------------ the producer: copy
-        const int tid = threadIdx.x;
-        for (int j = 0; j < n_tiles + WG_SPLIT_STAGES - 1; j++) {
-            const int kt = j - (WG_SPLIT_STAGES - 1);
-            if (kt >= 0) {
-                cp_async_wait<WG_SPLIT_STAGES - 2>();  // groups 0 .. j - 1 committed: this thread's slice kt landed
-                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-                mbar_arrive(&full[kt % WG_SPLIT_STAGES]);
-            }
-            if (j < n_tiles) {
-                const int s = j % WG_SPLIT_STAGES;
-                mbar_wait(&empty[s], ((j / WG_SPLIT_STAGES) & 1) ^ 1);  // the consumers are done with slice j - S
-                float* t = stage + s * 4 * WG_SPLIT;
-                copy_split_slice(t, a_split, m0, K_pad, j * WG_BK, tid);
-                copy_split_slice(t + WG_SPLIT, a_split + a_lo, m0, K_pad, j * WG_BK, tid);
-                copy_split_slice(t + 2 * WG_SPLIT, b_split, n0, K_pad, j * WG_BK, tid);
-                copy_split_slice(t + 3 * WG_SPLIT, b_split + b_lo, n0, K_pad, j * WG_BK, tid);
-            }
-            cp_async_commit();
-        }
+    if (threadIdx.x < WG_PRODUCERS) {  // the producer: copy
+        wg_copy_split_slices(stage, full, empty, a_split, a_split + a_lo, b_split, b_split + b_lo, m0, n0, K_pad,
+                             n_tiles);
         return;
     }
     // ---------------------------------------------------------------- the consumers: multiply and sum

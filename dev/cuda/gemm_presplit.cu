@@ -11,9 +11,10 @@
 //     once a step after AdamW, 2-9 MB), A is copied and split by the producer as in the engine; every product
 //     whose B is a weight (the forwards and the dX products, two thirds of the step's FLOPs) could take it with
 //     no pass over an activation;
-//   - k_gemm_ps_ab, k_gemm_ps_ab2: both arrive split and the producer only copies (3 stages of 64 KB); ab2 with
-//     two fragments (producer 40, consumers 232). The bound for a product fed split operands, to be weighed
-//     against the split passes it needs (timed here too).
+//   - k_gemm_ps_ab (now the engine's k_gemm_wg_split, run here as "split A and B"), k_gemm_ps_ab2: both arrive
+//     split and the producer only copies (3 stages of 64 KB); ab2 with two fragments (producer 40, consumers
+//     232). The bound for a product fed split operands, to be weighed against the split passes it needs (timed
+//     here too).
 // All run the engine's wgmmas on the engine's hi and lo in the engine's order, so C must be the engine's bits
 // (checked, on fresh inputs and a poisoned C, at odd shapes as well). The split operands are padded with zeros
 // to whole tiles (rows to 128, K to 32), as the engine's copies zero-fill, so the main loop checks no bounds.
@@ -55,32 +56,27 @@
         }                                                                                                      \
     } while (0)
 
-constexpr int PS_STAGES = 3;  // stages of split slices in flight (k_gemm_ps_ab), raw stages (k_gemm_ps_b)
-constexpr int PS_AB_SMEM = PS_STAGES * 4 * WG_SPLIT * 4 + 2 * PS_STAGES * 8;
+// k_gemm_ps_ab2's stages and shared memory are k_gemm_wg_split's (WG_SPLIT_STAGES, TC_SPLIT_SMEM_BYTES): its producer
+// is the engine's wg_copy_split_slices. k_gemm_ps_b's raw stages:
+constexpr int PS_STAGES = 3;
 constexpr int PS_B_SMEM = WG_BUFS * 2 * WG_SPLIT * 4 + PS_STAGES * 3 * WG_SPLIT * 4 + 2 * WG_BUFS * 8;
-static_assert(PS_AB_SMEM <= 227 * 1024 && PS_B_SMEM <= 227 * 1024, "shared memory");
+static_assert(PS_B_SMEM <= 227 * 1024, "shared memory");
 
 // The split passes: the engine's k_tf32_split and k_tf32_split_t (cuda/matmul_tc.cuh), this probe's first ones.
 
 // ---------------------------------------------------------------------------------------------- the products
 // copy_split_slice: the engine's (cuda/matmul_tc.cuh), which this probe's first version was.
 
-// Slice kt's 12 wgmmas into part, committed as one group, as the engine's consumers issue them.
+// A slice's tiles' descriptors, and the barrier to arrive on once it is multiplied. The slice's wgmmas, the add
+// after a full wait and the store are the engine's (wg_slice_products, wg_add_slice, wg_store).
 struct SliceDescs {
-    uint64_t a_hi, a_lo, b_hi, b_lo, *empty;  // empty: the barrier to arrive on once the slice is multiplied
+    uint64_t a_hi, a_lo, b_hi, b_lo, *empty;
 };
-__device__ __forceinline__ void slice_wgmmas(float (&part)[64], const SliceDescs& d) {
-    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-    for (int kk = 0; kk < WG_BK / 4; kk += 2) {  // k8 steps, 32 bytes along the rows; small products first
-        wgmma_tf32(part, d.a_lo + kk, d.b_hi + kk, kk > 0);
-        wgmma_tf32(part, d.a_hi + kk, d.b_lo + kk, 1);
-        wgmma_tf32(part, d.a_hi + kk, d.b_hi + kk, 1);
-    }
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+__device__ __forceinline__ void slice_products(float (&part)[64], const SliceDescs& d) {
+    wg_slice_products(part, d.a_hi, d.a_lo, d.b_hi, d.b_lo);
 }
 
-// once the fragment's group is done: its slice's buffer back to the producer, the fragment into the running sum
+// wg_add_slice without its wait: the two-fragment consumer waits for one group of two, not for all
 __device__ __forceinline__ void add_fragment(float (&acc)[64], float (&part)[64], uint64_t* empty) {
 #pragma unroll
     for (int i = 0; i < 64; i++) asm volatile("" : "+f"(part[i])::"memory");  // read only after the wait
@@ -89,27 +85,14 @@ __device__ __forceinline__ void add_fragment(float (&acc)[64], float (&part)[64]
     for (int i = 0; i < 64; i++) acc[i] += part[i];
 }
 
-// The warpgroup's 64 x 128 of C (the engine's gemm_store with alpha = 1, no bias, beta = 0)
-__device__ __forceinline__ void store_tile(float* C, const float (&acc)[64], int M, int N, int ldc, int m0, int n0) {
-    const int half = threadIdx.x / 128 - 1, tid = threadIdx.x % 128;
-    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-#pragma unroll
-    for (int i = 0; i < 64; i++) {
-        const int m = m0 + half * 64 + warp * 16 + g + 8 * ((i % 4) / 2);
-        const int n = n0 + (i / 4) * 8 + 2 * t + i % 2;
-        if (m < M && n < N) C[(long long)m * ldc + n] = 1.0f * acc[i];
-    }
-}
-
 // The engine's consumer: one fragment, each slice's wgmmas waited for before its add.
 template <class Slice>
 __device__ __forceinline__ void consume(float (&acc)[64], int n_tiles, Slice slice) {
     float part[64];
     for (int kt = 0; kt < n_tiles; kt++) {
         const SliceDescs d = slice(kt);  // waits for the slice
-        slice_wgmmas(part, d);
-        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-        add_fragment(acc, part, d.empty);
+        slice_products(part, d);
+        wg_add_slice(acc, part, d.empty);
     }
 }
 
@@ -120,7 +103,7 @@ __device__ __forceinline__ void consume2(float (&acc)[64], int n_tiles, Slice sl
     if (n_tiles <= 0) return;
     float p0[64], p1[64];
     SliceDescs d0 = slice(0), d1;
-    slice_wgmmas(p0, d0);
+    slice_products(p0, d0);
     // p0 holds slice kt, in flight, at the top of each turn; every way out waits for all groups first (a loop
     // leaving by its own condition with a group in flight made ptxas wait after every wgmma: C7514)
     for (int kt = 0;; kt += 2) {
@@ -130,7 +113,7 @@ __device__ __forceinline__ void consume2(float (&acc)[64], int n_tiles, Slice sl
             break;
         }
         d1 = slice(kt + 1);
-        slice_wgmmas(p1, d1);
+        slice_products(p1, d1);
         asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // slice kt's group
         add_fragment(acc, p0, d0.empty);
         if (kt + 2 == n_tiles) {
@@ -139,42 +122,15 @@ __device__ __forceinline__ void consume2(float (&acc)[64], int n_tiles, Slice sl
             break;
         }
         d0 = slice(kt + 2);
-        slice_wgmmas(p0, d0);
+        slice_products(p0, d0);
         asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // slice kt + 1's group
         add_fragment(acc, p1, d1.empty);
     }
 }
 
-// The producer of split slices: it only copies, S stages deep. Slice kt = j - (S - 1) is handed over before slice
-// j's stage is waited for: the consumers, done with slice j - S, want slice j - S + 1 = kt next.
-__device__ __forceinline__ void produce_split_slices(float* stage, uint64_t* full, uint64_t* empty,
-                                                     const uint32_t* a_hi, const uint32_t* a_lo,
-                                                     const uint32_t* b_hi, const uint32_t* b_lo, int m0, int n0,
-                                                     int K_pad, int n_tiles) {
-    const int tid = threadIdx.x;
-    for (int j = 0; j < n_tiles + PS_STAGES - 1; j++) {
-        const int kt = j - (PS_STAGES - 1);
-        if (kt >= 0) {
-            cp_async_wait<PS_STAGES - 2>();  // groups 0 .. j - 1 committed: this thread's copies of kt landed
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-            mbar_arrive(&full[kt % PS_STAGES]);
-        }
-        if (j < n_tiles) {
-            const int s = j % PS_STAGES;
-            mbar_wait(&empty[s], ((j / PS_STAGES) & 1) ^ 1);  // the consumers are done with slice j - S
-            float* t = stage + s * 4 * WG_SPLIT;
-            copy_split_slice(t, a_hi, m0, K_pad, j * WG_BK, tid);
-            copy_split_slice(t + WG_SPLIT, a_lo, m0, K_pad, j * WG_BK, tid);
-            copy_split_slice(t + 2 * WG_SPLIT, b_hi, n0, K_pad, j * WG_BK, tid);
-            copy_split_slice(t + 3 * WG_SPLIT, b_lo, n0, K_pad, j * WG_BK, tid);
-        }
-        cp_async_commit();
-    }
-}
-
-// C (M x N) = A @ B^T from split A (M_pad x K_pad) and split B (N_pad x K_pad): the producer only copies.
-// TWO: the two-fragment consumers, with the registers moved to them (setmaxnreg: 128 x 40 + 256 x 232 of the
-// 64K; ptxas honours it only where each warpgroup's part is one branch of a single if/else, and says so when not).
+// C (M x N) = A @ B^T from split A (M_pad x K_pad) and split B (N_pad x K_pad), as the engine's k_gemm_wg_split (the
+// same producer) with two-fragment consumers, the registers moved to them (setmaxnreg: 128 x 40 + 256 x 232;
+// ptxas honours it only where each warpgroup's part is one branch of a single if/else, and says so when not).
 // setmaxnreg moves registers within the block's pool, which is what the launch got at entry: 168 a thread (64K
 // over 384 threads, rounded down to 8), so 64,512 in all, not 65,536. Asked for more, a consumer warp waits in
 // setmaxnreg.inc forever (the first run of k_gemm_lean2_* at 80 / 216 hung).
@@ -182,31 +138,30 @@ constexpr int WG_REG_POOL = TC_WG_THREADS * (65536 / TC_WG_THREADS / 8 * 8);
 constexpr int PS_PRODUCER_REGS = 40, PS_CONSUMER_REGS = 232;
 static_assert(WG_PRODUCERS * PS_PRODUCER_REGS + (TC_WG_THREADS - WG_PRODUCERS) * PS_CONSUMER_REGS <= WG_REG_POOL,
               "regs");
-template <bool TWO>
-__device__ __forceinline__ void gemm_ps_ab(float* C, const uint32_t* a_hi, const uint32_t* a_lo,
-                                           const uint32_t* b_hi, const uint32_t* b_lo, int M, int N, int K_pad,
-                                           int ldc) {
+extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
+    k_gemm_ps_ab2(float* C, const uint32_t* a_hi, const uint32_t* a_lo, const uint32_t* b_hi, const uint32_t* b_lo,
+                  int M, int N, int K_pad, int ldc) {
     extern __shared__ __align__(1024) float ps_smem[];
-    float* stage = ps_smem;  // [PS_STAGES][A hi, A lo, B hi, B lo][128 x 32]
-    uint64_t* full = reinterpret_cast<uint64_t*>(ps_smem + PS_STAGES * 4 * WG_SPLIT);
-    uint64_t* empty = full + PS_STAGES;
+    float* stage = ps_smem;  // [WG_SPLIT_STAGES][A hi, A lo, B hi, B lo][128 x 32]
+    uint64_t* full = reinterpret_cast<uint64_t*>(ps_smem + WG_SPLIT_STAGES * 4 * WG_SPLIT);
+    uint64_t* empty = full + WG_SPLIT_STAGES;
     const int m0 = blockIdx.y * 128, n0 = blockIdx.x * 128, n_tiles = K_pad / WG_BK;
     if (threadIdx.x == 0)
-        for (int s = 0; s < PS_STAGES; s++) {
+        for (int s = 0; s < WG_SPLIT_STAGES; s++) {
             mbar_init(&full[s], WG_PRODUCERS);
             mbar_init(&empty[s], TC_WG_THREADS - WG_PRODUCERS);
         }
     __syncthreads();
     if (threadIdx.x < WG_PRODUCERS) {
-        if (TWO) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PS_PRODUCER_REGS));
-        produce_split_slices(stage, full, empty, a_hi, a_lo, b_hi, b_lo, m0, n0, K_pad, n_tiles);
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PS_PRODUCER_REGS));
+        wg_copy_split_slices(stage, full, empty, a_hi, a_lo, b_hi, b_lo, m0, n0, K_pad, n_tiles);
     } else {
-        if (TWO) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(PS_CONSUMER_REGS));
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(PS_CONSUMER_REGS));
         const uint64_t d = wg_desc(stage);
         const int half = threadIdx.x / 128 - 1;
         auto slice = [&](int kt) {
-            const int s = kt % PS_STAGES;
-            mbar_wait(&full[s], (kt / PS_STAGES) & 1);
+            const int s = kt % WG_SPLIT_STAGES;
+            mbar_wait(&full[s], (kt / WG_SPLIT_STAGES) & 1);
             SliceDescs r;
             r.a_hi = d + (s * 4 * WG_SPLIT + half * 64 * WG_BK) / 4, r.a_lo = r.a_hi + WG_SPLIT / 4;
             r.b_hi = d + (s * 4 + 2) * WG_SPLIT / 4, r.b_lo = r.b_hi + WG_SPLIT / 4;
@@ -216,23 +171,9 @@ __device__ __forceinline__ void gemm_ps_ab(float* C, const uint32_t* a_hi, const
         float acc[64];
 #pragma unroll
         for (int i = 0; i < 64; i++) acc[i] = 0.0f;
-        if (TWO)
-            consume2(acc, n_tiles, slice);
-        else
-            consume(acc, n_tiles, slice);
-        store_tile(C, acc, M, N, ldc, m0, n0);
+        consume2(acc, n_tiles, slice);
+        wg_store(C, acc, m0 + half * 64, n0, M, N, ldc, nullptr, 1.0f, 0.0f, CAUSAL_NONE, 0.0f);
     }
-}
-
-extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
-    k_gemm_ps_ab(float* C, const uint32_t* a_hi, const uint32_t* a_lo, const uint32_t* b_hi, const uint32_t* b_lo,
-                 int M, int N, int K_pad, int ldc) {
-    gemm_ps_ab<false>(C, a_hi, a_lo, b_hi, b_lo, M, N, K_pad, ldc);
-}
-extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
-    k_gemm_ps_ab2(float* C, const uint32_t* a_hi, const uint32_t* a_lo, const uint32_t* b_hi, const uint32_t* b_lo,
-                  int M, int N, int K_pad, int ldc) {
-    gemm_ps_ab<true>(C, a_hi, a_lo, b_hi, b_lo, M, N, K_pad, ldc);
 }
 
 // C (M x N) = A @ B^T from A as it lies (M x K, lda, K-contiguous: the engine's NN and NT products) and split B
@@ -306,7 +247,7 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
         r.empty = &empty[buf];
         return r;
     });
-    store_tile(C, acc, M, N, ldc, m0, n0);
+    wg_store(C, acc, m0 + half * 64, n0, M, N, ldc, nullptr, 1.0f, 0.0f, CAUSAL_NONE, 0.0f);
 }
 
 // ---------------------------------------------------------------------------------------------- the engine, lean
@@ -444,7 +385,7 @@ __device__ __forceinline__ void gemm_lean(float* C, const float* A, const float*
             consume2(acc, n_tiles, slice);
         else
             consume(acc, n_tiles, slice);
-        store_tile(C, acc, M, N, ldc, m0, n0);
+        wg_store(C, acc, m0 + half * 64, n0, M, N, ldc, nullptr, 1.0f, 0.0f, CAUSAL_NONE, 0.0f);
     }
 }
 
@@ -504,10 +445,10 @@ static void run(const Shape& s) {
     CK(cudaMalloc(&A, (size_t)M * K * 4));
     CK(cudaMalloc(&B, (size_t)N * K * 4));
     for (auto& c : C) CK(cudaMalloc(&c, (size_t)M * N * 4));
-    CK(cudaMalloc(&ahi, (size_t)M_pad * K_pad * 4));
-    CK(cudaMalloc(&alo, (size_t)M_pad * K_pad * 4));
-    CK(cudaMalloc(&bhi, (size_t)N_pad * K_pad * 4));
-    CK(cudaMalloc(&blo, (size_t)N_pad * K_pad * 4));
+    // each operand's hi then lo, as the engine's k_gemm_wg_split reads them
+    CK(cudaMalloc(&ahi, 2 * (size_t)M_pad * K_pad * 4));
+    CK(cudaMalloc(&bhi, 2 * (size_t)N_pad * K_pad * 4));
+    alo = ahi + (size_t)M_pad * K_pad, blo = bhi + (size_t)N_pad * K_pad;
     std::vector<float> ha((size_t)M * K), hb((size_t)N * K);
     for (auto& v : ha) v = (float)rand() / RAND_MAX * 2 - 1;
     for (auto& v : hb) v = (float)rand() / RAND_MAX * 2 - 1;
@@ -536,16 +477,16 @@ static void run(const Shape& s) {
                 <<<grid, TC_WG_THREADS, TC_WG_SMEM_BYTES>>>(C[v], A, B, M, N, K, K, ldb, N);
         else if (v == 3)
             k_gemm_ps_b<<<grid, TC_WG_THREADS, PS_B_SMEM>>>(C[v], A, bhi, blo, M, N, K, K, K_pad, N);
+        else if (v == 4)  // the engine's, which k_gemm_ps_ab was
+            k_gemm_wg_split<<<grid, TC_WG_THREADS, TC_SPLIT_SMEM_BYTES>>>(C[v], ahi, bhi, nullptr, M, N, K_pad, N, 1.0f,
+                                                                           0.0f);
         else
-            (v == 4 ? k_gemm_ps_ab : k_gemm_ps_ab2)<<<grid, TC_WG_THREADS, PS_AB_SMEM>>>(C[v], ahi, alo, bhi, blo, M,
-                                                                                          N, K_pad, N);
+            k_gemm_ps_ab2<<<grid, TC_WG_THREADS, TC_SPLIT_SMEM_BYTES>>>(C[v], ahi, alo, bhi, blo, M, N, K_pad, N);
     };
 
     for (auto& c : C) CK(cudaMemset(c, 0xFF, (size_t)M * N * 4));  // NaN: a C element not stored shows
-    CK(cudaMemset(ahi, 0xFF, (size_t)M_pad * K_pad * 4));          // and a split element not written
-    CK(cudaMemset(alo, 0xFF, (size_t)M_pad * K_pad * 4));
-    CK(cudaMemset(bhi, 0xFF, (size_t)N_pad * K_pad * 4));
-    CK(cudaMemset(blo, 0xFF, (size_t)N_pad * K_pad * 4));
+    CK(cudaMemset(ahi, 0xFF, 2 * (size_t)M_pad * K_pad * 4));      // and a split element not written
+    CK(cudaMemset(bhi, 0xFF, 2 * (size_t)N_pad * K_pad * 4));
     split_a();
     split_b();
     for (int v = 0; v < V; v++) product(v);
@@ -585,9 +526,7 @@ static void run(const Shape& s) {
     CK(cudaFree(B));
     for (auto& c : C) CK(cudaFree(c));
     CK(cudaFree(ahi));
-    CK(cudaFree(alo));
     CK(cudaFree(bhi));
-    CK(cudaFree(blo));
 }
 
 int main() {
@@ -598,8 +537,8 @@ int main() {
     for (auto k : {k_gemm_lean_nt, k_gemm_lean_nn, k_gemm_lean2_nt, k_gemm_lean2_nn})
         CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_WG_SMEM_BYTES));
     CK(cudaFuncSetAttribute(k_gemm_ps_b, cudaFuncAttributeMaxDynamicSharedMemorySize, PS_B_SMEM));
-    CK(cudaFuncSetAttribute(k_gemm_ps_ab, cudaFuncAttributeMaxDynamicSharedMemorySize, PS_AB_SMEM));
-    CK(cudaFuncSetAttribute(k_gemm_ps_ab2, cudaFuncAttributeMaxDynamicSharedMemorySize, PS_AB_SMEM));
+    CK(cudaFuncSetAttribute(k_gemm_wg_split, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_SPLIT_SMEM_BYTES));
+    CK(cudaFuncSetAttribute(k_gemm_ps_ab2, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_SPLIT_SMEM_BYTES));
     const Shape shapes[] = {
         {"short K", 200, 130, 8, false, false},     {"short K", 200, 130, 32, true, false},
         {"short K", 100, 260, 64, false, false},    {"short K", 300, 70, 96, true, false},
