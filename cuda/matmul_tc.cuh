@@ -741,18 +741,16 @@ __device__ __forceinline__ void wg_copy_split_slices(float* stage, uint64_t* ful
     }
 }
 
-// C (M x N, ldc) = alpha * op(A) @ op(B) + bias[n] + beta * C from split operands (a_split: M_pad x K_pad, b_split:
-// N_pad x K_pad, each hi then lo), as k_gemm_wg_*: warpgroup 0 copies slice after slice (wg_copy_split_slices),
-// warpgroups 1 and 2 multiply. One block per SM (TC_SPLIT_SMEM_BYTES), a grid of (ceil(N / 128), ceil(M / 128)).
-extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
-    k_gemm_wg_split(float* C, const uint32_t* a_split, const uint32_t* b_split, const float* bias, int M, int N,
-                    int K_pad, int ldc, float alpha, float beta) {
+// The 128 x 128 tile (m0, n0) of op(A) @ op(B) from split operands (a_split: M_pad x K_pad, b_split: N_pad x K_pad,
+// each hi then lo) in the kernel's dynamic shared memory (TC_SPLIT_SMEM_BYTES): warpgroup 0 copies slice after
+// slice (wg_copy_split_slices) and is done (false); warpgroups 1 and 2 multiply, each ending with its 64 rows
+// (m0 + 64 * (warpgroup - 1) ..) in acc, as wg_store lays them out (true).
+__device__ __forceinline__ bool wg_split_tile(float (&acc)[64], float* stage, const uint32_t* a_split,
+                                              const uint32_t* b_split, int m0, int n0, int K_pad) {
 #if WG_AVAILABLE
-    extern __shared__ __align__(1024) float split_smem[];
-    float* stage = split_smem;  // [WG_SPLIT_STAGES][A hi, A lo, B hi, B lo][128 x 32]
-    uint64_t* full = reinterpret_cast<uint64_t*>(split_smem + WG_SPLIT_STAGES * 4 * WG_SPLIT);
+    uint64_t* full = reinterpret_cast<uint64_t*>(stage + WG_SPLIT_STAGES * 4 * WG_SPLIT);
     uint64_t* empty = full + WG_SPLIT_STAGES;
-    const int m0 = blockIdx.y * 128, n0 = blockIdx.x * 128, n_tiles = K_pad / WG_BK;
+    const int n_tiles = K_pad / WG_BK;
     const long long a_lo = (long long)(gridDim.y * 128) * K_pad, b_lo = (long long)(gridDim.x * 128) * K_pad;
     if (threadIdx.x == 0)
         for (int s = 0; s < WG_SPLIT_STAGES; s++) {
@@ -763,12 +761,12 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
     if (threadIdx.x < WG_PRODUCERS) {  // the producer: copy
         wg_copy_split_slices(stage, full, empty, a_split, a_split + a_lo, b_split, b_split + b_lo, m0, n0, K_pad,
                              n_tiles);
-        return;
+        return false;
     }
     // ---------------------------------------------------------------- the consumers: multiply and sum
     const int half = threadIdx.x / 128 - 1;
     const uint64_t d = wg_desc(stage);
-    float acc[64], part[64];
+    float part[64];
 #pragma unroll
     for (int i = 0; i < 64; i++) acc[i] = 0.0f;
     for (int kt = 0; kt < n_tiles; kt++) {
@@ -778,7 +776,23 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
         wg_slice_products(part, a_hi, a_hi + WG_SPLIT / 4, b_hi, b_hi + WG_SPLIT / 4);
         wg_add_slice(acc, part, &empty[s]);
     }
-    wg_store(C, acc, m0 + half * 64, n0, M, N, ldc, bias, alpha, beta, CAUSAL_NONE, 0.0f);
+    return true;
+#else
+    return false;
+#endif
+}
+
+// C (M x N, ldc) = alpha * op(A) @ op(B) + bias[n] + beta * C from split operands (wg_split_tile), as k_gemm_wg_*.
+// One block per SM (TC_SPLIT_SMEM_BYTES), a grid of (ceil(N / 128), ceil(M / 128)).
+extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
+    k_gemm_wg_split(float* C, const uint32_t* a_split, const uint32_t* b_split, const float* bias, int M, int N,
+                    int K_pad, int ldc, float alpha, float beta) {
+#if WG_AVAILABLE
+    extern __shared__ __align__(1024) float split_smem[];  // [WG_SPLIT_STAGES][A hi, A lo, B hi, B lo][128 x 32]
+    const int m0 = blockIdx.y * 128, n0 = blockIdx.x * 128;
+    float acc[64];
+    if (!wg_split_tile(acc, split_smem, a_split, b_split, m0, n0, K_pad)) return;
+    wg_store(C, acc, m0 + (threadIdx.x / 128 - 1) * 64, n0, M, N, ldc, bias, alpha, beta, CAUSAL_NONE, 0.0f);
 #else
     __trap();  // the launchers choose this kernel on sm_90a only
 #endif

@@ -32,4 +32,5 @@
 #include "embed_fast.cuh"
 // the tensor-core products (sm_80 and later)
 #include "matmul_tc.cuh"
+#include "matmul_layernorm_tc.cuh"
 #include "flash_attention.cuh"

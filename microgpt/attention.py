@@ -69,10 +69,15 @@ def attention_fwd(ops: Kernels, x, w, a, n_head, stream=None):
     ops.matmul_fwd(a.out, a.y, w["proj.w"], w["proj.b"], stream=stream)
 
 
-def attention_bwd(ops: Kernels, dout, x, w, g, a, d, n_head, stream=None):
-    """dout (B, T, C) -> d.dx written; g (the weights' gradients) added into. d holds the scratch."""
+def attention_dqkv(ops: Kernels, dout, w, g, a, d, n_head, stream=None):
+    """The backward as far as the qkv projection: dout (B, T, C) -> d.dqkv written; g["proj.*"] added into."""
     ops.matmul_bwd(d.dy, g["proj.w"], g["proj.b"], dout, a.y, w["proj.w"], stream=stream)
     heads_bwd(ops, a, d, n_head, stream)
+
+
+def attention_bwd(ops: Kernels, dout, x, w, g, a, d, n_head, stream=None):
+    """dout (B, T, C) -> d.dx written; g (the weights' gradients) added into. d holds the scratch."""
+    attention_dqkv(ops, dout, w, g, a, d, n_head, stream)
     ops.matmul_bwd(d.dx, g["qkv.w"], g["qkv.b"], d.dqkv, x, w["qkv.w"], stream=stream)
 
 

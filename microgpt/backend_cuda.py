@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from . import kernels as K
-from .attention import attention_bwd, attention_fwd, attention_grad_buffers, fused
+from .attention import attention_dqkv, attention_fwd, attention_grad_buffers, fused
 from .backend import FLAT_VECTORS, check_which
 from .config import GPTConfig
 from .params import decays, num_params, param_table
@@ -173,21 +173,24 @@ class CudaBackend:
         d = self._grad_buffers(b)
         with K.recording() as plan:
             ops.crossentropy_bwd(d.logits, b.probs, b.tgt, b.dlosses, check_token_ids=False)
-            ops.matmul_bwd(d.ln, G["wte"], None, d.logits, b.lnf, P["wte"])
-            ops.layernorm_bwd(d.resid, G["lnf.w"], G["lnf.b"], d.ln, b.resid[cfg.n_layer], P["lnf.w"], b.meanf,
-                              b.rstdf)
+            # each layernorm's backward with the product that makes its output's gradient (fused where the
+            # variant can: that gradient, d.ln or d.dx, is then never written)
+            ops.matmul_layernorm_bwd(d.resid, G["lnf.w"], G["lnf.b"], G["wte"], None, d.logits, b.lnf, P["wte"],
+                                     b.resid[cfg.n_layer], P["lnf.w"], b.meanf, b.rstdf, dinp=d.ln)
             for l in reversed(range(cfg.n_layer)):
                 s, w, g = b.layers[l], _sublayer(P, f"h.{l}."), _sublayer(G, f"h.{l}.")
                 # resid[l+1] = x1 + mlp(ln2(x1)): d.resid is the gradient of resid[l+1]
                 ops.matmul_bwd(d.act, g["mlp.proj.w"], g["mlp.proj.b"], d.resid, s.act, w["mlp.proj.w"])
                 ops.gelu_bwd(d.fc, d.act, s.fc)
-                ops.matmul_bwd(d.ln, g["mlp.fc.w"], g["mlp.fc.b"], d.fc, s.ln2, w["mlp.fc.w"])
-                ops.layernorm_bwd(d.resid, g["ln2.w"], g["ln2.b"], d.ln, s.x1, w["ln2.w"], s.mean2, s.rstd2,
-                                  accumulate=True)  # now the gradient of x1
+                ops.matmul_layernorm_bwd(d.resid, g["ln2.w"], g["ln2.b"], g["mlp.fc.w"], g["mlp.fc.b"], d.fc, s.ln2,
+                                         w["mlp.fc.w"], s.x1, w["ln2.w"], s.mean2, s.rstd2, dinp=d.ln,
+                                         accumulate=True)  # now the gradient of x1
                 # x1 = resid[l] + attn(ln1(resid[l]))
-                attention_bwd(ops, d.resid, s.ln1, _sublayer(w, "attn."), _sublayer(g, "attn."), s.att, d, NH)
-                ops.layernorm_bwd(d.resid, g["ln1.w"], g["ln1.b"], d.dx, b.resid[l], w["ln1.w"], s.mean1, s.rstd1,
-                                  accumulate=True)  # now the gradient of resid[l]
+                wa, ga = _sublayer(w, "attn."), _sublayer(g, "attn.")
+                attention_dqkv(ops, d.resid, wa, ga, s.att, d, NH)
+                ops.matmul_layernorm_bwd(d.resid, g["ln1.w"], g["ln1.b"], ga["qkv.w"], ga["qkv.b"], d.dqkv, s.ln1,
+                                         wa["qkv.w"], b.resid[l], w["ln1.w"], s.mean1, s.rstd1, dinp=d.dx,
+                                         accumulate=True)  # now the gradient of resid[l]
             ops.embed_bwd(G["wte"], G["wpe"], d.resid, b.idx, b.order, check_token_ids=False)
         return plan
 

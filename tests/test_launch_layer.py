@@ -49,6 +49,11 @@ CALLS = {
                                         f32(B, T, C), f32(C), f32(C)), {}),
     "matmul_fwd": lambda: ((f32(B, T, 4 * C), f32(B, T, C), f32(4 * C, C), f32(4 * C)), {}),
     "matmul_bwd": lambda: ((f32(B, T, C), f32(C, C), f32(C), f32(B, T, C), f32(B, T, C), f32(C, C)), {}),
+    # rows of 2 C and K = 4 C: the split operands' 128 x 128 tiles, so on sm_90a tc fuses the layernorm's backward
+    # into the dX product
+    "matmul_layernorm_bwd": lambda: ((f32(B, T, 2 * C), f32(2 * C), f32(2 * C), f32(4 * C, 2 * C), f32(4 * C),
+                                      f32(B, T, 4 * C), f32(B, T, 2 * C), f32(4 * C, 2 * C), f32(B, T, 2 * C),
+                                      f32(2 * C), f32(B, T), f32(B, T)), {"dinp": f32(B, T, 2 * C), "accumulate": True}),
     "split_heads_fwd": lambda: ((f32(*hs), f32(*hs), f32(*hs), f32(B, T, 3 * C), NH), {}),
     "split_heads_bwd": lambda: ((f32(B, T, 3 * C), f32(*hs), f32(*hs), f32(*hs)), {}),
     "attn_scores_fwd": lambda: ((f32(*att), f32(*hs), f32(*hs)), {}),
@@ -495,6 +500,61 @@ def test_split_operands_share_the_plans_workspace(fake):
     for N, split in ((16383 * 128, True), (16383 * 128 + 1, False)):  # k_tf32_split_t's grid: N_pad / 32 <= 65535
         g = K.Gemm.dense(256, N, 256)
         assert K.matmul_tc.split_operands(g, K.matmul_tc.tc_kernel(g)) == split, N
+
+
+def _matmul_layernorm_bwd_args(N, C, OUT):
+    """matmul_layernorm_bwd's positional arguments, (dx, dw, db, dweight, dbias, dout, inp, weight, x, w, mean,
+    rstd), and its dinp."""
+    return [f32(N, C), f32(C), f32(C), f32(OUT, C), f32(OUT), f32(N, OUT), f32(N, C), f32(OUT, C), f32(N, C), f32(C),
+            f32(N), f32(N)], f32(N, C)
+
+
+@pytest.mark.parametrize("arch,N,C,OUT,fused", [
+    ("sm_90a", 8192, 768, 3072, True), ("sm_90a", 1000, 700, 320, True), ("sm_90a", 300, 1024, 512, True),
+    ("sm_90a", 300, 1025, 512, False),  # 9 column tiles: more than a row may span
+    ("sm_90a", 300, 64, 512, False),    # the 128 x 64 tile, which takes no split operands
+    ("sm_90a", 300, 768, 128, False),   # K too short for the wgmma kernel
+    ("sm_80", 8192, 768, 3072, False)])  # no wgmma
+def test_tc_fuses_the_layernorm_backward_into_the_dx_product_where_it_can(fake, arch, N, C, OUT, fused):
+    """On sm_90a, where the dX product would run from split operands on rows of at most MAX_ROW_TILES tiles, tc's
+    matmul_layernorm_bwd queues the dW product, the splits, k_gemm_wg_split_ln_bwd on the product's grid and the two
+    column-sum reductions of its partial rows (dw's, then db's); elsewhere its matmul_bwd, then layernorm_bwd_fast."""
+    args, dinp = _matmul_layernorm_bwd_args(N, C, OUT)
+    fake.arch = arch
+    with K.recording() as plan:
+        K.select("tc").matmul_layernorm_bwd(*args, dinp=dinp, accumulate=True)
+    names = [p[0] for p in plan]
+    if not fused:
+        assert "k_gemm_wg_split_ln_bwd" not in names and names[-1] == "k_layernorm_bwd_fast", names
+        return
+    assert names[-5:] == ["k_tf32_split", "k_tf32_split_t", "k_gemm_wg_split_ln_bwd", "k_colsum_reduce",
+                          "k_colsum_reduce"] and "k_layernorm_bwd_fast" not in names, names
+    name, _, grid, kargs, shared, block = plan[-3]
+    tiles, row_tiles = math.ceil(C / 128), math.ceil(N / 128)
+    assert grid[:2] == (tiles, row_tiles) and kargs[0] == args[0].gpudata and kargs[-4:] == [N, C, 32 * math.ceil(
+        OUT / 32), 1], kargs
+    assert kargs[6:10] == [a.gpudata for a in args[8:12]], kargs  # x, w, mean, rstd
+    partials = kargs[1]
+    assert plan[-2][3] == [args[1].gpudata, partials, row_tiles, C]  # dw: the partial rows' first half
+    assert plan[-1][3] == [args[2].gpudata, partials + 4 * row_tiles * C, row_tiles, C]  # db: the second
+
+
+@pytest.mark.parametrize("variant", list(K.VARIANTS))
+@pytest.mark.parametrize("at,bad,error,named", [
+    (10, f32(301), ValueError, "mean"), (7, f32(512, 769), ValueError, "weight"), (0, f32(300, 769), ValueError, "dx"),
+    (4, f32(511), ValueError, "dbias"), (None, None, TypeError, "accumulate"), (-1, f32(300, 767), ValueError, "dinp")])
+def test_matmul_layernorm_bwd_refuses_bad_arguments_before_any_launch(fake, variant, at, bad, error, named):
+    """Every argument is checked, by name, before the first of its launches (its product's) in every variant."""
+    args, dinp = _matmul_layernorm_bwd_args(300, 768, 512)
+    kw = {"accumulate": 1} if at is None else {}
+    if at == -1:
+        dinp = bad
+    elif at is not None:
+        args[at] = bad
+    with K.recording() as plan:
+        with pytest.raises(error, match=named):
+            K.select(variant).matmul_layernorm_bwd(*args, dinp=dinp, **kw)
+    assert not plan
 
 
 def _misaligned(a, floats=1):

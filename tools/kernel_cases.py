@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 
 from case_builder import Builder, Case, Shape
+from product_cases import add_product_cases
 from microgpt import kernels as K
 from microgpt.reference import MASK_VALUE
 
@@ -134,59 +135,7 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
             F * (4 * N * C + 2 * C + 2 * N), 9 * N * C,
             with_outputs(xs(), ln_douts(), outputs=[(B, T, C), (B, T, C), (B, T), (B, T)]))
 
-    for layer, (IN, OUT) in {"qkv": (C, 3 * C), "attn.proj": (C, C), "mlp.fc": (C, 4 * C),
-                             "mlp.proj": (4 * C, C), "lm_head": (C, V)}.items():
-        fwds, bwds = own("matmul_fwd", f" ({layer})"), own("matmul_bwd", f" ({layer})")
-        if not (fwds or bwds):
-            continue
-        r = draws_for(f"matmul ({layer})")  # the backward's draws come after these, whether the forward is wanted
-        bias = None if layer == "lm_head" else r.randn(OUT)
-        wts = [(r.randn(OUT, IN, scale=0.02), r.randn(B, T, IN)) for _ in range(sets)]
-        for case, fwd in fwds:
-            out = buf(f"out ({layer})", B, T, OUT)
-            add(case, lambda s, wt, inp, out=out, bias=bias, fwd=fwd: fwd(out, inp, wt, bias, stream=s),
-                F * (N * IN + OUT * IN + N * OUT + OUT), 2 * N * IN * OUT, wts)
-        if bwds:
-            dinp, dwt = buf(f"dinp ({layer})", B, T, IN), r.randn(OUT, IN)
-            dbias = None if bias is None else r.randn(OUT)
-            douts = [(r.randn(B, T, OUT), wt, inp) for (wt, inp) in wts]
-        for case, bwd in bwds:
-            add(case,
-                lambda s, d, wt, inp, dinp=dinp, dwt=dwt, dbias=dbias, bwd=bwd: bwd(dinp, dwt, dbias, d, inp, wt,
-                                                                                    stream=s),
-                F * (N * OUT + N * IN + OUT * IN + N * IN + 2 * OUT * IN + 2 * OUT), 4 * N * IN * OUT + N * OUT,
-                douts)
-
-    # the generic product with both operands transposed, which no layer runs (tests and tools call it)
-    for label, OUT in (("tt", 4 * C), ("tt, narrow", d_k)):
-        if "fast" in variants and want(f"sgemm ({label})"):
-            r = draws_for(f"sgemm ({label})")
-            a_t, b_t, c_out = r.randn(C, N), r.randn(OUT, C), empty(N, OUT)
-            add(f"sgemm ({label})", lambda s, a_t=a_t, b_t=b_t, c_out=c_out: K.sgemm(c_out, a_t, b_t, trans_a=True,
-                                                                                     trans_b=True, stream=s),
-                F * (N * C + OUT * C + N * OUT), 2 * N * C * OUT)
-    # the tensor-core products in each layout at mlp.fc's shape with K and N swapped (K = 4 C is long enough
-    # for them at any width: matmul_tc.TC_MIN_K, WG_MIN_K; at least WG_MIN_K + 5 where C is tiny), on the
-    # 128 x 128 tile and, d_k wide, the 128 x 64 one: the device's kernel (wgmma on Hopper) and the mma.sync one
-    if "tc" in variants:
-        H = max(4 * C, K.matmul_tc.WG_MIN_K + 5)  # small shapes (the sanitizer's) still reach both kernels
-        # wgmma=True: the sanitizer's products are too small for the device's own choice of it (mma.sync elsewhere);
-        # " wgmma": Hopper's wgmma kernel where a product of A stored M x K takes split operands (not ta, not narrow)
-        paths = [("", True, None), (" mma.sync", False, None)] if K.warpgroup_mma() else [("", None, None)]
-        wgmma_itself = [(" wgmma", True, False)] if K.warpgroup_mma() else []
-        for ta, tb, (width, label) in itertools.product((False, True), (False, True), ((H, ""), (d_k, ", narrow"))):
-            layout = f"{'t' if ta else 'n'}{'t' if tb else 'n'}{label}"
-            chosen = [p for p in paths + ([] if ta or label else wgmma_itself) if want(f"sgemm_tc{p[0]} ({layout})")]
-            if not chosen:
-                continue
-            r = draws_for(f"sgemm_tc ({layout})")
-            a_op = r.randn(H, N) if ta else r.randn(N, H)
-            b_op, c_out = (r.randn(width, H) if tb else r.randn(H, width)), empty(N, width)
-            for path, wgmma, split in chosen:
-                add(f"sgemm_tc{path} ({layout})",
-                    lambda s, a_op=a_op, b_op=b_op, c_out=c_out, ta=ta, tb=tb, wgmma=wgmma, split=split: K.sgemm_tc(
-                        c_out, a_op, b_op, trans_a=ta, trans_b=tb, stream=s, wgmma=wgmma, split=split),
-                    F * (N * H + H * width + N * width), 2 * N * H * width)
+    add_product_cases(builder, shape)
 
     @drawn
     def qkvs(r):  # the attention's input: split into heads, and read by the fused attention

@@ -10,7 +10,8 @@ The package mirrors cuda/: one module per header, holding that header's launcher
 matmul, attention, pointwise, crossentropy, adamw; decode for sampling with a key-value cache, sampling for
 choosing the next token by microgpt.sampling's rule; colsum,
 matmul_fast, rows_fast, layernorm_fast, pointwise_fast, heads_fast and embed_fast for the fast variant;
-matmul_tc for the tc variant's tensor-core products, flash_attention for its fused attention).
+matmul_tc for the tc variant's tensor-core products, matmul_layernorm_tc for a product fused with the
+layernorm backward after it, flash_attention for its fused attention).
 Beside them: source (what nvcc compiles, and the argument formats read from it), runtime (compile once,
 the primary context, launch, record and replay, KernelError), graph (a recorded plan as one CUDA graph: a
 model's passes run as Pass), checks (the argument checks) and registry (which launcher each op runs in each
@@ -36,9 +37,11 @@ from .flash_attention import supported as flash_attention_supported
 from .heads_fast import merge_heads_bwd_fast, merge_heads_fwd_fast, split_heads_bwd_fast, split_heads_fwd_fast
 from .runtime import (BLOCK, SYNC_EVERY_LAUNCH, KernelError, Plan, blocks, device_summary, engine, launch, recording,
                      release_at_exit, replay, synchronize)
-from .layernorm import layernorm_bwd, layernorm_fwd, residual_layernorm_fwd
-from .layernorm_fast import layernorm_bwd_fast, layernorm_fwd_fast, residual_layernorm_fwd_fast
+from .layernorm import layernorm_bwd, layernorm_fwd, matmul_layernorm_bwd, residual_layernorm_fwd
+from .layernorm_fast import (layernorm_bwd_fast, layernorm_fwd_fast, matmul_layernorm_bwd_fast,
+                             residual_layernorm_fwd_fast)
 from .matmul import matmul_bwd, matmul_fwd
+from .matmul_layernorm_tc import matmul_layernorm_bwd_tc
 from .matmul_fast import (GEMM_TILE, Causal, Gemm, MatrixProducts, attn_scores_bwd_fast, attn_scores_fwd_fast,
                           attn_values_bwd_fast, attn_values_fwd_fast, causal_scores_bwd_fast, causal_scores_fwd_fast,
                           gemm, matmul_bwd_fast, matmul_fwd_fast, sgemm)

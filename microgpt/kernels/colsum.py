@@ -17,9 +17,9 @@ def chunks(N: int) -> tuple[int, int]:
     return rows_per_chunk, math.ceil(N / rows_per_chunk)
 
 
-def reduce_chunks(out_ptr: int, partials, n_chunks: int, C: int, stream) -> None:
-    """out (C,) += the chunks' partial sums (n_chunks, C), added in chunk order."""
-    launch("k_colsum_reduce", [out_ptr, int(partials.gpudata), n_chunks, C], math.ceil(C / REDUCE_BLOCK), stream,
+def reduce_chunks(out_ptr: int, partials_ptr: int, n_chunks: int, C: int, stream) -> None:
+    """out (C,) += the chunks' partial sums (n_chunks, C, at partials_ptr), added in chunk order."""
+    launch("k_colsum_reduce", [out_ptr, partials_ptr, n_chunks, C], math.ceil(C / REDUCE_BLOCK), stream,
            block=REDUCE_BLOCK)
 
 
@@ -30,7 +30,7 @@ def add_column_sums(out_ptr: int, x_ptr: int, N: int, C: int, stream) -> None:
     vec = 4 if C % 4 == 0 and x_ptr % 16 == 0 else 1  # a lane's columns: one 16-byte load a row where it can
     launch("k_colsum_partial", [int(partials.gpudata), x_ptr, N, C, rows_per_chunk, int(vec == 4)],
            (math.ceil(C / (32 * vec)), n_chunks, 1), stream)
-    reduce_chunks(out_ptr, partials, n_chunks, C, stream)
+    reduce_chunks(out_ptr, int(partials.gpudata), n_chunks, C, stream)
 
 
 def colsum(out, x, *, stream=None):

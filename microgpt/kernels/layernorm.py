@@ -1,7 +1,8 @@
 """Launchers of cuda/layernorm.cuh: LayerNorm over the last axis, forward and backward."""
 from __future__ import annotations
 
-from .checks import flag, ptr, rows, shape_of
+from .checks import flag, opt_ptr, ptr, rows, shape_of
+from .matmul import matmul_bwd
 from .pointwise import residual_fwd
 from .runtime import blocks, launch
 
@@ -41,3 +42,35 @@ def residual_layernorm_fwd(x, out, mean, rstd, resid, branch, w, b, *, stream=No
         ptr(name, a, a_shape)
     residual_fwd(x, resid, branch, stream=stream)
     layernorm_fwd(out, mean, rstd, x, w, b, stream=stream)
+
+
+def matmul_layernorm_bwd_args(dx, dw, db, dweight, dbias, dout, inp, weight, x, w, mean, rstd, dinp, accumulate):
+    """Checks every argument of matmul_layernorm_bwd by its name, before anything runs: (N, C, OUT, the accumulate
+    flag, the arrays' device pointers by name, dbias's 0 where None)."""
+    shape = shape_of("x", x)
+    N, C = rows(shape)
+    OUT = shape_of("weight", weight, 2)[0]
+    p = {name: ptr(name, a, a_shape) for name, a, a_shape in (
+        ("x", x, shape), ("dx", dx, shape), ("dw", dw, (C,)), ("db", db, (C,)), ("dweight", dweight, (OUT, C)),
+        ("dout", dout, shape[:-1] + (OUT,)), ("inp", inp, shape), ("weight", weight, (OUT, C)), ("w", w, (C,)),
+        ("mean", mean, shape[:-1]), ("rstd", rstd, shape[:-1]), ("dinp", dinp, shape))}
+    p["dbias"] = opt_ptr("dbias", dbias, (OUT,))
+    return N, C, OUT, flag("accumulate", accumulate), p
+
+
+def matmul_then_layernorm_bwd(matmul_bwd, layernorm_bwd, name="matmul_layernorm_bwd"):
+    """matmul_layernorm_bwd as a variant's matmul_bwd into dinp, then its layernorm_bwd of dinp (the launcher
+    called `name`)."""
+    def matmul_layernorm_bwd(dx, dw, db, dweight, dbias, dout, inp, weight, x, w, mean, rstd, *, dinp,
+                             accumulate=False, stream=None):
+        """The backward of a linear layer (dout, inp, weight: matmul_bwd's) whose input inp = layernorm(x) (x, w,
+        mean, rstd: layernorm_bwd's): dweight, dbias, dw, db added into, dx written (accumulate=True: added
+        into); dinp (inp's shape) takes inp's gradient on the way, where the variant does not fuse the two."""
+        matmul_layernorm_bwd_args(dx, dw, db, dweight, dbias, dout, inp, weight, x, w, mean, rstd, dinp, accumulate)
+        matmul_bwd(dinp, dweight, dbias, dout, inp, weight, stream=stream)
+        layernorm_bwd(dx, dw, db, dinp, x, w, mean, rstd, accumulate=accumulate, stream=stream)
+    matmul_layernorm_bwd.__name__ = matmul_layernorm_bwd.__qualname__ = name
+    return matmul_layernorm_bwd
+
+
+matmul_layernorm_bwd = matmul_then_layernorm_bwd(matmul_bwd, layernorm_bwd)

@@ -9,7 +9,8 @@ import functools
 import math
 
 from .checks import flag, ptr, rows, shape_of
-from .layernorm import layernorm_fwd_args
+from .layernorm import layernorm_fwd_args, matmul_then_layernorm_bwd
+from .matmul_fast import matmul_bwd_fast
 from .rows_fast import WARP
 from .runtime import blocks, counters, engine, launch, scratch, sm_version
 from .source import int_constants
@@ -118,3 +119,6 @@ def layernorm_bwd_fast(dx, dw, db, dout, x, w, mean, rstd, *, accumulate=False, 
     bwd_args = [p_dx, p_dw, p_db, int(partials.gpudata), int(done.gpudata), *args, N, C, rows_per_block, acc,
                 reducers]
     launch(kernel, bwd_args, n_blocks, stream, shared=shared, block=threads)
+
+
+matmul_layernorm_bwd_fast = matmul_then_layernorm_bwd(matmul_bwd_fast, layernorm_bwd_fast, "matmul_layernorm_bwd_fast")

@@ -72,15 +72,15 @@ def split_operands(g: Gemm, kernel: tuple[str, int, int] | None) -> bool:
             and g.causal == Causal.NONE and g.tile_n == 128 and math.ceil(g.N / 128) * 4 <= 65535)  # split_t's grid
 
 
-def split_product(g: Gemm, c: int, a: int, b: int, bias: int, stream) -> None:
-    """g from split operands: op(A) and op(B)^T split into TF32 hi and lo, K-major and padded to whole tiles, in
-    the plan's workspace (k_tf32_split; B stored K x N transposed on the way, k_tf32_split_t), then
-    k_gemm_wg_split, which only copies them: the wgmma kernel's bits."""
+def split_into_workspace(g: Gemm, a: int, b: int, stream):
+    """op(A) and op(B)^T of g split into TF32 hi and lo, K-major and padded to whole tiles, in the plan's workspace
+    (k_tf32_split; B stored K x N transposed on the way, k_tf32_split_t): (the workspace, which the caller holds
+    until its product is queued, a_split, b_split, K_pad, the grid of 128 x 128 tiles)."""
     rows, tile_k = launch_size("TC_SPLIT_ROWS"), launch_size("TC_SPLIT_K")
     M_pad, N_pad = (math.ceil(x / rows) * rows for x in (g.M, g.N))
     K_pad = math.ceil(g.K / tile_k) * tile_k
     a_n, b_n = M_pad * K_pad, N_pad * K_pad  # floats of each operand's hi (and of its lo)
-    ws = workspace(2 * (a_n + b_n))  # held here: outside a recording, the launches below are its only users
+    ws = workspace(2 * (a_n + b_n))
     a_split = int(ws.gpudata)
     b_split = a_split + 8 * a_n
     launch("k_tf32_split", [a_split, a_split + 4 * a_n, a, g.M, g.K, g.lda, K_pad, a_n // 4], blocks(a_n // 4), stream)
@@ -90,9 +90,15 @@ def split_product(g: Gemm, c: int, a: int, b: int, bias: int, stream) -> None:
     else:
         launch("k_tf32_split_t", [b_split, b_split + 4 * b_n, b, g.N, g.K, g.ldb, K_pad], (K_pad // 32, N_pad // 32),
                stream)
+    return ws, a_split, b_split, K_pad, (N_pad // rows, M_pad // rows)
+
+
+def split_product(g: Gemm, c: int, a: int, b: int, bias: int, stream) -> None:
+    """g from split operands (split_into_workspace), by k_gemm_wg_split, which only copies them: the wgmma
+    kernel's bits."""
+    ws, a_split, b_split, K_pad, grid = split_into_workspace(g, a, b, stream)  # noqa: F841 (held until queued)
     launch("k_gemm_wg_split", [c, a_split, b_split, bias, g.M, g.N, K_pad, g.ldc, float(g.alpha), float(g.beta)],
-           (N_pad // rows, M_pad // rows), stream, shared=launch_size("TC_SPLIT_SMEM_BYTES"),
-           block=launch_size("TC_WG_THREADS"))
+           grid, stream, shared=launch_size("TC_SPLIT_SMEM_BYTES"), block=launch_size("TC_WG_THREADS"))
 
 
 def tc_product(g: Gemm, c: int, a: int, b: int, bias: int, stream, wgmma: bool | None = None, sums: int = 0,

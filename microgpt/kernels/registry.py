@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from . import (attention, crossentropy, decode, embed, embed_fast, flash_attention, heads_fast, layernorm,
-               layernorm_fast, matmul, matmul_fast, matmul_tc, pointwise, pointwise_fast, rows_fast, sampling)
+               layernorm_fast, matmul, matmul_fast, matmul_layernorm_tc, matmul_tc, pointwise, pointwise_fast, rows_fast,
+               sampling)
 from .adamw import adamw, global_norm
 
 
@@ -52,6 +53,9 @@ OPS: dict[str, dict[str, Callable]] = {
                                "fast": layernorm_fast.residual_layernorm_fwd_fast},
     "matmul_fwd": {"reference": matmul.matmul_fwd, "fast": matmul_fast.matmul_fwd_fast, "tc": matmul_tc.matmul_fwd_tc},
     "matmul_bwd": {"reference": matmul.matmul_bwd, "fast": matmul_fast.matmul_bwd_fast, "tc": matmul_tc.matmul_bwd_tc},
+    "matmul_layernorm_bwd": {"reference": layernorm.matmul_layernorm_bwd,
+                             "fast": layernorm_fast.matmul_layernorm_bwd_fast,
+                             "tc": matmul_layernorm_tc.matmul_layernorm_bwd_tc},
     "split_heads_fwd": {"reference": attention.split_heads_fwd, "fast": heads_fast.split_heads_fwd_fast},
     "split_heads_bwd": {"reference": attention.split_heads_bwd, "fast": heads_fast.split_heads_bwd_fast},
     "attn_scores_fwd": {"reference": attention.attn_scores_fwd},

@@ -1,0 +1,97 @@
+"""The matrix products' cases of kernel_cases.build_cases: each linear layer's forward and backward, the backward
+fused with the layernorm before it, and the generic products in every layout (the tensor cores' on each path)."""
+from __future__ import annotations
+
+import itertools
+
+from case_builder import Builder, Shape
+from microgpt import kernels as K
+
+F = 4  # bytes per float32
+
+
+def add_product_cases(builder: Builder, shape: Shape) -> None:
+    """builder's cases of the products, at shape, in builder's variants (see kernel_cases.build_cases)."""
+    variants, sets, want, own, add, buf, draws_for, empty = (builder.variants, builder.sets, builder.want, builder.own,
+                                                             builder.add, builder.buf, builder.draws, builder.empty)
+    B, T, C, V, N, d_k = shape.B, shape.T, shape.C, shape.V, shape.N, shape.d_k
+
+    for layer, (IN, OUT) in {"qkv": (C, 3 * C), "attn.proj": (C, C), "mlp.fc": (C, 4 * C),
+                             "mlp.proj": (4 * C, C), "lm_head": (C, V)}.items():
+        fwds, bwds = own("matmul_fwd", f" ({layer})"), own("matmul_bwd", f" ({layer})")
+        if not (fwds or bwds):
+            continue
+        r = draws_for(f"matmul ({layer})")  # the backward's draws come after these, whether the forward is wanted
+        bias = None if layer == "lm_head" else r.randn(OUT)
+        wts = [(r.randn(OUT, IN, scale=0.02), r.randn(B, T, IN)) for _ in range(sets)]
+        for case, fwd in fwds:
+            out = buf(f"out ({layer})", B, T, OUT)
+            add(case, lambda s, wt, inp, out=out, bias=bias, fwd=fwd: fwd(out, inp, wt, bias, stream=s),
+                F * (N * IN + OUT * IN + N * OUT + OUT), 2 * N * IN * OUT, wts)
+        if bwds:
+            dinp, dwt = buf(f"dinp ({layer})", B, T, IN), r.randn(OUT, IN)
+            dbias = None if bias is None else r.randn(OUT)
+            douts = [(r.randn(B, T, OUT), wt, inp) for (wt, inp) in wts]
+        for case, bwd in bwds:
+            add(case,
+                lambda s, d, wt, inp, dinp=dinp, dwt=dwt, dbias=dbias, bwd=bwd: bwd(dinp, dwt, dbias, d, inp, wt,
+                                                                                    stream=s),
+                F * (N * OUT + N * IN + OUT * IN + N * IN + 2 * OUT * IN + 2 * OUT), 4 * N * IN * OUT + N * OUT,
+                douts)
+
+    # a linear layer's backward into the layernorm that made its input, adding into the residual stream's gradient
+    # as training does: on Hopper tc's fused kernel, and the same ops unfused beside it (rows of at least 128
+    # columns, which the fused kernel needs, where C is a small shape's)
+    W = max(C, 128)
+    for layer, OUT in (("qkv", 3 * W), ("mlp.fc", 4 * W)):
+        cases = own("matmul_layernorm_bwd", f" ({layer})", with_reference=False)
+        if "tc" in variants and K.warpgroup_mma():
+            cases.append((f"matmul_layernorm_bwd_tc unfused ({layer})", K.matmul_layernorm_tc.unfused))
+        cases = [(case, fn) for case, fn in cases if want(case)]
+        if not cases:
+            continue
+        r = draws_for(f"matmul_layernorm_bwd ({layer})")
+        w_ln, b_ln, dw, db, dinp = r.randn(W), r.randn(W), r.randn(W), r.randn(W), empty(B, T, W)
+        wt, dwt, dbias = r.randn(OUT, W, scale=0.02), r.randn(OUT, W), r.randn(OUT)
+        ins = []  # each set's dout, the layernorm's output, its input x, mean and rstd, and dx to add into
+        for _ in range(sets):
+            x, inp, mean, rstd = r.randn(B, T, W), empty(B, T, W), empty(B, T), empty(B, T)
+            K.layernorm_fwd(inp, mean, rstd, x, w_ln, b_ln)
+            ins.append((r.randn(B, T, OUT), inp, x, mean, rstd, r.randn(B, T, W)))
+        for case, fn in cases:
+            add(case, lambda s, d, inp, x, mean, rstd, dx, fn=fn, wt=wt, dwt=dwt, dbias=dbias, w_ln=w_ln, dw=dw, db=db,
+                dinp=dinp: fn(dx, dw, db, dwt, dbias, d, inp, wt, x, w_ln, mean, rstd, dinp=dinp, accumulate=True,
+                              stream=s),
+                F * (N * OUT + 2 * N * W + OUT * W + 2 * N + 2 * N * W + 2 * OUT * W + 2 * OUT + 5 * W),
+                4 * N * W * OUT + N * OUT + 15 * N * W, ins)
+
+    # the generic product with both operands transposed, which no layer runs (tests and tools call it)
+    for label, OUT in (("tt", 4 * C), ("tt, narrow", d_k)):
+        if "fast" in variants and want(f"sgemm ({label})"):
+            r = draws_for(f"sgemm ({label})")
+            a_t, b_t, c_out = r.randn(C, N), r.randn(OUT, C), empty(N, OUT)
+            add(f"sgemm ({label})", lambda s, a_t=a_t, b_t=b_t, c_out=c_out: K.sgemm(c_out, a_t, b_t, trans_a=True,
+                                                                                     trans_b=True, stream=s),
+                F * (N * C + OUT * C + N * OUT), 2 * N * C * OUT)
+    # the tensor-core products in each layout at mlp.fc's shape with K and N swapped (K = 4 C is long enough
+    # for them at any width: matmul_tc.TC_MIN_K, WG_MIN_K; at least WG_MIN_K + 5 where C is tiny), on the
+    # 128 x 128 tile and, d_k wide, the 128 x 64 one: the device's kernel (wgmma on Hopper) and the mma.sync one
+    if "tc" in variants:
+        H = max(4 * C, K.matmul_tc.WG_MIN_K + 5)  # small shapes (the sanitizer's) still reach both kernels
+        # wgmma=True: the sanitizer's products are too small for the device's own choice of it (mma.sync elsewhere);
+        # " wgmma": Hopper's wgmma kernel where a product of A stored M x K takes split operands (not ta, not narrow)
+        paths = [("", True, None), (" mma.sync", False, None)] if K.warpgroup_mma() else [("", None, None)]
+        wgmma_itself = [(" wgmma", True, False)] if K.warpgroup_mma() else []
+        for ta, tb, (width, label) in itertools.product((False, True), (False, True), ((H, ""), (d_k, ", narrow"))):
+            layout = f"{'t' if ta else 'n'}{'t' if tb else 'n'}{label}"
+            chosen = [p for p in paths + ([] if ta or label else wgmma_itself) if want(f"sgemm_tc{p[0]} ({layout})")]
+            if not chosen:
+                continue
+            r = draws_for(f"sgemm_tc ({layout})")
+            a_op = r.randn(H, N) if ta else r.randn(N, H)
+            b_op, c_out = (r.randn(width, H) if tb else r.randn(H, width)), empty(N, width)
+            for path, wgmma, split in chosen:
+                add(f"sgemm_tc{path} ({layout})",
+                    lambda s, a_op=a_op, b_op=b_op, c_out=c_out, ta=ta, tb=tb, wgmma=wgmma, split=split: K.sgemm_tc(
+                        c_out, a_op, b_op, trans_a=ta, trans_b=tb, stream=s, wgmma=wgmma, split=split),
+                    F * (N * H + H * width + N * width), 2 * N * H * width)
