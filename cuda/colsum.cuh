@@ -65,9 +65,8 @@ extern "C" __global__ void k_colsum_partial(float* partials, const float* x, int
 
 // The chunks of a column in order, COLSUM_BATCH loads in flight at a time.
 constexpr int COLSUM_BATCH = 16;
-extern "C" __global__ void k_colsum_reduce(float* out, const float* partials, int chunks, int C) {
-    long long c = thread_index();
-    if (c >= C) return;
+// The sum of column c of the chunks' partial sums (chunks, C), in chunk order, COLSUM_BATCH loads in flight
+__device__ __forceinline__ float colsum_chunks(const float* partials, int chunks, int C, long long c) {
     float s = 0.0f;
     int k = 0;
     for (; k + COLSUM_BATCH <= chunks; k += COLSUM_BATCH) {
@@ -78,5 +77,11 @@ extern "C" __global__ void k_colsum_reduce(float* out, const float* partials, in
         for (int u = 0; u < COLSUM_BATCH; u++) s += t[u];
     }
     for (; k < chunks; k++) s += partials[(long long)k * C + c];
-    out[c] += s;
+    return s;
+}
+
+extern "C" __global__ void k_colsum_reduce(float* out, const float* partials, int chunks, int C) {
+    long long c = thread_index();
+    if (c >= C) return;
+    out[c] += colsum_chunks(partials, chunks, C, c);
 }

@@ -14,8 +14,12 @@
 // have started or finished: the launcher keeps a row's tiles to a few (C <= 1024) on a GPU of many more SMs.
 //
 // dw and db: each block's column sums over its 128 rows, in a fixed order (the warps' shuffle trees, then the 8
-// warps in order), make partials (2, gridDim.y, C): dw's rows, then db's; k_colsum_reduce adds them in row order.
+// warps in order), make partials (2, gridDim.y, C): dw's rows, then db's; k_ln_partials_reduce adds them in row
+// order.
 #pragma once
+#include <type_traits>
+
+#include "colsum.cuh"          // colsum_chunks
 #include "layernorm_fast.cuh"  // ln_xhat, the backward's roundings
 #include "matmul_tc.cuh"       // wg_split_tile
 
@@ -25,30 +29,98 @@ __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256
 // The layernorm backward of a consumer's share of the tile (m0, n0) of dout (g, as wg_store lays it out: element i
 // is row r0 + 8 ((i % 4) / 2), column n0 + 8 (i / 4) + 2t + i % 2, r0 = m0 + 16 * wg_warp + lane / 4). row_sums: (M, gridDim.x) float2 shares of each row's
 // two sums; counters: 2 * gridDim.y, zero before the launch and left zero; red: 8 KB of the block's shared memory.
-// xhat of the two columns c, c + 1 of row `row` (0 outside the matrix, where g is 0 too: the split operands'
-// padding); pairs: one 8-byte load
-__device__ __forceinline__ float2 ln_xhat_pair(const float* x, int row, int c, int M, int C, float m, float s,
-                                               bool pairs) {
-    float2 v = make_float2(0.0f, 0.0f);
-    if (row < M && c < C) {
-        const float* p = x + (long long)row * C + c;
-        v = pairs ? *reinterpret_cast<const float2*>(p) : make_float2(p[0], c + 1 < C ? p[1] : 0.0f);
-        v.x = ln_xhat(v.x, m, s);
-        v.y = c + 1 < C ? ln_xhat(v.y, m, s) : 0.0f;
+// The epilogue's tiles in the stages' shared memory, free once the products are done: x's and dx's 128 x 128 tiles
+// (rows of LN_TILE_LD floats: 16-byte aligned, and a warp's fragment reads spread over the banks), w's 128 columns,
+// and the 8 consumer warps' column sums of dw and db (red).
+constexpr int LN_TILE_LD = 132;
+// the most column tiles a row may span (C <= 1024): mirrored in microgpt/kernels/matmul_layernorm_tc.py
+enum LnTcLaunch : int { LN_MAX_ROW_TILES = 8 };
+constexpr int LN_COPY_BATCH = 8;  // a thread's 16-byte loads in flight at a time
+constexpr int LN_SMEM_FLOATS = 2 * 128 * LN_TILE_LD + 128 + 8 * 128 * 2;
+static_assert(LN_SMEM_FLOATS * 4 <= WG_SPLIT_STAGES * 4 * WG_SPLIT * 4, "the epilogue fits the stages");
+
+// L2 prefetches of rows m0 .. m0 + 127, columns n0 .. n0 + 127 (those inside M x C) of `a`, a row a thread of
+// the producer warpgroup: the epilogue's x (and dx's old values) are in L2 by the time the products are done.
+__device__ __forceinline__ void prefetch_tile_l2(const float* a, int M, int C, int m0, int n0) {
+    const int r = m0 + threadIdx.x;
+    if (threadIdx.x >= 128 || r >= M || n0 >= C) return;
+    const char* from = reinterpret_cast<const char*>(a + (long long)r * C + n0);
+    const char* to = reinterpret_cast<const char*>(a + (long long)r * C + min(C, n0 + 128));
+    for (const char* p = from - reinterpret_cast<uintptr_t>(from) % 128; p < to; p += 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+// The tile (m0, n0) of the M x C matrix a, zero outside it, copied by the 256 consumer threads into t (rows of
+// LN_TILE_LD floats), or t copied back into a (STORE): a warp a row's 128 floats, rows tid / 32 + 8q, 16 bytes a
+// thread where a's rows allow (VEC4: C % 4 == 0 and a 16-byte aligned), LN_COPY_BATCH loads in flight at a time.
+template <bool STORE, bool VEC4>
+__device__ __forceinline__ void tile_copy(float* t, std::conditional_t<STORE, float*, const float*> a, int M, int C,
+                                          int m0, int n0) {
+    const int tid = threadIdx.x - 128, r0 = tid / 32, c = (tid % 32) * 4, col = n0 + c;
+    const long long step = 8LL * C;  // 8 rows of a
+    auto p = a + (long long)(m0 + r0) * C + col;
+    float* at = t + r0 * LN_TILE_LD + c;
+    const int rows = min(16, (M - m0 - r0 + 7) / 8);  // of this thread's 16: those inside M
+#pragma unroll
+    for (int q0 = 0; q0 < 16; q0 += LN_COPY_BATCH) {
+        float4 v[LN_COPY_BATCH];
+#pragma unroll
+        for (int q = 0; q < LN_COPY_BATCH; q++) {
+            const int k = q0 + q;
+            if constexpr (STORE) {
+                if (k >= rows || col >= C) continue;
+                const float4 u = *reinterpret_cast<const float4*>(at + k * 8 * LN_TILE_LD);
+                if constexpr (VEC4) {
+                    *reinterpret_cast<float4*>(p + k * step) = u;
+                } else {
+                    p[k * step] = u.x;
+                    if (col + 1 < C) p[k * step + 1] = u.y;
+                    if (col + 2 < C) p[k * step + 2] = u.z;
+                    if (col + 3 < C) p[k * step + 3] = u.w;
+                }
+            } else {
+                v[q] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (k < rows && col < C) {
+                    if constexpr (VEC4)
+                        v[q] = *reinterpret_cast<const float4*>(p + k * step);
+                    else
+                        v[q] = make_float4(p[k * step], col + 1 < C ? p[k * step + 1] : 0.0f,
+                                           col + 2 < C ? p[k * step + 2] : 0.0f, col + 3 < C ? p[k * step + 3] : 0.0f);
+                }
+            }
+        }
+        if constexpr (!STORE)
+#pragma unroll
+            for (int q = 0; q < LN_COPY_BATCH; q++) *reinterpret_cast<float4*>(at + (q0 + q) * 8 * LN_TILE_LD) = v[q];
     }
-    return v;
+}
+
+template <bool STORE>
+__device__ __forceinline__ void tile_copy(float* t, std::conditional_t<STORE, float*, const float*> a, int M, int C,
+                                          int m0, int n0, bool vec4) {
+    if (vec4)
+        tile_copy<STORE, true>(t, a, M, C, m0, n0);
+    else
+        tile_copy<STORE, false>(t, a, M, C, m0, n0);
 }
 
 template <bool ACC>
 __device__ __forceinline__ void wg_ln_bwd_epilogue(const float (&g)[64], float* dx, float* partials, float2* row_sums,
-                                                   unsigned int* counters, float* red, const float* x,
+                                                   unsigned int* counters, float* smem, const float* x,
                                                    const float* w, const float* mean, const float* rstd, int M,
                                                    int C, int m0, int n0) {
     const int tid = threadIdx.x - 128, wg_warp = tid / 32, lane = tid % 32, t = lane % 4;
-    const int r0 = m0 + wg_warp * 16 + lane / 4;  // wg_warp: the 8 consumer warps, 4 a warpgroup of 64 rows
+    const int lr0 = wg_warp * 16 + lane / 4, r0 = m0 + lr0;  // the thread's rows: lr0 and lr0 + 8 of the tile
     const int tiles = gridDim.x;
-    // pairs of columns in one 8-byte access where every row starts 8-byte aligned
-    const bool pairs = C % 2 == 0 && (reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(dx)) % 8 == 0;
+    float* xs = smem;                          // x's tile
+    float* ds = xs + 128 * LN_TILE_LD;         // dx's: its old values (ACC), then the new
+    float* ws = ds + 128 * LN_TILE_LD;         // w's 128 columns
+    float* red = ws + 128;                     // [8 warps][128 columns][dw, db]
+    const bool vec4 = C % 4 == 0 && (reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(dx)) % 16 == 0;
+    consumers_sync();  // every consumer's last wgmma has read the stages, which the tiles now take
+    tile_copy<false>(xs, x, M, C, m0, n0, vec4);
+    if (ACC) tile_copy<false>(ds, dx, M, C, m0, n0, vec4);
+    if (tid < 128) ws[tid] = n0 + tid < C ? w[n0 + tid] : 0.0f;
     float m[2], s[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -56,20 +128,23 @@ __device__ __forceinline__ void wg_ln_bwd_epilogue(const float (&g)[64], float* 
         m[r] = in ? mean[r0 + 8 * r] : 0.0f;
         s[r] = in ? rstd[r0 + 8 * r] : 0.0f;
     }
-    // ------------------------------------------------ one pass over x: the block's column sums of dout * xhat
-    // and dout over its 128 rows (dw, db), and the thread's shares of its 2 rows' sums of dxhat and dxhat * xhat
-    consumers_sync();  // every consumer's last wgmma has read the stages, which red now takes
+    consumers_sync();
+    // element i of g: tile row lr0 + 8 ((i % 4) / 2), column 8 (i / 4) + 2t + i % 2; xhat from x's tile (0 outside
+    // the matrix, where g is 0 too: the split operands' padding)
+    auto xhat = [&](int i) {
+        const int r = (i % 4) / 2, c = 8 * (i / 4) + 2 * t + i % 2;
+        return r0 + 8 * r < M && n0 + c < C ? ln_xhat(xs[(lr0 + 8 * r) * LN_TILE_LD + c], m[r], s[r]) : 0.0f;
+    };
+    // ------------------------------------------------ the block's column sums of dout * xhat and dout over its 128
+    // rows (dw, db), and the thread's shares of its 2 rows' sums of dxhat and of dxhat * xhat
     float s1[2] = {0.0f, 0.0f}, s2[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int j = 0; j < 16; j++) {
-        const int c = n0 + 8 * j + 2 * t;
-        const float2 h0 = ln_xhat_pair(x, r0, c, M, C, m[0], s[0], pairs);
-        const float2 h1 = ln_xhat_pair(x, r0 + 8, c, M, C, m[1], s[1], pairs);
-        const float hv[2][2] = {{h0.x, h0.y}, {h1.x, h1.y}};
+    for (int j = 0; j < 16; j++)
 #pragma unroll
         for (int e = 0; e < 2; e++) {
-            const int i = 4 * j + e;  // rows r0 and r0 + 8: elements i and i + 2
-            float pw = __fmaf_rn(g[i + 2], hv[1][e], __fmul_rn(g[i], hv[0][e])), pb = __fadd_rn(g[i], g[i + 2]);
+            const int i = 4 * j + e;  // rows lr0 and lr0 + 8: elements i and i + 2
+            const float h0 = xhat(i), h1 = xhat(i + 2);
+            float pw = __fmaf_rn(g[i + 2], h1, __fmul_rn(g[i], h0)), pb = __fadd_rn(g[i], g[i + 2]);
 #pragma unroll
             for (int o = 4; o < 32; o *= 2) {  // the warp's 8 row pairs
                 pw = __fadd_rn(pw, __shfl_xor_sync(0xffffffff, pw, o));
@@ -80,23 +155,12 @@ __device__ __forceinline__ void wg_ln_bwd_epilogue(const float (&g)[64], float* 
                 at[0] = pw;
                 at[1] = pb;
             }
-            const float wc = c + e < C ? w[c + e] : 0.0f;
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const float d = __fmul_rn(g[i + 2 * r], wc);
-                s1[r] = __fadd_rn(s1[r], d);
-                s2[r] = __fmaf_rn(d, hv[r][e], s2[r]);
-            }
+            const float wc = ws[8 * j + 2 * t + e], d0 = __fmul_rn(g[i], wc), d1 = __fmul_rn(g[i + 2], wc);
+            s1[0] = __fadd_rn(s1[0], d0);
+            s2[0] = __fmaf_rn(d0, h0, s2[0]);
+            s1[1] = __fadd_rn(s1[1], d1);
+            s2[1] = __fmaf_rn(d1, h1, s2[1]);
         }
-    }
-    consumers_sync();
-    {
-        const int c = tid % 128, kind = tid / 128;  // 256 threads: dw's 128 columns, then db's
-        float sum = red[2 * c + kind];
-        for (int k = 1; k < 8; k++) sum = __fadd_rn(sum, red[2 * (k * 128 + c) + kind]);
-        if (n0 + c < C) partials[((long long)kind * gridDim.y + blockIdx.y) * C + n0 + c] = sum;
-    }
-    // ------------------------------------------------ the rows' two sums, over every column tile of the row
 #pragma unroll
     for (int r = 0; r < 2; r++)
 #pragma unroll
@@ -110,6 +174,13 @@ __device__ __forceinline__ void wg_ln_bwd_epilogue(const float (&g)[64], float* 
             if (r0 + 8 * r < M) row_sums[(long long)(r0 + 8 * r) * tiles + blockIdx.x] = make_float2(s1[r], s2[r]);
     __threadfence();  // the shares are visible to the row's other tiles before this block counts itself in
     consumers_sync();
+    {
+        const int c = tid % 128, kind = tid / 128;  // 256 threads: dw's 128 columns, then db's
+        float sum = red[2 * c + kind];
+        for (int k = 1; k < 8; k++) sum = __fadd_rn(sum, red[2 * (k * 128 + c) + kind]);
+        if (n0 + c < C) partials[((long long)kind * gridDim.y + blockIdx.y) * C + n0 + c] = sum;
+    }
+    // ------------------------------------------------ the rows' two sums, over every column tile of the row
     unsigned int* arrived = counters + blockIdx.y;
     unsigned int* done = counters + gridDim.y + blockIdx.y;
     if (tid == 0) {
@@ -123,45 +194,37 @@ __device__ __forceinline__ void wg_ln_bwd_epilogue(const float (&g)[64], float* 
     }
     consumers_sync();
     float mean_g[2], mean_gh[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
+    {
+        const int r = t % 2;  // this thread reads row r's shares (t = 0, 1 of the quad: rows lr0 and lr0 + 8)
         float a = 0.0f, b = 0.0f;
-        if (r0 + 8 * r < M)
-            for (int k = 0; k < tiles; k++) {  // in tile order: every tile of the row adds the same sums
-                const float2 p = __ldcg(row_sums + (long long)(r0 + 8 * r) * tiles + k);
-                a = __fadd_rn(a, p.x);
-                b = __fadd_rn(b, p.y);
-            }
-        mean_g[r] = a / C;
-        mean_gh[r] = b / C;
-    }
-    // ------------------------------------------------ dx, written or added into (x again, from the caches)
+        if (r0 + 8 * r < M) {  // in tile order: every tile of the row adds the same sums
+            float2 p[LN_MAX_ROW_TILES];
 #pragma unroll
-    for (int j = 0; j < 16; j++) {
-        const int c = n0 + 8 * j + 2 * t;
-        const float w0 = c < C ? w[c] : 0.0f, w1 = c + 1 < C ? w[c + 1] : 0.0f;
+            for (int k = 0; k < LN_MAX_ROW_TILES; k++)  // all in flight at once
+                if (k < tiles) p[k] = __ldcg(row_sums + (long long)(r0 + 8 * r) * tiles + k);
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int row = r0 + 8 * r, i = 4 * j + 2 * r;
-            if (row >= M || c >= C) continue;
-            const float2 h = ln_xhat_pair(x, row, c, M, C, m[r], s[r], pairs);
-            float2 v;
-            v.x = __fmul_rn(s[r], __fmaf_rn(-h.x, mean_gh[r], __fsub_rn(__fmul_rn(g[i], w0), mean_g[r])));
-            v.y = __fmul_rn(s[r], __fmaf_rn(-h.y, mean_gh[r], __fsub_rn(__fmul_rn(g[i + 1], w1), mean_g[r])));
-            float* p = dx + (long long)row * C + c;
-            if (pairs) {
-                if (ACC) {
-                    const float2 old = *reinterpret_cast<const float2*>(p);
-                    v.x = __fadd_rn(old.x, v.x);
-                    v.y = __fadd_rn(old.y, v.y);
+            for (int k = 0; k < LN_MAX_ROW_TILES; k++)
+                if (k < tiles) {
+                    a = __fadd_rn(a, p[k].x);
+                    b = __fadd_rn(b, p[k].y);
                 }
-                *reinterpret_cast<float2*>(p) = v;
-            } else {
-                p[0] = ACC ? __fadd_rn(p[0], v.x) : v.x;
-                if (c + 1 < C) p[1] = ACC ? __fadd_rn(p[1], v.y) : v.y;
-            }
+        }
+#pragma unroll
+        for (int q = 0; q < 2; q++) {  // row q's from the quad's thread q
+            mean_g[q] = __shfl_sync(0xffffffff, a, (lane & ~3) | q) / C;
+            mean_gh[q] = __shfl_sync(0xffffffff, b, (lane & ~3) | q) / C;
         }
     }
+    // ------------------------------------------------ dx into its tile (added to the old values there), then out
+#pragma unroll
+    for (int i = 0; i < 64; i++) {
+        const int r = (i % 4) / 2, c = 8 * (i / 4) + 2 * t + i % 2;
+        float* at = ds + (lr0 + 8 * r) * LN_TILE_LD + c;
+        const float v = __fmul_rn(s[r], __fmaf_rn(-xhat(i), mean_gh[r], __fsub_rn(__fmul_rn(g[i], ws[c]), mean_g[r])));
+        *at = ACC ? __fadd_rn(*at, v) : v;
+    }
+    consumers_sync();
+    tile_copy<true>(ds, dx, M, C, m0, n0, vec4);
 }
 
 // dx (M x C) of the layernorm whose output's gradient is dY @ W, from the product's split operands (a_split: dY,
@@ -177,7 +240,11 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
     extern __shared__ __align__(1024) float split_smem[];
     const int m0 = blockIdx.y * 128, n0 = blockIdx.x * 128;
     float acc[64];
-    if (!wg_split_tile(acc, split_smem, a_split, b_split, m0, n0, K_pad)) return;
+    auto prefetch = [&] {  // the epilogue's reads, into L2 while the products go on
+        prefetch_tile_l2(x, M, C, m0, n0);
+        if (accumulate) prefetch_tile_l2(dx, M, C, m0, n0);
+    };
+    if (!wg_split_tile(acc, split_smem, a_split, b_split, m0, n0, K_pad, prefetch)) return;
     if (accumulate)
         wg_ln_bwd_epilogue<true>(acc, dx, partials, row_sums, counters, split_smem, x, w, mean, rstd, M, C, m0, n0);
     else
@@ -185,4 +252,13 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
 #else
     __trap();  // the launcher chooses this kernel on sm_90a only
 #endif
+}
+
+// dw and db += the blocks' column sums (partials: (2, rows, C), dw's then db's), each column's in row order: a
+// thread a column of dw, then of db
+extern "C" __global__ void k_ln_partials_reduce(float* dw, float* db, const float* partials, int rows, int C) {
+    const long long i = thread_index();
+    if (i >= 2LL * C) return;
+    const int kind = i >= C, c = (int)(i - (long long)kind * C);
+    (kind ? db : dw)[c] += colsum_chunks(partials + (long long)kind * rows * C, rows, C, c);
 }

@@ -7,16 +7,20 @@ from __future__ import annotations
 
 import math
 
-from .colsum import reduce_chunks
+from .colsum import REDUCE_BLOCK
 from .layernorm import matmul_layernorm_bwd_args, matmul_then_layernorm_bwd
 from .layernorm_fast import layernorm_bwd_fast
 from .matmul_fast import Gemm
 from .matmul_tc import gemm_tc, launch_size, matmul_bwd_tc, split_into_workspace, split_operands, tc_kernel
 from .runtime import counters, engine, launch, scratch
+from .source import int_constants
 
-# The most column tiles (of 128) a row may span: its tiles wait for each other, one block an SM, so they must all
-# be on the GPU at once (C <= 1024)
-MAX_ROW_TILES = 8
+
+def max_row_tiles() -> int:
+    """The most column tiles (of 128) a row may span (LN_MAX_ROW_TILES: C <= 1024): its tiles wait for each other,
+    one block an SM, so they must all be on the GPU at once."""
+    return int_constants()["LN_MAX_ROW_TILES"]
+
 
 # the same ops unfused: where the kernel does not apply, and beside it in the profile
 unfused = matmul_then_layernorm_bwd(matmul_bwd_tc, layernorm_bwd_fast, "matmul_layernorm_bwd_tc_unfused")
@@ -24,10 +28,10 @@ unfused = matmul_then_layernorm_bwd(matmul_bwd_tc, layernorm_bwd_fast, "matmul_l
 
 def fuses(g: Gemm) -> bool:
     """Whether the dX product g (N x C, K = OUT) runs fused with the layernorm backward: where it would run from split
-    operands (split_operands: sm_90a, a product the wgmma kernel takes), on rows of at most MAX_ROW_TILES tiles
+    operands (split_operands: sm_90a, a product the wgmma kernel takes), on rows of at most max_row_tiles() tiles
     (and no more tiles than the GPU has SMs), and a grid within CUDA's limits."""
     tiles = math.ceil(g.N / 128)
-    return (split_operands(g, tc_kernel(g)) and tiles <= min(MAX_ROW_TILES, engine().sm_count)
+    return (split_operands(g, tc_kernel(g)) and tiles <= min(max_row_tiles(), engine().sm_count)
             and math.ceil(g.M / 128) <= 65535)
 
 
@@ -35,7 +39,7 @@ def matmul_layernorm_bwd_tc(dx, dw, db, dweight, dbias, dout, inp, weight, x, w,
                             accumulate=False, stream=None):
     """As matmul_layernorm_bwd: the dW product (its bias gradient summed by the wgmma kernel) as in matmul_bwd; then,
     where fuses(), dout @ weight split into TF32 hi and lo (split_into_workspace) and k_gemm_wg_split_ln_bwd, whose
-    blocks' column sums of dw and db k_colsum_reduce adds in row-tile order; dinp is not written. Otherwise the two
+    blocks' column sums of dw and db k_ln_partials_reduce adds in row-tile order; dinp is not written. Otherwise the two
     ops one after the other."""
     N, C, OUT, acc, p = matmul_layernorm_bwd_args(dx, dw, db, dweight, dbias, dout, inp, weight, x, w, mean, rstd,
                                                   dinp, accumulate)
@@ -54,6 +58,6 @@ def matmul_layernorm_bwd_tc(dx, dw, db, dweight, dbias, dout, inp, weight, x, w,
            [p["dx"], int(partials.gpudata), int(row_sums.gpudata), int(done.gpudata), a_split, b_split, p["x"],
             p["w"], p["mean"], p["rstd"], N, C, K_pad, acc],
            grid, stream, shared=launch_size("TC_SPLIT_SMEM_BYTES"), block=launch_size("TC_WG_THREADS"))
-    reduce_chunks(p["dw"], int(partials.gpudata), row_tiles, C, stream)
-    reduce_chunks(p["db"], int(partials.gpudata) + 4 * row_tiles * C, row_tiles, C, stream)
+    launch("k_ln_partials_reduce", [p["dw"], p["db"], int(partials.gpudata), row_tiles, C],
+           math.ceil(2 * C / REDUCE_BLOCK), stream, block=REDUCE_BLOCK)
     del ws  # held until the product that reads it is queued
