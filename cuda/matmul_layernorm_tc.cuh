@@ -16,6 +16,12 @@
 // dw and db: each block's column sums over its 128 rows, in a fixed order (the warps' shuffle trees, then the 8
 // warps in order), make partials (2, gridDim.y, C): dw's rows, then db's; k_ln_partials_reduce adds them in row
 // order.
+//
+// On the H200 at andrea-120m's qkv and mlp.fc backward it takes the time of the product and the layernorm's pass
+// apart (tools/profile_kernels.py: 0.82 and 1.05 ms either way): the epilogue, which no product overlaps (one
+// block an SM), costs what the pass did. Its reads first came in fragment order, 8 bytes a thread: 65 us slower;
+// staged as 16-byte rows, 12 us; with the row's shares read at once, even. Prefetching x and dx into L2 from the
+// producer during the products changed nothing.
 #pragma once
 #include <type_traits>
 
@@ -26,9 +32,6 @@
 // the two consumer warpgroups (the producer has left: bar 0, __syncthreads, would wait for it)
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
 
-// The layernorm backward of a consumer's share of the tile (m0, n0) of dout (g, as wg_store lays it out: element i
-// is row r0 + 8 ((i % 4) / 2), column n0 + 8 (i / 4) + 2t + i % 2, r0 = m0 + 16 * wg_warp + lane / 4). row_sums: (M, gridDim.x) float2 shares of each row's
-// two sums; counters: 2 * gridDim.y, zero before the launch and left zero; red: 8 KB of the block's shared memory.
 // The epilogue's tiles in the stages' shared memory, free once the products are done: x's and dx's 128 x 128 tiles
 // (rows of LN_TILE_LD floats: 16-byte aligned, and a warp's fragment reads spread over the banks), w's 128 columns,
 // and the 8 consumer warps' column sums of dw and db (red).
@@ -38,17 +41,6 @@ enum LnTcLaunch : int { LN_MAX_ROW_TILES = 8 };
 constexpr int LN_COPY_BATCH = 8;  // a thread's 16-byte loads in flight at a time
 constexpr int LN_SMEM_FLOATS = 2 * 128 * LN_TILE_LD + 128 + 8 * 128 * 2;
 static_assert(LN_SMEM_FLOATS * 4 <= WG_SPLIT_STAGES * 4 * WG_SPLIT * 4, "the epilogue fits the stages");
-
-// L2 prefetches of rows m0 .. m0 + 127, columns n0 .. n0 + 127 (those inside M x C) of `a`, a row a thread of
-// the producer warpgroup: the epilogue's x (and dx's old values) are in L2 by the time the products are done.
-__device__ __forceinline__ void prefetch_tile_l2(const float* a, int M, int C, int m0, int n0) {
-    const int r = m0 + threadIdx.x;
-    if (threadIdx.x >= 128 || r >= M || n0 >= C) return;
-    const char* from = reinterpret_cast<const char*>(a + (long long)r * C + n0);
-    const char* to = reinterpret_cast<const char*>(a + (long long)r * C + min(C, n0 + 128));
-    for (const char* p = from - reinterpret_cast<uintptr_t>(from) % 128; p < to; p += 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
 
 // The tile (m0, n0) of the M x C matrix a, zero outside it, copied by the 256 consumer threads into t (rows of
 // LN_TILE_LD floats), or t copied back into a (STORE): a warp a row's 128 floats, rows tid / 32 + 8q, 16 bytes a
@@ -104,6 +96,10 @@ __device__ __forceinline__ void tile_copy(float* t, std::conditional_t<STORE, fl
         tile_copy<STORE, false>(t, a, M, C, m0, n0);
 }
 
+// The layernorm backward of a consumer's share of the tile (m0, n0) of dout (g, as wg_store lays it out: element
+// i is row r0 + 8 ((i % 4) / 2), column n0 + 8 (i / 4) + 2t + i % 2, r0 = m0 + 16 * wg_warp + lane / 4).
+// row_sums: (M, gridDim.x) float2 shares of each row's two sums; counters: 2 * gridDim.y, zero before the launch
+// and left zero; smem: the stages' shared memory (LN_SMEM_FLOATS).
 template <bool ACC>
 __device__ __forceinline__ void wg_ln_bwd_epilogue(const float (&g)[64], float* dx, float* partials, float2* row_sums,
                                                    unsigned int* counters, float* smem, const float* x,
@@ -240,11 +236,7 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
     extern __shared__ __align__(1024) float split_smem[];
     const int m0 = blockIdx.y * 128, n0 = blockIdx.x * 128;
     float acc[64];
-    auto prefetch = [&] {  // the epilogue's reads, into L2 while the products go on
-        prefetch_tile_l2(x, M, C, m0, n0);
-        if (accumulate) prefetch_tile_l2(dx, M, C, m0, n0);
-    };
-    if (!wg_split_tile(acc, split_smem, a_split, b_split, m0, n0, K_pad, prefetch)) return;
+    if (!wg_split_tile(acc, split_smem, a_split, b_split, m0, n0, K_pad)) return;
     if (accumulate)
         wg_ln_bwd_epilogue<true>(acc, dx, partials, row_sums, counters, split_smem, x, w, mean, rstd, M, C, m0, n0);
     else

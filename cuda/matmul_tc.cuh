@@ -716,19 +716,12 @@ __device__ __forceinline__ void copy_split_slice(float* tile, const uint32_t* sr
 // The producer of split slices: it only copies, WG_SPLIT_STAGES deep, each stage A hi, A lo, B hi, B lo (rows m0..
 // of A's, n0.. of B's). Slice kt = j - (S - 1) is handed over before slice j's stage is waited for: the consumers,
 // done with slice j - S, want slice j - S + 1 = kt next.
-// ahead(): called once, as the last eighth of the slices is copied (an epilogue's loads ahead, so that they come
-// in while the products finish: k_gemm_wg_split_ln_bwd).
-struct NoAhead {
-    __device__ __forceinline__ void operator()() const {}
-};
-template <typename Ahead = NoAhead>
 __device__ __forceinline__ void wg_copy_split_slices(float* stage, uint64_t* full, uint64_t* empty,
                                                      const uint32_t* a_hi, const uint32_t* a_lo,
                                                      const uint32_t* b_hi, const uint32_t* b_lo, int m0, int n0,
-                                                     int K_pad, int n_tiles, Ahead ahead = {}) {
+                                                     int K_pad, int n_tiles) {
     const int tid = threadIdx.x;
     for (int j = 0; j < n_tiles + WG_SPLIT_STAGES - 1; j++) {
-        if (j == n_tiles - n_tiles / 8) ahead();
         const int kt = j - (WG_SPLIT_STAGES - 1);
         if (kt >= 0) {
             cp_async_wait<WG_SPLIT_STAGES - 2>();  // groups 0 .. j - 1 committed: this thread's slice kt landed
@@ -750,12 +743,10 @@ __device__ __forceinline__ void wg_copy_split_slices(float* stage, uint64_t* ful
 
 // The 128 x 128 tile (m0, n0) of op(A) @ op(B) from split operands (a_split: M_pad x K_pad, b_split: N_pad x K_pad,
 // each hi then lo) in the kernel's dynamic shared memory (TC_SPLIT_SMEM_BYTES): warpgroup 0 copies slice after
-// slice (wg_copy_split_slices, calling ahead() for the last eighth) and is done (false); warpgroups 1 and 2
-// multiply, each ending with its 64 rows (m0 + 64 * (warpgroup - 1) ..) in acc, as wg_store lays them out (true).
-template <typename Ahead = NoAhead>
+// slice (wg_copy_split_slices) and is done (false); warpgroups 1 and 2 multiply, each ending with its 64 rows
+// (m0 + 64 * (warpgroup - 1) ..) in acc, as wg_store lays them out (true).
 __device__ __forceinline__ bool wg_split_tile(float (&acc)[64], float* stage, const uint32_t* a_split,
-                                              const uint32_t* b_split, int m0, int n0, int K_pad,
-                                              Ahead ahead = {}) {
+                                              const uint32_t* b_split, int m0, int n0, int K_pad) {
 #if WG_AVAILABLE
     uint64_t* full = reinterpret_cast<uint64_t*>(stage + WG_SPLIT_STAGES * 4 * WG_SPLIT);
     uint64_t* empty = full + WG_SPLIT_STAGES;
@@ -769,7 +760,7 @@ __device__ __forceinline__ bool wg_split_tile(float (&acc)[64], float* stage, co
     __syncthreads();
     if (threadIdx.x < WG_PRODUCERS) {  // the producer: copy
         wg_copy_split_slices(stage, full, empty, a_split, a_split + a_lo, b_split, b_split + b_lo, m0, n0, K_pad,
-                             n_tiles, ahead);
+                             n_tiles);
         return false;
     }
     // ---------------------------------------------------------------- the consumers: multiply and sum

@@ -53,7 +53,8 @@ CALLS = {
     # into the dX product
     "matmul_layernorm_bwd": lambda: ((f32(B, T, 2 * C), f32(2 * C), f32(2 * C), f32(4 * C, 2 * C), f32(4 * C),
                                       f32(B, T, 4 * C), f32(B, T, 2 * C), f32(4 * C, 2 * C), f32(B, T, 2 * C),
-                                      f32(2 * C), f32(B, T), f32(B, T)), {"dinp": f32(B, T, 2 * C), "accumulate": True}),
+                                      f32(2 * C), f32(B, T), f32(B, T)),
+                                     {"dinp": f32(B, T, 2 * C), "accumulate": True}),
     "split_heads_fwd": lambda: ((f32(*hs), f32(*hs), f32(*hs), f32(B, T, 3 * C), NH), {}),
     "split_heads_bwd": lambda: ((f32(B, T, 3 * C), f32(*hs), f32(*hs), f32(*hs)), {}),
     "attn_scores_fwd": lambda: ((f32(*att), f32(*hs), f32(*hs)), {}),
