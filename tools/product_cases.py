@@ -40,9 +40,9 @@ def add_product_cases(builder: Builder, shape: Shape) -> None:
                 douts)
 
     # a linear layer's backward into the layernorm that made its input, adding into the residual stream's gradient
-    # as training does: on Hopper tc's fused kernel, and the same ops unfused beside it (rows of at least 128
-    # columns, which the fused kernel needs, where C is a small shape's)
-    W = max(C, 128)
+    # as training does: on Hopper tc's fused kernel, and the same ops unfused beside it (where the shape is a small
+    # one, the sanitizer's, at least 130 rows of 128 columns: enough for the wgmma kernel, which the fused one is)
+    W, R = max(C, 128), max(N, 130)
     for layer, OUT in (("qkv", 3 * W), ("mlp.fc", 4 * W)):
         cases = own("matmul_layernorm_bwd", f" ({layer})", with_reference=False)
         if "tc" in variants and K.warpgroup_mma():
@@ -51,19 +51,19 @@ def add_product_cases(builder: Builder, shape: Shape) -> None:
         if not cases:
             continue
         r = draws_for(f"matmul_layernorm_bwd ({layer})")
-        w_ln, b_ln, dw, db, dinp = r.randn(W), r.randn(W), r.randn(W), r.randn(W), empty(B, T, W)
+        w_ln, b_ln, dw, db, dinp = r.randn(W), r.randn(W), r.randn(W), r.randn(W), empty(R, W)
         wt, dwt, dbias = r.randn(OUT, W, scale=0.02), r.randn(OUT, W), r.randn(OUT)
         ins = []  # each set's dout, the layernorm's output, its input x, mean and rstd, and dx to add into
         for _ in range(sets):
-            x, inp, mean, rstd = r.randn(B, T, W), empty(B, T, W), empty(B, T), empty(B, T)
+            x, inp, mean, rstd = r.randn(R, W), empty(R, W), empty(R), empty(R)
             K.layernorm_fwd(inp, mean, rstd, x, w_ln, b_ln)
-            ins.append((r.randn(B, T, OUT), inp, x, mean, rstd, r.randn(B, T, W)))
+            ins.append((r.randn(R, OUT), inp, x, mean, rstd, r.randn(R, W)))
         for case, fn in cases:
             add(case, lambda s, d, inp, x, mean, rstd, dx, fn=fn, wt=wt, dwt=dwt, dbias=dbias, w_ln=w_ln, dw=dw, db=db,
                 dinp=dinp: fn(dx, dw, db, dwt, dbias, d, inp, wt, x, w_ln, mean, rstd, dinp=dinp, accumulate=True,
                               stream=s),
-                F * (N * OUT + 2 * N * W + OUT * W + 2 * N + 2 * N * W + 2 * OUT * W + 2 * OUT + 5 * W),
-                4 * N * W * OUT + N * OUT + 15 * N * W, ins)
+                F * (R * OUT + 2 * R * W + OUT * W + 2 * R + 2 * R * W + 2 * OUT * W + 2 * OUT + 5 * W),
+                4 * R * W * OUT + R * OUT + 15 * R * W, ins)
 
     # the generic product with both operands transposed, which no layer runs (tests and tools call it)
     for label, OUT in (("tt", 4 * C), ("tt, narrow", d_k)):
