@@ -71,9 +71,12 @@ def test_repeated_logits_tie_as_on_the_host(ga, rng, V, temperature):
 
 
 def sweep(ga, rng, logits, temperature, top_k=None, top_p=None, rows=64):
-    """The tokens chosen from one row of logits over `rows` draws (as many rows, the same logits)."""
+    """The tokens chosen from one row of logits over `rows` draws (as many rows, the same logits), one draw in each
+    1 / rows of [0, 1): every token of probability 2 / rows or more is drawn (independent draws missed one of four
+    tokens of 0.15 each in 64 about once in 8,000 runs, and did at seed 1207835766)."""
     many = np.repeat(np.asarray(logits, np.float32)[None], rows, axis=0)
-    return set(same_as_host(ga, many, rng.random(rows), temperature, top_k, top_p).tolist())
+    u = (np.arange(rows) + rng.random(rows)) / rows
+    return set(same_as_host(ga, many, u, temperature, top_k, top_p).tolist())
 
 
 def test_tied_tokens_at_the_top_p_boundary_are_kept_or_dropped_together(ga, rng):
