@@ -65,6 +65,26 @@ def add_product_cases(builder: Builder, shape: Shape) -> None:
                 F * (R * OUT + 2 * R * W + OUT * W + 2 * R + 2 * R * W + 2 * OUT * W + 2 * OUT + 5 * W),
                 4 * R * W * OUT + R * OUT + 15 * R * W, ins)
 
+    # the split passes on their own, which on sm_90a go before each product of A stored M x K (the tensor cores'
+    # operands in TF32 hi and lo, padded to whole tiles): an activation (the dX product's dout), a weight as the
+    # forward reads it, and as the dX product reads it (transposed on the way)
+    if "tc" in variants:
+        for layer, (IN, OUT) in {"qkv": (C, 3 * C), "attn.proj": (C, C), "mlp.fc": (C, 4 * C),
+                                 "mlp.proj": (4 * C, C)}.items():
+            for what, rows, K_, transposed in (("dout", N, OUT, False), ("weight", OUT, IN, False),
+                                               ("weight", IN, OUT, True)):
+                case = f"k_tf32_split{'_t' * transposed} ({layer} {what})"
+                if not want(case):
+                    continue
+                r = draws_for(case)
+                K_pad, rows_pad = -(-K_ // 32) * 32, -(-rows // 128) * 128
+                n = rows_pad * K_pad  # floats of the hi, and of the lo
+                ins = [(r.randn(K_, rows) if transposed else r.randn(rows, K_), empty(2 * n)) for _ in range(sets)]
+                add(case, lambda s, src, out, rows=rows, K_=K_, K_pad=K_pad, n=n, transposed=transposed:
+                    K.matmul_tc.tf32_split(int(out.gpudata), int(out.gpudata) + 4 * n, int(src.gpudata), rows, K_,
+                                           rows if transposed else K_, K_pad, s, transposed=transposed),
+                    F * (rows * K_ + 2 * n), 3 * rows * K_, ins)
+
     # the generic product with both operands transposed, which no layer runs (tests and tools call it)
     for label, OUT in (("tt", 4 * C), ("tt, narrow", d_k)):
         if "fast" in variants and want(f"sgemm ({label})"):
