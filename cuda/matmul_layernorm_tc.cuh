@@ -12,6 +12,8 @@
 // sums, counts itself in, waits for the others, and adds the shares in tile order, so every tile of a row sees
 // the same sums, and every run the same bits. Blocks start in order, one to an SM, so a waiting block's partners
 // have started or finished: the launcher keeps a row's tiles to a few (C <= 1024) on a GPU of many more SMs.
+// (In order is what the hardware does, not what CUDA promises: a block taking its tile from an atomic ticket
+// would make it so by construction, and then only fewer free SMs than a row's tiles could stall it.)
 //
 // dw and db: each block's column sums over its 128 rows, in a fixed order (the warps' shuffle trees, then the 8
 // warps in order), make partials (2, gridDim.y, C): dw's rows, then db's; k_ln_partials_reduce adds them in row
@@ -180,6 +182,7 @@ __device__ __forceinline__ void wg_ln_bwd_epilogue(const float (&g)[64], float* 
     unsigned int* arrived = counters + blockIdx.y;
     unsigned int* done = counters + gridDim.y + blockIdx.y;
     if (tid == 0) {
+        __threadfence();  // after the barrier: every thread's shares (fenced each) before the count, as grid.sync
         atomicAdd(arrived, 1u);
         while (*reinterpret_cast<volatile unsigned int*>(arrived) < (unsigned int)tiles) __nanosleep(32);
         __threadfence();
@@ -234,6 +237,7 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
                            const float* mean, const float* rstd, int M, int C, int K_pad, int accumulate) {
 #if WG_AVAILABLE
     extern __shared__ __align__(1024) float split_smem[];
+    if (gridDim.x > LN_MAX_ROW_TILES) __trap();  // the row's shares are read LN_MAX_ROW_TILES at most
     const int m0 = blockIdx.y * 128, n0 = blockIdx.x * 128;
     float acc[64];
     if (!wg_split_tile(acc, split_smem, a_split, b_split, m0, n0, K_pad)) return;
