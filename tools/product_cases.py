@@ -77,7 +77,7 @@ def add_product_cases(builder: Builder, shape: Shape) -> None:
                 if not want(case):
                     continue
                 r = draws_for(case)
-                K_pad, rows_pad = -(-K_ // 32) * 32, -(-rows // 128) * 128
+                rows_pad, K_pad = K.matmul_tc.split_padding(rows, K_)
                 n = rows_pad * K_pad  # floats of the hi, and of the lo
                 ins = [(r.randn(K_, rows) if transposed else r.randn(rows, K_), empty(2 * n)) for _ in range(sets)]
                 add(case, lambda s, src, out, rows=rows, K_=K_, K_pad=K_pad, n=n, transposed=transposed:

@@ -72,11 +72,18 @@ def split_operands(g: Gemm, kernel: tuple[str, int, int] | None) -> bool:
             and g.causal == Causal.NONE and g.tile_n == 128 and math.ceil(g.N / 128) * 4 <= 65535)  # split_t's grid
 
 
+def split_padding(rows: int, K: int) -> tuple[int, int]:
+    """(rows_pad, K_pad) of a split operand: whole tiles, rows to TC_SPLIT_ROWS and K to TC_SPLIT_K, so that
+    k_gemm_wg_split's copies check no bounds."""
+    tile_rows, tile_k = launch_size("TC_SPLIT_ROWS"), launch_size("TC_SPLIT_K")
+    return math.ceil(rows / tile_rows) * tile_rows, math.ceil(K / tile_k) * tile_k
+
+
 def tf32_split(hi: int, lo: int, src: int, rows: int, K: int, ld: int, K_pad: int, stream, transposed=False) -> None:
     """src's rows (rows x K, ld; transposed: stored K x rows) split into TF32 hi and lo, K-major and padded to
-    whole tiles: rows_pad x K_pad floats each at hi and lo, zero past the matrix (k_tf32_split; k_tf32_split_t
-    through a 32 x 32 tile of shared memory where transposed)."""
-    rows_pad = math.ceil(rows / launch_size("TC_SPLIT_ROWS")) * launch_size("TC_SPLIT_ROWS")
+    whole tiles: rows_pad x K_pad floats each at hi and lo (split_padding), zero past the matrix (k_tf32_split;
+    k_tf32_split_t through a 32 x 32 tile of shared memory where transposed)."""
+    rows_pad, _ = split_padding(rows, K)
     if transposed:
         launch("k_tf32_split_t", [hi, lo, src, rows, K, ld, K_pad], (K_pad // 32, rows_pad // 32), stream)
     else:
@@ -88,15 +95,14 @@ def split_into_workspace(g: Gemm, a: int, b: int, stream):
     """op(A) and op(B)^T of g split into TF32 hi and lo (tf32_split; B stored K x N transposed on the way) in the
     plan's workspace: (the workspace, which the caller holds until its product is queued, a_split, b_split, K_pad,
     the grid of 128 x 128 tiles)."""
-    rows, tile_k = launch_size("TC_SPLIT_ROWS"), launch_size("TC_SPLIT_K")
-    M_pad, N_pad = (math.ceil(x / rows) * rows for x in (g.M, g.N))
-    K_pad = math.ceil(g.K / tile_k) * tile_k
+    (M_pad, K_pad), (N_pad, _) = split_padding(g.M, g.K), split_padding(g.N, g.K)
     a_n, b_n = M_pad * K_pad, N_pad * K_pad  # floats of each operand's hi (and of its lo)
     ws = workspace(2 * (a_n + b_n))
     a_split = int(ws.gpudata)
     b_split = a_split + 8 * a_n
     tf32_split(a_split, a_split + 4 * a_n, a, g.M, g.K, g.lda, K_pad, stream)
     tf32_split(b_split, b_split + 4 * b_n, b, g.N, g.K, g.ldb, K_pad, stream, transposed=not g.trans_b)
+    rows = launch_size("TC_SPLIT_ROWS")
     return ws, a_split, b_split, K_pad, (N_pad // rows, M_pad // rows)
 
 
