@@ -379,11 +379,16 @@ __device__ __forceinline__ void ln_bwd_cols_sums(float (&g)[4], const float (&h)
         }
 }
 
+// dx of one column from its dxhat and xhat (h), the row's rstd (s) and its two means
+__device__ __forceinline__ float ln_bwd_dx(float dxhat, float h, float s, float mean_g, float mean_gh) {
+    return __fmul_rn(s, __fmaf_rn(-h, mean_gh, __fsub_rn(dxhat, mean_g)));
+}
+
 // dx of 4 columns, into g, from dxhat (g), xhat (h) and the row's two means.
 __device__ __forceinline__ void ln_bwd_cols_dx(float (&g)[4], const float (&h)[4], float s, float mean_g,
                                                float mean_gh) {
 #pragma unroll
-    for (int e = 0; e < 4; e++) g[e] = __fmul_rn(s, __fmaf_rn(-h[e], mean_gh, __fsub_rn(g[e], mean_g)));
+    for (int e = 0; e < 4; e++) g[e] = ln_bwd_dx(g[e], h[e], s, mean_g, mean_gh);
 }
 
 // dx added into old where ACC: the one rounding of a separate k_residual_fwd.

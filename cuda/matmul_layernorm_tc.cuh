@@ -28,7 +28,7 @@
 #include <type_traits>
 
 #include "colsum.cuh"          // colsum_chunks
-#include "layernorm_fast.cuh"  // ln_xhat, the backward's roundings
+#include "layernorm_fast.cuh"  // ln_xhat, ln_bwd_dx: the fast backward's roundings
 #include "matmul_tc.cuh"       // wg_split_tile
 
 // the two consumer warpgroups (the producer has left: bar 0, __syncthreads, would wait for it)
@@ -219,7 +219,7 @@ __device__ __forceinline__ void wg_ln_bwd_epilogue(const float (&g)[64], float* 
     for (int i = 0; i < 64; i++) {
         const int r = (i % 4) / 2, c = 8 * (i / 4) + 2 * t + i % 2;
         float* at = ds + (lr0 + 8 * r) * LN_TILE_LD + c;
-        const float v = __fmul_rn(s[r], __fmaf_rn(-xhat(i), mean_gh[r], __fsub_rn(__fmul_rn(g[i], ws[c]), mean_g[r])));
+        const float v = ln_bwd_dx(__fmul_rn(g[i], ws[c]), xhat(i), s[r], mean_g[r], mean_gh[r]);
         *at = ACC ? __fadd_rn(*at, v) : v;
     }
     consumers_sync();
