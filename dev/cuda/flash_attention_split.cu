@@ -16,14 +16,7 @@
 
 #include "flash_attention.cuh"
 
-#define CK(x)                                                                                                  \
-    do {                                                                                                       \
-        cudaError_t e = (x);                                                                                   \
-        if (e != cudaSuccess) {                                                                                \
-            printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e));                           \
-            exit(1);                                                                                           \
-        }                                                                                                      \
-    } while (0)
+#include "probe.cuh"  // CK, time_graph_ms
 
 constexpr int D = 64, NH = 12, B = 8, C = NH * D;
 

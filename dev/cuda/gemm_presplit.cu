@@ -47,14 +47,7 @@
 
 #include "matmul_tc.cuh"
 
-#define CK(x)                                                                                                  \
-    do {                                                                                                       \
-        cudaError_t e = (x);                                                                                   \
-        if (e != cudaSuccess) {                                                                                \
-            printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e));                           \
-            exit(1);                                                                                           \
-        }                                                                                                      \
-    } while (0)
+#include "probe.cuh"  // CK, time_graph_ms
 
 // k_gemm_ps_ab2's stages and shared memory are k_gemm_wg_split's (WG_SPLIT_STAGES, TC_SPLIT_SMEM_BYTES): its producer
 // is the engine's wg_copy_split_slices. k_gemm_ps_b's raw stages:

@@ -28,14 +28,7 @@
 
 #include "layernorm_fast.cuh"  // the engine's k_layernorm_bwd_fast
 
-#define CK(x)                                                                                                  \
-    do {                                                                                                       \
-        cudaError_t e = (x);                                                                                   \
-        if (e != cudaSuccess) {                                                                                \
-            printf("%s: %s\n", #x, cudaGetErrorString(e));                                                     \
-            exit(1);                                                                                           \
-        }                                                                                                      \
-    } while (0)
+#include "probe.cuh"  // CK, time_graph_ms
 
 constexpr int N = 8192, C = 768;
 

@@ -33,14 +33,7 @@
 
 #include "layernorm_fast.cuh"
 
-#define CK(x)                                                                                                  \
-    do {                                                                                                       \
-        cudaError_t e = (x);                                                                                   \
-        if (e != cudaSuccess) {                                                                                \
-            printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e));                           \
-            exit(1);                                                                                           \
-        }                                                                                                      \
-    } while (0)
+#include "probe.cuh"  // CK, time_graph_ms
 
 constexpr int N = 8192, C = 768;
 

@@ -32,14 +32,7 @@
 #include "heads_fast.cuh"
 #include "layernorm_fast.cuh"
 
-#define CK(x)                                                                                                  \
-    do {                                                                                                       \
-        cudaError_t e = (x);                                                                                   \
-        if (e != cudaSuccess) {                                                                                \
-            printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e));                           \
-            exit(1);                                                                                           \
-        }                                                                                                      \
-    } while (0)
+#include "probe.cuh"  // CK, time_graph_ms
 
 constexpr int B = 8, T = 1024, NH = 12, DK = 64, C = NH * DK, N = B * T;
 constexpr long long ELEMS = (long long)N * C;  // 6.3M floats, 25 MB
@@ -211,34 +204,6 @@ double time_ms(F f) {  // f(set): queue one launch on stream 0
     return t[3];
 }
 
-template <typename F>
-double time_graph_ms(F f) {  // the same 30 launches captured once as a graph
-    cudaStream_t s;
-    CK(cudaStreamCreate(&s));
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < 30; i++) f(i % 3, s);
-    CK(cudaStreamEndCapture(s, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    for (int i = 0; i < 2; i++) CK(cudaGraphLaunch(ge, s));
-    CK(cudaStreamSynchronize(s));
-    std::vector<float> t;
-    for (int r = 0; r < 7; r++) {
-        CK(cudaEventRecord(e0, s));
-        CK(cudaGraphLaunch(ge, s));
-        CK(cudaEventRecord(e1, s));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        t.push_back(ms / 30);
-    }
-    std::sort(t.begin(), t.end());
-    CK(cudaGraphExecDestroy(ge));
-    CK(cudaGraphDestroy(g));
-    CK(cudaStreamDestroy(s));
-    return t[3];
-}
 
 template <typename Kern, typename... Args>
 void launch(bool pdl, Kern k, int grid, cudaStream_t s, Args... args) {

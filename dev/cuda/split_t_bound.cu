@@ -23,14 +23,7 @@
 
 #include "matmul_tc.cuh"  // k_tf32_split_t, tf32_split
 
-#define CK(x)                                                                                                  \
-    do {                                                                                                       \
-        cudaError_t e = (x);                                                                                   \
-        if (e != cudaSuccess) {                                                                                \
-            printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e));                           \
-            exit(1);                                                                                           \
-        }                                                                                                      \
-    } while (0)
+#include "probe.cuh"  // CK, time_graph_ms
 
 // src stored K x rows (ld = rows); hi, lo: rows_pad x K_pad. A block a 64 x 64 tile: grid (ceil(K_pad / 64),
 // rows_pad / 64), 256 threads.
@@ -70,34 +63,6 @@ __global__ void k_copy(float4* out, const float4* in, long long n4) {
 
 static cudaEvent_t e0, e1;
 
-template <typename F>
-double time_graph_ms(F f) {  // f(set, stream): one launch; 30 of them captured as one graph
-    cudaStream_t s;
-    CK(cudaStreamCreate(&s));
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < 30; i++) f(i % 3, s);
-    CK(cudaStreamEndCapture(s, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    for (int i = 0; i < 2; i++) CK(cudaGraphLaunch(ge, s));
-    CK(cudaStreamSynchronize(s));
-    std::vector<float> t;
-    for (int r = 0; r < 7; r++) {
-        CK(cudaEventRecord(e0, s));
-        CK(cudaGraphLaunch(ge, s));
-        CK(cudaEventRecord(e1, s));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        t.push_back(ms / 30);
-    }
-    std::sort(t.begin(), t.end());
-    CK(cudaGraphExecDestroy(ge));
-    CK(cudaGraphDestroy(g));
-    CK(cudaStreamDestroy(s));
-    return t[3];
-}
 
 int main() {
     CK(cudaEventCreate(&e0));
