@@ -653,51 +653,7 @@ GEMM_WG_KERNEL(k_gemm_wg_tt_n64, true, true, 64)
 // FP32 adds: the wgmma kernel's bits.
 //
 // A split operand is hi then lo, each rows_pad x K_pad K-major (rows_pad a multiple of TC_SPLIT_ROWS, K_pad of
-// TC_SPLIT_K), zero past the matrix: op(A) for A, op(B)^T for B.
-
-// hi, lo (rows_pad x K_pad) from src (rows x K, ld): a thread a quad of K, zero past rows and K
-extern "C" __global__ void k_tf32_split(uint32_t* hi, uint32_t* lo, const float* src, int rows, int K, int ld,
-                                        int K_pad, long long quads) {
-    const long long q = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (q >= quads) return;
-    const long long r = q / (K_pad / 4);
-    const int k = (int)(q % (K_pad / 4)) * 4;
-    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (r < rows && k + 4 <= K && aligned16(src, ld)) {
-        v = *reinterpret_cast<const float4*>(src + r * ld + k);
-    } else if (r < rows) {
-        const float* row = src + r * ld;
-        v.x = k < K ? row[k] : 0.0f;
-        v.y = k + 1 < K ? row[k + 1] : 0.0f;
-        v.z = k + 2 < K ? row[k + 2] : 0.0f;
-        v.w = k + 3 < K ? row[k + 3] : 0.0f;
-    }
-    uint32_t h[4], l[4];
-    tf32_split(v.x, h[0], l[0]);
-    tf32_split(v.y, h[1], l[1]);
-    tf32_split(v.z, h[2], l[2]);
-    tf32_split(v.w, h[3], l[3]);
-    reinterpret_cast<uint4*>(hi + r * K_pad + k)[0] = make_uint4(h[0], h[1], h[2], h[3]);
-    reinterpret_cast<uint4*>(lo + r * K_pad + k)[0] = make_uint4(l[0], l[1], l[2], l[3]);
-}
-
-// The same from src stored transposed (K x rows, ld), through a 32 x 32 tile of shared memory (a warp a row of
-// it, 8 warps): blocks of 256 threads, a grid of (K_pad / 32, rows_pad / 32)
-extern "C" __global__ void __launch_bounds__(256) k_tf32_split_t(uint32_t* hi, uint32_t* lo, const float* src,
-                                                                 int rows, int K, int ld, int K_pad) {
-    __shared__ float t[32][33];
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int r0 = blockIdx.y * 32, k0 = blockIdx.x * 32;
-    for (int j = warp; j < 32; j += 8) {
-        const int k = k0 + j, r = r0 + lane;
-        t[j][lane] = k < K && r < rows ? src[(long long)k * ld + r] : 0.0f;
-    }
-    __syncthreads();
-    for (int j = warp; j < 32; j += 8) {
-        const long long at = (long long)(r0 + j) * K_pad + k0 + lane;
-        tf32_split(t[lane][j], hi[at], lo[at]);
-    }
-}
+// TC_SPLIT_K), zero past the matrix: op(A) for A, op(B)^T for B (made by cuda/tf32_split.cuh's passes).
 
 // A split 128 x 32 slice (rows row0.. of a split operand, K_pad a row) copied by producer thread tid into a
 // 128B-swizzled tile, where the wgmma kernel's producer stores its split: chunk tid % 8 of rows tid / 8 + 16 i,

@@ -32,5 +32,6 @@
 #include "embed_fast.cuh"
 // the tensor-core products (sm_80 and later)
 #include "matmul_tc.cuh"
+#include "tf32_split.cuh"
 #include "matmul_layernorm_tc.cuh"
 #include "flash_attention.cuh"

@@ -138,6 +138,17 @@ class CudaBackend:
         return b.d
 
     # -- forward / backward ---------------------------------------------------------------------------
+    def _weight_splits(self, b, transposed: bool):
+        """The products' weights as the pass's products from split operands may read them split once (the tc variant
+        on sm_90a): the forward's as out = inp @ W^T reads them, the backward's transposed, as dinp = dout @ W does;
+        held with the activations of (B, T), the splits in their memory."""
+        key = "bwd_splits" if transposed else "fwd_splits"
+        if not hasattr(b, key):
+            names = [f"h.{l}.{w}" for l in range(self.config.n_layer)
+                     for w in ("attn.qkv.w", "attn.proj.w", "mlp.fc.w", "mlp.proj.w")] + ["wte"]
+            setattr(b, key, K.weight_splits([self.P[n] for n in names], transposed, lambda n: self._new(n)))
+        return getattr(b, key)
+
     def _plan_forward(self, b, with_targets):
         cfg, P, NH, ops = self.config, self.P, self.config.n_head, self.ops
 
@@ -147,7 +158,8 @@ class CudaBackend:
                 return b.lnf, b.meanf, b.rstdf, P["lnf.w"], P["lnf.b"]
             s, w = b.layers[l], _sublayer(P, f"h.{l}.")
             return s.ln1, s.mean1, s.rstd1, w["ln1.w"], w["ln1.b"]
-        with K.recording() as plan:
+        splits = self._weight_splits(b, transposed=False)  # each weight split once, first, not before each product
+        with K.recording() as plan, splits.reading(plan):
             ops.embed_fwd(b.resid[0], b.idx, P["wte"], P["wpe"], check_token_ids=False)
             out, mean, rstd, ln_w, ln_b = reads_resid(0)
             ops.layernorm_fwd(out, mean, rstd, b.resid[0], ln_w, ln_b)
@@ -170,8 +182,8 @@ class CudaBackend:
 
     def _plan_backward(self, b):
         cfg, P, G, NH, ops = self.config, self.P, self.G, self.config.n_head, self.ops
-        d = self._grad_buffers(b)
-        with K.recording() as plan:
+        d, splits = self._grad_buffers(b), self._weight_splits(b, transposed=True)
+        with K.recording() as plan, splits.reading(plan):
             ops.crossentropy_bwd(d.logits, b.probs, b.tgt, b.dlosses, check_token_ids=False)
             # each layernorm's backward with the product that makes its output's gradient (fused where the
             # variant can: that gradient, d.ln or d.dx, is then never written)

@@ -176,6 +176,42 @@ def test_the_training_passes_as_cuda_graphs_give_the_bits_of_their_launches(rng,
         np.testing.assert_array_equal(with_graphs, replayed)
 
 
+def test_the_tc_passes_split_each_weight_once_and_keep_the_bits(rng, monkeypatch):
+    """On sm_90a the tc forward and backward split the weights their products read from split operands in one launch
+    each, at the pass's start (K.weight_splits), in place of one split pass a product: two training steps give every
+    bit of the passes that split them product by product."""
+    if not K.warpgroup_mma():
+        pytest.skip(f"{K.device_summary()}: split operands are the wgmma path's (sm_90a)")
+    cfg = GPTConfig(n_layer=2, n_head=4, d_model=256, block_size=130, vocab_size=300)  # K >= 256: the wgmma kernel
+    idx, tgt = rng.integers(0, cfg.vocab_size, size=(2, 2, 130))
+    runs, splits_launched = [], []
+    for batched in (True, False):
+        if not batched:
+            monkeypatch.setattr(K, "weight_splits", lambda weights, transposed, new=None: K.SplitOperands([]))
+        gpu = GPT(cfg, backend="cuda", seed=5, variant="tc")
+        out = []
+        for _ in range(2):
+            gpu.zero_grad()
+            logits, loss = gpu.forward(idx, tgt)
+            gpu.backward()
+            out += [logits, np.float32(loss), *gpu.grad_dict().values()]
+            gpu.step(lr=3e-3)
+        runs.append(out + list(gpu.state_dict().values()))
+        b, passes = gpu.backend._bufs, gpu.backend._passes
+        plans = {"forward": passes[(2, 130, True)].plan, "backward": passes["bwd"].plan}
+        splits = {"forward": b.fwd_splits, "backward": b.bwd_splits}
+        for phase, plan in plans.items():
+            names = [name for name, *_ in plan]
+            assert (names[0] == "k_tf32_split_batch") == batched and names.count("k_tf32_split_batch") == batched
+            splits_launched.append((phase, len(splits[phase]), sum(n.startswith("k_tf32_split_") or
+                                                                   n == "k_tf32_split" for n in names) - batched))
+    (_, n_fwd, with_fwd), (_, n_bwd, with_bwd), (_, _, own_fwd), (_, _, own_bwd) = splits_launched
+    assert n_fwd == n_bwd == 2 * 4 + 1, splits_launched  # each layer's four weights and wte, read once a pass
+    assert (own_fwd - with_fwd, own_bwd - with_bwd) == (n_fwd, n_bwd), splits_launched  # a pass less for each
+    for batched, own in zip(*runs):
+        np.testing.assert_array_equal(batched, own)
+
+
 def test_shapes_change_between_calls(rng):
     ref, gpu = twins(SMALL, seed=2)
     for B, T in [(2, 5), (3, 19), (2, 5), (1, 1)]:

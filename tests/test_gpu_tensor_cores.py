@@ -6,6 +6,7 @@ dW product, against the fast variant's column sums; and they repeat bit for bit.
 
 The errors are ||out - ref|| / ||ref|| in float64; conftest prints the worst of each at the end of the run.
 """
+import contextlib
 import functools
 
 import numpy as np
@@ -227,3 +228,70 @@ def test_split_operands_give_the_wgmma_kernels_bits(ga, rng, M, N, K_, tb):
             outs.append(c.get())
         assert np.isfinite(outs[0]).all()
         np.testing.assert_array_equal(outs[0], outs[1])
+
+
+# Operands of one batch split (k_tf32_split_batch): (rows, K, transposed) of each, as the weights of odd layers give
+# them, and one read from a pointer 4 bytes past an aligned one (the single-float path)
+BATCH_OPERANDS = [(300, 257, False), (257, 300, True), (129, 772, False), (772, 129, True), (1000, 64, False),
+                  (64, 1000, True), (4097, 33, True)]
+
+
+def test_a_batch_split_gives_each_operands_split_bits(ga, rng):
+    """Every operand of a SplitOperands (one launch) holds, padding and all, the bits tf32_split gives it alone, on
+    fresh inputs and poisoned outputs; an unaligned source too."""
+    srcs, ops = [], []
+    for rows, K_, transposed in BATCH_OPERANDS:
+        stored = (K_, rows) if transposed else (rows, K_)
+        srcs.append(ga.to_gpu(rng.standard_normal(stored).astype(np.float32)))
+        ops.append((int(srcs[-1].gpudata), rows, K_, stored[1], transposed))
+    flat = ga.to_gpu(rng.standard_normal(1 + 96 * 130).astype(np.float32))
+    ops.append((int(flat.gpudata) + 4, 96, 130, 130, False))
+    ops.append((int(flat.gpudata) + 4, 130, 96, 130, True))
+    splits = K.SplitOperands(ops, new=lambda n: poisoned(ga, n))
+    found = [splits.find(*op) for op in ops]
+    assert len(splits) == len(ops) and len(set(found)) == len(ops)
+    splits.split()
+    for op, at in zip(ops, found):
+        src, rows, K_, ld, transposed = op
+        rows_pad, K_pad = K.tf32_split.split_padding(rows, K_)
+        alone = poisoned(ga, 2 * rows_pad * K_pad)
+        K.tf32_split.tf32_split(int(alone.gpudata), int(alone.gpudata) + 4 * rows_pad * K_pad, src, rows, K_, ld,
+                                K_pad, None, transposed=transposed)
+        batched = splits.found[(src, rows, K_, ld, transposed)]
+        assert int(batched.gpudata) == at
+        want = alone.get().view(np.uint32)
+        assert not np.isnan(alone.get()).any()
+        np.testing.assert_array_equal(batched.get().view(np.uint32), want, err_msg=str((rows, K_, ld, transposed)))
+
+
+@pytest.mark.parametrize("M,OUT,IN", [(300, 300, 256), (1000, 333, 300), (8192, 4 * C, C)])
+def test_products_reading_weights_split_once_give_the_same_bits(ga, rng, M, OUT, IN):
+    """A linear layer's forward and dX product recorded inside weight_splits(...).reading(plan) take the weight's split
+    from the batch launch the plan starts with (no split pass of their own for it) and give the bits of the products
+    that split it themselves."""
+    if not K.warpgroup_mma():
+        pytest.skip(f"{K.device_summary()}: split operands are the wgmma path's (sm_90a)")
+    w = ga.to_gpu((0.05 * rng.standard_normal((OUT, IN))).astype(np.float32))
+    bias = ga.to_gpu(rng.standard_normal(OUT).astype(np.float32))
+    inp = ga.to_gpu(rng.standard_normal((M, IN)).astype(np.float32))
+    dout = ga.to_gpu(rng.standard_normal((M, OUT)).astype(np.float32))
+
+    def products(batched):
+        out, dinp = poisoned(ga, M, OUT), poisoned(ga, M, IN)
+        splits = [K.weight_splits([w] if batched else [], transposed) for transposed in (False, True)]
+        with K.recording() as plan, splits[0].reading(plan), splits[1].reading(plan):
+            TC.matmul_fwd(out, inp, w, bias)
+            K.sgemm_tc(dinp, dout, w)  # the dX product: dinp = dout @ W
+        K.replay(plan, None, "products")
+        return [name for name, *_ in plan], out.get(), dinp.get(), [len(s) for s in splits]
+
+    batched = products(True)
+    own = products(False)
+    assert batched[0] == ["k_tf32_split_batch", "k_tf32_split_batch", "k_tf32_split", "k_gemm_wg_split",
+                          "k_tf32_split", "k_gemm_wg_split"], batched[0]
+    assert batched[3] == [1, 1] and own[3] == [0, 0]
+    assert own[0] == ["k_tf32_split", "k_tf32_split", "k_gemm_wg_split", "k_tf32_split", "k_tf32_split_t",
+                      "k_gemm_wg_split"], own[0]
+    assert np.isfinite(own[1]).all() and np.isfinite(own[2]).all()
+    np.testing.assert_array_equal(batched[1], own[1])
+    np.testing.assert_array_equal(batched[2], own[2])

@@ -145,6 +145,11 @@ def _run_every_launcher():
                                     f32(B, 1, T), 1)
             W = 4100  # rows wider than a block of the fast layernorm backward spans
             ops.layernorm_bwd(f32(3, W), f32(W), f32(W), f32(3, W), f32(3, W), f32(W), f32(3), f32(3))
+        # a linear layer's forward and dX product reading its weight split once, by the batch split first in the plan
+        w = f32(4 * C, 4 * C)  # K = 4 C: long enough for the wgmma kernel
+        with K.weight_splits([w], False).reading(plan), K.weight_splits([w], True).reading(plan):
+            K.select("tc").matmul_fwd(f32(B, T, 4 * C), f32(B, T, 4 * C), w, f32(4 * C))
+            K.sgemm_tc(f32(B * T, 4 * C), f32(B * T, 4 * C), w)
         for ta in (False, True):
             for tb in (False, True):
                 for N in (4 * C, d_k):  # K = 4 C: long enough for the tensor cores (matmul_tc.TC_MIN_K)
@@ -501,6 +506,61 @@ def test_split_operands_share_the_plans_workspace(fake):
     for N, split in ((16383 * 128, True), (16383 * 128 + 1, False)):  # k_tf32_split_t's grid: N_pad / 32 <= 65535
         g = K.Gemm.dense(256, N, 256)
         assert K.matmul_tc.split_operands(g, K.matmul_tc.tc_kernel(g)) == split, N
+
+
+def test_weights_split_once_go_first_in_the_plan_and_replace_the_products_own_splits(fake):
+    """Products recorded inside weight_splits(...).reading(plan) on sm_90a read a weight's split (hi then lo, rows_pad x
+    K_pad each) from the set rather than splitting it in the plan's workspace; on leaving, one k_tf32_split_batch
+    launch that splits what they found, and only that, goes first: its table a row of fields (enum SplitJob) an
+    operand, their 64 x 64 tiles numbered one after another, the grid all of them."""
+    sizes = K.int_constants()
+    assert sizes["SPLIT_TILE"] == 64 and sizes["SPLIT_JOB_FIELDS"] == 10
+    w1, w2, unused = f32(300, 257), f32(1000, 333), f32(512, 512)
+    inp1, dout2 = f32(600, 257), f32(600, 1000)
+    fwd, bwd = K.weight_splits([w1, w2, unused], False), K.weight_splits([w1, w2, unused], True)
+    with K.recording() as plan, fwd.reading(plan), bwd.reading(plan):
+        K.select("tc").matmul_fwd(f32(600, 300), inp1, w1, f32(300))   # out = inp @ w1^T: w1 as it is
+        K.sgemm_tc(f32(600, 333), dout2, w2, bias=f32(333))   # dinp = dout @ w2: w2 transposed (a bias: not split-K)
+        K.sgemm_tc(f32(600, 333), dout2, w2, bias=f32(333))   # again: the same split
+        K.select("tc").matmul_fwd(f32(600, 200), f32(600, 512), f32(200, 512), f32(200))  # no candidate: its own
+    names = [p[0] for p in plan]
+    assert names == ["k_tf32_split_batch", "k_tf32_split_batch", "k_tf32_split", "k_gemm_wg_split", "k_tf32_split",
+                     "k_gemm_wg_split", "k_tf32_split", "k_gemm_wg_split", "k_tf32_split", "k_tf32_split",
+                     "k_gemm_wg_split"], names
+    assert (len(fwd), len(bwd)) == (1, 1)
+    (w1_hi, w1_buf), = [(int(b.gpudata), b) for b in fwd.found.values()]
+    (w2_hi, w2_buf), = [(int(b.gpudata), b) for b in bwd.found.values()]
+    assert w1_buf.size == 2 * 384 * 288 and w2_buf.size == 2 * 384 * 1024  # rows to 128, K to 32
+    assert plan[3][3][2] == w1_hi and plan[5][3][2] == w2_hi and plan[7][3][2] == w2_hi
+    assert plan[10][3][2] != w1_hi  # the last product's B split in the workspace, by its own pass
+    rows = {(f, tuple(t.shape)) for f, t in [(0, fwd.tables[-1][1]), (1, bwd.tables[-1][1])]}
+    assert rows == {(0, (1, 10)), (1, (1, 10))}
+    field = {name: sizes[name] for name in sizes if name.startswith("JOB_")}
+    for splits, (src, rows_, K_, ld, transposed), hi, rows_pad, K_pad in (
+            (fwd, (w1.gpudata, 300, 257, 257, 0), w1_hi, 384, 288),
+            (bwd, (w2.gpudata, 333, 1000, 333, 1), w2_hi, 384, 1024)):
+        row = splits._table()[0]
+        want = dict(JOB_SRC=src, JOB_HI=hi, JOB_LO=hi + 4 * rows_pad * K_pad, JOB_ROWS=rows_, JOB_K=K_, JOB_LD=ld,
+                    JOB_K_PAD=K_pad, JOB_TRANSPOSED=transposed, JOB_FIRST_TILE=0, JOB_TILES_K=-(-K_pad // 64))
+        assert {name: int(row[i]) for name, i in field.items()} == want
+    batch = {id(s): p for s, p in zip((fwd, bwd), plan[:2])}  # the set left last (the outer one) goes first
+    for splits, rows_pad, K_pad in ((fwd, 384, 288), (bwd, 384, 1024)):
+        _, _, grid, args, _, block = batch[id(splits)]
+        assert args == [int(splits.tables[-1][1].gpudata), 1] and block == sizes["SPLIT_THREADS"]
+        assert grid[0] == rows_pad // 64 * -(-K_pad // 64)
+    # two operands: the second's tiles follow the first's
+    both = K.SplitOperands([(w1.gpudata, 300, 257, 257, False), (w2.gpudata, 333, 1000, 333, True)])
+    both.find(w1.gpudata, 300, 257, 257, False), both.find(w2.gpudata, 333, 1000, 333, True)
+    table = both._table()
+    assert [int(r[field["JOB_FIRST_TILE"]]) for r in table] == [0, 6 * 5] and both._tiles() == 6 * 5 + 6 * 16
+    with pytest.raises(RuntimeError, match="plan must be the one being recorded"):
+        with both.reading(None):
+            pass
+    fake.arch = "sm_80"  # no split operands: nothing found, nothing launched
+    sm80 = K.weight_splits([w1], False)
+    with K.recording() as plan, sm80.reading(plan):
+        K.select("tc").matmul_fwd(f32(600, 300), inp1, w1, f32(300))
+    assert len(sm80) == 0 and [p[0] for p in plan] == ["k_gemm_tc_nt"]
 
 
 def _matmul_layernorm_bwd_args(N, C, OUT):

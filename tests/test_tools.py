@@ -113,7 +113,8 @@ def build(monkeypatch):
     made = SimpleNamespace()
 
     def counted_to_gpu(a):
-        made.drawn.append(hashlib.sha1(np.ascontiguousarray(a).tobytes()).hexdigest())
+        if np.asarray(a).dtype != np.int64:  # int64: a kernel's table of device addresses (the batch split's), no draw
+            made.drawn.append(hashlib.sha1(np.ascontiguousarray(a).tobytes()).hexdigest())
         return counted_empty(np.shape(a), np.asarray(a).dtype)
 
     def counted_empty(shape, dtype=np.float32):

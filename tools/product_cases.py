@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
+
 from case_builder import Builder, Shape
 from microgpt import kernels as K
+from microgpt.kernels.colsum import REDUCE_BLOCK
 
 F = 4  # bytes per float32
 
@@ -84,6 +87,52 @@ def add_product_cases(builder: Builder, shape: Shape) -> None:
                     K.matmul_tc.tf32_split(int(out.gpudata), int(out.gpudata) + 4 * n, int(src.gpudata), rows, K_,
                                            rows if transposed else K_, K_pad, s, transposed=transposed),
                     F * (rows * K_ + 2 * n), 3 * rows * K_, ins)
+
+    # the weights split once a pass (tf32_split.SplitOperands: one launch), as the forward reads them and, transposed,
+    # as the dX products do: one layer's four and lm_head's
+    if "tc" in variants:
+        shapes = {"qkv": (3 * C, C), "attn.proj": (C, C), "mlp.fc": (4 * C, C), "mlp.proj": (C, 4 * C), "wte": (V, C)}
+        for transposed in (False, True):
+            case = f"k_tf32_split_batch (weights{', transposed' * transposed})"
+            if not want(case):
+                continue
+            r, sets_of = draws_for(case), []
+            for _ in range(sets):
+                weights = [r.randn(*shape, scale=0.02) for shape in shapes.values()]
+                splits = K.weight_splits(weights, transposed)
+                for w in weights:
+                    OUT, IN = w.shape
+                    splits.find(int(w.gpudata), *((IN, OUT, IN) if transposed else (OUT, IN, IN)), transposed)
+                sets_of.append((splits, weights))
+            nbytes = sum(F * (OUT * IN + 2 * int(np.prod(K.tf32_split.split_padding(*((IN, OUT) if transposed else
+                                                                                      (OUT, IN))))))
+                         for OUT, IN in shapes.values())
+            add(case, lambda s, splits, weights: splits.split(s), nbytes,
+                3 * sum(OUT * IN for OUT, IN in shapes.values()), sets_of)
+
+    # the short reductions after the products: split-K's, adding a dW product's slices and their bias-gradient sums
+    # into the gradients (beta = 1, as training), in the slices the wgmma kernel takes on Hopper; and the fused
+    # layernorm backward's, adding its row tiles' partial rows of dw and db
+    for layer, (IN, OUT) in {"qkv": (C, 3 * C), "attn.proj": (C, C), "mlp.fc": (C, 4 * C),
+                             "mlp.proj": (4 * C, C)}.items():
+        case = f"k_splitk_reduce ({layer} dW)"
+        if not (("tc" in variants or "fast" in variants) and want(case)):
+            continue
+        g = K.matmul_fast.Gemm.dense(OUT, IN, N, trans_a=True, beta=1.0)
+        splits = max(2, g.splits(K.runtime.engine().sm_count, 1 if "tc" in variants else 2))
+        r, MN = draws_for(case), OUT * IN
+        c_out, sums = r.randn(OUT, IN), r.randn(OUT)
+        add(case, lambda s, p, c_out=c_out, sums=sums, splits=splits, MN=MN, M=OUT: K.matmul_fast.splitk_reduce(
+                int(c_out.gpudata), int(p.gpudata), splits, MN, 1.0, int(sums.gpudata), M, s),
+            F * (splits * (MN + OUT) + 2 * MN + 2 * OUT), splits * (MN + OUT), [(r.randn(splits * (MN + OUT)),)
+                                                                                 for _ in range(sets)])
+    if "tc" in variants and K.warpgroup_mma() and want("k_ln_partials_reduce"):
+        r, row_tiles = draws_for("k_ln_partials_reduce"), -(-N // 128)
+        dw, db = r.randn(C), r.randn(C)
+        add("k_ln_partials_reduce", lambda s, p, dw=dw, db=db: K.runtime.launch(
+                "k_ln_partials_reduce", [int(dw.gpudata), int(db.gpudata), int(p.gpudata), row_tiles, C],
+                -(-2 * C // REDUCE_BLOCK), s, block=REDUCE_BLOCK),
+            F * (2 * row_tiles * C + 4 * C), 2 * row_tiles * C, [(r.randn(2 * row_tiles * C),) for _ in range(sets)])
 
     # the generic product with both operands transposed, which no layer runs (tests and tools call it)
     for label, OUT in (("tt", 4 * C), ("tt, narrow", d_k)):

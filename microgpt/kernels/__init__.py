@@ -10,8 +10,9 @@ The package mirrors cuda/: one module per header, holding that header's launcher
 matmul, attention, pointwise, crossentropy, adamw; decode for sampling with a key-value cache, sampling for
 choosing the next token by microgpt.sampling's rule; colsum,
 matmul_fast, rows_fast, layernorm_fast, pointwise_fast, heads_fast and embed_fast for the fast variant;
-matmul_tc for the tc variant's tensor-core products, matmul_layernorm_tc for a product fused with the
-layernorm backward after it, flash_attention for its fused attention).
+matmul_tc for the tc variant's tensor-core products, tf32_split for the split passes that feed them,
+matmul_layernorm_tc for a product fused with the layernorm backward after it, flash_attention for its fused
+attention).
 Beside them: source (what nvcc compiles, and the argument formats read from it), runtime (compile once,
 the primary context, launch, record and replay, KernelError), graph (a recorded plan as one CUDA graph: a
 model's passes run as Pass), checks (the argument checks) and registry (which launcher each op runs in each
@@ -46,13 +47,14 @@ from .matmul_fast import (GEMM_TILE, Causal, Gemm, MatrixProducts, attn_scores_b
                           attn_values_bwd_fast, attn_values_fwd_fast, causal_scores_bwd_fast, causal_scores_fwd_fast,
                           gemm, matmul_bwd_fast, matmul_fwd_fast, sgemm)
 from .matmul_tc import (attn_values_bwd_tc, attn_values_fwd_tc, causal_scores_bwd_tc, causal_scores_fwd_tc, gemm_tc,
-                        matmul_bwd_tc, matmul_fwd_tc, sgemm_tc, tensor_cores, warpgroup_mma)
+                        matmul_bwd_tc, matmul_fwd_tc, sgemm_tc, tensor_cores, warpgroup_mma, weight_splits)
 from .pointwise import gelu_bwd, gelu_fwd, residual_bwd, residual_fwd
 from .pointwise_fast import gelu_bwd_fast, gelu_fwd_fast
 from .registry import DEFAULT_VARIANT, OPS, VARIANTS, Kernels, Variant, launcher, resolve, select
 from .rows_fast import (crossentropy_bwd_fast, crossentropy_fwd_fast, embed_fwd_fast, softmax_bwd_fast,
                         softmax_fwd_fast)
 from .sampling import sample
+from .tf32_split import SplitOperands
 from .source import (NVCC_OPTIONS, cuda_source_dir, full_source, int_constants, kernel_headers, kernel_names,
                      kernel_signatures, preprocessed)
 from ..reference import MASK_VALUE

@@ -137,8 +137,13 @@ def _launch_product(g: Gemm, c: int, a: int, b: int, bias: int, stream, sums: in
     partials = scratch(splits * (g.M * g.N + M_sums))
     p = int(partials.gpudata)
     product(sliced, p, a, b, 0, stream, **({"sums": p + 4 * splits * g.M * g.N} if sums else {}))
-    launch("k_splitk_reduce", [c, p, splits, g.M * g.N, float(g.beta), sums, M_sums], blocks(g.M * g.N + M_sums),
-           stream)
+    splitk_reduce(c, p, splits, g.M * g.N, g.beta, sums, M_sums, stream)
+
+
+def splitk_reduce(c: int, partials: int, splits: int, MN: int, beta: float, sums: int, M: int, stream) -> None:
+    """c (MN floats) = beta * c + the slices' partial products ([splits][MN] at partials) added in slice order, and
+    sums (M,) += their row sums ([splits][M], after the partial products) where M > 0 (k_splitk_reduce)."""
+    launch("k_splitk_reduce", [c, partials, splits, MN, float(beta), sums, M], blocks(MN + M), stream)
 
 
 def sgemm(c, a, b, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, bias=None, stream=None, gemm=gemm):

@@ -15,8 +15,9 @@ import functools
 import math
 
 from .matmul_fast import Causal, Gemm, MatrixProducts, gemm, sgemm, sgemm_product
-from .runtime import BLOCK, blocks, engine, launch, sm_version, workspace
+from .runtime import BLOCK, engine, launch, sm_version, workspace
 from .source import int_constants
+from .tf32_split import SplitOperands, find_split, split_padding, tf32_split
 
 # Below this K the split's rounding and the tensor cores' truncating sum within a slice outweigh the FP32
 # sum's rounding, and their error can pass 1.5x the SIMT kernel's (dev/NOTES.md: mma.sync's ratio is 3.3 at
@@ -72,38 +73,29 @@ def split_operands(g: Gemm, kernel: tuple[str, int, int] | None) -> bool:
             and g.causal == Causal.NONE and g.tile_n == 128 and math.ceil(g.N / 128) * 4 <= 65535)  # split_t's grid
 
 
-def split_padding(rows: int, K: int) -> tuple[int, int]:
-    """(rows_pad, K_pad) of a split operand: whole tiles, rows to TC_SPLIT_ROWS and K to TC_SPLIT_K, so that
-    k_gemm_wg_split's copies check no bounds."""
-    tile_rows, tile_k = launch_size("TC_SPLIT_ROWS"), launch_size("TC_SPLIT_K")
-    return math.ceil(rows / tile_rows) * tile_rows, math.ceil(K / tile_k) * tile_k
-
-
-def tf32_split(hi: int, lo: int, src: int, rows: int, K: int, ld: int, K_pad: int, stream, transposed=False) -> None:
-    """src's rows (rows x K, ld; transposed: stored K x rows) split into TF32 hi and lo, K-major and padded to
-    whole tiles: rows_pad x K_pad floats each at hi and lo (split_padding), zero past the matrix (k_tf32_split;
-    k_tf32_split_t through a 32 x 32 tile of shared memory where transposed)."""
-    rows_pad, _ = split_padding(rows, K)
-    if transposed:
-        launch("k_tf32_split_t", [hi, lo, src, rows, K, ld, K_pad], (K_pad // 32, rows_pad // 32), stream)
-    else:
-        quads = rows_pad * K_pad // 4
-        launch("k_tf32_split", [hi, lo, src, rows, K, ld, K_pad, quads], blocks(quads), stream)
-
-
 def split_into_workspace(g: Gemm, a: int, b: int, stream):
     """op(A) and op(B)^T of g split into TF32 hi and lo (tf32_split; B stored K x N transposed on the way) in the
-    plan's workspace: (the workspace, which the caller holds until its product is queued, a_split, b_split, K_pad,
-    the grid of 128 x 128 tiles)."""
+    plan's workspace, or op(B)^T's found split already (a weight, tf32_split.SplitOperands.reading): (the workspace,
+    which the caller holds until its product is queued, a_split, b_split, K_pad, the grid of 128 x 128 tiles)."""
     (M_pad, K_pad), (N_pad, _) = split_padding(g.M, g.K), split_padding(g.N, g.K)
     a_n, b_n = M_pad * K_pad, N_pad * K_pad  # floats of each operand's hi (and of its lo)
-    ws = workspace(2 * (a_n + b_n))
+    b_split = find_split(b, g.N, g.K, g.ldb, not g.trans_b)
+    ws = workspace(2 * (a_n + (b_n if b_split is None else 0)))
     a_split = int(ws.gpudata)
-    b_split = a_split + 8 * a_n
     tf32_split(a_split, a_split + 4 * a_n, a, g.M, g.K, g.lda, K_pad, stream)
-    tf32_split(b_split, b_split + 4 * b_n, b, g.N, g.K, g.ldb, K_pad, stream, transposed=not g.trans_b)
+    if b_split is None:
+        b_split = a_split + 8 * a_n
+        tf32_split(b_split, b_split + 4 * b_n, b, g.N, g.K, g.ldb, K_pad, stream, transposed=not g.trans_b)
     rows = launch_size("TC_SPLIT_ROWS")
     return ws, a_split, b_split, K_pad, (N_pad // rows, M_pad // rows)
+
+
+def weight_splits(weights, transposed: bool, new=None) -> SplitOperands:
+    """The weights (device arrays, each OUT x IN as a linear layer's) as the products from split operands may read
+    them once split (tf32_split.SplitOperands): as the forward does (out = inp @ W^T) or, transposed, as the dX
+    product does (dinp = dout @ W). Only those the products recorded inside reading(plan) find are split."""
+    return SplitOperands([(int(w.gpudata), w.shape[1], w.shape[0], w.shape[1], True) if transposed else
+                          (int(w.gpudata), w.shape[0], w.shape[1], w.shape[1], False) for w in weights], new)
 
 
 def split_product(g: Gemm, c: int, a: int, b: int, bias: int, stream) -> None:

@@ -197,6 +197,11 @@ class recording:
         return False
 
 
+def recording_plan() -> Plan | None:
+    """The plan being recorded (recording()), or None."""
+    return _recording
+
+
 def replay(plan: Plan, stream, phase: str) -> None:
     cuda = engine().cuda
     for name, fn, grid, args, shared, block in plan:

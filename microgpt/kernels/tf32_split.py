@@ -1,0 +1,133 @@
+"""Launchers of cuda/tf32_split.cuh: FP32 operands split into the TF32 hi and lo that the tensor cores' products
+from split operands read (matmul_tc.split_product, matmul_layernorm_tc).
+
+    tf32_split(hi, lo, src, rows, K, ld, K_pad, stream)   # one operand, before the product that reads it
+    splits = SplitOperands([(w, rows, K, ld, transposed), ...])   # the operands that may be split once
+    with recording() as plan, splits.reading(plan):
+        ...         # the products whose B is one of them read its split from here, not a pass each;
+                    # the plan starts with one launch (k_tf32_split_batch) that splits every one they found
+
+Every pass splits each float alike, so a product reads the same bits whichever made them.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+
+import numpy as np
+
+from .runtime import blocks, engine, launch, recording_plan
+from .source import int_constants
+
+
+@functools.cache
+def split_size(name: str) -> int:
+    """A constant of the split operands: TC_SPLIT_ROWS and TC_SPLIT_K (cuda/matmul_tc.cuh: the padding that spares
+    the product's copies their bounds checks), k_tf32_split_batch's SPLIT_TILE, SPLIT_THREADS and its table's
+    fields (enum SplitJob)."""
+    return int_constants()[name]
+
+
+def split_padding(rows: int, K: int) -> tuple[int, int]:
+    """(rows_pad, K_pad) of a split operand: whole tiles, rows to TC_SPLIT_ROWS and K to TC_SPLIT_K, so that
+    k_gemm_wg_split's copies check no bounds."""
+    tile_rows, tile_k = split_size("TC_SPLIT_ROWS"), split_size("TC_SPLIT_K")
+    return math.ceil(rows / tile_rows) * tile_rows, math.ceil(K / tile_k) * tile_k
+
+
+def tf32_split(hi: int, lo: int, src: int, rows: int, K: int, ld: int, K_pad: int, stream, transposed=False) -> None:
+    """src's rows (rows x K, ld; transposed: stored K x rows) split into TF32 hi and lo, K-major and padded to
+    whole tiles: rows_pad x K_pad floats each at hi and lo (split_padding), zero past the matrix (k_tf32_split;
+    k_tf32_split_t through a 32 x 32 tile of shared memory where transposed)."""
+    rows_pad, _ = split_padding(rows, K)
+    if transposed:
+        launch("k_tf32_split_t", [hi, lo, src, rows, K, ld, K_pad], (K_pad // 32, rows_pad // 32), stream)
+    else:
+        quads = rows_pad * K_pad // 4
+        launch("k_tf32_split", [hi, lo, src, rows, K, ld, K_pad, quads], blocks(quads), stream)
+
+
+_reading: list[SplitOperands] = []  # the sets inside whose reading() the products are being recorded
+
+
+class SplitOperands:
+    """Operands split once for the many products that read them, all in one launch (k_tf32_split_batch), where each
+    product would otherwise split its own before it: the model's weights, in each pass. candidates: the operands
+    that may be taken from here, (src, rows, K, ld, transposed) as tf32_split takes them, src a device pointer.
+
+    While a plan is recorded inside reading(plan), a product of split operands whose B is a candidate (find) reads it
+    from here instead of launching a split pass of its own; on leaving, the plan's first launch splits every operand
+    its products found here, and only those. Each is held hi then lo, rows_pad x K_pad each (split_padding), as a
+    product's workspace would hold it, allocated by `new(n)` (n float32s; the engine's memory by default) when first
+    found. The caller keeps this object as long as the plans that read it."""
+
+    def __init__(self, candidates, new=None):
+        self.candidates = {(int(src), rows, K, ld, bool(transposed)) for src, rows, K, ld, transposed in candidates}
+        self.new = new or (lambda n: engine().ga.empty(n, np.float32))
+        self.found = {}    # candidate -> its buffer, in the order found
+        self.tables = []   # (the operands it lists, the table): each plan's launch reads its own
+
+    def __len__(self) -> int:
+        return len(self.found)
+
+    def find(self, src: int, rows: int, K: int, ld: int, transposed: bool) -> int | None:
+        """Where the operand's hi lies (its lo after it, rows_pad x K_pad on), or None where it is no candidate."""
+        key = (int(src), rows, K, ld, bool(transposed))
+        if key not in self.candidates:
+            return None
+        if key not in self.found:
+            rows_pad, K_pad = split_padding(rows, K)
+            self.found[key] = self.new(2 * rows_pad * K_pad)
+        return int(self.found[key].gpudata)
+
+    def split(self, stream=None) -> None:
+        """Every operand found so far split, in one launch: a block a 64 x 64 tile of one of them."""
+        if not self.found:
+            return
+        if not self.tables or self.tables[-1][0] != len(self.found):
+            self.tables.append((len(self.found), engine().ga.to_gpu(self._table())))
+        n, table = self.tables[-1]
+        launch("k_tf32_split_batch", [int(table.gpudata), n], self._tiles(), stream, block=split_size("SPLIT_THREADS"))
+
+    def _tiles(self) -> int:
+        tile = split_size("SPLIT_TILE")
+        return sum(split_padding(rows, K)[0] // tile * math.ceil(split_padding(rows, K)[1] / tile)
+                   for _, rows, K, _, _ in self.found)
+
+    def _table(self) -> np.ndarray:
+        """k_tf32_split_batch's table (enum SplitJob): a row of fields an operand found, its tiles after the last's."""
+        rows_of_table, first, tile = [], 0, split_size("SPLIT_TILE")
+        for (src, rows, K, ld, transposed), buf in self.found.items():
+            rows_pad, K_pad = split_padding(rows, K)
+            hi, tiles_k = int(buf.gpudata), math.ceil(K_pad / tile)
+            row = {"JOB_SRC": src, "JOB_HI": hi, "JOB_LO": hi + 4 * rows_pad * K_pad, "JOB_ROWS": rows, "JOB_K": K,
+                   "JOB_LD": ld, "JOB_K_PAD": K_pad, "JOB_TRANSPOSED": int(transposed), "JOB_FIRST_TILE": first,
+                   "JOB_TILES_K": tiles_k}
+            rows_of_table.append([row[f] for f in sorted(row, key=split_size)])
+            first += rows_pad // tile * tiles_k
+        return np.array(rows_of_table, np.int64)
+
+    @contextlib.contextmanager
+    def reading(self, plan):
+        """Inside, while `plan` is recorded (runtime.recording), the products find their B here; on leaving, the split
+        of every operand found goes first in the plan."""
+        if plan is None or plan is not recording_plan():
+            raise RuntimeError("SplitOperands.reading(plan): plan must be the one being recorded")
+        _reading.append(self)
+        try:
+            yield self
+        finally:
+            _reading.remove(self)
+        if self.found:
+            self.split()
+            plan.insert(0, plan.pop())
+
+
+def find_split(src: int, rows: int, K: int, ld: int, transposed: bool) -> int | None:
+    """The split of the operand (as tf32_split takes it) in a SplitOperands being read (reading()), or None."""
+    for splits in reversed(_reading):
+        at = splits.find(src, rows, K, ld, transposed)
+        if at is not None:
+            return at
+    return None
