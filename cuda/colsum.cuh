@@ -65,18 +65,19 @@ extern "C" __global__ void k_colsum_partial(float* partials, const float* x, int
 
 // The chunks of a column in order, COLSUM_BATCH loads in flight at a time.
 constexpr int COLSUM_BATCH = 16;
-// The sum of column c of the chunks' partial sums (chunks, C), in chunk order, COLSUM_BATCH loads in flight
+// The sum of column c of the chunks' partial sums (chunks, C), in chunk order, COLSUM_BATCH loads in flight (from L2:
+// other blocks of the same launch may have written them, k_gemm_wg_split_ln_bwd's)
 __device__ __forceinline__ float colsum_chunks(const float* partials, int chunks, int C, long long c) {
     float s = 0.0f;
     int k = 0;
     for (; k + COLSUM_BATCH <= chunks; k += COLSUM_BATCH) {
         float t[COLSUM_BATCH];
 #pragma unroll
-        for (int u = 0; u < COLSUM_BATCH; u++) t[u] = partials[(long long)(k + u) * C + c];
+        for (int u = 0; u < COLSUM_BATCH; u++) t[u] = __ldcg(partials + (long long)(k + u) * C + c);
 #pragma unroll
         for (int u = 0; u < COLSUM_BATCH; u++) s += t[u];
     }
-    for (; k < chunks; k++) s += partials[(long long)k * C + c];
+    for (; k < chunks; k++) s += __ldcg(partials + (long long)k * C + c);
     return s;
 }
 

@@ -16,8 +16,9 @@
 // would make it so by construction, and then only fewer free SMs than a row's tiles could stall it.)
 //
 // dw and db: each block's column sums over its 128 rows, in a fixed order (the warps' shuffle trees, then the 8
-// warps in order), make partials (2, gridDim.y, C): dw's rows, then db's; k_ln_partials_reduce adds them in row
-// order.
+// warps in order), make partials (2, gridDim.y, C): dw's rows, then db's; the last block of each column tile to
+// finish adds its columns' partial rows into dw and db, in row order, whichever block that is (a count per column
+// tile): no launch of its own (as a pass, 0.8 MB in 3 us, it reached 4% of the copy bandwidth).
 //
 // On the H200 at andrea-120m's qkv and mlp.fc backward it takes the time of the product and the layernorm's pass
 // apart (tools/profile_kernels.py: 0.82 and 1.05 ms either way): the epilogue, which no product overlaps (one
@@ -100,10 +101,11 @@ __device__ __forceinline__ void tile_copy(float* t, std::conditional_t<STORE, fl
 
 // The layernorm backward of a consumer's share of the tile (m0, n0) of dout (g, as wg_store lays it out: element
 // i is row r0 + 8 ((i % 4) / 2), column n0 + 8 (i / 4) + 2t + i % 2, r0 = m0 + 16 * wg_warp + lane / 4).
-// row_sums: (M, gridDim.x) float2 shares of each row's two sums; counters: 2 * gridDim.y, zero before the launch
-// and left zero; smem: the stages' shared memory (LN_SMEM_FLOATS).
+// row_sums: (M, gridDim.x) float2 shares of each row's two sums; counters: 2 * gridDim.y + gridDim.x, zero before
+// the launch and left zero; smem: the stages' shared memory (LN_SMEM_FLOATS).
 template <bool ACC>
-__device__ __forceinline__ void wg_ln_bwd_epilogue(const float (&g)[64], float* dx, float* partials, float2* row_sums,
+__device__ __forceinline__ void wg_ln_bwd_epilogue(const float (&g)[64], float* dx, float* dw, float* db,
+                                                   float* partials, float2* row_sums,
                                                    unsigned int* counters, float* smem, const float* x,
                                                    const float* w, const float* mean, const float* rstd, int M,
                                                    int C, int m0, int n0) {
@@ -224,15 +226,32 @@ __device__ __forceinline__ void wg_ln_bwd_epilogue(const float (&g)[64], float* 
     }
     consumers_sync();
     tile_copy<true>(ds, dx, M, C, m0, n0, vec4);
+    // ------------------------------------------------ dw and db, by the column tile's last block
+    __threadfence();  // this block's partial rows (written before the exchange) are visible before it counts in
+    consumers_sync();
+    unsigned int* column_done = counters + 2 * gridDim.y + blockIdx.x;
+    int* last = reinterpret_cast<int*>(red);  // free since the partial rows were written
+    if (tid == 0) {
+        const bool is_last = atomicAdd(column_done, 1u) == gridDim.y - 1;
+        if (is_last) *column_done = 0;  // every block of the column tile has counted in: left zero
+        *last = is_last;
+    }
+    consumers_sync();
+    if (*last) {
+        __threadfence();
+        const int c = tid % 128, kind = tid / 128;
+        if (n0 + c < C)
+            (kind ? db : dw)[n0 + c] += colsum_chunks(partials + (long long)kind * gridDim.y * C, gridDim.y, C, n0 + c);
+    }
 }
 
 // dx (M x C) of the layernorm whose output's gradient is dY @ W, from the product's split operands (a_split: dY,
 // M_pad x K_pad; b_split: W^T's rows, C_pad x K_pad; each hi then lo, as k_gemm_wg_split), x (M x C) its input,
-// w its weight, mean and rstd its rows' statistics; dx written, or added into where accumulate. partials: (2,
-// gridDim.y, C); row_sums: (M, gridDim.x) float2; counters: 2 * gridDim.y, zero. A grid of (ceil(C / 128),
-// ceil(M / 128)) blocks of TC_WG_THREADS, TC_SPLIT_SMEM_BYTES of dynamic shared memory.
+// w its weight, mean and rstd its rows' statistics; dx written, or added into where accumulate; dw and db added
+// into. partials: (2, gridDim.y, C); row_sums: (M, gridDim.x) float2; counters: 2 * gridDim.y + gridDim.x, zero. A
+// grid of (ceil(C / 128), ceil(M / 128)) blocks of TC_WG_THREADS, TC_SPLIT_SMEM_BYTES of dynamic shared memory.
 extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
-    k_gemm_wg_split_ln_bwd(float* dx, float* partials, float2* row_sums, unsigned int* counters,
+    k_gemm_wg_split_ln_bwd(float* dx, float* dw, float* db, float* partials, float2* row_sums, unsigned int* counters,
                            const uint32_t* a_split, const uint32_t* b_split, const float* x, const float* w,
                            const float* mean, const float* rstd, int M, int C, int K_pad, int accumulate) {
 #if WG_AVAILABLE
@@ -242,19 +261,12 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
     float acc[64];
     if (!wg_split_tile(acc, split_smem, a_split, b_split, m0, n0, K_pad)) return;
     if (accumulate)
-        wg_ln_bwd_epilogue<true>(acc, dx, partials, row_sums, counters, split_smem, x, w, mean, rstd, M, C, m0, n0);
+        wg_ln_bwd_epilogue<true>(acc, dx, dw, db, partials, row_sums, counters, split_smem, x, w, mean, rstd, M, C,
+                                 m0, n0);
     else
-        wg_ln_bwd_epilogue<false>(acc, dx, partials, row_sums, counters, split_smem, x, w, mean, rstd, M, C, m0, n0);
+        wg_ln_bwd_epilogue<false>(acc, dx, dw, db, partials, row_sums, counters, split_smem, x, w, mean, rstd, M, C,
+                                  m0, n0);
 #else
     __trap();  // the launcher chooses this kernel on sm_90a only
 #endif
-}
-
-// dw and db += the blocks' column sums (partials: (2, rows, C), dw's then db's), each column's in row order: a
-// thread a column of dw, then of db
-extern "C" __global__ void k_ln_partials_reduce(float* dw, float* db, const float* partials, int rows, int C) {
-    const long long i = thread_index();
-    if (i >= 2LL * C) return;
-    const int kind = i >= C, c = (int)(i - (long long)kind * C);
-    (kind ? db : dw)[c] += colsum_chunks(partials + (long long)kind * rows * C, rows, C, c);
 }

@@ -8,7 +8,6 @@ import numpy as np
 
 from case_builder import Builder, Shape
 from microgpt import kernels as K
-from microgpt.kernels.colsum import REDUCE_BLOCK
 
 F = 4  # bytes per float32
 
@@ -110,9 +109,8 @@ def add_product_cases(builder: Builder, shape: Shape) -> None:
             add(case, lambda s, splits, weights: splits.split(s), nbytes,
                 3 * sum(OUT * IN for OUT, IN in shapes.values()), sets_of)
 
-    # the short reductions after the products: split-K's, adding a dW product's slices and their bias-gradient sums
-    # into the gradients (beta = 1, as training), in the slices the wgmma kernel takes on Hopper; and the fused
-    # layernorm backward's, adding its row tiles' partial rows of dw and db
+    # split-K's reduction after the dW products, adding the slices and their bias-gradient sums into the gradients
+    # (beta = 1, as training), in the slices the wgmma kernel takes on Hopper
     for layer, (IN, OUT) in {"qkv": (C, 3 * C), "attn.proj": (C, C), "mlp.fc": (C, 4 * C),
                              "mlp.proj": (4 * C, C)}.items():
         case = f"k_splitk_reduce ({layer} dW)"
@@ -126,13 +124,6 @@ def add_product_cases(builder: Builder, shape: Shape) -> None:
                 int(c_out.gpudata), int(p.gpudata), splits, MN, 1.0, int(sums.gpudata), M, s),
             F * (splits * (MN + OUT) + 2 * MN + 2 * OUT), splits * (MN + OUT), [(r.randn(splits * (MN + OUT)),)
                                                                                  for _ in range(sets)])
-    if "tc" in variants and K.warpgroup_mma() and want("k_ln_partials_reduce"):
-        r, row_tiles = draws_for("k_ln_partials_reduce"), -(-N // 128)
-        dw, db = r.randn(C), r.randn(C)
-        add("k_ln_partials_reduce", lambda s, p, dw=dw, db=db: K.runtime.launch(
-                "k_ln_partials_reduce", [int(dw.gpudata), int(db.gpudata), int(p.gpudata), row_tiles, C],
-                -(-2 * C // REDUCE_BLOCK), s, block=REDUCE_BLOCK),
-            F * (2 * row_tiles * C + 4 * C), 2 * row_tiles * C, [(r.randn(2 * row_tiles * C),) for _ in range(sets)])
 
     # the generic product with both operands transposed, which no layer runs (tests and tools call it)
     for label, OUT in (("tt", 4 * C), ("tt, narrow", d_k)):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 
-from .colsum import REDUCE_BLOCK
 from .layernorm import matmul_layernorm_bwd_args, matmul_then_layernorm_bwd
 from .layernorm_fast import layernorm_bwd_fast
 from .matmul_fast import Gemm
@@ -39,8 +38,8 @@ def matmul_layernorm_bwd_tc(dx, dw, db, dweight, dbias, dout, inp, weight, x, w,
                             accumulate=False, stream=None):
     """As matmul_layernorm_bwd: the dW product (its bias gradient summed by the wgmma kernel) as in matmul_bwd; then,
     where fuses(), dout @ weight split into TF32 hi and lo (split_into_workspace) and k_gemm_wg_split_ln_bwd, whose
-    blocks' column sums of dw and db k_ln_partials_reduce adds in row-tile order; dinp is not written. Otherwise the two
-    ops one after the other."""
+    blocks' column sums of dw and db the last block of each column tile adds in row-tile order; dinp is not written.
+    Otherwise the two ops one after the other."""
     N, C, OUT, acc, p = matmul_layernorm_bwd_args(dx, dw, db, dweight, dbias, dout, inp, weight, x, w, mean, rstd,
                                                   dinp, accumulate)
     g = Gemm.dense(N, C, OUT)
@@ -53,11 +52,9 @@ def matmul_layernorm_bwd_tc(dx, dw, db, dweight, dbias, dout, inp, weight, x, w,
     ws, a_split, b_split, K_pad, grid = split_into_workspace(g, p["dout"], p["weight"], stream)
     tiles, row_tiles = grid
     partials, row_sums = scratch(2 * row_tiles * C), scratch(2 * N * tiles)
-    done = counters(2 * row_tiles, stream)
+    done = counters(2 * row_tiles + tiles, stream)
     launch("k_gemm_wg_split_ln_bwd",
-           [p["dx"], int(partials.gpudata), int(row_sums.gpudata), int(done.gpudata), a_split, b_split, p["x"],
-            p["w"], p["mean"], p["rstd"], N, C, K_pad, acc],
+           [p["dx"], p["dw"], p["db"], int(partials.gpudata), int(row_sums.gpudata), int(done.gpudata), a_split,
+            b_split, p["x"], p["w"], p["mean"], p["rstd"], N, C, K_pad, acc],
            grid, stream, shared=launch_size("TC_SPLIT_SMEM_BYTES"), block=launch_size("TC_WG_THREADS"))
-    launch("k_ln_partials_reduce", [p["dw"], p["db"], int(partials.gpudata), row_tiles, C],
-           math.ceil(2 * C / REDUCE_BLOCK), stream, block=REDUCE_BLOCK)
     del ws  # held until the product that reads it is queued
