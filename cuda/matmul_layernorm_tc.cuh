@@ -10,10 +10,10 @@
 // the whole row's two sums, which the row's ceil(C / 128) column tiles (consecutive blocks: the grid is
 // (ceil(C / 128), ceil(M / 128))) exchange through global memory: each writes its 128 columns' share of each row's
 // sums, counts itself in, waits for the others, and adds the shares in tile order, so every tile of a row sees
-// the same sums, and every run the same bits. Blocks start in order, one to an SM, so a waiting block's partners
-// have started or finished: the launcher keeps a row's tiles to a few (C <= 1024) on a GPU of many more SMs.
-// (In order is what the hardware does, not what CUDA promises: a block taking its tile from an atomic ticket
-// would make it so by construction, and then only fewer free SMs than a row's tiles could stall it.)
+// the same sums, and every run the same bits. A block takes its tile from a ticket it draws as it starts (not its
+// blockIdx: CUDA does not promise that blocks start in their order), so when a block waits, every tile before its
+// own has started, and only its row's later tiles, fewer than LN_MAX_ROW_TILES, may still need an SM: the launcher
+// keeps a row's tiles to a few (C <= 1024) on a GPU of many more SMs (one block an SM).
 //
 // dw and db: each block's column sums over its 128 rows, in a fixed order (the warps' shuffle trees, then the 8
 // warps in order), make partials (2, gridDim.y, C): dw's rows, then db's; the last block of each column tile to
@@ -101,8 +101,9 @@ __device__ __forceinline__ void tile_copy(float* t, std::conditional_t<STORE, fl
 
 // The layernorm backward of a consumer's share of the tile (m0, n0) of dout (g, as wg_store lays it out: element
 // i is row r0 + 8 ((i % 4) / 2), column n0 + 8 (i / 4) + 2t + i % 2, r0 = m0 + 16 * wg_warp + lane / 4).
-// row_sums: (M, gridDim.x) float2 shares of each row's two sums; counters: 2 * gridDim.y + gridDim.x, zero before
-// the launch and left zero; smem: the stages' shared memory (LN_SMEM_FLOATS).
+// row_sums: (M, gridDim.x) float2 shares of each row's two sums; counters: (the rows' arrived, the rows' done,
+// the column tiles' done, the ticket) 2 * gridDim.y + gridDim.x + 1, zero before the launch and left zero; smem: the
+// stages' shared memory (LN_SMEM_FLOATS).
 template <bool ACC>
 __device__ __forceinline__ void wg_ln_bwd_epilogue(const float (&g)[64], float* dx, float* dw, float* db,
                                                    float* partials, float2* row_sums,
@@ -111,7 +112,7 @@ __device__ __forceinline__ void wg_ln_bwd_epilogue(const float (&g)[64], float* 
                                                    int C, int m0, int n0) {
     const int tid = threadIdx.x - 128, wg_warp = tid / 32, lane = tid % 32, t = lane % 4;
     const int lr0 = wg_warp * 16 + lane / 4, r0 = m0 + lr0;  // the thread's rows: lr0 and lr0 + 8 of the tile
-    const int tiles = gridDim.x;
+    const int tiles = gridDim.x, tile_x = n0 / 128, tile_y = m0 / 128;
     float* xs = smem;                          // x's tile
     float* ds = xs + 128 * LN_TILE_LD;         // dx's: its old values (ACC), then the new
     float* ws = ds + 128 * LN_TILE_LD;         // w's 128 columns
@@ -171,18 +172,18 @@ __device__ __forceinline__ void wg_ln_bwd_epilogue(const float (&g)[64], float* 
     if (t == 0)
 #pragma unroll
         for (int r = 0; r < 2; r++)
-            if (r0 + 8 * r < M) row_sums[(long long)(r0 + 8 * r) * tiles + blockIdx.x] = make_float2(s1[r], s2[r]);
+            if (r0 + 8 * r < M) row_sums[(long long)(r0 + 8 * r) * tiles + tile_x] = make_float2(s1[r], s2[r]);
     __threadfence();  // the shares are visible to the row's other tiles before this block counts itself in
     consumers_sync();
     {
         const int c = tid % 128, kind = tid / 128;  // 256 threads: dw's 128 columns, then db's
         float sum = red[2 * c + kind];
         for (int k = 1; k < 8; k++) sum = __fadd_rn(sum, red[2 * (k * 128 + c) + kind]);
-        if (n0 + c < C) partials[((long long)kind * gridDim.y + blockIdx.y) * C + n0 + c] = sum;
+        if (n0 + c < C) partials[((long long)kind * gridDim.y + tile_y) * C + n0 + c] = sum;
     }
     // ------------------------------------------------ the rows' two sums, over every column tile of the row
-    unsigned int* arrived = counters + blockIdx.y;
-    unsigned int* done = counters + gridDim.y + blockIdx.y;
+    unsigned int* arrived = counters + tile_y;
+    unsigned int* done = counters + gridDim.y + tile_y;
     if (tid == 0) {
         __threadfence();  // after the barrier: every thread's shares (fenced each) before the count, as grid.sync
         atomicAdd(arrived, 1u);
@@ -229,7 +230,7 @@ __device__ __forceinline__ void wg_ln_bwd_epilogue(const float (&g)[64], float* 
     // ------------------------------------------------ dw and db, by the column tile's last block
     __threadfence();  // this block's partial rows (written before the exchange) are visible before it counts in
     consumers_sync();
-    unsigned int* column_done = counters + 2 * gridDim.y + blockIdx.x;
+    unsigned int* column_done = counters + 2 * gridDim.y + tile_x;
     int* last = reinterpret_cast<int*>(red);  // free since the partial rows were written
     if (tid == 0) {
         const bool is_last = atomicAdd(column_done, 1u) == gridDim.y - 1;
@@ -248,8 +249,9 @@ __device__ __forceinline__ void wg_ln_bwd_epilogue(const float (&g)[64], float* 
 // dx (M x C) of the layernorm whose output's gradient is dY @ W, from the product's split operands (a_split: dY,
 // M_pad x K_pad; b_split: W^T's rows, C_pad x K_pad; each hi then lo, as k_gemm_wg_split), x (M x C) its input,
 // w its weight, mean and rstd its rows' statistics; dx written, or added into where accumulate; dw and db added
-// into. partials: (2, gridDim.y, C); row_sums: (M, gridDim.x) float2; counters: 2 * gridDim.y + gridDim.x, zero. A
-// grid of (ceil(C / 128), ceil(M / 128)) blocks of TC_WG_THREADS, TC_SPLIT_SMEM_BYTES of dynamic shared memory.
+// into. partials: (2, gridDim.y, C); row_sums: (M, gridDim.x) float2; counters: 2 * gridDim.y + gridDim.x + 1, zero.
+// A grid of (ceil(C / 128), ceil(M / 128)) blocks of TC_WG_THREADS, TC_SPLIT_SMEM_BYTES of dynamic shared memory;
+// the tile a block takes is the ticket it draws as it starts, in row-major order (x the column tile).
 extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
     k_gemm_wg_split_ln_bwd(float* dx, float* dw, float* db, float* partials, float2* row_sums, unsigned int* counters,
                            const uint32_t* a_split, const uint32_t* b_split, const float* x, const float* w,
@@ -257,7 +259,14 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
 #if WG_AVAILABLE
     extern __shared__ __align__(1024) float split_smem[];
     if (gridDim.x > LN_MAX_ROW_TILES) __trap();  // the row's shares are read LN_MAX_ROW_TILES at most
-    const int m0 = blockIdx.y * 128, n0 = blockIdx.x * 128;
+    __shared__ unsigned int ticket;
+    if (threadIdx.x == 0) {  // the tiles in the order the blocks start: a row's earlier tiles have all started
+        unsigned int* next = counters + 2 * gridDim.y + gridDim.x;
+        ticket = atomicAdd(next, 1u);
+        if (ticket == gridDim.x * gridDim.y - 1) *next = 0;  // the last ticket: every block has drawn its own
+    }
+    __syncthreads();
+    const int m0 = (int)(ticket / gridDim.x) * 128, n0 = (int)(ticket % gridDim.x) * 128;
     float acc[64];
     if (!wg_split_tile(acc, split_smem, a_split, b_split, m0, n0, K_pad)) return;
     if (accumulate)
