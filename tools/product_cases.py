@@ -79,11 +79,11 @@ def add_product_cases(builder: Builder, shape: Shape) -> None:
                 if not want(case):
                     continue
                 r = draws_for(case)
-                rows_pad, K_pad = K.matmul_tc.split_padding(rows, K_)
+                rows_pad, K_pad = K.tf32_split.split_padding(rows, K_)
                 n = rows_pad * K_pad  # floats of the hi, and of the lo
                 ins = [(r.randn(K_, rows) if transposed else r.randn(rows, K_), empty(2 * n)) for _ in range(sets)]
                 add(case, lambda s, src, out, rows=rows, K_=K_, K_pad=K_pad, n=n, transposed=transposed:
-                    K.matmul_tc.tf32_split(int(out.gpudata), int(out.gpudata) + 4 * n, int(src.gpudata), rows, K_,
+                    K.tf32_split.tf32_split(int(out.gpudata), int(out.gpudata) + 4 * n, int(src.gpudata), rows, K_,
                                            rows if transposed else K_, K_pad, s, transposed=transposed),
                     F * (rows * K_ + 2 * n), 3 * rows * K_, ins)
 

@@ -45,7 +45,7 @@
 
 #include <cuda_runtime.h>
 
-#include "matmul_tc.cuh"
+#include "tf32_split.cuh"  // the split passes (and matmul_tc.cuh)
 
 #include "probe.cuh"  // CK, time_graph_ms
 
@@ -55,7 +55,7 @@ constexpr int PS_STAGES = 3;
 constexpr int PS_B_SMEM = WG_BUFS * 2 * WG_SPLIT * 4 + PS_STAGES * 3 * WG_SPLIT * 4 + 2 * WG_BUFS * 8;
 static_assert(PS_B_SMEM <= 227 * 1024, "shared memory");
 
-// The split passes: the engine's k_tf32_split and k_tf32_split_t (cuda/matmul_tc.cuh), this probe's first ones.
+// The split passes: the engine's k_tf32_split and k_tf32_split_t (cuda/tf32_split.cuh), this probe's first ones.
 
 // ---------------------------------------------------------------------------------------------- the products
 // copy_split_slice: the engine's (cuda/matmul_tc.cuh), which this probe's first version was.

@@ -1,6 +1,6 @@
-// The transposing split of the tensor cores' operands (k_tf32_split_t: a weight W (OUT x IN) as the dX product
-// reads it, W^T's rows split into TF32 hi and lo, K-major, padded to whole tiles), at andrea-120m's four linear
-// layers, against the copy bandwidth. In the step (tools/profile_step.py, H200, 2026-12-01) its 49 launches a
+// The transposing split of the tensor cores' operands (k_tf32_split_t, cuda/tf32_split.cuh: a weight W (OUT x IN) as
+// the dX product reads it, W^T's rows split into TF32 hi and lo, K-major, padded to whole tiles), at andrea-120m's
+// four linear layers, against the copy bandwidth. In the step (tools/profile_step.py, H200, 2026-12-01) its 49 launches a
 // backward took about 11 us each, about 49% of the copy rate for the bytes they move: the one split pass under the
 // 80% bar. Variants, each checked for the engine's bits, then timed as 30 launches in one CUDA graph (the model's
 // passes are graphs) rotating three sets of arrays, the median of 7:
@@ -21,7 +21,7 @@
 
 #include <cuda_runtime.h>
 
-#include "matmul_tc.cuh"  // k_tf32_split_t, tf32_split
+#include "tf32_split.cuh"  // k_tf32_split_t, tf32_split_store
 
 #include "probe.cuh"  // CK, time_graph_ms
 
