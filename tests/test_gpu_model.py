@@ -147,6 +147,18 @@ def test_two_adamw_steps_with_clipping_match_numpy(rng, variant):
         record("cuda vs numpy backend", "weights after 2 steps", rel_err(sg[k], sr[k]))
 
 
+def two_training_steps(gpu, idx, tgt):
+    """Each step's logits, loss and gradients, then the weights after both (AdamW, clipped): what a run repeats."""
+    out = []
+    for _ in range(2):
+        gpu.zero_grad()
+        logits, loss = gpu.forward(idx, tgt)
+        gpu.backward()
+        out += [logits, np.float32(loss), *gpu.grad_dict().values()]
+        gpu.step(lr=3e-3, grad_clip=1.0)
+    return out + list(gpu.state_dict().values())
+
+
 @pytest.mark.parametrize("variant", ["fast", "tc"])
 def test_the_training_passes_as_cuda_graphs_give_the_bits_of_their_launches(rng, monkeypatch, variant):
     """Forward and backward run as one CUDA graph each (captured at their first run): two steps of them give
@@ -160,14 +172,7 @@ def test_the_training_passes_as_cuda_graphs_give_the_bits_of_their_launches(rng,
                 raise K.GraphUnavailable("replayed for the test")
             monkeypatch.setattr(K.graph, "Graph", refuse)
         gpu = GPT(SMALL, backend="cuda", seed=7, variant=variant)
-        out = []
-        for _ in range(2):
-            gpu.zero_grad()
-            logits, loss = gpu.forward(idx, tgt)
-            gpu.backward()
-            out += [logits, np.float32(loss), *gpu.grad_dict().values()]
-            gpu.step(lr=3e-3, grad_clip=1.0)
-        out += list(gpu.state_dict().values())
+        out = two_training_steps(gpu, idx, tgt)
         passes = gpu.backend._passes.values()
         assert {p.phase for p in passes} == {"forward", "backward"}
         assert all((p.graph is not None) == graph for p in passes), [p.unavailable for p in passes]
@@ -189,14 +194,7 @@ def test_the_tc_passes_split_each_weight_once_and_keep_the_bits(rng, monkeypatch
         if not batched:
             monkeypatch.setattr(K, "weight_splits", lambda weights, transposed, new=None: K.SplitOperands([]))
         gpu = GPT(cfg, backend="cuda", seed=5, variant="tc")
-        out = []
-        for _ in range(2):
-            gpu.zero_grad()
-            logits, loss = gpu.forward(idx, tgt)
-            gpu.backward()
-            out += [logits, np.float32(loss), *gpu.grad_dict().values()]
-            gpu.step(lr=3e-3)
-        runs.append(out + list(gpu.state_dict().values()))
+        runs.append(two_training_steps(gpu, idx, tgt))
         b, passes = gpu.backend._bufs, gpu.backend._passes
         plans = {"forward": passes[(2, 130, True)].plan, "backward": passes["bwd"].plan}
         splits = {"forward": b.fwd_splits, "backward": b.bwd_splits}
