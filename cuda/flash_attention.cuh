@@ -512,8 +512,12 @@ __device__ void flash_bwd_delta(float* delta, int* sync, const float* q, const f
 // p dp's in one read of O (which carries the forward's rounding; an FP32 sum's own would add to it, so it is summed
 // in FP64), and those tiles' counters set to 0. A warp a (row, head), the heads of a row side by side: lane l takes
 // d = l, l + 32, ..., then a shuffle tree, a fixed order. A stream, so not a branch of the pass kernel, whose 110 KB
-// of shared memory leave 8 warps an SM (the backward 1.218 -> 1.212 ms at andrea-120m's shape on the H200). o and
-// d_o: (B, T) rows ld_out floats apart, head h at h * d_k.
+// of shared memory leave 8 warps an SM (the backward 1.218 -> 1.212 ms at andrea-120m's shape on the H200). A lane's
+// loads all go out before the first product: one round trip to memory, not one for each 32 of d_k (at d_k 64 the
+// loop that loaded and added in turn took 32.7 us for 44 MB, a third of the copy bandwidth). o and d_o: (B, T) rows
+// ld_out floats apart, head h at h * d_k.
+constexpr int FA_DELTA_ROW_LOADS = 4;
+static_assert(32 * FA_DELTA_ROW_LOADS >= 128, "a row of a head up to d_k 128 (flash_attention.MAX_D_K)");
 extern "C" __global__ void __launch_bounds__(256)
     k_flash_bwd_delta_rows(float* delta, int* sync, const float* o, const float* d_o, int B, int NH, int T,
                            int d_k, int ld_out) {
@@ -523,8 +527,17 @@ extern "C" __global__ void __launch_bounds__(256)
     const int lane = threadIdx.x % 32, h = (int)(w % NH);
     const long long bt = w / NH, b = bt / rows, t = T0 + bt % rows;
     const long long at = (b * T + t) * ld_out + (long long)h * d_k;
+    float x[FA_DELTA_ROW_LOADS], y[FA_DELTA_ROW_LOADS];
+#pragma unroll
+    for (int i = 0; i < FA_DELTA_ROW_LOADS; i++) {
+        const int d = lane + 32 * i;
+        x[i] = d < d_k ? d_o[at + d] : 0.0f;
+        y[i] = d < d_k ? o[at + d] : 0.0f;
+    }
     double sum = 0.0;
-    for (int d = lane; d < d_k; d += 32) sum += (double)d_o[at + d] * o[at + d];
+#pragma unroll
+    for (int i = 0; i < FA_DELTA_ROW_LOADS; i++)  // d = lane, lane + 32, ...: the order of the terms is the same
+        if (lane + 32 * i < d_k) sum += (double)x[i] * y[i];
 #pragma unroll
     for (int m = 16; m >= 1; m /= 2) sum += __shfl_xor_sync(0xffffffff, sum, m);
     if (lane == 0) {
