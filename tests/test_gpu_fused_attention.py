@@ -19,7 +19,7 @@ REDUCTION = 1e-5  # the reference kernels' error against float64
 # 1000 (a partial last tile), 1024, 2048; d_k 32 and 64 (the presets), 128 (the widest), 20 (the narrowest), odd
 # widths. T = 1, 7 and 33 below.
 CASES = [(2, 128, 3, 64), (1, 130, 2, 20), (1, 200, 1, 80), (1, 1000, 2, 64), (1, 1024, 2, 64), (1, 1024, 1, 128),
-         (1, 2048, 1, 64), (3, 192, 4, 96), (2, 129, 2, 20), (2, 256, 2, 32), (1, 160, 2, 21)]
+         (1, 2048, 1, 64), (3, 192, 4, 96), (2, 129, 2, 20), (2, 256, 2, 32), (1, 160, 2, 21), (1, 131, 3, 32)]
 
 
 @pytest.fixture(scope="module")
