@@ -68,11 +68,8 @@
 // does (so p = 1 gives ds = 0 exactly); the rest from dO * O in FP64 (dev/NOTES.md: dO * O alone put dQ and dK
 // past the accuracy bar at T <= 77)
 #define FA_DELTA_PASS_TILES 2
-// (row, head)s a warp of k_flash_bwd_delta_rows takes, their loads all in flight together
-#define FA_DELTA_ROW_ITEMS 4
 enum FlashLaunch : int {
     FA_KEYS_A_TILE = FA_KEYS,
-    FA_ROW_ITEMS = FA_DELTA_ROW_ITEMS,
     FA_DELTA_W = FA_DELTA_WARPS,
     FA_BWD_W32 = FA_BWD_WARPS(32),
     FA_BWD_W64 = FA_BWD_WARPS(64),
@@ -513,51 +510,40 @@ __device__ void flash_bwd_delta(float* delta, int* sync, const float* q, const f
 
 // delta of the query tiles past the first FA_DELTA_PASS_TILES: the row's sum of dO * O over d, the same value as
 // p dp's in one read of O (which carries the forward's rounding; an FP32 sum's own would add to it, so it is summed
-// in FP64), and those tiles' counters set to 0. A warp FA_DELTA_ROW_ITEMS (row, head)s side by side (a row's heads
-// lie next to each other); for each, lane l takes d = l, l + 32, ..., then a shuffle tree, a fixed order. A stream,
-// so not a branch of the pass kernel, whose 110 KB of shared memory leave 8 warps an SM (the backward 1.218 -> 1.212
-// ms at andrea-120m's shape on the H200). All of a warp's loads go out before its first product: at d_k 64 a warp
-// a (row, head) that loaded and added in turn took 32.7 us for 44 MB (a third of the copy bandwidth; its loads
-// ahead, 24.9 us: short warps in many short blocks). o and d_o: (B, T) rows ld_out floats apart, head h at h * d_k.
-// A grid of ceil(B * (T - T0) * NH / FA_DELTA_ROW_ITEMS) warps.
+// in FP64), and those tiles' counters set to 0. A warp a (row, head), the heads of a row side by side: lane l takes
+// d = l, l + 32, ..., then a shuffle tree, a fixed order. A stream, so not a branch of the pass kernel, whose 110 KB
+// of shared memory leave 8 warps an SM (the backward 1.218 -> 1.212 ms at andrea-120m's shape on the H200). A lane's
+// loads all go out before the first product: one round trip to memory, not one for each 32 of d_k (at d_k 64 the
+// loop that loaded and added in turn took 32.7 us for 44 MB, a third of the copy bandwidth). o and d_o: (B, T) rows
+// ld_out floats apart, head h at h * d_k.
 constexpr int FA_DELTA_ROW_LOADS = 4;
 static_assert(32 * FA_DELTA_ROW_LOADS >= 128, "a row of a head up to d_k 128 (flash_attention.MAX_D_K)");
 extern "C" __global__ void __launch_bounds__(256)
     k_flash_bwd_delta_rows(float* delta, int* sync, const float* o, const float* d_o, int B, int NH, int T,
                            int d_k, int ld_out) {
-    constexpr int T0 = FA_DELTA_PASS_TILES * FA_KEYS, ITEMS = FA_DELTA_ROW_ITEMS;
-    const long long rows = T - T0, items = (long long)B * rows * NH;
-    const long long w0 = ((long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * ITEMS;
-    if (w0 >= items) return;  // the whole warp leaves together
-    const int lane = threadIdx.x % 32;
-    float x[ITEMS][FA_DELTA_ROW_LOADS], y[ITEMS][FA_DELTA_ROW_LOADS];
-    long long at[ITEMS];
+    constexpr int T0 = FA_DELTA_PASS_TILES * FA_KEYS;
+    const long long w = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, rows = T - T0;
+    if (w >= (long long)B * rows * NH) return;  // the whole warp leaves together
+    const int lane = threadIdx.x % 32, h = (int)(w % NH);
+    const long long bt = w / NH, b = bt / rows, t = T0 + bt % rows;
+    const long long at = (b * T + t) * ld_out + (long long)h * d_k;
+    float x[FA_DELTA_ROW_LOADS], y[FA_DELTA_ROW_LOADS];
 #pragma unroll
-    for (int j = 0; j < ITEMS; j++) {
-        const long long w = w0 + j, bt = w / NH;
-        at[j] = (bt / rows * T + T0 + bt % rows) * ld_out + (long long)(w % NH) * d_k;
-#pragma unroll
-        for (int i = 0; i < FA_DELTA_ROW_LOADS; i++) {
-            const int d = lane + 32 * i;
-            const bool in = w < items && d < d_k;
-            x[j][i] = in ? d_o[at[j] + d] : 0.0f;
-            y[j][i] = in ? o[at[j] + d] : 0.0f;
-        }
+    for (int i = 0; i < FA_DELTA_ROW_LOADS; i++) {
+        const int d = lane + 32 * i;
+        x[i] = d < d_k ? d_o[at + d] : 0.0f;
+        y[i] = d < d_k ? o[at + d] : 0.0f;
     }
+    double sum = 0.0;
 #pragma unroll
-    for (int j = 0; j < ITEMS; j++) {
-        const long long w = w0 + j;
-        double sum = 0.0;
+    for (int i = 0; i < FA_DELTA_ROW_LOADS; i++)  // d = lane, lane + 32, ...: the order of the terms is the same
+        if (lane + 32 * i < d_k) sum += (double)x[i] * y[i];
 #pragma unroll
-        for (int i = 0; i < FA_DELTA_ROW_LOADS; i++)  // d = lane, lane + 32, ...: the terms in the same order
-            if (lane + 32 * i < d_k) sum += (double)x[j][i] * y[j][i];
-#pragma unroll
-        for (int m = 16; m >= 1; m /= 2) sum += __shfl_xor_sync(0xffffffff, sum, m);
-        if (lane == 0 && w < items) {
-            const long long bt = w / NH, b = bt / rows, t = T0 + bt % rows, bh = b * NH + w % NH;
-            delta[bh * T + t] = (float)sum;
-            if (t % FA_KEYS == 0) sync[bh * ((T - 1) / FA_KEYS + 1) + t / FA_KEYS] = 0;
-        }
+    for (int m = 16; m >= 1; m /= 2) sum += __shfl_xor_sync(0xffffffff, sum, m);
+    if (lane == 0) {
+        const long long bh = b * NH + h;
+        delta[bh * T + t] = (float)sum;
+        if (t % FA_KEYS == 0) sync[bh * ((T - 1) / FA_KEYS + 1) + t / FA_KEYS] = 0;
     }
 }
 

@@ -40,8 +40,7 @@ def _sizes(D: int) -> dict:
     c = int_constants()
     return dict(fwd_warps=c[f"FA_FWD_W{D}"], delta_warps=c["FA_DELTA_W"], bwd_warps=c[f"FA_BWD_W{D}"],
                 bwd_tiles=c[f"FA_BWD_KT{D}"], keys=c["FA_KEYS_A_TILE"], pass_tiles=c["FA_PASS_TILES"],
-                fwd=c[f"FA_FWD_BYTES{D}"], delta=c[f"FA_DELTA_BYTES{D}"], bwd=c[f"FA_BWD_BYTES{D}"],
-                row_items=c["FA_ROW_ITEMS"])
+                fwd=c[f"FA_FWD_BYTES{D}"], delta=c[f"FA_DELTA_BYTES{D}"], bwd=c[f"FA_BWD_BYTES{D}"])
 
 
 def supported(d_k: int, T: int) -> bool:
@@ -95,8 +94,8 @@ def fused_attention_bwd_tc(dqkv, dy, qkv, y, lse, n_head, *, stream=None):
     launch(f"k_flash_bwd_delta_d{D}", [p_delta, p_sync, q, k, v, p_dy, p_lse, T, d_k, 3 * C, C],
            (pass_tiles, n_head, B), stream, shared=s["delta"], block=block)
     row_heads = B * n_head * (T - pass_tiles * s["keys"])
-    if row_heads > 0:  # a warp each row_items of them
-        launch("k_flash_bwd_delta_rows", [p_delta, p_sync, p_y, p_dy, B, n_head, T, d_k, C],
-               blocks(32 * math.ceil(row_heads / s["row_items"])), stream)
+    if row_heads > 0:  # a warp each
+        launch("k_flash_bwd_delta_rows", [p_delta, p_sync, p_y, p_dy, B, n_head, T, d_k, C], blocks(32 * row_heads),
+               stream)
     launch(f"k_flash_bwd_d{D}", [dq, dk, dv, p_sync, q, k, v, p_dy, p_lse, p_delta, T, d_k, 3 * C, C],
            (math.ceil(tiles / s["bwd_tiles"]), n_head, B), stream, shared=s["bwd"], block=32 * s["bwd_warps"])
