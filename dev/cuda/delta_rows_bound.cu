@@ -1,0 +1,207 @@
+// Flash attention's delta of the rows past the first two query tiles (k_flash_bwd_delta_rows, cuda/flash_attention.cuh:
+// delta = the FP64 sum over d of dO * O, a (row, head) at a time, and those query tiles' counters set to 0), at
+// andrea-120m's shape, against a copy of the same bytes. In the step (tools/profile_step.py, H200, 2026-12-02) it
+// took 24.9 us a layer for 44 MB, 41% of the copy bandwidth: the one memory-bound launch of the tc path under the 80%
+// bar. Variants, each checked for the engine's bits (delta and the counters), then timed as 30 launches in one CUDA
+// graph rotating three sets of arrays (the model's passes are graphs), the median of 7:
+//
+// - engine: a warp a (row, head), 86K warps of 2 loads a lane of each array, in blocks of 8 warps;
+// - row: a warp a (b, t) row, every head: NH * d_k / 32 loads a lane of each array in flight, then each head's sum
+//   in the engine's order and its shuffle tree (the same bits);
+// - stride: the engine's warp a (row, head), as many warps as fit the GPU at once, each looping over the (row,
+//   head)s, the next one's loads issued before this one's sums;
+// - copy: a copy kernel moving the same bytes (16 bytes a thread), over three sets of arrays as well.
+//
+//     nvcc -O3 -arch=sm_90a -std=c++17 -I cuda -o /tmp/delta_rows dev/cuda/delta_rows_bound.cu && /tmp/delta_rows
+//
+// Not yet run (written 2026-12-02, tenth session, when the device time was spent).
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "flash_attention.cuh"  // k_flash_bwd_delta_rows, FA_DELTA_PASS_TILES, FA_KEYS
+
+#include "probe.cuh"  // CK, time_graph_ms
+
+constexpr int T0 = FA_DELTA_PASS_TILES * FA_KEYS;  // the rows before it: the pass kernel's
+
+// delta and the counter of the tile of (b, h, t), where lane 0 holds the head's sum, as the engine writes them
+__device__ __forceinline__ void put_delta(float* delta, int* sync, double sum, long long b, int h, int NH, long long t,
+                                          int T) {
+    const long long bh = b * NH + h;
+    delta[bh * T + t] = (float)sum;
+    if (t % FA_KEYS == 0) sync[bh * ((T - 1) / FA_KEYS + 1) + t / FA_KEYS] = 0;
+}
+
+// the engine's order: lane l adds d = l, l + 32, ..., then the shuffle tree
+template <int LOADS>
+__device__ __forceinline__ double head_sum(const float (&x)[LOADS], const float (&y)[LOADS], int lane, int d_k) {
+    double sum = 0.0;
+#pragma unroll
+    for (int i = 0; i < LOADS; i++)
+        if (lane + 32 * i < d_k) sum += (double)x[i] * y[i];
+#pragma unroll
+    for (int m = 16; m >= 1; m /= 2) sum += __shfl_xor_sync(0xffffffff, sum, m);
+    return sum;
+}
+
+// a warp a (b, t) row, all NH heads (d_k <= 32 LOADS)
+template <int NH, int LOADS>
+__global__ void __launch_bounds__(256) k_delta_row(float* delta, int* sync, const float* o, const float* d_o, int B,
+                                                   int T, int d_k, int ld) {
+    const long long w = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, rows = T - T0;
+    if (w >= (long long)B * rows) return;
+    const int lane = threadIdx.x % 32;
+    const long long b = w / rows, t = T0 + w % rows, at = (b * T + t) * ld;
+    float x[NH][LOADS], y[NH][LOADS];
+#pragma unroll
+    for (int h = 0; h < NH; h++)
+#pragma unroll
+        for (int i = 0; i < LOADS; i++) {
+            const int d = lane + 32 * i;
+            x[h][i] = d < d_k ? d_o[at + h * d_k + d] : 0.0f;
+            y[h][i] = d < d_k ? o[at + h * d_k + d] : 0.0f;
+        }
+#pragma unroll
+    for (int h = 0; h < NH; h++) {
+        const double sum = head_sum<LOADS>(x[h], y[h], lane, d_k);
+        if (lane == 0) put_delta(delta, sync, sum, b, h, NH, t, T);
+    }
+}
+
+// the engine's warp a (row, head), each warp striding over them, the next one's loads ahead of this one's sums
+template <int LOADS>
+__global__ void __launch_bounds__(256) k_delta_stride(float* delta, int* sync, const float* o, const float* d_o, int B,
+                                                      int NH, int T, int d_k, int ld) {
+    const long long rows = T - T0, items = (long long)B * rows * NH;
+    const long long step = (long long)gridDim.x * (blockDim.x / 32);
+    long long w = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    auto load = [&](long long item, float (&x)[LOADS], float (&y)[LOADS]) {
+        const long long bt = item / NH, at = (bt / rows * T + T0 + bt % rows) * ld + (item % NH) * d_k;
+#pragma unroll
+        for (int i = 0; i < LOADS; i++) {
+            const int d = lane + 32 * i;
+            const bool in = item < items && d < d_k;
+            x[i] = in ? d_o[at + d] : 0.0f;
+            y[i] = in ? o[at + d] : 0.0f;
+        }
+    };
+    float x[LOADS], y[LOADS];
+    load(w, x, y);
+    for (; w < items; w += step) {
+        float nx[LOADS], ny[LOADS];
+        load(w + step, nx, ny);
+        const double sum = head_sum<LOADS>(x, y, lane, d_k);
+        if (lane == 0) {
+            const long long bt = w / NH;
+            put_delta(delta, sync, sum, bt / rows, (int)(w % NH), NH, T0 + bt % rows, T);
+        }
+#pragma unroll
+        for (int i = 0; i < LOADS; i++) x[i] = nx[i], y[i] = ny[i];
+    }
+}
+
+__global__ void k_copy(float4* out, const float4* in, long long n4) {
+    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i < n4) out[i] = in[i];
+}
+
+int main() {
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    const size_t big = 1ull << 30;  // the copy bandwidth as tools/profile_kernels.py takes it: 1 GB each way
+    void *a, *b;
+    CK(cudaMalloc(&a, big));
+    CK(cudaMalloc(&b, big));
+    CK(cudaMemcpy(b, a, big, cudaMemcpyDeviceToDevice));
+    CK(cudaEventRecord(e0));
+    for (int i = 0; i < 5; i++) CK(cudaMemcpy(b, a, big, cudaMemcpyDeviceToDevice));
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    const double copy_gbs = 2.0 * big * 5 / ms / 1e6;
+    CK(cudaFree(a));
+    CK(cudaFree(b));
+    int sms;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    printf("copy bandwidth (cudaMemcpy, 1 GB each way): %.0f GB/s; %d SMs\n", copy_gbs, sms);
+
+    constexpr int NH = 12, d_k = 64, LOADS = 2;  // andrea-120m
+    const int C = NH * d_k;
+    const struct { int B, T; } shapes[] = {{8, 1024}, {2, 4096}};
+    for (auto sh : shapes) {
+        const int B = sh.B, T = sh.T, tiles = (T - 1) / FA_KEYS + 1;
+        const long long rows = T - T0, n = (long long)B * T * C, n_delta = (long long)B * NH * T;
+        const long long n_sync = (long long)B * NH * tiles;
+        std::vector<float> h(n);
+        for (long long i = 0; i < n; i++) h[i] = (float)((i * 2654435761u) % 1000003) / 1000003.0f - 0.5f;
+        float *o[3], *d_o[3], *delta[3];
+        int* sync[3];
+        for (int s = 0; s < 3; s++) {
+            CK(cudaMalloc(&o[s], n * 4));
+            CK(cudaMalloc(&d_o[s], n * 4));
+            CK(cudaMemcpy(o[s], h.data(), n * 4, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(d_o[s], h.data() + 7, (n - 7) * 4, cudaMemcpyHostToDevice));
+            CK(cudaMalloc(&delta[s], n_delta * 4));
+            CK(cudaMalloc(&sync[s], n_sync * 4));
+        }
+        const long long items = B * rows * NH;
+        auto engine = [&](int s, cudaStream_t st) {
+            k_flash_bwd_delta_rows<<<(unsigned)((32 * items + 255) / 256), 256, 0, st>>>(
+                delta[s], sync[s], o[s], d_o[s], B, NH, T, d_k, C);
+        };
+        auto row = [&](int s, cudaStream_t st) {
+            k_delta_row<NH, LOADS><<<(unsigned)((32 * B * rows + 255) / 256), 256, 0, st>>>(
+                delta[s], sync[s], o[s], d_o[s], B, T, d_k, C);
+        };
+        auto stride = [&](int s, cudaStream_t st) {
+            k_delta_stride<LOADS><<<8 * sms, 256, 0, st>>>(delta[s], sync[s], o[s], d_o[s], B, NH, T, d_k, C);
+        };
+        // the engine's delta and counters (poisoned first), then each variant's
+        auto result = [&](auto f) {
+            CK(cudaMemset(delta[0], 0xff, n_delta * 4));
+            CK(cudaMemset(sync[0], 0xff, n_sync * 4));
+            f(0, 0);
+            CK(cudaDeviceSynchronize());
+            std::vector<uint32_t> out(n_delta + n_sync);
+            CK(cudaMemcpy(out.data(), delta[0], n_delta * 4, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(out.data() + n_delta, sync[0], n_sync * 4, cudaMemcpyDeviceToHost));
+            return out;
+        };
+        const std::vector<uint32_t> want = result(engine);
+        const bool row_same = result(row) == want, stride_same = result(stride) == want;
+        const double bytes = 8.0 * B * rows * C + 4.0 * B * rows * NH;  // dO and O read, delta written
+        char name[32];
+        snprintf(name, sizeof name, "B %d, T %d", B, T);
+        auto report = [&](const char* what, double t) {
+            printf("%-16s %-12s %8.4f ms %7.0f GB/s %6.1f%%\n", name, what, t, bytes / t / 1e6,
+                   100.0 * bytes / t / 1e6 / copy_gbs);
+        };
+        report("engine", time_graph_ms(engine));
+        report(row_same ? "row" : "row WRONG", time_graph_ms(row));
+        report(stride_same ? "stride" : "stride WRONG", time_graph_ms(stride));
+        const long long n4 = (long long)(bytes / 2) / 16;  // half the bytes read, half written
+        float4 *cin[3], *cout[3];
+        for (int s = 0; s < 3; s++) {
+            CK(cudaMalloc(&cin[s], n4 * 16));
+            CK(cudaMalloc(&cout[s], n4 * 16));
+        }
+        report("copy", time_graph_ms([&](int s, cudaStream_t st) {
+                   k_copy<<<(unsigned)((n4 + 255) / 256), 256, 0, st>>>(cout[s], cin[s], n4);
+               }));
+        for (int s = 0; s < 3; s++) {
+            CK(cudaFree(cin[s]));
+            CK(cudaFree(cout[s]));
+            CK(cudaFree(o[s]));
+            CK(cudaFree(d_o[s]));
+            CK(cudaFree(delta[s]));
+            CK(cudaFree(sync[s]));
+        }
+    }
+    return 0;
+}
