@@ -13,7 +13,9 @@
 // the same sums, and every run the same bits. A block takes its tile from a ticket it draws as it starts (not its
 // blockIdx: CUDA does not promise that blocks start in their order), so when a block waits, every tile before its
 // own has started, and only its row's later tiles, fewer than LN_MAX_ROW_TILES, may still need an SM: the launcher
-// keeps a row's tiles to a few (C <= 1024) on a GPU of many more SMs (one block an SM).
+// keeps a row's tiles to a few (C <= 1024) on a GPU of many more SMs (one block an SM). Where fewer SMs than a row's
+// tiles are free to this launch at once (an MPS share of a few SMs; a persistent kernel of another stream holding the
+// rest), its waits would not end: the engine runs its passes on one stream.
 //
 // dw and db: each block's column sums over its 128 rows, in a fixed order (the warps' shuffle trees, then the 8
 // warps in order), make partials (2, gridDim.y, C): dw's rows, then db's; the last block of each column tile to

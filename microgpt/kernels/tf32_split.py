@@ -58,9 +58,11 @@ class SplitOperands:
 
     While a plan is recorded inside reading(plan), a product of split operands whose B is a candidate (find) reads it
     from here instead of launching a split pass of its own; on leaving, the plan's first launch splits every operand
-    its products found here, and only those. Each is held hi then lo, rows_pad x K_pad each (split_padding), as a
-    product's workspace would hold it, allocated by `new(n)` (n float32s; the engine's memory by default) when first
-    found. The caller keeps this object as long as the plans that read it."""
+    found here so far (by this plan's products or an earlier plan's), and no other candidate. So the plan must not
+    write a candidate before its products read it: the split runs ahead of every launch of the plan (the model's
+    forward and backward plans write no weights). Each is held hi then lo, rows_pad x K_pad each (split_padding), as
+    a product's workspace would hold it, allocated by `new(n)` (n float32s; the engine's memory by default) when
+    first found. The caller keeps this object as long as the plans that read it."""
 
     def __init__(self, candidates, new=None):
         self.candidates = {(int(src), rows, K, ld, bool(transposed)) for src, rows, K, ld, transposed in candidates}
