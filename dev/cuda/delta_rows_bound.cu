@@ -23,7 +23,7 @@
 
 #include "flash_attention.cuh"  // k_flash_bwd_delta_rows, FA_DELTA_PASS_TILES, FA_KEYS
 
-#include "probe.cuh"  // CK, time_graph_ms
+#include "probe.cuh"  // CK, time_graph_ms, copy_bandwidth_gbs
 
 constexpr int T0 = FA_DELTA_PASS_TILES * FA_KEYS;  // the rows before it: the pass kernel's
 
@@ -110,26 +110,10 @@ __global__ void k_copy(float4* out, const float4* in, long long n4) {
 }
 
 int main() {
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    const size_t big = 1ull << 30;  // the copy bandwidth as tools/profile_kernels.py takes it: 1 GB each way
-    void *a, *b;
-    CK(cudaMalloc(&a, big));
-    CK(cudaMalloc(&b, big));
-    CK(cudaMemcpy(b, a, big, cudaMemcpyDeviceToDevice));
-    CK(cudaEventRecord(e0));
-    for (int i = 0; i < 5; i++) CK(cudaMemcpy(b, a, big, cudaMemcpyDeviceToDevice));
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    const double copy_gbs = 2.0 * big * 5 / ms / 1e6;
-    CK(cudaFree(a));
-    CK(cudaFree(b));
+    const double copy_gbs = copy_bandwidth_gbs();
     int sms;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    printf("copy bandwidth (cudaMemcpy, 1 GB each way): %.0f GB/s; %d SMs\n", copy_gbs, sms);
+    printf("copy bandwidth (2 GB each way): %.0f GB/s; %d SMs\n", copy_gbs, sms);
 
     constexpr int NH = 12, d_k = 64, LOADS = 2;  // andrea-120m
     const int C = NH * d_k;

@@ -265,25 +265,8 @@ int main() {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    double copy_gbs;  // the 2 GB copy profile_kernels takes as 100%
-    {
-        const size_t big = 2ull << 30;
-        void *s, *d;
-        CK(cudaMalloc(&s, big));
-        CK(cudaMalloc(&d, big));
-        CK(cudaMemset(s, 0, big));
-        for (int i = 0; i < 3; i++) CK(cudaMemcpyAsync(d, s, big, cudaMemcpyDeviceToDevice));
-        CK(cudaEventRecord(e0));
-        for (int i = 0; i < 5; i++) CK(cudaMemcpyAsync(d, s, big, cudaMemcpyDeviceToDevice));
-        CK(cudaEventRecord(e1));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        copy_gbs = 2.0 * big * 5 / ms / 1e6;
-        printf("2 GB copy: %.0f GB/s\n", copy_gbs);
-        CK(cudaFree(s));
-        CK(cudaFree(d));
-    }
+    const double copy_gbs = copy_bandwidth_gbs();  // the 2 GB copy profile_kernels takes as 100%
+    printf("2 GB copy: %.0f GB/s\n", copy_gbs);
     // f(set, stream): the mean of 30 launches back to back, plainly and as one CUDA graph (as a step may run them)
     auto time = [&](const char* name, double bytes, auto f) {
         for (int i = 0; i < 3; i++) f(i % SETS, (cudaStream_t)0);

@@ -417,12 +417,13 @@ static cudaEvent_t e0, e1;
 static double copy_gbs;
 
 // f(set, stream): the mean of 30 launches back to back, the median of 5 such; one by one, then as one graph
+// (time_graph_ms)
 template <typename F>
 void time(const char* name, double bytes, F f) {
     const int reps = 30;
     for (int i = 0; i < 6; i++) f(i % 3, (cudaStream_t)0);
     CK(cudaDeviceSynchronize());
-    std::vector<float> t, tg;
+    std::vector<float> t;
     for (int k = 0; k < 5; k++) {
         CK(cudaEventRecord(e0));
         for (int i = 0; i < reps; i++) f(i % 3, (cudaStream_t)0);
@@ -432,30 +433,8 @@ void time(const char* name, double bytes, F f) {
         CK(cudaEventElapsedTime(&ms, e0, e1));
         t.push_back(ms / reps);
     }
-    cudaStream_t st;
-    CK(cudaStreamCreate(&st));
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < reps; i++) f(i % 3, st);
-    CK(cudaStreamEndCapture(st, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    CK(cudaGraphLaunch(ge, st));
-    for (int k = 0; k < 5; k++) {
-        CK(cudaEventRecord(e0, st));
-        CK(cudaGraphLaunch(ge, st));
-        CK(cudaEventRecord(e1, st));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        tg.push_back(ms / reps);
-    }
-    CK(cudaGraphExecDestroy(ge));
-    CK(cudaGraphDestroy(g));
-    CK(cudaStreamDestroy(st));
     std::sort(t.begin(), t.end());
-    std::sort(tg.begin(), tg.end());
-    const double ms = t[2], gms = tg[2];
+    const double ms = t[2], gms = time_graph_ms(f);
     printf("%-52s %7.4f ms %5.1f%%   graph %7.4f ms %5.1f%%\n", name, ms, 100.0 * bytes / ms / 1e6 / copy_gbs, gms,
            100.0 * bytes / gms / 1e6 / copy_gbs);
 }
@@ -520,24 +499,8 @@ int main() {
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    {  // the ceiling profile_kernels takes
-        const size_t big = 2ull << 30;
-        void *s, *d;
-        CK(cudaMalloc(&s, big));
-        CK(cudaMalloc(&d, big));
-        CK(cudaMemset(s, 0, big));
-        for (int i = 0; i < 3; i++) CK(cudaMemcpyAsync(d, s, big, cudaMemcpyDeviceToDevice));
-        CK(cudaEventRecord(e0));
-        for (int i = 0; i < 5; i++) CK(cudaMemcpyAsync(d, s, big, cudaMemcpyDeviceToDevice));
-        CK(cudaEventRecord(e1));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        copy_gbs = 2.0 * big * 5 / ms / 1e6;
-        printf("2 GB copy: %.0f GB/s (100%%), %d SMs\n", copy_gbs, sms);
-        CK(cudaFree(s));
-        CK(cudaFree(d));
-    }
+    copy_gbs = copy_bandwidth_gbs();  // the ceiling profile_kernels takes
+    printf("2 GB copy: %.0f GB/s (100%%), %d SMs\n", copy_gbs, sms);
     const long long n = (long long)N * C;
     float *in[3], *in2[3], *out[3], *mean[3], *rstd[3];
     std::vector<float> h(n);

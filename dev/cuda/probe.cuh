@@ -1,5 +1,6 @@
 // What the dev/cuda probes share (as llm.c's dev/cuda/common.h): CK, a CUDA call checked, its file and line named
-// where it fails; time_graph_ms, a launch's time as the model's passes run it, in a CUDA graph.
+// where it fails; time_graph_ms, a launch's time as the model's passes run it, in a CUDA graph; copy_bandwidth_gbs,
+// the copy bandwidth a probe's figures are shares of.
 #pragma once
 #include <algorithm>
 #include <cstdio>
@@ -52,4 +53,29 @@ double time_graph_ms(F f) {
     CK(cudaEventDestroy(e1));
     CK(cudaStreamDestroy(s));
     return t[3];
+}
+
+// The copy bandwidth tools/profile_kernels.py takes as 100%: GB/s, bytes read and written, of device-to-device copies
+// of 2 GB each way (3 to warm up, then 5 timed)
+inline double copy_bandwidth_gbs() {
+    const size_t big = 2ull << 30;
+    void *s, *d;
+    CK(cudaMalloc(&s, big));
+    CK(cudaMalloc(&d, big));
+    CK(cudaMemset(s, 0, big));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    for (int i = 0; i < 3; i++) CK(cudaMemcpyAsync(d, s, big, cudaMemcpyDeviceToDevice));
+    CK(cudaEventRecord(e0));
+    for (int i = 0; i < 5; i++) CK(cudaMemcpyAsync(d, s, big, cudaMemcpyDeviceToDevice));
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    CK(cudaFree(s));
+    CK(cudaFree(d));
+    return 2.0 * big * 5 / ms / 1e6;
 }

@@ -26,7 +26,7 @@
 
 #include "tf32_split.cuh"  // k_tf32_split_t, tf32_split_store
 
-#include "probe.cuh"  // CK, time_graph_ms
+#include "probe.cuh"  // CK, time_graph_ms, copy_bandwidth_gbs
 
 // src stored K x rows (ld = rows); hi, lo: rows_pad x K_pad. A block a 64 x 64 tile: grid (ceil(K_pad / 64),
 // rows_pad / 64), 256 threads.
@@ -64,28 +64,9 @@ __global__ void k_copy(float4* out, const float4* in, long long n4) {
     if (i < n4) out[i] = in[i];
 }
 
-static cudaEvent_t e0, e1;
-
-
 int main() {
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    // the copy bandwidth as tools/profile_kernels.py takes it: a cudaMemcpy of 1 GB each way (2 GB moved)
-    const size_t big = 1ull << 30;
-    void *a, *b;
-    CK(cudaMalloc(&a, big));
-    CK(cudaMalloc(&b, big));
-    CK(cudaMemcpy(b, a, big, cudaMemcpyDeviceToDevice));
-    CK(cudaEventRecord(e0));
-    for (int i = 0; i < 5; i++) CK(cudaMemcpy(b, a, big, cudaMemcpyDeviceToDevice));
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    const double copy_gbs = 2.0 * big * 5 / ms / 1e6;
-    CK(cudaFree(a));
-    CK(cudaFree(b));
-    printf("copy bandwidth (cudaMemcpy, 1 GB each way): %.0f GB/s\n", copy_gbs);
+    const double copy_gbs = copy_bandwidth_gbs();
+    printf("copy bandwidth (2 GB each way): %.0f GB/s\n", copy_gbs);
     const int C = 768;
     const struct { const char* name; int rows, K; } shapes[] = {
         {"qkv (768 x 2304)", C, 3 * C}, {"attn.proj (768 x 768)", C, C}, {"mlp.fc (768 x 3072)", C, 4 * C},
