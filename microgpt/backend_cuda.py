@@ -146,7 +146,7 @@ class CudaBackend:
         if not hasattr(b, key):
             names = [f"h.{l}.{w}" for l in range(self.config.n_layer)
                      for w in ("attn.qkv.w", "attn.proj.w", "mlp.fc.w", "mlp.proj.w")] + ["wte"]
-            setattr(b, key, K.weight_splits([self.P[n] for n in names], transposed, lambda n: self._new(n)))
+            setattr(b, key, K.weight_splits([self.P[n] for n in names], transposed, self._new))
         return getattr(b, key)
 
     def _plan_forward(self, b, with_targets):

@@ -539,7 +539,7 @@ def test_weights_split_once_go_first_in_the_plan_and_replace_the_products_own_sp
     for splits, (src, rows_, K_, ld, transposed), hi, rows_pad, K_pad in (
             (fwd, (w1.gpudata, 300, 257, 257, 0), w1_hi, 384, 288),
             (bwd, (w2.gpudata, 333, 1000, 333, 1), w2_hi, 384, 1024)):
-        row = splits._table()[0]
+        row = splits._jobs()[0][0]
         want = dict(JOB_SRC=src, JOB_HI=hi, JOB_LO=hi + 4 * rows_pad * K_pad, JOB_ROWS=rows_, JOB_K=K_, JOB_LD=ld,
                     JOB_K_PAD=K_pad, JOB_TRANSPOSED=transposed, JOB_FIRST_TILE=0, JOB_TILES_K=-(-K_pad // 64))
         assert {name: int(row[i]) for name, i in field.items()} == want
@@ -551,8 +551,8 @@ def test_weights_split_once_go_first_in_the_plan_and_replace_the_products_own_sp
     # two operands: the second's tiles follow the first's
     both = K.SplitOperands([(w1.gpudata, 300, 257, 257, False), (w2.gpudata, 333, 1000, 333, True)])
     both.find(w1.gpudata, 300, 257, 257, False), both.find(w2.gpudata, 333, 1000, 333, True)
-    table = both._table()
-    assert [int(r[field["JOB_FIRST_TILE"]]) for r in table] == [0, 6 * 5] and both._tiles() == 6 * 5 + 6 * 16
+    table, tiles = both._jobs()
+    assert [int(r[field["JOB_FIRST_TILE"]]) for r in table] == [0, 6 * 5] and tiles == 6 * 5 + 6 * 16
     with pytest.raises(RuntimeError, match="plan must be the one being recorded"):
         with both.reading(None):
             pass

@@ -68,7 +68,7 @@ class SplitOperands:
         self.candidates = {(int(src), rows, K, ld, bool(transposed)) for src, rows, K, ld, transposed in candidates}
         self.new = new or (lambda n: engine().ga.empty(n, np.float32))
         self.found = {}    # candidate -> its buffer, in the order found
-        self.tables = []   # (the operands it lists, the table): each plan's launch reads its own
+        self.tables = []   # (the operands it lists, the table, their tiles): each plan's launch reads its own
 
     def __len__(self) -> int:
         return len(self.found)
@@ -88,17 +88,14 @@ class SplitOperands:
         if not self.found:
             return
         if not self.tables or self.tables[-1][0] != len(self.found):
-            self.tables.append((len(self.found), engine().ga.to_gpu(self._table())))
-        n, table = self.tables[-1]
-        launch("k_tf32_split_batch", [int(table.gpudata), n], self._tiles(), stream, block=split_size("SPLIT_THREADS"))
+            jobs, tiles = self._jobs()
+            self.tables.append((len(self.found), engine().ga.to_gpu(jobs), tiles))
+        n, table, tiles = self.tables[-1]
+        launch("k_tf32_split_batch", [int(table.gpudata), n], tiles, stream, block=split_size("SPLIT_THREADS"))
 
-    def _tiles(self) -> int:
-        tile = split_size("SPLIT_TILE")
-        return sum(split_padding(rows, K)[0] // tile * math.ceil(split_padding(rows, K)[1] / tile)
-                   for _, rows, K, _, _ in self.found)
-
-    def _table(self) -> np.ndarray:
-        """k_tf32_split_batch's table (enum SplitJob): a row of fields an operand found, its tiles after the last's."""
+    def _jobs(self) -> tuple[np.ndarray, int]:
+        """k_tf32_split_batch's table (enum SplitJob), a row of fields an operand found, its tiles after the last's;
+        and the tiles of all, the launch's grid."""
         rows_of_table, first, tile = [], 0, split_size("SPLIT_TILE")
         for (src, rows, K, ld, transposed), buf in self.found.items():
             rows_pad, K_pad = split_padding(rows, K)
@@ -108,7 +105,7 @@ class SplitOperands:
                    "JOB_TILES_K": tiles_k}
             rows_of_table.append([row[f] for f in sorted(row, key=split_size)])
             first += rows_pad // tile * tiles_k
-        return np.array(rows_of_table, np.int64)
+        return np.array(rows_of_table, np.int64), first
 
     @contextlib.contextmanager
     def reading(self, plan):
