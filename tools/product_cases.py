@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import itertools
 
-import numpy as np
-
 from case_builder import Builder, Shape
 from microgpt import kernels as K
 
@@ -17,9 +15,11 @@ def add_product_cases(builder: Builder, shape: Shape) -> None:
     variants, sets, want, own, add, buf, draws_for, empty = (builder.variants, builder.sets, builder.want, builder.own,
                                                              builder.add, builder.buf, builder.draws, builder.empty)
     B, T, C, V, N, d_k = shape.B, shape.T, shape.C, shape.V, shape.N, shape.d_k
+    # each linear layer's (IN, OUT), and the tied lm_head's (its weight wte)
+    layers = {"qkv": (C, 3 * C), "attn.proj": (C, C), "mlp.fc": (C, 4 * C), "mlp.proj": (4 * C, C), "lm_head": (C, V)}
+    block_layers = {layer: io for layer, io in layers.items() if layer != "lm_head"}  # the ones in every block
 
-    for layer, (IN, OUT) in {"qkv": (C, 3 * C), "attn.proj": (C, C), "mlp.fc": (C, 4 * C),
-                             "mlp.proj": (4 * C, C), "lm_head": (C, V)}.items():
+    for layer, (IN, OUT) in layers.items():
         fwds, bwds = own("matmul_fwd", f" ({layer})"), own("matmul_bwd", f" ({layer})")
         if not (fwds or bwds):
             continue
@@ -71,8 +71,7 @@ def add_product_cases(builder: Builder, shape: Shape) -> None:
     # operands in TF32 hi and lo, padded to whole tiles): an activation (the dX product's dout), a weight as the
     # forward reads it, and as the dX product reads it (transposed on the way)
     if "tc" in variants:
-        for layer, (IN, OUT) in {"qkv": (C, 3 * C), "attn.proj": (C, C), "mlp.fc": (C, 4 * C),
-                                 "mlp.proj": (4 * C, C)}.items():
+        for layer, (IN, OUT) in block_layers.items():
             for what, rows, K_, transposed in (("dout", N, OUT, False), ("weight", OUT, IN, False),
                                                ("weight", IN, OUT, True)):
                 case = f"k_tf32_split{'_t' * transposed} ({layer} {what})"
@@ -90,29 +89,24 @@ def add_product_cases(builder: Builder, shape: Shape) -> None:
     # the weights split once a pass (tf32_split.SplitOperands: one launch), as the forward reads them and, transposed,
     # as the dX products do: one layer's four and lm_head's
     if "tc" in variants:
-        shapes = {"qkv": (3 * C, C), "attn.proj": (C, C), "mlp.fc": (4 * C, C), "mlp.proj": (C, 4 * C), "wte": (V, C)}
         for transposed in (False, True):
             case = f"k_tf32_split_batch (weights{', transposed' * transposed})"
             if not want(case):
                 continue
             r, sets_of = draws_for(case), []
             for _ in range(sets):
-                weights = [r.randn(*shape, scale=0.02) for shape in shapes.values()]
+                weights = [r.randn(OUT, IN, scale=0.02) for IN, OUT in layers.values()]
                 splits = K.weight_splits(weights, transposed)
-                for w in weights:
-                    OUT, IN = w.shape
-                    splits.find(int(w.gpudata), *((IN, OUT, IN) if transposed else (OUT, IN, IN)), transposed)
+                for operand in sorted(splits.candidates):  # each found, as the products would find them
+                    splits.find(*operand)
                 sets_of.append((splits, weights))
-            nbytes = sum(F * (OUT * IN + 2 * int(np.prod(K.tf32_split.split_padding(*((IN, OUT) if transposed else
-                                                                                      (OUT, IN))))))
-                         for OUT, IN in shapes.values())
-            add(case, lambda s, splits, weights: splits.split(s), nbytes,
-                3 * sum(OUT * IN for OUT, IN in shapes.values()), sets_of)
+            add(case, lambda s, splits, weights: splits.split(s),
+                sum(F * (rows * K_ + buf.size) for (_, rows, K_, _, _), buf in splits.found.items()),
+                3 * sum(IN * OUT for IN, OUT in layers.values()), sets_of)
 
     # split-K's reduction after the dW products, adding the slices and their bias-gradient sums into the gradients
     # (beta = 1, as training), in the slices the wgmma kernel takes on Hopper
-    for layer, (IN, OUT) in {"qkv": (C, 3 * C), "attn.proj": (C, C), "mlp.fc": (C, 4 * C),
-                             "mlp.proj": (4 * C, C)}.items():
+    for layer, (IN, OUT) in block_layers.items():
         case = f"k_splitk_reduce ({layer} dW)"
         if not (("tc" in variants or "fast" in variants) and want(case)):
             continue
