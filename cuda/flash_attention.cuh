@@ -510,40 +510,67 @@ __device__ void flash_bwd_delta(float* delta, int* sync, const float* q, const f
 
 // delta of the query tiles past the first FA_DELTA_PASS_TILES: the row's sum of dO * O over d, the same value as
 // p dp's in one read of O (which carries the forward's rounding; an FP32 sum's own would add to it, so it is summed
-// in FP64), and those tiles' counters set to 0. A warp a (row, head), the heads of a row side by side: lane l takes
-// d = l, l + 32, ..., then a shuffle tree, a fixed order. A stream, so not a branch of the pass kernel, whose 110 KB
-// of shared memory leave 8 warps an SM (the backward 1.218 -> 1.212 ms at andrea-120m's shape on the H200). A lane's
-// loads all go out before the first product: one round trip to memory, not one for each 32 of d_k (at d_k 64 the
-// loop that loaded and added in turn took 32.7 us for 44 MB, a third of the copy bandwidth). o and d_o: (B, T) rows
-// ld_out floats apart, head h at h * d_k.
-constexpr int FA_DELTA_ROW_LOADS = 4;
-static_assert(32 * FA_DELTA_ROW_LOADS >= 128, "a row of a head up to d_k 128 (flash_attention.MAX_D_K)");
-extern "C" __global__ void __launch_bounds__(256)
+// in FP64), and those tiles' counters set to 0. A kernel of its own, not a branch of the pass kernel, whose 110 KB
+// of shared memory leave 8 warps an SM (the backward 1.218 -> 1.212 ms at andrea-120m's shape). A warp a (b, t) row, all its heads (a warp a (row, head) was 86K
+// warps of 512 bytes in flight each at andrea-120m's shape: 50% of the copy bandwidth, 41% in the step; this way
+// 77-80%, against 87% for a copy kernel of the same bytes: dev/cuda/delta_rows_bound.cu). A head takes P lanes, d_k / V
+// rounded up to a power of two (at most 32); its lane j holds 4 of d: d = 4 j .. 4 j + 3 in one 16-byte load of each
+// array where the rows and heads are 16-byte aligned (V = 4), else d = j, j + P, j + 2 P, j + 3 P (V = 1). The lane's
+// products are summed in FP64 in that order, then the head's P lanes by a shuffle tree: a fixed order (at V = 1 that
+// of a warp a (row, head), bit for bit). The loads of FA_DELTA_ROW_GROUPS groups of heads (32 / P heads a group) all
+// go out before their sums: more in flight took registers (fewer warps an SM), less left the memory idle. o and d_o:
+// (B, T) rows ld_out floats apart, head h at h * d_k.
+constexpr int FA_DELTA_ROW_GROUPS = 2;
+extern "C" __global__ void __launch_bounds__(256, 5)
     k_flash_bwd_delta_rows(float* delta, int* sync, const float* o, const float* d_o, int B, int NH, int T,
                            int d_k, int ld_out) {
     constexpr int T0 = FA_DELTA_PASS_TILES * FA_KEYS;
-    const long long w = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, rows = T - T0;
-    if (w >= (long long)B * rows * NH) return;  // the whole warp leaves together
-    const int lane = threadIdx.x % 32, h = (int)(w % NH);
-    const long long bt = w / NH, b = bt / rows, t = T0 + bt % rows;
-    const long long at = (b * T + t) * ld_out + (long long)h * d_k;
-    float x[FA_DELTA_ROW_LOADS], y[FA_DELTA_ROW_LOADS];
+    if (d_k > 4 * 32) __trap();  // 4 of d a lane (flash_attention.MAX_D_K is 128)
+    const int rows = T - T0, w = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (w >= B * rows) return;  // the whole warp leaves together
+    const bool vec = d_k % 4 == 0 && ld_out % 4 == 0 && fa_aligned(o, d_o, nullptr);
+    const int V = vec ? 4 : 1;
+    int P = 1;
+    while (P < 32 && P * V < d_k) P *= 2;
+    const int lane = threadIdx.x % 32, j = lane % P, heads = 32 / P;  // heads: a group's
+    const int b = w / rows, t = T0 + w - b * rows, tiles = (T - 1) / FA_KEYS + 1;
+    const long long row = ((long long)b * T + t) * ld_out;
+    for (int h0 = 0; h0 < NH; h0 += FA_DELTA_ROW_GROUPS * heads) {
+        float x[FA_DELTA_ROW_GROUPS][4], y[FA_DELTA_ROW_GROUPS][4];
 #pragma unroll
-    for (int i = 0; i < FA_DELTA_ROW_LOADS; i++) {
-        const int d = lane + 32 * i;
-        x[i] = d < d_k ? d_o[at + d] : 0.0f;
-        y[i] = d < d_k ? o[at + d] : 0.0f;
-    }
-    double sum = 0.0;
+        for (int g = 0; g < FA_DELTA_ROW_GROUPS; g++) {
+            const int h = h0 + g * heads + lane / P;
+            const long long at = row + (long long)h * d_k;
+            if (vec) {
+                const bool in = h < NH && 4 * j < d_k;
+                const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                const float4 a = in ? *reinterpret_cast<const float4*>(d_o + at + 4 * j) : zero;
+                const float4 c = in ? *reinterpret_cast<const float4*>(o + at + 4 * j) : zero;
+                x[g][0] = a.x, x[g][1] = a.y, x[g][2] = a.z, x[g][3] = a.w;
+                y[g][0] = c.x, y[g][1] = c.y, y[g][2] = c.z, y[g][3] = c.w;
+            } else {
 #pragma unroll
-    for (int i = 0; i < FA_DELTA_ROW_LOADS; i++)  // d = lane, lane + 32, ...: the order of the terms is the same
-        if (lane + 32 * i < d_k) sum += (double)x[i] * y[i];
+                for (int r = 0; r < 4; r++) {
+                    const int d = j + P * r;
+                    x[g][r] = h < NH && d < d_k ? d_o[at + d] : 0.0f;
+                    y[g][r] = h < NH && d < d_k ? o[at + d] : 0.0f;
+                }
+            }
+        }
 #pragma unroll
-    for (int m = 16; m >= 1; m /= 2) sum += __shfl_xor_sync(0xffffffff, sum, m);
-    if (lane == 0) {
-        const long long bh = b * NH + h;
-        delta[bh * T + t] = (float)sum;
-        if (t % FA_KEYS == 0) sync[bh * ((T - 1) / FA_KEYS + 1) + t / FA_KEYS] = 0;
+        for (int g = 0; g < FA_DELTA_ROW_GROUPS; g++) {
+            if (h0 + g * heads >= NH) break;  // the whole warp
+            double sum = 0.0;
+#pragma unroll
+            for (int r = 0; r < 4; r++) sum += (double)x[g][r] * y[g][r];
+            for (int m = P / 2; m >= 1; m /= 2) sum += __shfl_xor_sync(0xffffffff, sum, m);
+            const int h = h0 + g * heads + lane / P;
+            if (j == 0 && h < NH) {
+                const long long bh = (long long)b * NH + h;
+                delta[bh * T + t] = (float)sum;
+                if (t % FA_KEYS == 0) sync[bh * tiles + t / FA_KEYS] = 0;
+            }
+        }
     }
 }
 

@@ -153,3 +153,36 @@ def test_the_tc_launcher_takes_the_reference_kernels_where_flash_attention_canno
     ref = fused(ga, "reference", ga.to_gpu(qkv_h), ga.to_gpu(dy_h), NH)
     for a, b in zip(tc, ref):
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+# (B, T, NH, d_k, offset): offset 1 starts o and dO a float past 16-byte alignment, so the scalar loads take them
+DELTA_ROWS = [(2, 300, 12, 64, 0), (1, 131, 5, 128, 0), (1, 200, 3, 20, 0), (1, 140, 7, 4, 0), (1, 150, 3, 2, 0),
+              (1, 160, 2, 21, 0), (2, 260, 3, 64, 1), (1, 140, 3, 100, 1), (1, 129, 33, 48, 0)]
+
+
+@pytest.mark.parametrize("B,T,NH,d_k,offset", DELTA_ROWS, ids=[f"B{b}-T{t}-NH{h}-dk{d}-off{o}" for b, t, h, d, o in
+                                                               DELTA_ROWS])
+def test_delta_rows_give_the_float64_sum_of_do_times_o_and_zero_their_counters(ga, rng, B, T, NH, d_k, offset):
+    """k_flash_bwd_delta_rows alone, past the pass kernel's query tiles: delta = the FP64 sum over the head's d of
+    dO * O, rounded once to FP32 (16-byte loads where aligned, scalar ones otherwise; any d_k up to 128), those
+    tiles' counters 0; the rows and counters before them, and the ticket, as they were (poisoned)."""
+    from microgpt.kernels.runtime import blocks, launch
+    s = K.flash_attention._sizes(K.flash_attention.width(d_k))
+    T0, tiles, C = s["pass_tiles"] * s["keys"], -(-T // s["keys"]), NH * d_k
+    o_h = rng.standard_normal(B * T * C + offset).astype(np.float32)
+    do_h = rng.standard_normal(B * T * C + offset).astype(np.float32)
+    o, d_o = ga.to_gpu(o_h), ga.to_gpu(do_h)
+    delta = poisoned(ga, B, NH, T)
+    sync = ga.to_gpu(np.full(B * NH * tiles + 1, -1, np.int32))
+    launch("k_flash_bwd_delta_rows", [int(delta.gpudata), int(sync.gpudata), int(o.gpudata) + 4 * offset,
+                                      int(d_o.gpudata) + 4 * offset, B, NH, T, d_k, C], blocks(32 * B * (T - T0)))
+    products = (o_h[offset:].astype(np.float64) * do_h[offset:]).reshape(B, T, NH, d_k).transpose(0, 2, 1, 3)
+    want, size = products.sum(-1)[..., T0:], np.abs(products).sum(-1)[..., T0:]
+    got = delta.get()
+    assert np.all(np.isnan(got[..., :T0]))
+    # rounded once: within half an FP32 ulp of the FP64 sum, which is itself within d_k FP64 roundings of exact
+    assert np.all(np.abs(got[..., T0:] - want) <= 2.0 ** -24 * np.abs(want) + 2.0 ** -50 * d_k * size)
+    counters = sync.get()
+    assert counters[-1] == -1
+    counters = counters[:-1].reshape(B, NH, tiles)
+    assert np.all(counters[..., :s["pass_tiles"]] == -1) and np.all(counters[..., s["pass_tiles"]:] == 0)

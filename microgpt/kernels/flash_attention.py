@@ -93,9 +93,8 @@ def fused_attention_bwd_tc(dqkv, dy, qkv, y, lse, n_head, *, stream=None):
     pass_tiles = min(tiles, s["pass_tiles"])  # delta from a pass over P and dP; the rows past them from dO * O
     launch(f"k_flash_bwd_delta_d{D}", [p_delta, p_sync, q, k, v, p_dy, p_lse, T, d_k, 3 * C, C],
            (pass_tiles, n_head, B), stream, shared=s["delta"], block=block)
-    row_heads = B * n_head * (T - pass_tiles * s["keys"])
-    if row_heads > 0:  # a warp each
-        launch("k_flash_bwd_delta_rows", [p_delta, p_sync, p_y, p_dy, B, n_head, T, d_k, C], blocks(32 * row_heads),
-               stream)
+    rows = B * (T - pass_tiles * s["keys"])
+    if rows > 0:  # a warp each, all heads
+        launch("k_flash_bwd_delta_rows", [p_delta, p_sync, p_y, p_dy, B, n_head, T, d_k, C], blocks(32 * rows), stream)
     launch(f"k_flash_bwd_d{D}", [dq, dk, dv, p_sync, q, k, v, p_dy, p_lse, p_delta, T, d_k, 3 * C, C],
            (math.ceil(tiles / s["bwd_tiles"]), n_head, B), stream, shared=s["bwd"], block=32 * s["bwd_warps"])
