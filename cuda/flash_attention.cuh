@@ -511,15 +511,18 @@ __device__ void flash_bwd_delta(float* delta, int* sync, const float* q, const f
 // delta of the query tiles past the first FA_DELTA_PASS_TILES: the row's sum of dO * O over d, the same value as
 // p dp's in one read of O (which carries the forward's rounding; an FP32 sum's own would add to it, so it is summed
 // in FP64), and those tiles' counters set to 0. A kernel of its own, not a branch of the pass kernel, whose 110 KB
-// of shared memory leave 8 warps an SM (the backward 1.218 -> 1.212 ms at andrea-120m's shape). A warp a (b, t) row, all its heads (a warp a (row, head) was 86K
-// warps of 512 bytes in flight each at andrea-120m's shape: 50% of the copy bandwidth, 41% in the step; this way
-// 77-80%, against 87% for a copy kernel of the same bytes: dev/cuda/delta_rows_bound.cu). A head takes P lanes, d_k / V
-// rounded up to a power of two (at most 32); its lane j holds 4 of d: d = 4 j .. 4 j + 3 in one 16-byte load of each
-// array where the rows and heads are 16-byte aligned (V = 4), else d = j, j + P, j + 2 P, j + 3 P (V = 1). The lane's
-// products are summed in FP64 in that order, then the head's P lanes by a shuffle tree: a fixed order (at V = 1 that
-// of a warp a (row, head), bit for bit). The loads of FA_DELTA_ROW_GROUPS groups of heads (32 / P heads a group) all
-// go out before their sums: more in flight took registers (fewer warps an SM), less left the memory idle. o and d_o:
-// (B, T) rows ld_out floats apart, head h at h * d_k.
+// of shared memory leave 8 warps an SM (the backward 1.218 -> 1.212 ms at andrea-120m's shape).
+//
+// A warp a (b, t) row, all its heads. A head takes P lanes, d_k / V rounded up to a power of two (at most 32); its
+// lane j holds 4 of d: d = 4 j .. 4 j + 3 in one 16-byte load of each array where the rows and heads are 16-byte
+// aligned (V = 4), else d = j, j + P, j + 2 P, j + 3 P (V = 1). The lane's products are summed in FP64 in that
+// order, then the head's P lanes by a shuffle tree: a fixed order (at V = 1 that of a warp a (row, head), bit for
+// bit). The loads of FA_DELTA_ROW_GROUPS groups of heads (32 / P heads a group) all go out before their sums: more
+// in flight took registers (fewer warps an SM), less left the memory idle. At andrea-120m's shape on the H200 74-76%
+// of the copy bandwidth, where a copy kernel of the same bytes reaches 87% and the probe's row4b, its widths fixed
+// at compile time, 77-80%; a warp a (row, head), as before, 86K warps of 512 bytes in flight each, 50%
+// (dev/cuda/delta_rows_bound.cu; in the step 24.9 -> 19.9 us a layer). o and d_o: (B, T) rows ld_out floats apart,
+// head h at h * d_k. Five blocks an SM: 47 registers, no spills (sm_90a).
 constexpr int FA_DELTA_ROW_GROUPS = 2;
 extern "C" __global__ void __launch_bounds__(256, 5)
     k_flash_bwd_delta_rows(float* delta, int* sync, const float* o, const float* d_o, int B, int NH, int T,

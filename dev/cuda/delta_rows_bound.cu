@@ -21,7 +21,8 @@
 // H200, 2026-12-02, B 8 T 1024 / B 2 T 4096, % of the copy bandwidth (4275 GB/s): head 50 / 51, row 67 / 67, stride
 // 40 / 41, row4 6 71 / 72, row4 3 75 / 78, row4 2 76 / 78, row4 1 72 / 76, (8 blocks) 53-65, row4 2 resident 78 / 80,
 // row4b 2 77 / 80, row4b 3 78 / 79, nc no better; the copy of the same bytes 87 / 87. Every row4 gave the old
-// engine's words on these inputs (another order, the same floats). The engine took row4b 2's shape.
+// engine's words on these inputs (another order, the same floats). The engine took row4b 2's shape, its widths
+// (V, P) decided at run time for any d_k up to 128 and alignment: 74 / 76 (the same run's row4b 2: 77 / 80).
 #include <cstdio>
 #include <cstring>
 #include <vector>
