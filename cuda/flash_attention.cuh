@@ -522,9 +522,14 @@ __device__ void flash_bwd_delta(float* delta, int* sync, const float* q, const f
 // of the copy bandwidth, where a copy kernel of the same bytes reaches 87% and the probe's row4b, its widths fixed
 // at compile time, 77-80%; a warp a (row, head), as before, 86K warps of 512 bytes in flight each, 50%
 // (dev/cuda/delta_rows_bound.cu; in the step 24.9 -> 19.9 us a layer). o and d_o: (B, T) rows ld_out floats apart,
-// head h at h * d_k. Five blocks an SM: 47 registers, no spills (sm_90a).
+// head h at h * d_k. Five blocks an SM: 47 registers, no spills (sm_90a); sm_75 holds 1024 threads an SM, so four.
 constexpr int FA_DELTA_ROW_GROUPS = 2;
-extern "C" __global__ void __launch_bounds__(256, 5)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define FA_DELTA_ROW_BLOCKS 4
+#else
+#define FA_DELTA_ROW_BLOCKS 5
+#endif
+extern "C" __global__ void __launch_bounds__(256, FA_DELTA_ROW_BLOCKS)
     k_flash_bwd_delta_rows(float* delta, int* sync, const float* o, const float* d_o, int B, int NH, int T,
                            int d_k, int ld_out) {
     constexpr int T0 = FA_DELTA_PASS_TILES * FA_KEYS;
