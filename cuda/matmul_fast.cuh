@@ -37,6 +37,21 @@ __device__ __forceinline__ bool aligned16(const float* p, int ld) {
     return ((reinterpret_cast<unsigned long long>(p) & 15) == 0) && ((ld & 3) == 0);
 }
 
+// The 4 floats of src's row r from column c (a row of `cols`, ld apart), zero past rows and cols; 16 bytes at once
+// where vec (aligned16(src, ld): every quad of a row is)
+__device__ __forceinline__ float4 load_quad(const float* src, long long r, int c, int rows, int cols, int ld,
+                                            bool vec) {
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (r >= rows) return v;
+    const float* p = src + r * ld + c;
+    if (vec && c + 3 < cols) return *reinterpret_cast<const float4*>(p);
+    if (c < cols) v.x = p[0];
+    if (c + 1 < cols) v.y = p[1];
+    if (c + 2 < cols) v.z = p[2];
+    if (c + 3 < cols) v.w = p[3];
+    return v;
+}
+
 // A tile of C wholly above the diagonal of a CAUSAL_OUT_LOWER product is the constant fill: written, and the
 // block is done (true). Shared by the SIMT SGEMM and the tensor-core products (matmul_tc.cuh).
 template <int BN>
@@ -88,25 +103,13 @@ __device__ __forceinline__ void sgemm_tile(float* C, const float* A, const float
     // Each thread moves one float4 of the A tile (128 x 8) and, while e < BK * BN / 4, one of the B tile:
     // along k for a row-major A (M x K) or a transposed B (N x K), along m / n otherwise.
     float4 ra, rb;
-    auto load4 = [&](const float* p, long long row, int col, int ld, int row_end, int col_end, bool vec) {
-        // elements (row, col .. col+3) of a row-major matrix, zero outside [0, row_end) x [0, col_end)
-        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (row >= row_end) return v;
-        const float* q = p + row * ld + col;
-        if (vec && col + 3 < col_end) return *reinterpret_cast<const float4*>(q);
-        if (col < col_end) v.x = q[0];
-        if (col + 1 < col_end) v.y = q[1];
-        if (col + 2 < col_end) v.z = q[2];
-        if (col + 3 < col_end) v.w = q[3];
-        return v;
-    };
     const int e = tid;
     auto load = [&](int k0) {
-        if (TA) ra = load4(A, k0 + e / 32, m0 + (e % 32) * 4, lda, k_end, M, vec_a);  // A stored K x M
-        else ra = load4(A, m0 + e / 2, k0 + (e % 2) * 4, lda, M, k_end, vec_a);       // A stored M x K
+        if (TA) ra = load_quad(A, k0 + e / 32, m0 + (e % 32) * 4, k_end, M, lda, vec_a);  // A stored K x M
+        else ra = load_quad(A, m0 + e / 2, k0 + (e % 2) * 4, M, k_end, lda, vec_a);       // A stored M x K
         if (e < BK * BN / 4) {
-            if (TB) rb = load4(B, n0 + e / 2, k0 + (e % 2) * 4, ldb, N, k_end, vec_b);  // B stored N x K
-            else rb = load4(B, k0 + e / (BN / 4), n0 + (e % (BN / 4)) * 4, ldb, k_end, N, vec_b);
+            if (TB) rb = load_quad(B, n0 + e / 2, k0 + (e % 2) * 4, N, k_end, ldb, vec_b);  // B stored N x K
+            else rb = load_quad(B, k0 + e / (BN / 4), n0 + (e % (BN / 4)) * 4, k_end, N, ldb, vec_b);
         }
     };
     auto store = [&](int buf) {

@@ -13,7 +13,7 @@
 #pragma once
 #include <cstdint>
 
-#include "matmul_tc.cuh"  // tf32_split, tf32_split_store, aligned16
+#include "matmul_tc.cuh"  // tf32_split, tf32_split_store; aligned16, load_quad (matmul_fast.cuh)
 
 // hi, lo (rows_pad x K_pad) from src (rows x K, ld): a thread a quad of K, zero past rows and K
 extern "C" __global__ void k_tf32_split(uint32_t* hi, uint32_t* lo, const float* src, int rows, int K, int ld,
@@ -22,23 +22,7 @@ extern "C" __global__ void k_tf32_split(uint32_t* hi, uint32_t* lo, const float*
     if (q >= quads) return;
     const long long r = q / (K_pad / 4);
     const int k = (int)(q % (K_pad / 4)) * 4;
-    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (r < rows && k + 4 <= K && aligned16(src, ld)) {
-        v = *reinterpret_cast<const float4*>(src + r * ld + k);
-    } else if (r < rows) {
-        const float* row = src + r * ld;
-        v.x = k < K ? row[k] : 0.0f;
-        v.y = k + 1 < K ? row[k + 1] : 0.0f;
-        v.z = k + 2 < K ? row[k + 2] : 0.0f;
-        v.w = k + 3 < K ? row[k + 3] : 0.0f;
-    }
-    uint32_t h[4], l[4];
-    tf32_split(v.x, h[0], l[0]);
-    tf32_split(v.y, h[1], l[1]);
-    tf32_split(v.z, h[2], l[2]);
-    tf32_split(v.w, h[3], l[3]);
-    reinterpret_cast<uint4*>(hi + r * K_pad + k)[0] = make_uint4(h[0], h[1], h[2], h[3]);
-    reinterpret_cast<uint4*>(lo + r * K_pad + k)[0] = make_uint4(l[0], l[1], l[2], l[3]);
+    tf32_split_store(hi + r * K_pad, lo + r * K_pad, k, load_quad(src, r, k, rows, K, ld, aligned16(src, ld)));
 }
 
 // The same from src stored transposed (K x rows, ld), through a 32 x 32 tile of shared memory (a warp a row of
@@ -69,21 +53,6 @@ enum SplitJob : int {
     SPLIT_TILE = 64,
     SPLIT_THREADS = 256,
 };
-
-// The 4 floats of src's row r from column c (a row of `cols`, ld apart), zero past rows and cols; 16 bytes at once
-// where vec (ld % 4 == 0 and src 16-byte aligned: every quad of a row is)
-__device__ __forceinline__ float4 load_quad(const float* src, long long r, int c, int rows, int cols, int ld,
-                                            bool vec) {
-    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (r >= rows) return v;
-    const float* p = src + r * ld + c;
-    if (vec && c + 4 <= cols) return *reinterpret_cast<const float4*>(p);
-    v.x = c < cols ? p[0] : 0.0f;
-    v.y = c + 1 < cols ? p[1] : 0.0f;
-    v.z = c + 2 < cols ? p[2] : 0.0f;
-    v.w = c + 3 < cols ? p[3] : 0.0f;
-    return v;
-}
 
 // Each job's operand split as k_tf32_split (src rows x K) or k_tf32_split_t (transposed: src stored K x rows) would,
 // padding and all: a block a 64 x 64 tile, each thread 4 quads, read 16 bytes at a time along src's rows and written
