@@ -10,15 +10,15 @@ import math
 from .layernorm import matmul_layernorm_bwd_args, matmul_then_layernorm_bwd
 from .layernorm_fast import layernorm_bwd_fast
 from .matmul_fast import Gemm
-from .matmul_tc import gemm_tc, launch_size, matmul_bwd_tc, split_into_workspace, split_operands, tc_kernel
+from .matmul_tc import gemm_tc, matmul_bwd_tc, split_into_workspace, split_operands, tc_kernel
 from .runtime import counters, engine, launch, scratch
-from .source import int_constants
+from .source import int_constant
 
 
 def max_row_tiles() -> int:
     """The most column tiles (of 128) a row may span (LN_MAX_ROW_TILES: C <= 1024): its tiles wait for each other,
     one block an SM, so they must all be on the GPU at once."""
-    return int_constants()["LN_MAX_ROW_TILES"]
+    return int_constant("LN_MAX_ROW_TILES")
 
 
 # the same ops unfused: where the kernel does not apply, and beside it in the profile
@@ -56,5 +56,5 @@ def matmul_layernorm_bwd_tc(dx, dw, db, dweight, dbias, dout, inp, weight, x, w,
     launch("k_gemm_wg_split_ln_bwd",
            [p["dx"], p["dw"], p["db"], int(partials.gpudata), int(row_sums.gpudata), int(done.gpudata), a_split,
             b_split, p["x"], p["w"], p["mean"], p["rstd"], N, C, K_pad, acc],
-           grid, stream, shared=launch_size("TC_SPLIT_SMEM_BYTES"), block=launch_size("TC_WG_THREADS"))
+           grid, stream, shared=int_constant("TC_SPLIT_SMEM_BYTES"), block=int_constant("TC_WG_THREADS"))
     del ws  # held until the product that reads it is queued

@@ -16,7 +16,7 @@ import math
 
 from .matmul_fast import Causal, Gemm, MatrixProducts, gemm, sgemm, sgemm_product
 from .runtime import BLOCK, engine, launch, sm_version, workspace
-from .source import int_constants
+from .source import int_constant
 from .tf32_split import SplitOperands, find_split, split_padding, tf32_split
 
 # Below this K the split's rounding and the tensor cores' truncating sum within a slice outweigh the FP32
@@ -42,13 +42,6 @@ def warpgroup_mma() -> bool:
     return engine().arch == "sm_90a"
 
 
-@functools.cache
-def launch_size(name: str) -> int:
-    """A launch size of cuda/matmul_tc.cuh (enum TcLaunch): TC_SMEM_BYTES, TC_WG_SMEM_BYTES, TC_WG_THREADS, and
-    the split operands kernel's TC_SPLIT_SMEM_BYTES and padding, TC_SPLIT_ROWS and TC_SPLIT_K."""
-    return int_constants()[name]
-
-
 def tc_kernel(g: Gemm, wgmma: bool | None = None) -> tuple[str, int, int] | None:
     """The kernel that runs g on this device, its shared memory and its threads a block; None where the SIMT
     SGEMM runs it (no tensor cores, or K too short for them to be as accurate). On sm_90a the wgmma one for
@@ -60,8 +53,8 @@ def tc_kernel(g: Gemm, wgmma: bool | None = None) -> tuple[str, int, int] | None
     ops = ("t" if g.trans_a else "n") + ("t" if g.trans_b else "n") + ("_n64" if g.tile_n == 64 else "")
     large = g.K >= WG_MIN_K and g.M * g.N * g.batch >= WG_MIN_OUTPUTS
     if warpgroup_mma() and (wgmma or (wgmma is None and large)):
-        return f"k_gemm_wg_{ops}", launch_size("TC_WG_SMEM_BYTES"), launch_size("TC_WG_THREADS")
-    return f"k_gemm_tc_{ops}", launch_size("TC_SMEM_BYTES"), BLOCK
+        return f"k_gemm_wg_{ops}", int_constant("TC_WG_SMEM_BYTES"), int_constant("TC_WG_THREADS")
+    return f"k_gemm_tc_{ops}", int_constant("TC_SMEM_BYTES"), BLOCK
 
 
 def split_operands(g: Gemm, kernel: tuple[str, int, int] | None) -> bool:
@@ -86,7 +79,7 @@ def split_into_workspace(g: Gemm, a: int, b: int, stream):
     if b_split is None:
         b_split = a_split + 8 * a_n
         tf32_split(b_split, b_split + 4 * b_n, b, g.N, g.K, g.ldb, K_pad, stream, transposed=not g.trans_b)
-    rows = launch_size("TC_SPLIT_ROWS")
+    rows = int_constant("TC_SPLIT_ROWS")
     return ws, a_split, b_split, K_pad, (N_pad // rows, M_pad // rows)
 
 
@@ -103,7 +96,7 @@ def split_product(g: Gemm, c: int, a: int, b: int, bias: int, stream) -> None:
     kernel's bits."""
     ws, a_split, b_split, K_pad, grid = split_into_workspace(g, a, b, stream)  # noqa: F841 (held until queued)
     launch("k_gemm_wg_split", [c, a_split, b_split, bias, g.M, g.N, K_pad, g.ldc, float(g.alpha), float(g.beta)],
-           grid, stream, shared=launch_size("TC_SPLIT_SMEM_BYTES"), block=launch_size("TC_WG_THREADS"))
+           grid, stream, shared=int_constant("TC_SPLIT_SMEM_BYTES"), block=int_constant("TC_WG_THREADS"))
 
 
 def tc_product(g: Gemm, c: int, a: int, b: int, bias: int, stream, wgmma: bool | None = None, sums: int = 0,

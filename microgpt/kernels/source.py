@@ -136,6 +136,13 @@ def int_constants(text: str | None = None) -> dict[str, int]:
     return out
 
 
+@functools.cache
+def int_constant(name: str) -> int:
+    """One of int_constants(), read once: a launch size or layout constant that a launcher shares with its kernels
+    (TC_WG_THREADS, TC_SPLIT_ROWS, SPLIT_TILE, a table's field JOB_SRC, ...)."""
+    return int_constants()[name]
+
+
 def _integer(expr: str) -> int:
     """The value of an integer expression of literals, + - * / (C's truncating division) and parentheses."""
     def value(node):

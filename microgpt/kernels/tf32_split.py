@@ -12,27 +12,18 @@ Every pass splits each float alike, so a product reads the same bits whichever m
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 
 import numpy as np
 
 from .runtime import blocks, engine, launch, recording_plan
-from .source import int_constants
-
-
-@functools.cache
-def split_size(name: str) -> int:
-    """A constant of the split operands: TC_SPLIT_ROWS and TC_SPLIT_K (cuda/matmul_tc.cuh: the padding that spares
-    the product's copies their bounds checks), k_tf32_split_batch's SPLIT_TILE, SPLIT_THREADS and its table's
-    fields (enum SplitJob)."""
-    return int_constants()[name]
+from .source import int_constant
 
 
 def split_padding(rows: int, K: int) -> tuple[int, int]:
     """(rows_pad, K_pad) of a split operand: whole tiles, rows to TC_SPLIT_ROWS and K to TC_SPLIT_K, so that
     k_gemm_wg_split's copies check no bounds."""
-    tile_rows, tile_k = split_size("TC_SPLIT_ROWS"), split_size("TC_SPLIT_K")
+    tile_rows, tile_k = int_constant("TC_SPLIT_ROWS"), int_constant("TC_SPLIT_K")
     return math.ceil(rows / tile_rows) * tile_rows, math.ceil(K / tile_k) * tile_k
 
 
@@ -91,19 +82,19 @@ class SplitOperands:
             jobs, tiles = self._jobs()
             self.tables.append((len(self.found), engine().ga.to_gpu(jobs), tiles))
         n, table, tiles = self.tables[-1]
-        launch("k_tf32_split_batch", [int(table.gpudata), n], tiles, stream, block=split_size("SPLIT_THREADS"))
+        launch("k_tf32_split_batch", [int(table.gpudata), n], tiles, stream, block=int_constant("SPLIT_THREADS"))
 
     def _jobs(self) -> tuple[np.ndarray, int]:
         """k_tf32_split_batch's table (enum SplitJob), a row of fields an operand found, its tiles after the last's;
         and the tiles of all, the launch's grid."""
-        rows_of_table, first, tile = [], 0, split_size("SPLIT_TILE")
+        rows_of_table, first, tile = [], 0, int_constant("SPLIT_TILE")
         for (src, rows, K, ld, transposed), buf in self.found.items():
             rows_pad, K_pad = split_padding(rows, K)
             hi, tiles_k = int(buf.gpudata), math.ceil(K_pad / tile)
             row = {"JOB_SRC": src, "JOB_HI": hi, "JOB_LO": hi + 4 * rows_pad * K_pad, "JOB_ROWS": rows, "JOB_K": K,
                    "JOB_LD": ld, "JOB_K_PAD": K_pad, "JOB_TRANSPOSED": int(transposed), "JOB_FIRST_TILE": first,
                    "JOB_TILES_K": tiles_k}
-            rows_of_table.append([row[f] for f in sorted(row, key=split_size)])
+            rows_of_table.append([row[f] for f in sorted(row, key=int_constant)])
             first += rows_pad // tile * tiles_k
         return np.array(rows_of_table, np.int64), first
 
