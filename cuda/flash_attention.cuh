@@ -2,11 +2,12 @@
 // buffer. The forward (one kernel) streams the 64-key tiles of K and V through shared memory (two cp.async
 // stages) with an online softmax; it keeps O and one log-sum-exp a row. The backward recomputes the
 // probabilities from the log-sum-exp in three kernels: delta's two (a pass over P and dP for the first query
-// tiles, dO * O for the rest; they also zero the backward's counters), and one of 5 products a tile pair for dQ,
-// dK and dV, where separate dQ and dK/dV kernels would take 7 (both recompute S and dP): a block owns one tile of
-// keys (two at d_k 64), keeps dK and dV in registers and adds each query tile's part of dQ in global memory, in a
-// fixed order of key tiles behind per-(head, query tile) counters; blocks take their work from a ticket, so that
-// the longest start first whatever order the hardware dispatches them in.
+// tiles, dO * O for the rest, which on sm_90a the dX product that makes dO sums in its epilogue instead where its
+// tiles hold whole heads: matmul_attention_tc.cuh; they also zero the backward's counters), and one of 5 products a
+// tile pair for dQ, dK and dV, where separate dQ and dK/dV kernels would take 7 (both recompute S and dP): a block
+// owns one tile of keys (two at d_k 64), keeps dK and dV in registers and adds each query tile's part of dQ in
+// global memory, in a fixed order of key tiles behind per-(head, query tile) counters; blocks take their work from
+// a ticket, so that the longest start first whatever order the hardware dispatches them in.
 // The prototypes and how each choice measured: dev/cuda/flash_attention_tc2.cu (the forward),
 // dev/cuda/flash_attention_tc3.cu (the backward), dev/NOTES.md.
 //
@@ -521,7 +522,9 @@ __device__ void flash_bwd_delta(float* delta, int* sync, const float* q, const f
 // in flight took registers (fewer warps an SM), less left the memory idle. At andrea-120m's shape on the H200 74-76%
 // of the copy bandwidth, where a copy kernel of the same bytes reaches 87% and the probe's row4b, its widths fixed
 // at compile time, 77-80%; a warp a (row, head), as before, 86K warps of 512 bytes in flight each, 50%
-// (dev/cuda/delta_rows_bound.cu; in the step 24.9 -> 19.9 us a layer). o and d_o: (B, T) rows ld_out floats apart,
+// (dev/cuda/delta_rows_bound.cu; in the step 24.9 -> 19.9 us a layer). On sm_90a, at d_k 32, 64 and 128, the
+// model's backward sums this delta in the epilogue of the product that makes dO instead (k_gemm_wg_split_delta,
+// matmul_attention_tc.cuh), with no pass over dO of its own. o and d_o: (B, T) rows ld_out floats apart,
 // head h at h * d_k. Five blocks an SM: 47 registers, no spills (sm_90a); sm_75 holds 1024 threads an SM, so four.
 constexpr int FA_DELTA_ROW_GROUPS = 2;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800

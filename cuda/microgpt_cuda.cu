@@ -35,3 +35,4 @@
 #include "tf32_split.cuh"
 #include "matmul_layernorm_tc.cuh"
 #include "flash_attention.cuh"
+#include "matmul_attention_tc.cuh"

@@ -70,7 +70,13 @@ def attention_fwd(ops: Kernels, x, w, a, n_head, stream=None):
 
 
 def attention_dqkv(ops: Kernels, dout, w, g, a, d, n_head, stream=None):
-    """The backward as far as the qkv projection: dout (B, T, C) -> d.dqkv written; g["proj.*"] added into."""
+    """The backward as far as the qkv projection: dout (B, T, C) -> d.dqkv written; g["proj.*"] added into. With
+    the attention fused, one op for both (the tc variant sums flash attention's delta in the product that makes
+    d.dy)."""
+    if a.lse is not None:
+        ops.matmul_attention_bwd(d.dqkv, g["proj.w"], g["proj.b"], dout, a.y, w["proj.w"], a.qkv, a.lse, n_head,
+                                 dy=d.dy, stream=stream)
+        return
     ops.matmul_bwd(d.dy, g["proj.w"], g["proj.b"], dout, a.y, w["proj.w"], stream=stream)
     heads_bwd(ops, a, d, n_head, stream)
 

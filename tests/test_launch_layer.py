@@ -70,6 +70,8 @@ CALLS = {
     "fused_attention_fwd": lambda: ((f32(B, T, C), f32(B, NH, T), f32(B, T, 3 * C), NH), {}),
     "fused_attention_bwd": lambda: ((f32(B, T, 3 * C), f32(B, T, C), f32(B, T, 3 * C), f32(B, T, C), f32(B, NH, T),
                                      NH), {}),
+    "matmul_attention_bwd": lambda: ((f32(B, T, 3 * C), f32(C, C), f32(C), f32(B, T, C), f32(B, T, C), f32(C, C),
+                                      f32(B, T, 3 * C), f32(B, NH, T), NH), {"dy": f32(B, T, C)}),
     "merge_heads_fwd": lambda: ((f32(B, T, C), f32(*hs)), {}),
     "merge_heads_bwd": lambda: ((f32(*hs), f32(B, T, C), NH), {}),
     "gelu_fwd": lambda: ((f32(B, T, 4 * C), f32(B, T, 4 * C)), {}),
@@ -143,6 +145,8 @@ def _run_every_launcher():
             ops.fused_attention_fwd(f32(B, T, wide), f32(B, 1, T), f32(B, T, 3 * wide), 1)
             ops.fused_attention_bwd(f32(B, T, 3 * wide), f32(B, T, wide), f32(B, T, 3 * wide), f32(B, T, wide),
                                     f32(B, 1, T), 1)
+            # the attention's output projection into it at d_k 64 and K = C = 256: tc's product summing delta
+            ops.matmul_attention_bwd(*_matmul_attention_bwd_args(B, T, 256, 4), dy=f32(B, T, 256))
             W = 4100  # rows wider than a block of the fast layernorm backward spans
             ops.layernorm_bwd(f32(3, W), f32(W), f32(W), f32(3, W), f32(3, W), f32(W), f32(3), f32(3))
         # a linear layer's forward and dX product reading its weight split once, by the batch split first in the plan
@@ -612,6 +616,66 @@ def test_matmul_layernorm_bwd_refuses_bad_arguments_before_any_launch(fake, vari
     with K.recording() as plan:
         with pytest.raises(error, match=named):
             K.select(variant).matmul_layernorm_bwd(*args, dinp=dinp, **kw)
+    assert not plan
+
+
+def _matmul_attention_bwd_args(B, T, C, NH):
+    """matmul_attention_bwd's positional arguments, (dqkv, dweight, dbias, dout, y, weight, qkv, lse, n_head)."""
+    return [f32(B, T, 3 * C), f32(C, C), f32(C), f32(B, T, C), f32(B, T, C), f32(C, C), f32(B, T, 3 * C),
+            f32(B, NH, T), NH]
+
+
+@pytest.mark.parametrize("arch,B,T,C,NH,fused", [
+    ("sm_90a", 8, 1024, 768, 12, True), ("sm_90a", 3, 200, 256, 8, True), ("sm_90a", 1, 300, 512, 4, True),
+    ("sm_90a", 2, 128, 384, 3, True),    # T = 128: no rows past the pass kernel's, the kernel writes no delta
+    ("sm_90a", 8, 1024, 768, 16, False),  # d_k 48: heads across the product's 128-column tiles
+    ("sm_90a", 2, 512, 64, 2, False),     # K = C too short for the wgmma kernel
+    ("sm_90a", 2, 100, 256, 4, False),    # T below flash attention's
+    ("sm_80", 8, 1024, 768, 12, False)])  # no wgmma
+def test_tc_sums_flash_attentions_delta_in_the_dx_product_where_it_can(fake, arch, B, T, C, NH, fused):
+    """On sm_90a, where the output projection's dX product runs from split operands and its tiles hold whole heads,
+    tc's matmul_attention_bwd queues the splits and k_gemm_wg_split_delta (dy, delta and the counters of the rows past
+    the pass kernel's), then the pass kernel, flash attention's backward and the dW product, and no
+    k_flash_bwd_delta_rows; elsewhere its matmul_bwd, then its fused_attention_bwd."""
+    args, dy = _matmul_attention_bwd_args(B, T, C, NH), f32(B, T, C)
+    fake.arch = arch
+    with K.recording() as plan:
+        K.select("tc").matmul_attention_bwd(*args, dy=dy)
+    names = [p[0] for p in plan]
+    if not fused:
+        assert "k_gemm_wg_split_delta" not in names, names
+        flash = K.flash_attention.runs(B, NH, C // NH, T)
+        assert ("k_flash_bwd_delta_rows" in names) == flash and names[-1].startswith(
+            "k_flash_bwd_d" if flash else "k_fused_attention_bwd"), names
+        return
+    D = C // NH
+    at = names.index("k_gemm_wg_split_delta")
+    assert names[at - 2:at] == ["k_tf32_split", "k_tf32_split_t"] and "k_flash_bwd_delta_rows" not in names, names
+    assert names[at + 1:at + 3] == [f"k_flash_bwd_delta_d{D}", f"k_flash_bwd_d{D}"] \
+        and names[at + 3] == "k_gemm_wg_tn", names  # then the dW product (and split-K's reduction where it cuts)
+    _, _, grid, kargs, shared, block = plan[at]
+    delta, sync = plan[at + 1][3][:2]  # the pass kernel's, which the backward reads
+    assert grid[:2] == (math.ceil(C / 128), math.ceil(B * T / 128)), grid
+    assert kargs[:3] == [dy.gpudata, delta, sync] and kargs[5] == args[4].gpudata, kargs  # y
+    assert kargs[-5:] == [B * T, C, 32 * math.ceil(C / 32), T, D], kargs
+    assert plan[at + 2][3][-5] == delta, plan[at + 2]  # the backward reads the delta the product wrote
+
+
+@pytest.mark.parametrize("variant", list(K.VARIANTS))
+@pytest.mark.parametrize("at,bad,error,named", [
+    (0, f32(2, 200, 767), ValueError, "dqkv"), (2, f32(255), ValueError, "dbias"), (4, f32(2, 201, 256), ValueError,
+                                                                                    "y"),
+    (7, f32(2, 4, 199), ValueError, "lse"), (8, 3, ValueError, "n_head"), (-1, f32(2, 200, 255), ValueError, "dy")])
+def test_matmul_attention_bwd_refuses_bad_arguments_before_any_launch(fake, variant, at, bad, error, named):
+    """Every argument is checked, by name, before the first of its launches in every variant."""
+    args, dy = _matmul_attention_bwd_args(2, 200, 256, 4), f32(2, 200, 256)
+    if at == -1:
+        dy = bad
+    else:
+        args[at] = bad
+    with K.recording() as plan:
+        with pytest.raises(error, match=named):
+            K.select(variant).matmul_attention_bwd(*args, dy=dy)
     assert not plan
 
 

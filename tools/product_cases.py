@@ -1,5 +1,6 @@
 """The matrix products' cases of kernel_cases.build_cases: each linear layer's forward and backward, the backward
-fused with the layernorm before it, and the generic products in every layout (the tensor cores' on each path)."""
+fused with the layernorm before it, the attention's output projection's fused with flash attention's, and the
+generic products in every layout (the tensor cores' on each path)."""
 from __future__ import annotations
 
 import itertools
@@ -66,6 +67,32 @@ def add_product_cases(builder: Builder, shape: Shape) -> None:
                               stream=s),
                 F * (R * OUT + 2 * R * W + OUT * W + 2 * R + 2 * R * W + 2 * OUT * W + 2 * OUT + 5 * W),
                 4 * R * W * OUT + R * OUT + 15 * R * W, ins)
+
+    # the attention's output projection's backward into flash attention's: on Hopper tc's dX product summing delta,
+    # and the same ops unfused beside it, at heads of d_k 64 where the shape's are not whole in 128 columns, C of at
+    # least 256 (K long enough for the wgmma kernel) and T of at least 200
+    dk = d_k if d_k in K.matmul_attention_tc.D_K else 64
+    Wa, Ta = -(-max(C, 256) // dk) * dk, max(T, 200)  # T past the pass kernel's rows, tiles across batch rows
+    nh, Na = Wa // dk, B * Ta
+    cases = [(case, fn) for case, fn in own("matmul_attention_bwd", " (attn.proj)", with_reference=False)]
+    if "tc" in variants and K.warpgroup_mma():
+        cases.append(("matmul_attention_bwd_tc unfused (attn.proj)", K.matmul_attention_tc.unfused))
+    cases = [(case, fn) for case, fn in cases if want(case) and K.flash_attention.runs(B, nh, dk, Ta)]
+    if cases:
+        r = draws_for("matmul_attention_bwd (attn.proj)")
+        wt, dwt, dbias, dqkv, dy = r.randn(Wa, Wa, scale=0.02), r.randn(Wa, Wa), r.randn(Wa), empty(B, Ta, 3 * Wa), \
+            empty(B, Ta, Wa)
+        ins = []  # each set's dout, and a forward's qkv, y and lse
+        for _ in range(sets):
+            qkv, y, lse = r.randn(B, Ta, 3 * Wa), empty(B, Ta, Wa), empty(B, nh, Ta)
+            K.fused_attention_fwd_tc(y, lse, qkv, nh)
+            ins.append((r.randn(B, Ta, Wa), y, qkv, lse))
+        causal = B * nh * Ta * (Ta + 1) // 2
+        for case, fn in cases:
+            add(case, lambda s, d, y, qkv, lse, fn=fn, wt=wt, dwt=dwt, dbias=dbias, dqkv=dqkv, dy=dy, nh=nh: fn(
+                dqkv, dwt, dbias, d, y, wt, qkv, lse, nh, dy=dy, stream=s),
+                F * (4 * Na * Wa + Wa * Wa + 2 * Na * Wa + 2 * Wa * Wa + 2 * Wa + 8 * Na * Wa + B * nh * Ta),
+                4 * Na * Wa * Wa + 10 * causal * dk, ins)
 
     # the split passes on their own, which on sm_90a go before each product of A stored M x K (the tensor cores'
     # operands in TF32 hi and lo, padded to whole tiles): an activation (the dX product's dout), a weight as the

@@ -12,7 +12,7 @@ choosing the next token by microgpt.sampling's rule; colsum,
 matmul_fast, rows_fast, layernorm_fast, pointwise_fast, heads_fast and embed_fast for the fast variant;
 matmul_tc for the tc variant's tensor-core products, tf32_split for the split passes that feed them,
 matmul_layernorm_tc for a product fused with the layernorm backward after it, flash_attention for its fused
-attention).
+attention, matmul_attention_tc for the product before its backward, fused with its delta).
 Beside them: source (what nvcc compiles, and the argument formats read from it), runtime (compile once,
 the primary context, launch, record and replay, KernelError), graph (a recorded plan as one CUDA graph: a
 model's passes run as Pass), checks (the argument checks) and registry (which launcher each op runs in each
@@ -25,7 +25,8 @@ synchronous; with a stream it is queued on it.
 from .adamw import NORM_GRID, adamw, global_norm
 from .attention import (attn_scores_bwd, attn_scores_fwd, attn_values_bwd, attn_values_fwd, causal_mask_bwd,
                         causal_mask_fwd, causal_scores_bwd, causal_scores_fwd, fused_attention_bwd, fused_attention_fwd,
-                        merge_heads_bwd, merge_heads_fwd, softmax_bwd, softmax_fwd, split_heads_bwd, split_heads_fwd)
+                        matmul_attention_bwd, merge_heads_bwd, merge_heads_fwd, softmax_bwd, softmax_fwd,
+                        split_heads_bwd, split_heads_fwd)
 from .checks import check_ids, opt_ptr, ptr, shape_of
 from .colsum import colsum
 from .crossentropy import crossentropy_bwd, crossentropy_fwd
@@ -42,6 +43,7 @@ from .layernorm import layernorm_bwd, layernorm_fwd, matmul_layernorm_bwd, resid
 from .layernorm_fast import (layernorm_bwd_fast, layernorm_fwd_fast, matmul_layernorm_bwd_fast,
                              residual_layernorm_fwd_fast)
 from .matmul import matmul_bwd, matmul_fwd
+from .matmul_attention_tc import matmul_attention_bwd_tc
 from .matmul_layernorm_tc import matmul_layernorm_bwd_tc
 from .matmul_fast import (GEMM_TILE, Causal, Gemm, MatrixProducts, attn_scores_bwd_fast, attn_scores_fwd_fast,
                           attn_values_bwd_fast, attn_values_fwd_fast, causal_scores_bwd_fast, causal_scores_fwd_fast,

@@ -1,5 +1,6 @@
 """Launchers of cuda/attention.cuh: the attention pipeline, one stage a kernel; and the same attention fused
-(fused_attention_fwd/bwd: the reference of the tc variant's flash attention).
+(fused_attention_fwd/bwd: the reference of the tc variant's flash attention), and the output projection's
+backward into it (matmul_attention_bwd, which the tc variant fuses).
 
     qkv (B, T, 3C) -> split_heads -> q, k, v (B, NH, T, d_k)
     attn_scores: scores[i][j] = dot(Q[i], K[j]) * (1.0f / sqrtf(d_k))         (B, NH, T, T)
@@ -13,7 +14,8 @@ from __future__ import annotations
 
 import numbers
 
-from .checks import causal_flag, head_dims, ptr, rows, shape_of
+from .checks import causal_flag, head_dims, opt_ptr, ptr, rows, shape_of
+from .matmul import matmul_bwd
 from .runtime import blocks, launch, scratch
 
 
@@ -189,3 +191,32 @@ def fused_attention_bwd(dqkv, dy, qkv, y, lse, n_head, *, stream=None):
            blocks(B * n_head * T), stream)
     launch("k_fused_attention_bwd_dkdv", [p_dqkv, p_dy, p_qkv, p_lse, int(delta.gpudata), B, T, n_head, d_k],
            blocks(B * n_head * T), stream)
+
+
+def matmul_attention_bwd_args(dqkv, dweight, dbias, dout, y, weight, qkv, lse, n_head, dy):
+    """Checks every argument of matmul_attention_bwd by its name, before anything runs: (B, T, C, d_k, the arrays'
+    device pointers by name, dbias's 0 where None)."""
+    B, T, C, d_k = qkv_dims(qkv, n_head)
+    shape, qkv_shape = (B, T, C), (B, T, 3 * C)
+    p = {name: ptr(name, a, a_shape) for name, a, a_shape in (
+        ("dqkv", dqkv, qkv_shape), ("dweight", dweight, (C, C)), ("dout", dout, shape), ("y", y, shape),
+        ("weight", weight, (C, C)), ("qkv", qkv, qkv_shape), ("lse", lse, (B, n_head, T)), ("dy", dy, shape))}
+    p["dbias"] = opt_ptr("dbias", dbias, (C,))
+    return B, T, C, d_k, p
+
+
+def matmul_then_attention_bwd(matmul_bwd, fused_attention_bwd, name="matmul_attention_bwd"):
+    """matmul_attention_bwd as a variant's matmul_bwd into dy, then its fused_attention_bwd of dy (the launcher
+    called `name`)."""
+    def matmul_attention_bwd(dqkv, dweight, dbias, dout, y, weight, qkv, lse, n_head, *, dy, stream=None):
+        """The backward of the attention's output projection (dout, weight: matmul_bwd's; its input y, the fused
+        attention's output) and of the fused attention (qkv, lse, n_head: fused_attention_bwd's): dqkv written,
+        dweight and dbias added into; dy (y's shape) takes y's gradient on the way."""
+        matmul_attention_bwd_args(dqkv, dweight, dbias, dout, y, weight, qkv, lse, n_head, dy)
+        matmul_bwd(dy, dweight, dbias, dout, y, weight, stream=stream)
+        fused_attention_bwd(dqkv, dy, qkv, y, lse, n_head, stream=stream)
+    matmul_attention_bwd.__name__ = matmul_attention_bwd.__qualname__ = name
+    return matmul_attention_bwd
+
+
+matmul_attention_bwd = matmul_then_attention_bwd(matmul_bwd, fused_attention_bwd)

@@ -51,7 +51,7 @@ def supported(d_k: int, T: int) -> bool:
     return max(s["fwd"], s["delta"], s["bwd"]) <= engine().max_shared
 
 
-def _runs(B: int, n_head: int, d_k: int, T: int) -> bool:
+def runs(B: int, n_head: int, d_k: int, T: int) -> bool:
     """Whether flash attention takes this launch: supported, and B and n_head within its grid's y and z."""
     return supported(d_k, T) and max(B, n_head) <= GRID_YZ
 
@@ -60,7 +60,7 @@ def fused_attention_fwd_tc(y, lse, qkv, n_head, *, stream=None):
     """fused_attention_fwd's y and lse, by flash attention: a block of query rows streams the key tiles up to the
     diagonal with an online softmax."""
     B, T, C, d_k = qkv_dims(qkv, n_head)
-    if not _runs(B, n_head, d_k, T):
+    if not runs(B, n_head, d_k, T):
         return fused_attention_fwd(y, lse, qkv, n_head, stream=stream)
     D = width(d_k)
     s = _sizes(D)
@@ -77,8 +77,17 @@ def fused_attention_bwd_tc(dqkv, dy, qkv, y, lse, n_head, *, stream=None):
     kernel for dQ, dK and dV (a block of 64 keys for each 4 warps, from the ticket, against the query tiles from
     the last down to the diagonal, adding into dQ in the order of the key tiles behind a counter a query tile)."""
     B, T, C, d_k = qkv_dims(qkv, n_head)
-    if not _runs(B, n_head, d_k, T):
+    if not runs(B, n_head, d_k, T):
         return fused_attention_bwd(dqkv, dy, qkv, y, lse, n_head, stream=stream)
+    backward(dqkv, dy, qkv, y, lse, n_head, stream)
+
+
+def backward(dqkv, dy, qkv, y, lse, n_head, stream, delta_rows=None):
+    """fused_attention_bwd_tc's launches, where runs(): delta_rows(p_delta, p_sync) first, which queues what writes
+    delta of the rows past the pass kernel's query tiles and zeroes their counters (None: k_flash_bwd_delta_rows,
+    a warp a (b, t) row, all heads; matmul_attention_tc has the product that makes dy do it), then the pass kernel
+    (which reads dy) and the kernel of dQ, dK and dV."""
+    B, T, C, d_k = qkv_dims(qkv, n_head)
     D = width(d_k)
     s = _sizes(D)
     p_dqkv, p_dy = ptr("dqkv", dqkv, (B, T, 3 * C)), ptr("dy", dy, (B, T, C))
@@ -91,10 +100,12 @@ def fused_attention_bwd_tc(dqkv, dy, qkv, y, lse, n_head, *, stream=None):
     q, k, v, dq, dk, dv = p_qkv, p_qkv + 4 * C, p_qkv + 8 * C, p_dqkv, p_dqkv + 4 * C, p_dqkv + 8 * C
     p_delta, p_sync = int(delta.gpudata), int(sync.gpudata)
     pass_tiles = min(tiles, s["pass_tiles"])  # delta from a pass over P and dP; the rows past them from dO * O
+    rows = B * (T - pass_tiles * s["keys"])
+    if delta_rows is not None:
+        delta_rows(p_delta, p_sync)
+    elif rows > 0:  # a warp each, all heads
+        launch("k_flash_bwd_delta_rows", [p_delta, p_sync, p_y, p_dy, B, n_head, T, d_k, C], blocks(32 * rows), stream)
     launch(f"k_flash_bwd_delta_d{D}", [p_delta, p_sync, q, k, v, p_dy, p_lse, T, d_k, 3 * C, C],
            (pass_tiles, n_head, B), stream, shared=s["delta"], block=block)
-    rows = B * (T - pass_tiles * s["keys"])
-    if rows > 0:  # a warp each, all heads
-        launch("k_flash_bwd_delta_rows", [p_delta, p_sync, p_y, p_dy, B, n_head, T, d_k, C], blocks(32 * rows), stream)
     launch(f"k_flash_bwd_d{D}", [dq, dk, dv, p_sync, q, k, v, p_dy, p_lse, p_delta, T, d_k, 3 * C, C],
            (math.ceil(tiles / s["bwd_tiles"]), n_head, B), stream, shared=s["bwd"], block=32 * s["bwd_warps"])

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from . import (attention, crossentropy, decode, embed, embed_fast, flash_attention, heads_fast, layernorm,
-               layernorm_fast, matmul, matmul_fast, matmul_layernorm_tc, matmul_tc, pointwise, pointwise_fast,
+               layernorm_fast, matmul, matmul_attention_tc, matmul_fast, matmul_layernorm_tc, matmul_tc, pointwise,
+               pointwise_fast,
                rows_fast, sampling)
 from .adamw import adamw, global_norm
 
@@ -76,6 +77,8 @@ OPS: dict[str, dict[str, Callable]] = {
                             "tc": flash_attention.fused_attention_fwd_tc},
     "fused_attention_bwd": {"reference": attention.fused_attention_bwd,
                             "tc": flash_attention.fused_attention_bwd_tc},
+    "matmul_attention_bwd": {"reference": attention.matmul_attention_bwd,
+                             "tc": matmul_attention_tc.matmul_attention_bwd_tc},
     "merge_heads_fwd": {"reference": attention.merge_heads_fwd, "fast": heads_fast.merge_heads_fwd_fast},
     "merge_heads_bwd": {"reference": attention.merge_heads_bwd, "fast": heads_fast.merge_heads_bwd_fast},
     "gelu_fwd": {"reference": pointwise.gelu_fwd, "fast": pointwise_fast.gelu_fwd_fast},

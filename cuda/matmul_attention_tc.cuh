@@ -1,0 +1,96 @@
+// The attention's output projection's dX product and flash attention's delta, in one kernel (sm_90a):
+//
+//   dO = dY @ W_O                            (M x C, M = B * T: the attention output's gradient, written)
+//   delta[b][h][t] = sum over d of dO * O   (O = y, the attention's output: head h is columns h d_k .. + d_k)
+//
+// for the rows past flash attention's first FA_DELTA_PASS_TILES query tiles, whose counters it also zeroes: what
+// k_flash_bwd_delta_rows does as a pass of its own, reading dO back beside O (44 MB a layer at andrea-120m's B = 8,
+// T = 1024; at 74-76% of the copy bandwidth, under the 80% the memory-bound kernels are held to). Here dO is summed
+// from the product's registers, as it is stored, and only O is read. The product is k_gemm_wg_split's
+// (wg_split_tile: the same dO bits); a 128-column tile holds whole heads where d_k divides 128 (the launcher's
+// condition: d_k 32, 64 or 128), so a row's head is summed inside one warp, no exchange between blocks. Its
+// epilogue stages O's tile through the stages' shared memory in 16-byte rows (tile_copy, as the fused layernorm
+// backward does: reads in fragment order, 8 bytes a thread, cost it 65 us at its shapes).
+//
+// The sum is FP64 over the head's d_k products (each exact in FP64), rounded once to FP32, as the rows kernel's:
+// in its own fixed order (a thread's columns in order, then the quad's 4 threads by a shuffle tree), so the same
+// bits every run, and the rows kernel's value but for the order of an FP64 sum's roundings.
+//
+// On the H200 at andrea-120m's attn.proj backward (tools/profile_kernels.py, the op's splits, dX, delta, flash
+// backward and dW): 1.345 ms against 1.349 with the rows kernel (2026-12-02). O's tile, read after the products
+// with no product to overlap it (one block an SM), costs about what the pass did; what is gone is the pass itself.
+#pragma once
+#include "flash_attention.cuh"      // FA_KEYS, FA_DELTA_PASS_TILES
+#include "matmul_layernorm_tc.cuh"  // tile_copy, consumers_sync, LN_TILE_LD
+#include "matmul_tc.cuh"            // wg_split_tile, wg_store
+
+// The delta of a consumer's share of the tile (m0, n0) of dO (d, as wg_store lays it out: element i is row
+// r0 + 8 ((i % 4) / 2), column n0 + 8 (i / 4) + 2t + i % 2, r0 = m0 + 16 * wg_warp + lane / 4), O's tile in os
+// (rows of LN_TILE_LD floats), for heads of D = d_k columns: each of the tile's 128 / D heads is D / 8 of the
+// thread's column pairs.
+template <int D>
+__device__ __forceinline__ void wg_delta_epilogue(const float (&d)[64], const float* os, float* delta, int* sync,
+                                                  int M, int N, int T, int m0, int n0) {
+    constexpr int HEADS = 128 / D, PAIRS = D / 8, T0 = FA_DELTA_PASS_TILES * FA_KEYS;
+    const int tid = threadIdx.x - 128, lane = tid % 32, t = lane % 4, lr0 = (tid / 32) * 16 + lane / 4;
+    const int NH = N / D, tiles = (T - 1) / FA_KEYS + 1;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int m = m0 + lr0 + 8 * r;
+        const float* o = os + (lr0 + 8 * r) * LN_TILE_LD;
+        double sum[HEADS];
+#pragma unroll
+        for (int hh = 0; hh < HEADS; hh++) {
+            sum[hh] = 0.0;
+#pragma unroll
+            for (int j = hh * PAIRS; j < (hh + 1) * PAIRS; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) sum[hh] += (double)d[4 * j + 2 * r + e] * o[8 * j + 2 * t + e];
+#pragma unroll
+            for (int s = 1; s < 4; s *= 2) sum[hh] += __shfl_xor_sync(0xffffffff, sum[hh], s);  // the quad's
+        }
+        const int b = m / T, tp = m - b * T;
+        if (t != 0 || m >= M || tp < T0) continue;
+#pragma unroll
+        for (int hh = 0; hh < HEADS; hh++) {
+            const int h = n0 / D + hh;
+            if (h >= NH) break;  // past N: a partial last column tile
+            const long long bh = (long long)b * NH + h;
+            delta[bh * T + tp] = (float)sum[hh];
+            if (tp % FA_KEYS == 0) sync[bh * tiles + tp / FA_KEYS] = 0;
+        }
+    }
+}
+
+// d_o (M x N, rows N floats apart) = dY @ W_O from split operands (a_split: dY, M_pad x K_pad; b_split: W_O^T's
+// rows, N_pad x K_pad; each hi then lo, as k_gemm_wg_split), and for the rows of each batch row b (M = B T rows)
+// at t >= FA_DELTA_PASS_TILES * FA_KEYS: delta (B, N / d_k, T) = the rows' sums of d_o * o over each head's d_k
+// columns (o: M x N, rows N floats apart), and sync's counters of those query tiles (B, N / d_k, ceil(T / 64)) set
+// to 0. The first query tiles' delta, their counters and the ticket are k_flash_bwd_delta_d*'s. d_k: 32, 64 or 128
+// (traps otherwise). A grid of (ceil(N / 128), ceil(M / 128)) blocks of TC_WG_THREADS, TC_SPLIT_SMEM_BYTES of
+// dynamic shared memory, as k_gemm_wg_split.
+extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
+    k_gemm_wg_split_delta(float* d_o, float* delta, int* sync, const uint32_t* a_split, const uint32_t* b_split,
+                          const float* o, int M, int N, int K_pad, int T, int d_k) {
+#if WG_AVAILABLE
+    extern __shared__ __align__(1024) float split_smem[];
+    if (d_k != 32 && d_k != 64 && d_k != 128) __trap();
+    const int m0 = blockIdx.y * 128, n0 = blockIdx.x * 128;
+    float acc[64];
+    if (!wg_split_tile(acc, split_smem, a_split, b_split, m0, n0, K_pad)) return;
+    const bool vec4 = N % 4 == 0 && reinterpret_cast<uintptr_t>(o) % 16 == 0;
+    consumers_sync();  // every consumer's last wgmma has read the stages, which O's tile now takes
+    tile_copy<false>(split_smem, o, M, N, m0, n0, vec4);
+    consumers_sync();
+    if (d_k == 32)
+        wg_delta_epilogue<32>(acc, split_smem, delta, sync, M, N, T, m0, n0);
+    else if (d_k == 64)
+        wg_delta_epilogue<64>(acc, split_smem, delta, sync, M, N, T, m0, n0);
+    else
+        wg_delta_epilogue<128>(acc, split_smem, delta, sync, M, N, T, m0, n0);
+    // after the sums: stored first, its 64 addresses took registers that the sums then spilled for
+    wg_store(d_o, acc, m0 + (threadIdx.x / 128 - 1) * 64, n0, M, N, N, nullptr, 1.0f, 0.0f, CAUSAL_NONE, 0.0f);
+#else
+    __trap();  // the launcher chooses this kernel on sm_90a only
+#endif
+}

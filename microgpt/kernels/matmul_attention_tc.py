@@ -1,0 +1,53 @@
+"""Launchers of cuda/matmul_attention_tc.cuh: the attention's output projection's backward into flash attention's
+backward, on the tensor cores, with the dX product that makes dy also summing flash attention's delta (the rows
+past its first query tiles) from its tiles (sm_90a): no pass reads dy back beside y for it, the one memory-bound
+kernel of the tc backward that stayed under 80% of the copy bandwidth (k_flash_bwd_delta_rows). Where the kernel
+does not apply, the tc variant's matmul_bwd, then its fused_attention_bwd."""
+from __future__ import annotations
+
+import math
+
+from . import flash_attention
+from .attention import matmul_attention_bwd_args, matmul_then_attention_bwd
+from .flash_attention import fused_attention_bwd_tc
+from .matmul_fast import Gemm
+from .matmul_tc import gemm_tc, matmul_bwd_tc, split_into_workspace, split_operands, tc_kernel
+from .runtime import launch
+from .source import int_constant
+
+D_K = (32, 64, 128)  # the head widths whose heads a 128-column tile holds whole
+
+# the same ops unfused: where the kernel does not apply, and beside it in the profile
+unfused = matmul_then_attention_bwd(matmul_bwd_tc, fused_attention_bwd_tc, "matmul_attention_bwd_tc_unfused")
+
+
+def fuses(B: int, T: int, C: int, n_head: int) -> bool:
+    """Whether the dX product of B T rows of C (K = C) sums delta: where it would run from split operands
+    (split_operands: sm_90a, a product the wgmma kernel takes), flash attention runs the backward (flash_attention.
+    runs) and its heads are whole in the product's tiles (d_k in D_K), on a grid within CUDA's limits."""
+    d_k = C // n_head
+    g = Gemm.dense(B * T, C, C)
+    return (d_k in D_K and flash_attention.runs(B, n_head, d_k, T) and split_operands(g, tc_kernel(g))
+            and math.ceil(B * T / 128) <= 65535)
+
+
+def matmul_attention_bwd_tc(dqkv, dweight, dbias, dout, y, weight, qkv, lse, n_head, *, dy, stream=None):
+    """As matmul_attention_bwd: where fuses(), dout @ weight split into TF32 hi and lo (split_into_workspace) and
+    k_gemm_wg_split_delta, which writes dy and the delta of the rows past the pass kernel's query tiles; then the
+    rest of flash attention's backward (flash_attention.backward) and the dW product (its bias gradient summed by
+    the wgmma kernel) as in matmul_bwd. Otherwise the two ops one after the other."""
+    B, T, C, d_k, p = matmul_attention_bwd_args(dqkv, dweight, dbias, dout, y, weight, qkv, lse, n_head, dy)
+    if not fuses(B, T, C, n_head):
+        unfused(dqkv, dweight, dbias, dout, y, weight, qkv, lse, n_head, dy=dy, stream=stream)
+        return
+    g = Gemm.dense(B * T, C, C)
+
+    def product_and_delta(p_delta, p_sync):
+        ws, a_split, b_split, K_pad, grid = split_into_workspace(g, p["dout"], p["weight"], stream)
+        launch("k_gemm_wg_split_delta", [p["dy"], p_delta, p_sync, a_split, b_split, p["y"], B * T, C, K_pad, T, d_k],
+               grid, stream, shared=int_constant("TC_SPLIT_SMEM_BYTES"), block=int_constant("TC_WG_THREADS"))
+        del ws  # held until the product that reads it is queued
+
+    flash_attention.backward(dqkv, dy, qkv, y, lse, n_head, stream, delta_rows=product_and_delta)
+    gemm_tc(Gemm.dense(C, C, B * T, trans_a=True, beta=1.0), p["dweight"], p["dout"], p["y"], stream=stream,
+            sums=p["dbias"])
