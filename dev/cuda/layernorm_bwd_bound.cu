@@ -20,10 +20,19 @@
 //   at the end, 4.6 to add them (96 strips of 16 columns for the 66 reducers that may wait: two rounds).
 // So the pass cannot reach 80% while it ends in a grid-wide reduction: even its rows alone, with the roundings the
 // engine spells out, stop at 74% of the copy in a graph (86% adding into dx).
+// H200, 2026-12-02 (the same figures again within 2%, then): the prototype's partial rows added by clusters of 8, 4
+// or 2 blocks through distributed shared memory (k_layernorm_bwd_cluster: the last block then adds 32 cluster rows,
+// not 256), dx the prototype's bits: 54% / 50% / 49% in a graph added into, 64% without the last block's sum, where
+// the prototype's rows and partial rows reach 77%: a cluster's two syncs hold each of its blocks until the slowest
+// is done, and its blocks must be placed together.
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <type_traits>
 #include <vector>
 
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include "layernorm_fast.cuh"  // the engine's k_layernorm_bwd_fast
@@ -243,6 +252,87 @@ __global__ void __launch_bounds__(LN_BWD_THREADS, 1)
     ln_bwd_partial_row<4>(partials, rows_only_shares, cols);
 }
 
+// The prototype's rows with no grid-wide reduction of 256 partial rows at the end (sm_90): clusters of
+// CLUSTER_BLOCKS blocks add their blocks' partial rows through distributed shared memory first, each block a slice of
+// the columns, so that the launch's last block adds 32 cluster rows, not 256, and no block waits for another. The
+// block's partial row: its 8 warps' shares in warp order; the cluster's: its blocks' in rank order; dw and db: the
+// clusters' in order. G = 256 blocks (a function of N alone, one wave at two an SM).
+namespace cg = cooperative_groups;
+constexpr int CLUSTER_GRID = 256;
+template <bool ACC, bool FINISH, int CLUSTER_BLOCKS>
+__global__ void __cluster_dims__(CLUSTER_BLOCKS, 1, 1) __launch_bounds__(NARROW_THREADS, 2)
+    k_layernorm_bwd_cluster(float* dx, float* dw, float* db, float* cluster_rows, unsigned int* counter,
+                            const float* dout, const float* x, const float* w, const float* mean, const float* rstd,
+                            int N, int C) {
+    constexpr int K = NARROW_CHUNKS, WARPS = NARROW_THREADS / 32, Q = 32 * K;  // Q: a half's float4s
+    __shared__ __align__(16) float4 shares[WARPS][2][Q];  // each warp's dw and db shares: 48 KB
+    unsigned int& ticket = *reinterpret_cast<unsigned int*>(&shares[WARPS - 1][1][Q - 1]);  // free by then
+    float pw[K][4] = {}, pb[K][4] = {};
+    layernorm_bwd_narrow_rows<4, ACC>(dx, pw, pb, dout, x, w, mean, rstd, N, C);
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        shares[warp][0][k * 32 + lane] = make_float4(pw[k][0], pw[k][1], pw[k][2], pw[k][3]);
+        shares[warp][1][k * 32 + lane] = make_float4(pb[k][0], pb[k][1], pb[k][2], pb[k][3]);
+    }
+    __syncthreads();
+    float4* row = &shares[0][0][0];  // the block's partial row, dw's then db's, over warp 0's shares
+    for (int j = threadIdx.x; j < 2 * Q; j += NARROW_THREADS) {
+        const int half = j / Q, q = j % Q;
+        float4 t = shares[0][half][q];
+        for (int v = 1; v < WARPS; v++) {
+            const float4 u = shares[v][half][q];
+            t.x += u.x, t.y += u.y, t.z += u.z, t.w += u.w;
+        }
+        row[j] = t;  // shares[0][half][q]: this thread's alone
+    }
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every block's partial row is in its shared memory
+    const int rank = cluster.block_rank(), per = 2 * Q / CLUSTER_BLOCKS;  // float4s of the slice
+    const int cid = blockIdx.x / CLUSTER_BLOCKS;
+    for (int j = threadIdx.x; j < per; j += NARROW_THREADS) {
+        const int at = rank * per + j;
+        float4 t = cluster.map_shared_rank(row, 0)[at];
+        for (int r = 1; r < CLUSTER_BLOCKS; r++) {
+            const float4 u = cluster.map_shared_rank(row, r)[at];
+            t.x += u.x, t.y += u.y, t.z += u.z, t.w += u.w;
+        }
+        reinterpret_cast<float4*>(cluster_rows)[(long long)cid * 2 * Q + at] = t;
+    }
+    cluster.sync();  // no block leaves while another reads its shared memory
+    if (!FINISH) return;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) ticket = atomicAdd(counter, 1u);
+    __syncthreads();
+    if (ticket != gridDim.x - 1) return;
+    __threadfence();
+    const int clusters = gridDim.x / CLUSTER_BLOCKS;
+    for (int j = threadIdx.x; j < 2 * Q; j += NARROW_THREADS) {
+        float4 t = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int k0 = 0; k0 < clusters; k0 += 8) {
+            float4 u[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                if (k0 + i < clusters) u[i] = __ldcg(reinterpret_cast<const float4*>(cluster_rows) + (k0 + i) * 2 * Q + j);
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                if (k0 + i < clusters) t.x += u[i].x, t.y += u[i].y, t.z += u[i].z, t.w += u[i].w;
+        }
+        float* out = (j < Q ? dw : db) + 4 * (j % Q);
+        out[0] += t.x, out[1] += t.y, out[2] += t.z, out[3] += t.w;
+    }
+    if (threadIdx.x == 0) *counter = 0;
+}
+
+__global__ void k_fill(float* a, long long n, unsigned seed, float scale, float offset) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        unsigned h = (unsigned)i * 2654435761u ^ seed;
+        h ^= h >> 13, h *= 0x5bd1e995u, h ^= h >> 15;
+        a[i] = offset + scale * ((h & 0xffffff) / 16777216.0f - 0.5f);
+    }
+}
+
 int main() {
     const long long n = (long long)N * C;
     const int SETS = 3;  // copies of the arrays, rotated: the 50 MB L2 holds no repeat
@@ -365,6 +455,64 @@ int main() {
                                                                                      rstd, N, C, 16);
                  });
         }
+    }
+    {  // the clusters' reduction: checked against the prototype (dx the same bits; dw and db the same sums in
+       // another order), then timed
+        unsigned int* counter;
+        float *dw, *db, *dw2, *db2, *cluster_rows, *dx_check;
+        CK(cudaMalloc(&counter, 16));
+        CK(cudaMemset(counter, 0, 16));
+        for (float** p : {&dw, &db, &dw2, &db2}) {
+            CK(cudaMalloc(p, C * 4));
+            CK(cudaMemset(*p, 0, C * 4));
+        }
+        CK(cudaMalloc(&cluster_rows, 128 * 2 * C * 4));
+        CK(cudaMalloc(&dx_check, n * 4));
+        k_fill<<<1024, 256>>>(a[0], n, 1u, 2.0f, 0.0f);
+        k_fill<<<1024, 256>>>(b[0], n, 2u, 2.0f, 0.5f);
+        k_fill<<<8, 256>>>(w, C, 3u, 1.0f, 1.0f);
+        k_fill<<<32, 256>>>(mean, N, 4u, 0.2f, 0.5f);
+        k_fill<<<32, 256>>>(rstd, N, 5u, 0.5f, 1.0f);
+        k_layernorm_bwd_fast_narrow<<<256, 256>>>(dx_check, dw, db, partials, counter, a[0], b[0], w, mean, rstd, N, C,
+                                                  0, 66);
+        k_layernorm_bwd_cluster<false, true, 8><<<CLUSTER_GRID, NARROW_THREADS>>>(o[0], dw2, db2, cluster_rows,
+                                                                                 counter + 2, a[0], b[0], w, mean,
+                                                                                 rstd, N, C);
+        CK(cudaGetLastError());
+        CK(cudaDeviceSynchronize());
+        std::vector<float> h1(n), h2(n), w1(C), w2(C), b1(C), b2(C);
+        CK(cudaMemcpy(h1.data(), dx_check, n * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(h2.data(), o[0], n * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(w1.data(), dw, C * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(w2.data(), dw2, C * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(b1.data(), db, C * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(b2.data(), db2, C * 4, cudaMemcpyDeviceToHost));
+        long long differ = 0;
+        for (long long i = 0; i < n; i++) differ += memcmp(&h1[i], &h2[i], 4) != 0;
+        double worst = 0.0;
+        for (int c = 0; c < C; c++)
+            worst = std::max(worst, std::max(fabs(w1[c] - w2[c]) / (fabs(w1[c]) + 1e-3),
+                                             fabs(b1[c] - b2[c]) / (fabs(b1[c]) + 1e-3)));
+        printf("clusters against the prototype: dx words that differ %lld of %lld; dw, db worst relative %.2e\n",
+               differ, n, worst);
+        auto cl = [&](auto acc_c, auto finish_c, auto cl_c) {
+            constexpr bool ACC = decltype(acc_c)::value, FIN = decltype(finish_c)::value;
+            constexpr int CL = decltype(cl_c)::value;
+            char name[96];
+            snprintf(name, sizeof name, "clusters of %d%s%s", CL, FIN ? "" : " without the last block's sum",
+                     ACC ? ", added into" : "");
+            time(name, (3.0 + ACC) * n * 4, [&](int s, cudaStream_t st) {
+                k_layernorm_bwd_cluster<ACC, FIN, CL><<<CLUSTER_GRID, NARROW_THREADS, 0, st>>>(
+                    o[s], dw2, db2, cluster_rows, counter + 2, a[s], b[s], w, mean, rstd, N, C);
+            });
+        };
+        using T_ = std::true_type;
+        using F_ = std::false_type;
+        using C8 = std::integral_constant<int, 8>;
+        using C4 = std::integral_constant<int, 4>;
+        using C2 = std::integral_constant<int, 2>;
+        cl(T_{}, T_{}, C8{}), cl(T_{}, F_{}, C8{}), cl(F_{}, T_{}, C8{}), cl(T_{}, T_{}, C4{}), cl(T_{}, F_{}, C4{});
+        cl(T_{}, T_{}, C2{});
     }
     for (int blocks : {1024, 528, 396, 264, 132}) {
         char name[64];
