@@ -28,6 +28,15 @@ def rel_err(a, b):
 WORST: dict = {}
 
 
+def device(ga, a, offset=0):
+    """a on the device (ga: pycuda.gpuarray), `offset` floats past an allocation's start (offset 1: off every 8- and
+    16-byte boundary)."""
+    buf = ga.empty(a.size + offset, np.float32)
+    view = buf[offset:].reshape(a.shape)
+    view.set(np.ascontiguousarray(a, np.float32))
+    return view
+
+
 def record(group, name, err):
     g = WORST.setdefault(group, {})
     g[name] = max(g.get(name, 0.0), err)

@@ -176,13 +176,20 @@ def test_delta_rows_give_the_float64_sum_of_do_times_o_and_zero_their_counters(g
     sync = ga.to_gpu(np.full(B * NH * tiles + 1, -1, np.int32))
     launch("k_flash_bwd_delta_rows", [int(delta.gpudata), int(sync.gpudata), int(o.gpudata) + 4 * offset,
                                       int(d_o.gpudata) + 4 * offset, B, NH, T, d_k, C], blocks(32 * B * (T - T0)))
-    products = (o_h[offset:].astype(np.float64) * do_h[offset:]).reshape(B, T, NH, d_k).transpose(0, 2, 1, 3)
+    check_delta_rows(delta.get(), sync.get(), o_h[offset:], do_h[offset:], B, T, NH, d_k)
+
+
+def check_delta_rows(got, counters, o, d_o, B, T, NH, d_k):
+    """delta (B, NH, T) and sync's counters (B * NH * ceil(T / 64) and the ticket, -1 before the launch) as a kernel
+    of the rows past the pass kernel's query tiles leaves them, o and d_o (B, T, NH * d_k) on the host: those rows'
+    delta the FP64 sum of dO * O over the head rounded once, their tiles' counters 0, the rest untouched."""
+    s = K.flash_attention._sizes(K.flash_attention.width(d_k))
+    T0, tiles = s["pass_tiles"] * s["keys"], -(-T // s["keys"])
+    products = (o.astype(np.float64) * d_o).reshape(B, T, NH, d_k).transpose(0, 2, 1, 3)
     want, size = products.sum(-1)[..., T0:], np.abs(products).sum(-1)[..., T0:]
-    got = delta.get()
     assert np.all(np.isnan(got[..., :T0]))
     # rounded once: within half an FP32 ulp of the FP64 sum, which is itself within d_k FP64 roundings of exact
     assert np.all(np.abs(got[..., T0:] - want) <= 2.0 ** -24 * np.abs(want) + 2.0 ** -50 * d_k * size)
-    counters = sync.get()
     assert counters[-1] == -1
     counters = counters[:-1].reshape(B, NH, tiles)
     assert np.all(counters[..., :s["pass_tiles"]] == -1) and np.all(counters[..., s["pass_tiles"]:] == 0)

@@ -9,8 +9,8 @@ import pytest
 
 from microgpt import kernels as K
 
-from helpers import record
-from test_gpu_fused_attention import BAR, err, fast_pipeline, float64_attention, parts, poisoned
+from helpers import device, record
+from test_gpu_fused_attention import BAR, check_delta_rows, err, fast_pipeline, float64_attention, parts, poisoned
 
 pytestmark = pytest.mark.gpu
 
@@ -20,14 +20,6 @@ def ga():
     K.engine()
     import pycuda.gpuarray as ga
     return ga
-
-
-def device(ga, a, offset=0):
-    """a on the device, `offset` floats past an allocation's start (offset 1: off every 8- and 16-byte boundary)."""
-    buf = ga.empty(a.size + offset, np.float32)
-    view = buf[offset:].reshape(a.shape)
-    view.set(np.ascontiguousarray(a, np.float32))
-    return view
 
 
 def needs_wgmma():
@@ -55,8 +47,7 @@ def test_the_kernel_writes_the_products_dy_and_the_float64_delta_of_its_rows(ga,
     needs_wgmma()
     from microgpt.kernels.runtime import launch
     from microgpt.kernels.source import int_constant
-    s = K.flash_attention._sizes(K.flash_attention.width(d_k))
-    T0, tiles, C, N = s["pass_tiles"] * s["keys"], -(-T // s["keys"]), NH * d_k, B * T
+    tiles, C, N = -(-T // K.flash_attention._sizes(K.flash_attention.width(d_k))["keys"]), NH * d_k, B * T
     dout_h = rng.standard_normal((N, C)).astype(np.float32)
     w_h = (rng.standard_normal((C, C)) / np.sqrt(C)).astype(np.float32)
     y_h = rng.standard_normal((N, C)).astype(np.float32)
@@ -77,16 +68,7 @@ def test_the_kernel_writes_the_products_dy_and_the_float64_delta_of_its_rows(ga,
     K.replay(plan, None, "test")
     got_dy = dy.get()
     np.testing.assert_array_equal(bits(got_dy), bits(want_dy.get()))
-    products = (got_dy.astype(np.float64) * y_h).reshape(B, T, NH, d_k).transpose(0, 2, 1, 3)
-    want, size = products.sum(-1)[..., T0:], np.abs(products).sum(-1)[..., T0:]
-    got = delta.get()
-    assert np.all(np.isnan(got[..., :T0]))
-    # rounded once: within half an FP32 ulp of the FP64 sum, which is itself within d_k FP64 roundings of exact
-    assert np.all(np.abs(got[..., T0:] - want) <= 2.0 ** -24 * np.abs(want) + 2.0 ** -50 * d_k * size)
-    counters = sync.get()
-    assert counters[-1] == -1
-    counters = counters[:-1].reshape(B, NH, tiles)
-    assert np.all(counters[..., :s["pass_tiles"]] == -1) and np.all(counters[..., s["pass_tiles"]:] == 0)
+    check_delta_rows(delta.get(), sync.get(), y_h, got_dy, B, T, NH, d_k)
 
 
 def run(ga, fn, args, offset):

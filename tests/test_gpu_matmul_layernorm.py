@@ -9,7 +9,7 @@ import pytest
 from microgpt import kernels as K
 from microgpt import reference as R
 
-from helpers import record, rel_err
+from helpers import device, record, rel_err
 
 pytestmark = pytest.mark.gpu
 
@@ -22,14 +22,6 @@ def ga():
     K.engine()
     import pycuda.gpuarray as ga
     return ga
-
-
-def device(ga, a, offset=0):
-    """a on the device, `offset` floats past an allocation's start (offset 1: off every 8- and 16-byte boundary)."""
-    buf = ga.empty(a.size + offset, np.float32)
-    view = buf[offset:].reshape(a.shape)
-    view.set(np.ascontiguousarray(a, np.float32))
-    return view
 
 
 def draw(rng, N, C, OUT):
