@@ -15,8 +15,7 @@ from typing import Callable
 
 from . import (attention, crossentropy, decode, embed, embed_fast, flash_attention, heads_fast, layernorm,
                layernorm_fast, matmul, matmul_attention_tc, matmul_fast, matmul_layernorm_tc, matmul_tc, pointwise,
-               pointwise_fast,
-               rows_fast, sampling)
+               pointwise_fast, rows_fast, sampling)
 from .adamw import adamw, global_norm
 
 
