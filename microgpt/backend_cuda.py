@@ -141,12 +141,17 @@ class CudaBackend:
     def _weight_splits(self, b, transposed: bool):
         """The products' weights as the pass's products from split operands may read them split once (the tc variant
         on sm_90a): the forward's as out = inp @ W^T reads them, the backward's transposed, as dinp = dout @ W does;
-        held with the activations of (B, T), the splits in their memory."""
+        held with the activations of (B, T), both in one arena (each pass splits them at its start, and the passes
+        run in turn)."""
         key = "bwd_splits" if transposed else "fwd_splits"
         if not hasattr(b, key):
             names = [f"h.{l}.{w}" for l in range(self.config.n_layer)
                      for w in ("attn.qkv.w", "attn.proj.w", "mlp.fc.w", "mlp.proj.w")] + ["wte"]
-            setattr(b, key, K.weight_splits([self.P[n] for n in names], transposed, self._new))
+            weights = [self.P[n] for n in names]
+            if not hasattr(b, "split_arena"):
+                floats = max(K.split_floats(K.weight_splits(weights, t).candidates) for t in (False, True))
+                b.split_arena = K.SplitArena(floats, self._new)
+            setattr(b, key, K.weight_splits(weights, transposed, b.split_arena.allocator()))
         return getattr(b, key)
 
     def _plan_forward(self, b, with_targets):

@@ -512,6 +512,28 @@ def test_split_operands_share_the_plans_workspace(fake):
         assert K.matmul_tc.split_operands(g, K.matmul_tc.tc_kernel(g)) == split, N
 
 
+def test_the_forward_and_backward_splits_share_one_arena_the_size_of_the_larger(fake):
+    """A SplitArena lays each set's splits out from its start: the forward's and the backward's weights (each split at
+    its own pass's start) take one allocation, made at the first split found, as large as the larger set, not the
+    sum; a set that asks for more than it holds is refused."""
+    weights = [f32(300, 257), f32(1000, 333)]
+    sizes = [K.split_floats(K.weight_splits(weights, t).candidates) for t in (False, True)]
+    assert sizes == [2 * (384 * 288 + 1024 * 352), 2 * (384 * 320 + 384 * 1024)]  # rows to 128, K to 32
+    made = []
+    arena = K.SplitArena(max(sizes), lambda n: made.append(f32(n)) or made[-1])
+    fwd, bwd = (K.weight_splits(weights, t, arena.allocator()) for t in (False, True))
+    assert not made  # nothing found, nothing allocated
+    at = {name: [s.find(*op) for op in sorted(s.candidates)] for name, s in (("fwd", fwd), ("bwd", bwd))}
+    assert len(made) == 1 and made[0].size == max(sizes)
+    base = made[0].gpudata
+    for name, pointers in at.items():  # each set from the arena's start, one after the other, within it
+        splits = {"fwd": fwd, "bwd": bwd}[name]
+        assert sorted(pointers)[0] == base and max(int(b.gpudata) + 4 * b.size for b in splits.found.values()) \
+            <= base + 4 * max(sizes)
+    with pytest.raises(RuntimeError, match="SplitArena"):
+        arena.allocator()(max(sizes) + 1)
+
+
 def test_weights_split_once_go_first_in_the_plan_and_replace_the_products_own_splits(fake):
     """Products recorded inside weight_splits(...).reading(plan) on sm_90a read a weight's split (hi then lo, rows_pad x
     K_pad each) from the set rather than splitting it in the plan's workspace; on leaving, one k_tf32_split_batch

@@ -56,7 +56,7 @@ from .registry import DEFAULT_VARIANT, OPS, VARIANTS, Kernels, Variant, launcher
 from .rows_fast import (crossentropy_bwd_fast, crossentropy_fwd_fast, embed_fwd_fast, softmax_bwd_fast,
                         softmax_fwd_fast)
 from .sampling import sample
-from .tf32_split import SplitOperands
+from .tf32_split import SplitArena, SplitOperands, split_floats
 from .source import (NVCC_OPTIONS, cuda_source_dir, full_source, int_constants, kernel_headers, kernel_names,
                      kernel_signatures, preprocessed)
 from ..reference import MASK_VALUE

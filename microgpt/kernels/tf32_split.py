@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -112,6 +113,36 @@ class SplitOperands:
         if self.found:
             self.split()
             plan.insert(0, plan.pop())
+
+
+def split_floats(candidates) -> int:
+    """Floats that the splits of these operands (src, rows, K, ld, transposed) take, hi and lo each padded."""
+    return sum(2 * math.prod(split_padding(rows, K)) for _, rows, K, _, _ in candidates)
+
+
+class SplitArena:
+    """One allocation for sets of split operands that are never read at once (the model's forward and backward
+    weights, each split at the start of its own pass, the passes in order on one stream): each set lays its splits
+    out from the arena's start, so it is the largest set's size, not their sum (0.73 GB less at andrea-120m). Made by
+    new(floats) when first taken from, so a device whose products split nothing ahead allocates none."""
+
+    def __init__(self, floats: int, new=None):
+        self.floats, self.new, self.buf = floats, new or (lambda n: engine().ga.empty(n, np.float32)), None
+
+    def allocator(self):
+        """A SplitOperands' new(n), for one set: n floats after the set's earlier ones."""
+        taken = 0
+
+        def take(n: int) -> SimpleNamespace:
+            nonlocal taken
+            if taken + n > self.floats:
+                raise RuntimeError(f"SplitArena: {taken + n} floats asked of one of {self.floats}")
+            if self.buf is None:
+                self.buf = self.new(self.floats)
+            at = SimpleNamespace(gpudata=int(self.buf.gpudata) + 4 * taken, size=n, base=self.buf)
+            taken += n
+            return at
+        return take
 
 
 def find_split(src: int, rows: int, K: int, ld: int, transposed: bool) -> int | None:
