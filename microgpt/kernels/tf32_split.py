@@ -28,6 +28,11 @@ def split_padding(rows: int, K: int) -> tuple[int, int]:
     return math.ceil(rows / tile_rows) * tile_rows, math.ceil(K / tile_k) * tile_k
 
 
+def split_floats(candidates) -> int:
+    """Floats that the splits of these operands (src, rows, K, ld, transposed) take, hi and lo each padded."""
+    return sum(2 * math.prod(split_padding(rows, K)) for _, rows, K, _, _ in candidates)
+
+
 def tf32_split(hi: int, lo: int, src: int, rows: int, K: int, ld: int, K_pad: int, stream, transposed=False) -> None:
     """src's rows (rows x K, ld; transposed: stored K x rows) split into TF32 hi and lo, K-major and padded to
     whole tiles: rows_pad x K_pad floats each at hi and lo (split_padding), zero past the matrix (k_tf32_split;
@@ -71,8 +76,7 @@ class SplitOperands:
         if key not in self.candidates:
             return None
         if key not in self.found:
-            rows_pad, K_pad = split_padding(rows, K)
-            self.found[key] = self.new(2 * rows_pad * K_pad)
+            self.found[key] = self.new(split_floats([key]))
         return int(self.found[key].gpudata)
 
     def split(self, stream=None) -> None:
@@ -113,11 +117,6 @@ class SplitOperands:
         if self.found:
             self.split()
             plan.insert(0, plan.pop())
-
-
-def split_floats(candidates) -> int:
-    """Floats that the splits of these operands (src, rows, K, ld, transposed) take, hi and lo each padded."""
-    return sum(2 * math.prod(split_padding(rows, K)) for _, rows, K, _, _ in candidates)
 
 
 class SplitArena:
