@@ -74,7 +74,7 @@ def add_product_cases(builder: Builder, shape: Shape) -> None:
     dk = d_k if d_k in K.matmul_attention_tc.D_K else 64
     Wa, Ta = -(-max(C, 256) // dk) * dk, max(T, 200)  # T past the pass kernel's rows, tiles across batch rows
     nh, Na = Wa // dk, B * Ta
-    cases = [(case, fn) for case, fn in own("matmul_attention_bwd", " (attn.proj)", with_reference=False)]
+    cases = own("matmul_attention_bwd", " (attn.proj)", with_reference=False)
     if "tc" in variants and K.warpgroup_mma():
         cases.append(("matmul_attention_bwd_tc unfused (attn.proj)", K.matmul_attention_tc.unfused))
     cases = [(case, fn) for case, fn in cases if want(case) and K.flash_attention.runs(B, nh, dk, Ta)]

@@ -21,14 +21,13 @@ D_K = (32, 64, 128)  # the head widths whose heads a 128-column tile holds whole
 unfused = matmul_then_attention_bwd(matmul_bwd_tc, fused_attention_bwd_tc, "matmul_attention_bwd_tc_unfused")
 
 
-def fuses(B: int, T: int, C: int, n_head: int) -> bool:
-    """Whether the dX product of B T rows of C (K = C) sums delta: where it would run from split operands
+def fuses(g: Gemm, B: int, T: int, n_head: int) -> bool:
+    """Whether the dX product g (B T rows of C = g.N, K = C) sums delta: where it would run from split operands
     (split_operands: sm_90a, a product the wgmma kernel takes), flash attention runs the backward (flash_attention.
     runs) and its heads are whole in the product's tiles (d_k in D_K), on a grid within CUDA's limits."""
-    d_k = C // n_head
-    g = Gemm.dense(B * T, C, C)
+    d_k = g.N // n_head
     return (d_k in D_K and flash_attention.runs(B, n_head, d_k, T) and split_operands(g, tc_kernel(g))
-            and math.ceil(B * T / 128) <= 65535)
+            and math.ceil(g.M / 128) <= 65535)
 
 
 def matmul_attention_bwd_tc(dqkv, dweight, dbias, dout, y, weight, qkv, lse, n_head, *, dy, stream=None):
@@ -37,10 +36,10 @@ def matmul_attention_bwd_tc(dqkv, dweight, dbias, dout, y, weight, qkv, lse, n_h
     rest of flash attention's backward (flash_attention.backward) and the dW product (its bias gradient summed by
     the wgmma kernel) as in matmul_bwd. Otherwise the two ops one after the other."""
     B, T, C, d_k, p = matmul_attention_bwd_args(dqkv, dweight, dbias, dout, y, weight, qkv, lse, n_head, dy)
-    if not fuses(B, T, C, n_head):
+    g = Gemm.dense(B * T, C, C)
+    if not fuses(g, B, T, n_head):
         unfused(dqkv, dweight, dbias, dout, y, weight, qkv, lse, n_head, dy=dy, stream=stream)
         return
-    g = Gemm.dense(B * T, C, C)
 
     def product_and_delta(p_delta, p_sync):
         ws, a_split, b_split, K_pad, grid = split_into_workspace(g, p["dout"], p["weight"], stream)
