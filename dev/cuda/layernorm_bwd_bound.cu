@@ -25,6 +25,14 @@
 // not 256), dx the prototype's bits: 54% / 50% / 49% in a graph added into, 64% without the last block's sum, where
 // the prototype's rows and partial rows reach 77%: a cluster's two syncs hold each of its blocks until the slowest
 // is done, and its blocks must be placed together.
+// H200, 2026-12-02 (thirteenth session; graph): the prototype at 128, 132, 256 and 264 blocks with 66, 96 or 132
+// reducers: 55-60% (63-71% adding into dx); 96 and 132 reducers the same, 66 a point or two slower; the engine
+// 62.7% / 68.7% in the same run. Its rows alone 76% (85%), with the block's partial row 67% (77.5%): at 80% the pass
+// has 22 us (75 MB at 4.25 TB/s), its rows alone take 23.3, ending each block at a barrier for its partial row adds
+// 3.2 and the grid's reduction 3 more, however many blocks add it. Tried in a copy of the engine's kernel and not
+// kept: each strip's group sums added by the shuffle tree and the warps' sums (not one thread's 64 adds in turn) and
+// 8 partial rows a thread in flight: the engine 62.7% against 63.3%; the prototype with C a constant (no chunk
+// guards): its rows and partial rows 79%, where k_warprow (float4s, the sums in trees, contracted) reaches 86%.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -415,46 +423,36 @@ int main() {
             });
         // the narrow rows' kernel: a warp a row, 256 blocks (one wave at two an SM), 66 reducers (a quarter of
         // the 264 resident); and 128 blocks
-        for (int blocks : {256, 128})
-            for (int acc : {0, 1}) {
-                char name[64];
-                snprintf(name, sizeof name, "warp a row (prototype), %d blocks%s", blocks,
-                         acc ? ", dx added into" : "");
-                time(name, (3.0 + acc) * n * 4, [&](int s, cudaStream_t st) {
-                    k_layernorm_bwd_fast_narrow<<<blocks, 256, 0, st>>>(o[s], dw, db, partials, counters, a[s], b[s],
-                                                                        w, mean, rstd, N, C, acc, 66);
-                });
-            }
-        for (int acc : {0, 1}) {
-            time(acc ? "prototype's rows alone, added into" : "prototype's rows alone", (3.0 + acc) * n * 4,
-                 [&](int s, cudaStream_t st) {
-                     if (acc)
-                         k_narrow_nofinish<true, false><<<256, 256, 0, st>>>(o[s], partials, a[s], b[s], w, mean,
-                                                                                      rstd, N, C);
-                     else
-                         k_narrow_nofinish<false, false><<<256, 256, 0, st>>>(o[s], partials, a[s], b[s], w, mean,
-                                                                                      rstd, N, C);
-                 });
-            time(acc ? "prototype's rows + partial rows, added into" : "prototype's rows + partial rows",
-                 (3.0 + acc) * n * 4,
-                 [&](int s, cudaStream_t st) {
-                     if (acc)
-                         k_narrow_nofinish<true, true><<<256, 256, 0, st>>>(o[s], partials, a[s], b[s], w, mean,
-                                                                                      rstd, N, C);
-                     else
-                         k_narrow_nofinish<false, true><<<256, 256, 0, st>>>(o[s], partials, a[s], b[s], w, mean,
-                                                                                      rstd, N, C);
-                 });
+        for (int blocks : {128, 132, 256, 264})
+            for (int reducers : {66, 96, 132})
+                for (int acc : {0, 1}) {
+                    if (reducers > blocks) continue;
+                    char name[80];
+                    snprintf(name, sizeof name, "warp a row (prototype), %d blocks, %d reducers%s", blocks, reducers,
+                             acc ? ", dx added into" : "");
+                    time(name, (3.0 + acc) * n * 4, [&](int s, cudaStream_t st) {
+                        k_layernorm_bwd_fast_narrow<<<blocks, 256, 0, st>>>(o[s], dw, db, partials, counters, a[s],
+                                                                            b[s], w, mean, rstd, N, C, acc, reducers);
+                    });
+                }
+        for (int rows_blocks : {256, 264})
+            for (int acc : {0, 1})
+                for (bool partial : {false, true}) {
+                    char name[80];
+                    snprintf(name, sizeof name, "prototype's rows%s, %d blocks%s",
+                             partial ? " + partial rows" : " alone", rows_blocks, acc ? ", added into" : "");
+                    auto k = acc ? (partial ? k_narrow_nofinish<true, true> : k_narrow_nofinish<true, false>)
+                                 : (partial ? k_narrow_nofinish<false, true> : k_narrow_nofinish<false, false>);
+                    time(name, (3.0 + acc) * n * 4, [&](int s, cudaStream_t st) {
+                        k<<<rows_blocks, 256, 0, st>>>(o[s], partials, a[s], b[s], w, mean, rstd, N, C);
+                    });
+                }
+        for (int acc : {0, 1})
             time(acc ? "engine's rows + partial rows, added into" : "engine's rows + partial rows", (3.0 + acc) * n * 4,
                  [&](int s, cudaStream_t st) {
-                     if (acc)
-                         k_block_nofinish<true><<<512, 192, 32 * 192, st>>>(o[s], partials, a[s], b[s], w, mean,
-                                                                                     rstd, N, C, 16);
-                     else
-                         k_block_nofinish<false><<<512, 192, 32 * 192, st>>>(o[s], partials, a[s], b[s], w, mean,
-                                                                                     rstd, N, C, 16);
+                     auto k = acc ? k_block_nofinish<true> : k_block_nofinish<false>;
+                     k<<<512, 192, 32 * 192, st>>>(o[s], partials, a[s], b[s], w, mean, rstd, N, C, 16);
                  });
-        }
     }
     {  // the clusters' reduction: checked against the prototype (dx the same bits; dw and db the same sums in
        // another order), then timed
