@@ -131,6 +131,19 @@ __global__ void __launch_bounds__(256) k_delta_stride(float* delta, int* sync, c
     }
 }
 
+// A lane's four products of d_o and o (x, y: its float4s) summed in FP64 in d's order, then the head's SEG lanes'
+// sums by a shuffle tree: the head's sum, in each of its lanes
+template <int SEG>
+__device__ __forceinline__ double quad_head_sum(float4 x, float4 y) {
+    double s = (double)x.x * y.x;
+    s += (double)x.y * y.y;
+    s += (double)x.z * y.z;
+    s += (double)x.w * y.w;
+#pragma unroll
+    for (int m = SEG / 2; m >= 1; m /= 2) s += __shfl_xor_sync(0xffffffff, s, m);
+    return s;
+}
+
 // a warp a (b, t) row, 16-byte loads: lane l takes float4 f = l + 32 i of the row (d = 4 f .. 4 f + 3 of head
 // f / SEG, d_k = 4 SEG), its four products summed in FP64 in d's order, then the SEG lanes of a head by a shuffle
 // tree (another order than the engine's: the same value but for a rounding of FP64 sums, rarely another float)
@@ -155,12 +168,7 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS) k_delta_row4(float* delta, in
             for (int i = 0; i < ITERS; i++) {
                 const int f = f0 + lane + 32 * i;
                 if (f0 + 32 * i >= n4) break;  // the whole warp
-                double s = (double)x[i].x * y[i].x;
-                s += (double)x[i].y * y[i].y;
-                s += (double)x[i].z * y[i].z;
-                s += (double)x[i].w * y[i].w;
-#pragma unroll
-                for (int m = SEG / 2; m >= 1; m /= 2) s += __shfl_xor_sync(0xffffffff, s, m);
+                const double s = quad_head_sum<SEG>(x[i], y[i]);
                 if (f < n4 && lane % SEG == 0) put_delta(delta, sync, s, b, f / SEG, NH, t, T);
             }
         }
@@ -191,12 +199,7 @@ __global__ void __launch_bounds__(256) k_delta_row4b(float* delta, int* sync, co
             for (int i = 0; i < ITERS; i++) {
                 const int f = f0 + lane + 32 * i;
                 if (f0 + 32 * i >= n4) break;  // the whole warp
-                double s = (double)x[i].x * y[i].x;
-                s += (double)x[i].y * y[i].y;
-                s += (double)x[i].z * y[i].z;
-                s += (double)x[i].w * y[i].w;
-#pragma unroll
-                for (int m = SEG / 2; m >= 1; m /= 2) s += __shfl_xor_sync(0xffffffff, s, m);
+                const double s = quad_head_sum<SEG>(x[i], y[i]);
                 if (f < n4 && lane % SEG == 0) {
                     const long long bh = (long long)b * NH + f / SEG;
                     delta[bh * T + t] = (float)s;
