@@ -1,9 +1,12 @@
 import os
+import sys
 
 import numpy as np
 import pytest
 
-from helpers import GPU_REASON, WORST
+from helpers import GPU_REASON, TOOLS, WORST
+
+sys.path.append(TOOLS)  # tools/torch_gpt.py: the held-out PyTorch GPT, an oracle of the tests
 
 
 def pytest_terminal_summary(terminalreporter):

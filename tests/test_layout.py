@@ -2,6 +2,8 @@
 run down, one switch for the kernels, and docs that describe this repository."""
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ MAX_LINES = 450
 ENGINE_MODULES = {"__init__", "source", "runtime", "checks", "registry", "graph"}
 # our modules that need an optional dependency at import: imported where it is used, so that the rest runs
 # without it
-OPTIONAL = {"microgpt.torch_gpt": "torch", "microgpt.distributed": "torch"}
+OPTIONAL = {"microgpt.distributed": "torch", "torch_gpt": "torch"}
 
 
 def rel(p):
@@ -25,6 +27,15 @@ def rel(p):
 def test_no_module_is_too_long(path):
     n = len(path.read_text().splitlines())
     assert n <= MAX_LINES, f"{rel(path)} has {n} lines (at most {MAX_LINES}): split it along what it owns"
+
+
+def test_importing_the_package_imports_no_torch():
+    code = ("import sys, pkgutil, importlib, microgpt; "
+            "[importlib.import_module(m.name) for m in pkgutil.walk_packages(microgpt.__path__, 'microgpt.') "
+            "if m.name not in ('microgpt.__main__', 'microgpt.distributed')]; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False", "importing microgpt imported torch"
 
 
 def test_no_globals_lookups():

@@ -7,7 +7,7 @@ from microgpt import GPT, GPTConfig
 from helpers import record, rel_err
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed: pip install 'microgpt[test]'")
-from microgpt.torch_gpt import TorchGPT  # noqa: E402
+from torch_gpt import TorchGPT  # noqa: E402
 
 CFG = GPTConfig(n_layer=2, n_head=4, d_model=64, block_size=19, vocab_size=97)
 

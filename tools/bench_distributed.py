@@ -68,7 +68,7 @@ def time_torch(cfg, dp, args, T):
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
-    from microgpt.torch_gpt import TorchGPT
+    from torch_gpt import TorchGPT
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     cuda = args.backend == "cuda"

@@ -7,7 +7,7 @@ PyTorch GPT of the same architecture, dtype (FP32, TF32 off), B and T, measured 
     python tools/bench_train.py --variant fast tc    # each variant against the same PyTorch measurement
     python tools/bench_train.py --variant reference  # the readable kernels instead of the fast ones
 
-PyTorch is the peer a user would run instead: microgpt.torch_gpt.TorchGPT with scaled_dot_product_attention
+PyTorch is the peer a user would run instead: tools/torch_gpt.py's TorchGPT with scaled_dot_product_attention
 and fused AdamW. Without PyTorch (or its CUDA) its column says so.
 """
 from __future__ import annotations
@@ -78,7 +78,7 @@ def time_torch(cfg, B, T, steps, warmup):
         return None, "PyTorch is not installed"
     if not torch.cuda.is_available():
         return None, "PyTorch has no CUDA here"
-    from microgpt.torch_gpt import TorchGPT  # needs torch
+    from torch_gpt import TorchGPT  # needs torch
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     model = TorchGPT(cfg, attention="sdpa").load_numpy(GPT(cfg).state_dict()).cuda()

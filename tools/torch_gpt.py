@@ -12,8 +12,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .config import GPTConfig
-from .params import param_table
+from microgpt.config import GPTConfig
+from microgpt.params import param_table
 
 
 def _key(name: str) -> str:
