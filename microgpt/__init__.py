@@ -3,7 +3,7 @@ with a NumPy reference engine that computes every operation the same way on the 
 from ._version import __version__
 from .attention import MultiHeadAttention
 from .config import GPTConfig, PRESETS
-from .model import GPT
+from .gpt import GPT
 from .tokenizer import ByteTokenizer
 
 __all__ = ["GPTConfig", "PRESETS", "GPT", "MultiHeadAttention", "ByteTokenizer", "__version__"]

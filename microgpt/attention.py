@@ -1,4 +1,4 @@
-"""One attention sublayer, the 12-head pipeline: on device buffers, as the cuda backend's GPT runs it in
+"""One attention sublayer, the 12-head pipeline: on buffers, through the op table, as microgpt.model runs it in
 every layer, and as MultiHeadAttention, the sublayer on its own with its intermediates, on any backend.
 
     mha = MultiHeadAttention(d_model=768, n_head=12, backend="cuda", variant="reference")
@@ -21,36 +21,40 @@ import numpy as np
 
 from . import reference as R
 from .backend import AttentionBackend
-from .kernels import Kernels, engine, flash_attention_supported, release_at_exit, resolve, select
+from .kernels import engine, flash_attention_supported, release_at_exit
+from .ops import resolve, select
 
 WEIGHTS = ("qkv.w", "qkv.b", "proj.w", "proj.b")
 INTERMEDIATES = ("q", "k", "v", "scores", "masked", "probs", "heads", "lse", "y")
+STATE = INTERMEDIATES + ("qkv", "out", "k_cache", "v_cache", "pos")
 
 
-# ---------------------------------------------------------------------------------------------- on the GPU
-# The stages on buffers the caller owns (a namespace `a` forward, `d` backward), in one variant's kernels.
-# The fast variant's scores kernel writes the masked scores directly: a.scores is None there. A variant with
-# fused attention (tc) runs the heads in one kernel forward and two backward, reading them from qkv: the buffers
-# it is given (fused=True) have a.lse and no per-head stages (a.q ... a.heads None).
-def fused(ops: Kernels, d_k: int, T: int) -> bool:
+# ---------------------------------------------------------------------------------------------- the stages
+# The sublayer on buffers the caller owns (a state `a` forward, `d` backward), through one implementation of the op
+# table (`ops`: the numpy one or a variant's launchers). Fused (a.lse set: the tc variant's flash attention) the
+# heads run in one op forward and one backward, read from qkv; otherwise stage by stage, keeping q, k, v and the
+# probabilities (and the scores before the mask in a.scores unless it is None: the fast variants write the masked
+# scores directly). A decode state (a.k_cache set) runs one new position against the cached keys and values.
+def fused(ops, d_k: int, T: int) -> bool:
     """Whether the variant's attention runs fused at this head width and length on this device."""
     return ops.variant.fused_attention and flash_attention_supported(d_k, T)
 
 
-def heads_fwd(ops: Kernels, a, n_head, stream=None):
-    """The stages between the two projections: a.qkv -> a.y, keeping a.lse (fused) or a.q, a.k, a.v and a.probs
-    (and the scores before the mask in a.scores unless it is None)."""
-    if a.lse is not None:
+def heads_fwd(ops, a, n_head, stream=None):
+    """The stages between the two projections: a.qkv -> a.y."""
+    if a.k_cache is not None:
+        ops.attention_decode(a.y, a.k_cache, a.v_cache, a.qkv, a.pos, stream=stream)
+    elif a.lse is not None:
         ops.fused_attention_fwd(a.y, a.lse, a.qkv, n_head, stream=stream)
-        return
-    ops.split_heads_fwd(a.q, a.k, a.v, a.qkv, n_head, stream=stream)
-    ops.causal_scores_fwd(a.masked, a.q, a.k, scores=a.scores, stream=stream)
-    ops.softmax_fwd(a.probs, a.masked, causal=True, stream=stream)
-    ops.attn_values_fwd(a.heads, a.probs, a.v, stream=stream)
-    ops.merge_heads_fwd(a.y, a.heads, stream=stream)
+    else:
+        ops.split_heads_fwd(a.q, a.k, a.v, a.qkv, n_head, stream=stream)
+        ops.causal_scores_fwd(a.masked, a.q, a.k, scores=a.scores, stream=stream)
+        ops.softmax_fwd(a.probs, a.masked, causal=True, stream=stream)
+        ops.attn_values_fwd(a.heads, a.probs, a.v, stream=stream)
+        ops.merge_heads_fwd(a.y, a.heads, stream=stream)
 
 
-def heads_bwd(ops: Kernels, a, d, n_head, stream=None):
+def heads_bwd(ops, a, d, n_head, stream=None):
     """Their backward: d.dy -> d.dqkv written."""
     if a.lse is not None:
         ops.fused_attention_bwd(d.dqkv, d.dy, a.qkv, a.y, a.lse, n_head, stream=stream)
@@ -62,14 +66,14 @@ def heads_bwd(ops: Kernels, a, d, n_head, stream=None):
     ops.split_heads_bwd(d.dqkv, d.dq, d.dk, d.dv, stream=stream)
 
 
-def attention_fwd(ops: Kernels, x, w, a, n_head, stream=None):
-    """x (B, T, C) -> a.out; keeps a.qkv, a.y and what heads_fwd keeps for backward."""
+def forward(ops, x, w, a, n_head, stream=None):
+    """x (B, T, C) -> a.out = proj(attention(qkv(x))); keeps a.qkv, a.y and what heads_fwd keeps for backward."""
     ops.matmul_fwd(a.qkv, x, w["qkv.w"], w["qkv.b"], stream=stream)
     heads_fwd(ops, a, n_head, stream)
     ops.matmul_fwd(a.out, a.y, w["proj.w"], w["proj.b"], stream=stream)
 
 
-def attention_dqkv(ops: Kernels, dout, w, g, a, d, n_head, stream=None):
+def backward_to_qkv(ops, dout, w, g, a, d, n_head, stream=None):
     """The backward as far as the qkv projection: dout (B, T, C) -> d.dqkv written; g["proj.*"] added into. With
     the attention fused, one op for both (the tc variant sums flash attention's delta in the product that makes
     d.dy)."""
@@ -81,28 +85,36 @@ def attention_dqkv(ops: Kernels, dout, w, g, a, d, n_head, stream=None):
     heads_bwd(ops, a, d, n_head, stream)
 
 
-def attention_bwd(ops: Kernels, dout, x, w, g, a, d, n_head, stream=None):
+def backward(ops, dout, x, w, g, a, d, n_head, stream=None):
     """dout (B, T, C) -> d.dx written; g (the weights' gradients) added into. d holds the scratch."""
-    attention_dqkv(ops, dout, w, g, a, d, n_head, stream)
+    backward_to_qkv(ops, dout, w, g, a, d, n_head, stream)
     ops.matmul_bwd(d.dx, g["qkv.w"], g["qkv.b"], d.dqkv, x, w["qkv.w"], stream=stream)
 
 
-def attention_buffers(new, B, T, C, n_head, keep_scores=False, fused=False):
-    """The forward's buffers, from new(*shape); a.scores only with keep_scores; fused: a.lse instead of the
-    per-head stages."""
+def _state(**buffers) -> SimpleNamespace:
+    return SimpleNamespace(**{k: buffers.get(k) for k in STATE})
+
+
+def states(new, B, T, C, n_head, keep_scores=False, fused=False):
+    """make(out) -> one layer's forward state writing `out`, from new(*shape): fused, qkv and lse (and y) of its own;
+    otherwise q, k, v, probs (and y) of its own, and qkv, masked, heads (and scores with keep_scores) shared by every
+    state made here, as the backward does not read them."""
     d_k = C // n_head
-    a = SimpleNamespace(qkv=new(B, T, 3 * C), y=new(B, T, C), out=new(B, T, C), lse=None, q=None, k=None, v=None,
-                        scores=None, masked=None, probs=None, heads=None)
     if fused:
-        a.lse = new(B, n_head, T)
-    else:
-        a.q, a.k, a.v, a.heads = (new(B, n_head, T, d_k) for _ in range(4))
-        a.scores = new(B, n_head, T, T) if keep_scores else None
-        a.masked, a.probs = new(B, n_head, T, T), new(B, n_head, T, T)
-    return a
+        return lambda out: _state(qkv=new(B, T, 3 * C), y=new(B, T, C), out=out, lse=new(B, n_head, T))
+    shared = dict(qkv=new(B, T, 3 * C), masked=new(B, n_head, T, T), heads=new(B, n_head, T, d_k),
+                  scores=new(B, n_head, T, T) if keep_scores else None)
+    return lambda out: _state(y=new(B, T, C), out=out, q=new(B, n_head, T, d_k), k=new(B, n_head, T, d_k),
+                              v=new(B, n_head, T, d_k), probs=new(B, n_head, T, T), **shared)
 
 
-def attention_grad_buffers(new, B, T, C, n_head, fused=False):
+def decode_state(qkv, y, out, k_cache, v_cache, pos) -> SimpleNamespace:
+    """One new position's state: its qkv (B, 1, 3C), y and out (B, 1, C), against the caches (B, NH, T_max, d_k) and
+    the position pos (int32 (1,))."""
+    return _state(qkv=qkv, y=y, out=out, k_cache=k_cache, v_cache=v_cache, pos=pos)
+
+
+def grad_buffers(new, B, T, C, n_head, fused=False):
     d_k = C // n_head
     d = SimpleNamespace(dy=new(B, T, C), dqkv=new(B, T, 3 * C), dx=new(B, T, C))
     if not fused:
@@ -158,10 +170,11 @@ class CudaAttention:
 
     def forward(self, x, keep_intermediates):
         B, T, C = x.shape
-        a = attention_buffers(self._new, B, T, C, self.n_head, keep_scores=self.ops.variant.keeps_scores,
-                              fused=fused(self.ops, C // self.n_head, T))
+        make = states(self._new, B, T, C, self.n_head, keep_scores=self.ops.variant.keeps_scores,
+                      fused=fused(self.ops, C // self.n_head, T))
+        a = make(self._new(B, T, C))
         a.x = self.ga.to_gpu(x)
-        attention_fwd(self.ops, a.x, self.weights, a, self.n_head)
+        forward(self.ops, a.x, self.weights, a, self.n_head)
         self._a = a
         inter = None
         if keep_intermediates:
@@ -171,9 +184,9 @@ class CudaAttention:
     def backward(self, dout):
         a = self._a
         B, T, C = a.x.shape
-        d = attention_grad_buffers(self._new, B, T, C, self.n_head, fused=a.lse is not None)
+        d = grad_buffers(self._new, B, T, C, self.n_head, fused=a.lse is not None)
         g = {k: self.ga.zeros_like(v) for k, v in self.weights.items()}  # kernels add into weight gradients
-        attention_bwd(self.ops, self.ga.to_gpu(dout), a.x, self.weights, g, a, d, self.n_head)
+        backward(self.ops, self.ga.to_gpu(dout), a.x, self.weights, g, a, d, self.n_head)
         return d.dx.get(), {k: v.get() for k, v in g.items()}
 
 
@@ -184,7 +197,7 @@ ATTENTION_BACKENDS = {"numpy": NumpyAttention, "cuda": CudaAttention}
 class MultiHeadAttention:
     def __init__(self, d_model: int, n_head: int, backend="numpy", seed: int = 0, variant: str | None = None):
         """backend: "numpy", "cuda", or an AttentionBackend object. variant (a name of
-        microgpt.kernels.VARIANTS, None for the default) picks the cuda backend's kernels; the numpy
+        microgpt.ops.VARIANTS, None for the default) picks the cuda backend's kernels; the numpy
         backend has one set. The fast variant writes the masked scores directly, so that "scores" is not
         among its intermediates; the tc variant's attention is fused (flash attention, where the device runs
         it), whose intermediates are y and lse only."""

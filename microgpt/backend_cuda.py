@@ -1,10 +1,10 @@
-"""The cuda backend: the whole GPT on the GPU through the kernels of cuda/microgpt_cuda.cu.
+"""The cuda backend: microgpt.model on the GPU, through one variant's launchers of cuda/microgpt_cuda.cu.
 
 Weights, gradients, Adam m and v live on the device as four flat float32 vectors laid out by
-microgpt.params; activations are allocated once per (B, T) and reused. A forward or backward pass is a
-fixed sequence of launches, so it is planned once per (B, T): every launch's arguments are checked by the
-launch layer when the plan is made, and the pass then runs as one CUDA graph of it (kernels.Pass; launch by
-launch where no graph can be captured) on one stream. In a training step the
+microgpt.params; activations are allocated once per (B, T) and reused. A forward, backward or decode pass is a
+fixed sequence of launches, so it is recorded once (per (B, T), or per B for decode): every launch's arguments are
+checked by the launch layer when the plan is made, and the pass then runs as one CUDA graph of it (kernels.Pass;
+launch by launch where no graph can be captured) on one stream. In a training step the
 only transfers are the batch in (from page-locked memory) and the per-position losses out.
 """
 from __future__ import annotations
@@ -14,9 +14,10 @@ from types import SimpleNamespace
 import numpy as np
 
 from . import kernels as K
-from .attention import attention_dqkv, attention_fwd, attention_grad_buffers, fused
+from . import attention, model
 from .backend import FLAT_VECTORS, check_which
 from .config import GPTConfig
+from .ops import select
 from .params import decays, num_params, param_table
 
 
@@ -25,16 +26,11 @@ def device_views(table, flat):
     return {s.name: flat[s.offset:s.offset + s.size].reshape(s.shape) for s in table}
 
 
-def _sublayer(tensors, prefix):
-    """{'attn.qkv.w': ...} -> {'qkv.w': ...}: the tensors (weights or gradients) under one prefix."""
-    return {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
-
-
 class CudaBackend:
     dtype = np.dtype(np.float32)
 
     def __init__(self, config: GPTConfig, variant: str | None = None):
-        self.ops = K.select(variant)  # refuses an unknown variant before anything is allocated
+        self.ops = select(variant)  # refuses an unknown variant before anything is allocated
         engine = K.engine()
         self.cuda, self.ga = engine.cuda, engine.ga
         self.config = config
@@ -85,43 +81,21 @@ class CudaBackend:
         return self.ga.empty(shape, dtype, allocator=self.pool.allocate)
 
     def _buffers(self, B, T):
+        """microgpt.model's activations at (B, T), made once and kept until another (B, T) comes, with the batch
+        they read: token ids, targets and the positions sorted by token (the embedding backward's), one copy."""
         if self._bufs is not None and self._bufs.shape == (B, T):
             return self._bufs
         self._bufs = None
         self._passes = {}
         self.pool.free_held()
         cfg, new = self.config, self._new
-        C, NH, V, L = cfg.d_model, cfg.n_head, cfg.vocab_size, cfg.n_layer
-        b = SimpleNamespace(shape=(B, T))
-        # the batch travels in one copy: token ids, targets, and the positions sorted by token that the
-        # embedding backward reads
+        fused = attention.fused(self.ops, cfg.d_k, T)
+        b = model.activations(cfg, B, T, new, attention.states(new, B, T, cfg.d_model, cfg.n_head, fused=fused))
+        b.fused = fused
         b.batch_host = self.cuda.pagelocked_empty((3, B, T), np.int32)
         b.losses_host = self.cuda.pagelocked_empty((B, T), np.float32)
         b.batch = new(3, B, T, dtype=np.int32)
         b.idx, b.tgt, b.order = b.batch[0], b.batch[1], b.batch[2]
-        b.resid = [new(B, T, C) for _ in range(L + 1)]  # the residual stream entering each layer, and out
-        b.layers, b.fused = [], fused(self.ops, C // NH, T)
-        b.scratch = SimpleNamespace(out=new(B, T, C), mlp=new(B, T, C))
-        if not b.fused:  # the pipeline's stages its backward does not read, shared by all layers
-            b.scratch.qkv, b.scratch.masked = new(B, T, 3 * C), new(B, NH, T, T)
-            b.scratch.heads = new(B, NH, T, C // NH)
-        for _ in range(L):
-            # saved for backward, per layer
-            a = SimpleNamespace(ln1=new(B, T, C), mean1=new(B, T), rstd1=new(B, T), x1=new(B, T, C),
-                                ln2=new(B, T, C), mean2=new(B, T), rstd2=new(B, T), fc=new(B, T, 4 * C),
-                                act=new(B, T, 4 * C))
-            # and what the attention's backward reads: qkv, y and lse (fused), or q, k, v, probs and y
-            a.att = SimpleNamespace(y=new(B, T, C), out=b.scratch.out, scores=None, lse=None, q=None, k=None,
-                                    v=None, probs=None, masked=None, heads=None)
-            if b.fused:
-                a.att.qkv, a.att.lse = new(B, T, 3 * C), new(B, NH, T)
-            else:
-                a.att.qkv, a.att.masked, a.att.heads = b.scratch.qkv, b.scratch.masked, b.scratch.heads
-                a.att.q, a.att.k, a.att.v = (new(B, NH, T, C // NH) for _ in range(3))
-                a.att.probs = new(B, NH, T, T)
-            b.layers.append(a)
-        b.lnf, b.meanf, b.rstdf = new(B, T, C), new(B, T), new(B, T)
-        b.logits, b.probs, b.losses = new(B, T, V), new(B, T, V), new(B, T)
         b.dlosses = self.ga.to_gpu(np.full((B, T), 1.0 / (B * T), np.float32))
         self._bufs = b
         return b
@@ -129,12 +103,9 @@ class CudaBackend:
     def _grad_buffers(self, b):
         if not hasattr(b, "d"):
             B, T = b.shape
-            C, NH = self.config.d_model, self.config.n_head
-            new = self._new
-            b.d = attention_grad_buffers(new, B, T, C, NH, fused=b.fused)
-            b.d.resid, b.d.ln = new(B, T, C), new(B, T, C)
-            b.d.act, b.d.fc = new(B, T, 4 * C), new(B, T, 4 * C)
-            b.d.logits = new(B, T, self.config.vocab_size)
+            cfg = self.config
+            b.d = model.gradients(cfg, B, T, self._new, lambda: attention.grad_buffers(
+                self._new, B, T, cfg.d_model, cfg.n_head, fused=b.fused))
         return b.d
 
     # -- forward / backward ---------------------------------------------------------------------------
@@ -145,70 +116,17 @@ class CudaBackend:
         run in turn)."""
         key = "bwd_splits" if transposed else "fwd_splits"
         if not hasattr(b, key):
-            names = [f"h.{l}.{w}" for l in range(self.config.n_layer)
-                     for w in ("attn.qkv.w", "attn.proj.w", "mlp.fc.w", "mlp.proj.w")] + ["wte"]
-            weights = [self.P[n] for n in names]
+            weights = model.product_weights(self.P, self.config)
             if not hasattr(b, "split_arena"):
                 floats = max(K.split_floats(K.weight_splits(weights, t).candidates) for t in (False, True))
                 b.split_arena = K.SplitArena(floats, self._new)
             setattr(b, key, K.weight_splits(weights, transposed, b.split_arena.allocator()))
         return getattr(b, key)
 
-    def _plan_forward(self, b, with_targets):
-        cfg, P, NH, ops = self.config, self.P, self.config.n_head, self.ops
-
-        def reads_resid(l):
-            """(out, mean, rstd, w, b) of the layernorm that reads resid[l]: layer l's ln1, or lnf after the last."""
-            if l == cfg.n_layer:
-                return b.lnf, b.meanf, b.rstdf, P["lnf.w"], P["lnf.b"]
-            s, w = b.layers[l], _sublayer(P, f"h.{l}.")
-            return s.ln1, s.mean1, s.rstd1, w["ln1.w"], w["ln1.b"]
-        splits = self._weight_splits(b, transposed=False)  # each weight split once, first, not before each product
-        with K.recording() as plan, splits.reading(plan):
-            ops.embed_fwd(b.resid[0], b.idx, P["wte"], P["wpe"], check_token_ids=False)
-            out, mean, rstd, ln_w, ln_b = reads_resid(0)
-            ops.layernorm_fwd(out, mean, rstd, b.resid[0], ln_w, ln_b)
-            for l, s in enumerate(b.layers):
-                w = _sublayer(P, f"h.{l}.")
-                attention_fwd(ops, s.ln1, _sublayer(w, "attn."), s.att, NH)
-                # each residual add with the layernorm that reads its sum: x1 = resid[l] + attn, ln2(x1) ...
-                ops.residual_layernorm_fwd(s.x1, s.ln2, s.mean2, s.rstd2, b.resid[l], b.scratch.out, w["ln2.w"],
-                                           w["ln2.b"])
-                ops.matmul_fwd(s.fc, s.ln2, w["mlp.fc.w"], w["mlp.fc.b"])
-                ops.gelu_fwd(s.act, s.fc)
-                ops.matmul_fwd(b.scratch.mlp, s.act, w["mlp.proj.w"], w["mlp.proj.b"])
-                # ... and resid[l+1] = x1 + mlp, with the next layer's ln1 (or lnf)
-                out, mean, rstd, ln_w, ln_b = reads_resid(l + 1)
-                ops.residual_layernorm_fwd(b.resid[l + 1], out, mean, rstd, s.x1, b.scratch.mlp, ln_w, ln_b)
-            ops.matmul_fwd(b.logits, b.lnf, P["wte"], None)  # tied output projection, no bias
-            if with_targets:
-                ops.crossentropy_fwd(b.losses, b.probs, b.logits, b.tgt, check_token_ids=False)
-        return plan
-
-    def _plan_backward(self, b):
-        cfg, P, G, NH, ops = self.config, self.P, self.G, self.config.n_head, self.ops
-        d, splits = self._grad_buffers(b), self._weight_splits(b, transposed=True)
-        with K.recording() as plan, splits.reading(plan):
-            ops.crossentropy_bwd(d.logits, b.probs, b.tgt, b.dlosses, check_token_ids=False)
-            # each layernorm's backward with the product that makes its output's gradient (fused where the
-            # variant can: that gradient, d.ln or d.dx, is then never written)
-            ops.matmul_layernorm_bwd(d.resid, G["lnf.w"], G["lnf.b"], G["wte"], None, d.logits, b.lnf, P["wte"],
-                                     b.resid[cfg.n_layer], P["lnf.w"], b.meanf, b.rstdf, dinp=d.ln)
-            for l in reversed(range(cfg.n_layer)):
-                s, w, g = b.layers[l], _sublayer(P, f"h.{l}."), _sublayer(G, f"h.{l}.")
-                # resid[l+1] = x1 + mlp(ln2(x1)): d.resid is the gradient of resid[l+1]
-                ops.matmul_bwd(d.act, g["mlp.proj.w"], g["mlp.proj.b"], d.resid, s.act, w["mlp.proj.w"])
-                ops.gelu_bwd(d.fc, d.act, s.fc)
-                ops.matmul_layernorm_bwd(d.resid, g["ln2.w"], g["ln2.b"], g["mlp.fc.w"], g["mlp.fc.b"], d.fc, s.ln2,
-                                         w["mlp.fc.w"], s.x1, w["ln2.w"], s.mean2, s.rstd2, dinp=d.ln,
-                                         accumulate=True)  # now the gradient of x1
-                # x1 = resid[l] + attn(ln1(resid[l]))
-                wa, ga = _sublayer(w, "attn."), _sublayer(g, "attn.")
-                attention_dqkv(ops, d.resid, wa, ga, s.att, d, NH)
-                ops.matmul_layernorm_bwd(d.resid, g["ln1.w"], g["ln1.b"], ga["qkv.w"], ga["qkv.b"], d.dqkv, s.ln1,
-                                         wa["qkv.w"], b.resid[l], w["ln1.w"], s.mean1, s.rstd1, dinp=d.dx,
-                                         accumulate=True)  # now the gradient of resid[l]
-            ops.embed_bwd(G["wte"], G["wpe"], d.resid, b.idx, b.order, check_token_ids=False)
+    def _plan(self, b, pass_, transposed):
+        """One pass of microgpt.model over b, recorded, its products reading the weights split once."""
+        with K.recording() as plan, self._weight_splits(b, transposed).reading(plan):
+            pass_()
         return plan
 
     def forward(self, idx, targets=None, logits="all"):
@@ -217,7 +135,8 @@ class CudaBackend:
         b = self._buffers(B, T)
         key = (B, T, targets is not None)
         if key not in self._passes:
-            self._passes[key] = K.Pass(self._plan_forward(b, targets is not None), "forward")
+            plan = self._plan(b, lambda: model.forward(self.ops, self.P, self.config, b, targets is not None), False)
+            self._passes[key] = K.Pass(plan, "forward")
         self.stream.synchronize()  # the page-locked batch may still be in flight from the last call
         b.batch_host[0] = idx
         b.batch_host[1] = 0 if targets is None else targets
@@ -243,7 +162,9 @@ class CudaBackend:
     def backward(self) -> None:
         b = self._bufs
         if "bwd" not in self._passes:
-            self._passes["bwd"] = K.Pass(self._plan_backward(b), "backward")
+            d = self._grad_buffers(b)
+            plan = self._plan(b, lambda: model.backward(self.ops, self.P, self.G, self.config, b, d), True)
+            self._passes["bwd"] = K.Pass(plan, "backward")
         self._passes["bwd"].launch(self.stream)
 
     # -- sampling: a cache of every layer's keys and values -----------------------------------------
@@ -254,44 +175,20 @@ class CudaBackend:
             return self._dec
         self._dec = None
         cfg, new = self.config, self._new
-        C, NH, L, V = cfg.d_model, cfg.n_head, cfg.n_layer, cfg.vocab_size
-        d = SimpleNamespace(B=B)
-        d.k = [new(B, NH, cfg.block_size, C // NH) for _ in range(L)]
-        d.v = [new(B, NH, cfg.block_size, C // NH) for _ in range(L)]
         # the new tokens and their position travel in one copy: ids[:B] the tokens, ids[B] the position
-        d.ids_host = self.cuda.pagelocked_empty(B + 1, np.int32)
-        d.ids = new(B + 1, dtype=np.int32)
-        d.tokens, d.pos = d.ids[:B].reshape(B, 1), d.ids[B:]
-        d.x, d.x1, d.ln, d.y, d.out, d.mlp = (new(B, 1, C) for _ in range(6))
-        d.mean, d.rstd = new(B, 1), new(B, 1)
-        d.qkv, d.fc, d.act = new(B, 1, 3 * C), new(B, 1, 4 * C), new(B, 1, 4 * C)
-        d.logits, d.logits_host = new(B, 1, V), self.cuda.pagelocked_empty((B, V), np.float32)
+        d = SimpleNamespace(B=B, cache=model.kv_cache(cfg, B, new), ids_host=self.cuda.pagelocked_empty(B + 1, np.int32),
+                            ids=new(B + 1, dtype=np.int32), logits_host=self.cuda.pagelocked_empty((B, cfg.vocab_size),
+                                                                                                  np.float32))
+        d.a = model.decode_activations(cfg, d.cache, d.ids[:B].reshape(B, 1), d.ids[B:], new)
+        d.logits = d.a.logits
         # the next tokens as k_sample chooses them, and the draws it chooses them by
         d.chosen, d.chosen_host = new(B, dtype=np.int32), self.cuda.pagelocked_empty(B, np.int32)
         d.u, d.u_host = new(B, dtype=np.float64), self.cuda.pagelocked_empty(B, np.float64)
-        d.step = K.Pass(self._plan_decode(d), "decode")  # one CUDA graph, captured at the first decode
+        with K.recording() as plan:
+            model.forward(self.ops, self.P, cfg, d.a)
+        d.step = K.Pass(plan, "decode")  # one CUDA graph, captured at the first decode
         self._dec = d
         return d
-
-    def _plan_decode(self, d):
-        """One position through every layer, as _plan_forward runs T of them, its attention against the caches."""
-        cfg, P, ops = self.config, self.P, self.ops
-        with K.recording() as plan:
-            ops.embed_decode(d.x, d.tokens, P["wte"], P["wpe"], d.pos, check_token_ids=False)
-            ops.layernorm_fwd(d.ln, d.mean, d.rstd, d.x, P["h.0.ln1.w"], P["h.0.ln1.b"])
-            for l in range(cfg.n_layer):
-                w = _sublayer(P, f"h.{l}.")
-                ops.matmul_fwd(d.qkv, d.ln, w["attn.qkv.w"], w["attn.qkv.b"])
-                ops.attention_decode(d.y, d.k[l], d.v[l], d.qkv, d.pos)
-                ops.matmul_fwd(d.out, d.y, w["attn.proj.w"], w["attn.proj.b"])
-                ops.residual_layernorm_fwd(d.x1, d.ln, d.mean, d.rstd, d.x, d.out, w["ln2.w"], w["ln2.b"])
-                ops.matmul_fwd(d.fc, d.ln, w["mlp.fc.w"], w["mlp.fc.b"])
-                ops.gelu_fwd(d.act, d.fc)
-                ops.matmul_fwd(d.mlp, d.act, w["mlp.proj.w"], w["mlp.proj.b"])
-                ln = "lnf." if l == cfg.n_layer - 1 else f"h.{l + 1}.ln1."  # the layernorm that reads the sum
-                ops.residual_layernorm_fwd(d.x, d.ln, d.mean, d.rstd, d.x1, d.mlp, P[ln + "w"], P[ln + "b"])
-            ops.matmul_fwd(d.logits, d.ln, P["wte"], None)  # tied output projection, no bias
-        return plan
 
     def prefill(self, idx, choose=None):
         """idx: checked int32 (B, T), T <= block_size. The forward over the prompt, its keys and values kept in
@@ -299,21 +196,17 @@ class CudaBackend:
         sampling.Choice) the next tokens (B,) chosen on the GPU, only they copied back."""
         B, T = idx.shape
         last, _ = self.forward(idx, None, logits="last" if choose is None else None)
-        d, b, NH = self._decode_state(B), self._bufs, self.config.n_head
+        d, b, cfg = self._decode_state(B), self._bufs, self.config
         if b.fused and not hasattr(b, "heads"):  # the keys and values are in each layer's qkv: split out here
-            b.heads = [self._new(B, NH, T, self.config.d_model // NH) for _ in range(3)]  # held with the buffers
-        for l, s in enumerate(b.layers):
-            k, v = s.att.k, s.att.v
-            if b.fused:
-                q, k, v = b.heads
-                self.ops.split_heads_fwd(q, k, v, s.att.qkv, NH, stream=self.stream)
-            self.ops.kv_store(d.k[l], k, stream=self.stream)
-            self.ops.kv_store(d.v[l], v, stream=self.stream)
+            b.heads = [self._new(B, cfg.n_head, T, cfg.d_k) for _ in range(3)]  # held with the buffers
+        with K.recording() as plan:
+            model.fill_cache(self.ops, cfg, b, d.cache, getattr(b, "heads", None))
+        K.replay(plan, self.stream, "prefill")
         d.length = T  # positions in the caches: decode's next one
         if choose is None:
             K.synchronize(self.stream, "prefill")
             return last[:, -1]
-        V, row_bytes = self.config.vocab_size, self.config.vocab_size * 4
+        V, row_bytes = cfg.vocab_size, cfg.vocab_size * 4
         for i in range(B):  # each sequence's last row of logits, where the decode step leaves its own
             self.cuda.memcpy_dtod_async(int(d.logits.gpudata) + i * row_bytes,
                                         int(self._bufs.logits.gpudata) + ((i * T + T - 1) * V) * 4, row_bytes,

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
-from . import checkpoint, kernels
+from . import checkpoint, kernels, ops
 from ._version import __version__
 from .config import PRESETS, GPTConfig
 from .convert import convert
 from .data import BatchSampler, builtin_corpus, cached_tokens, load_tokens, split
-from .model import GPT
+from .gpt import GPT
 from .runs import RunFolder, RunFolderError
 from .tokenizer import BPETokenizer, ByteTokenizer, recorded_tokenizer, train_bpe
 from .train import EXIT_INTERRUPTED, PeerFailed, train_loop
@@ -343,8 +343,8 @@ def cmd_info(args) -> int:
         print(f"kernels ({len(names)}, from {src}): {', '.join(names)}")
     except (OSError, RuntimeError) as e:  # no nvcc to read the translation unit with
         print(f"kernels: not listed ({str(e).splitlines()[0]})")
-    for name, v in kernels.VARIANTS.items():
-        print(f"variant {name}{' (default)' if name == kernels.DEFAULT_VARIANT else ''}: {v.summary}")
+    for name, v in ops.VARIANTS.items():
+        print(f"variant {name}{' (default)' if name == ops.DEFAULT_VARIANT else ''}: {v.summary}")
     if saved is not None:
         print(f"checkpoint {args.checkpoint}: step {saved.step}, {saved.weights.size:,} parameters, whole "
               f"(sha256 checked), config {saved.config}")
@@ -358,8 +358,8 @@ def cmd_info(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="microgpt", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
-    variant = dict(choices=list(kernels.VARIANTS), default=None,
-                   help=f"the cuda backend's kernels (default: {kernels.DEFAULT_VARIANT})")
+    variant = dict(choices=list(ops.VARIANTS), default=None,
+                   help=f"the cuda backend's kernels (default: {ops.DEFAULT_VARIANT})")
 
     t = sub.add_parser("train", help="train a model on a text file or the built-in corpus")
     t.add_argument("--backend", choices=["auto", "numpy", "cuda"], default="auto")

@@ -9,7 +9,7 @@ import shutil
 
 from . import checkpoint
 from .config import GPTConfig
-from .model import GPT
+from .gpt import GPT
 
 TOKENIZER_FILE = "tokenizer.json"  # where a Hugging Face model directory keeps its tokenizer
 

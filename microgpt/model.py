@@ -1,279 +1,153 @@
-"""GPT: the ANDREA model behind one API, on the numpy backend (CPU) or the cuda backend (the kernels).
+"""The GPT, written once: its forward, backward, prefill and decode as a sequence of named ops (microgpt.ops).
 
-    model = GPT(GPTConfig.preset("andrea-12m"), backend="cuda")
-    logits, loss = model.forward(idx, targets)   # idx, targets: int (B, T)
-    model.zero_grad(); model.backward(); model.step(lr=3e-4, grad_clip=1.0)
+    x = wte[idx] + wpe[:T]
+    for each layer:  x = x + proj(attention(qkv(ln1(x))));  x = x + proj(gelu(fc(ln2(x))))
+    logits = lnf(x) @ wte^T;  loss = crossentropy(logits, targets)
 
-Every argument is checked here, before a backend (and so before any kernel) sees it.
+A backend gives `ops`, one implementation of the op table (the numpy one, or one variant's launchers, recorded
+into a plan), and the buffers, made here by its `new(*shape)`. Each op writes its outputs into the buffers it is
+handed (outputs first, as the kernels take them), so a pass is a fixed sequence of calls over fixed buffers: the
+cuda backend records it once per (B, T) and replays it as one CUDA graph. Each residual add runs with the
+layernorm that reads its sum, and each layernorm's backward with the product that makes its output's gradient,
+since a variant may fuse them (the numpy ops run them one after the other). Parameter names are spelled here
+and in microgpt.params only.
 """
 from __future__ import annotations
 
-import math
+from types import SimpleNamespace
 
-import numpy as np
-
-from . import checkpoint, hf
-from .backend import Backend
-from .backend_cuda import CudaBackend
-from .backend_numpy import NumpyBackend
+from . import attention
 from .config import GPTConfig
-from .kernels import resolve
-from .params import init_params, num_params, param_table, views
-from .sampling import Choice, check_sampling, draw
 
 
-def _as_array(name, a, shape="(B, T)"):
-    """a as a NumPy array; TypeError naming it where NumPy cannot make one (ragged lists and the like)."""
-    if isinstance(a, np.ndarray):
-        return a
-    try:
-        return np.asarray(a)
-    except Exception as e:
-        raise TypeError(f"{name} must be an integer array of shape {shape}: {e}") from None
+def _layer(tensors, l):
+    """h(name) -> tensors["h.{l}.name"]: one layer's weights or gradients."""
+    return lambda name: tensors[f"h.{l}.{name}"]
 
 
-def _check_tokens(name, a, config, max_T=None):
-    """An integer (B, T) array of ids in [0, vocab), T <= max_T (block_size by default); returned as
-    C-contiguous int32."""
-    a = _as_array(name, a)
-    if a.dtype.kind not in "iu":
-        raise TypeError(f"{name} must be an integer array of token ids, got dtype {a.dtype}")
-    if a.ndim != 2:
-        raise ValueError(f"{name} must have shape (B, T), got shape {a.shape}")
-    if a.shape[0] == 0 or a.shape[1] == 0:
-        raise ValueError(f"{name} must have B >= 1 and T >= 1, got shape {a.shape}")
-    if a.shape[1] > (config.block_size if max_T is None else max_T):
-        raise ValueError(f"{name} has T={a.shape[1]} positions, above block_size={config.block_size}")
-    lo, hi = int(a.min()), int(a.max())
-    if lo < 0 or hi >= config.vocab_size:
-        bad = lo if lo < 0 else hi
-        raise ValueError(f"{name} holds token id {bad}, outside [0, vocab_size={config.vocab_size})")
-    return np.ascontiguousarray(a, dtype=np.int32)
+def _attn(tensors, l):
+    """The attention sublayer's tensors of layer l by its own names (qkv.w, qkv.b, proj.w, proj.b)."""
+    return {k: tensors[f"h.{l}.attn.{k}"] for k in attention.WEIGHTS}
 
 
-def _numpy_backend(config, dtype, variant):
-    resolve(variant)  # the numpy backend has one set of operations; a bad name is still refused
-    return NumpyBackend(config, dtype=dtype)
+def product_weights(P, cfg: GPTConfig) -> list:
+    """The weights the passes multiply by: every linear layer's, and wte (the tied output projection)."""
+    names = ("attn.qkv.w", "attn.proj.w", "mlp.fc.w", "mlp.proj.w")
+    return [P[f"h.{l}.{n}"] for l in range(cfg.n_layer) for n in names] + [P["wte"]]
 
 
-def _cuda_backend(config, dtype, variant):
-    if np.dtype(dtype) != np.float32:
-        raise ValueError(f"dtype: the cuda backend is float32 only, got {np.dtype(dtype)}")
-    return CudaBackend(config, variant=variant)
+# ---------------------------------------------------------------------------------------------- buffers
+def activations(cfg: GPTConfig, B: int, T: int, new, attention_state) -> SimpleNamespace:
+    """What a forward writes and its backward reads at (B, T): the residual stream entering each layer (and out),
+    each layer's layernorms, MLP and attention state (attention_state(out): its buffers, writing out), the final
+    layernorm, logits, probabilities and losses. The backend adds the batch: idx, tgt (int32 (B, T)), order (the
+    embedding backward's, or None) and dlosses (B, T)."""
+    C, L, V = cfg.d_model, cfg.n_layer, cfg.vocab_size
+    a = SimpleNamespace(shape=(B, T), resid=[new(B, T, C) for _ in range(L + 1)])
+    a.out, a.mlp = new(B, T, C), new(B, T, C)  # the two branches before their residual adds, shared by the layers
+    a.layers = [SimpleNamespace(ln1=new(B, T, C), mean1=new(B, T), rstd1=new(B, T), x1=new(B, T, C),
+                                ln2=new(B, T, C), mean2=new(B, T), rstd2=new(B, T), fc=new(B, T, 4 * C),
+                                act=new(B, T, 4 * C), att=attention_state(a.out)) for _ in range(L)]
+    a.lnf, a.meanf, a.rstdf = new(B, T, C), new(B, T), new(B, T)
+    a.logits, a.probs, a.losses = new(B, T, V), new(B, T, V), new(B, T)
+    return a
 
 
-BACKENDS = {"numpy": _numpy_backend, "cuda": _cuda_backend}
+def gradients(cfg: GPTConfig, B: int, T: int, new, attention_grads) -> SimpleNamespace:
+    """The backward's buffers at (B, T): the residual stream's gradient (d.resid, added into layer by layer), a
+    layernorm output's, the MLP's, the logits', and the attention's (attention_grads(): dy, dqkv, dx, ...)."""
+    C = cfg.d_model
+    d = attention_grads()
+    d.resid, d.ln, d.act, d.fc, d.logits = (new(B, T, C), new(B, T, C), new(B, T, 4 * C), new(B, T, 4 * C),
+                                            new(B, T, cfg.vocab_size))
+    return d
 
 
-class GPT:
-    def __init__(self, config: GPTConfig, backend: str = "numpy", seed: int = 0, dtype=np.float32,
-                 variant: str | None = None):
-        """backend: "numpy" (the reference engine on the CPU; float32, or float64 for gradient checks) or
-        "cuda" (the kernels). variant: the cuda backend's kernels, a name of microgpt.kernels.VARIANTS
-        ("fast", the default, or "reference", the readable kernels only); the numpy backend has one set."""
-        if not isinstance(config, GPTConfig):
-            raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
-        if not isinstance(backend, str) or backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {tuple(BACKENDS)}, got {backend!r}")
-        self.config = config
-        self.table = param_table(config)
-        self.backend: Backend = BACKENDS[backend](config, dtype, variant)
-        self.step_count = 0  # AdamW steps taken, the t of its bias correction
-        self._can_backward = False
-        init = np.empty(num_params(config), dtype=self.backend.dtype)
-        init_params(config, init, seed)
-        self.backend.push("params", init)
+def kv_cache(cfg: GPTConfig, B: int, new) -> SimpleNamespace:
+    """Every layer's keys and values, (B, NH, block_size, d_k) each."""
+    shape = (B, cfg.n_head, cfg.block_size, cfg.d_k)
+    return SimpleNamespace(k=[new(*shape) for _ in range(cfg.n_layer)], v=[new(*shape) for _ in range(cfg.n_layer)])
 
-    @property
-    def num_params(self) -> int:
-        return num_params(self.config)
 
-    # -- forward / backward -----------------------------------------------------------------------
-    def forward(self, idx, targets=None, *, return_logits=True):
-        """logits (B, T, V) float32 as NumPy, and the mean cross-entropy against targets (None without).
-        return_logits=False skips bringing the logits back (a training step needs only the loss)."""
-        idx = _check_tokens("idx", idx, self.config)
-        if targets is not None:
-            targets = _check_tokens("targets", targets, self.config)
-            if targets.shape != idx.shape:
-                raise ValueError(f"targets must have the shape of idx {idx.shape}, got {targets.shape}")
-        logits, losses = self.backend.forward(idx, targets, logits="all" if return_logits else None)
-        self._can_backward = targets is not None
-        loss = None if losses is None else float(np.mean(losses, dtype=np.float64))
-        return logits, loss
+def decode_activations(cfg: GPTConfig, cache, tokens, pos, new) -> SimpleNamespace:
+    """forward()'s buffers for one new position a sequence (tokens (B, 1) int32 at position pos[0]), its
+    attention against `cache`: one set shared by all layers, as each layer's are read only by the next op."""
+    B, C, L = tokens.shape[0], cfg.d_model, cfg.n_layer
+    x, x1, ln, out, mlp = (new(B, 1, C) for _ in range(5))
+    mean, rstd = new(B, 1), new(B, 1)
+    qkv, y, fc, act = new(B, 1, 3 * C), new(B, 1, C), new(B, 1, 4 * C), new(B, 1, 4 * C)
+    layers = [SimpleNamespace(ln1=ln, mean1=mean, rstd1=rstd, x1=x1, ln2=ln, mean2=mean, rstd2=rstd, fc=fc, act=act,
+                              att=attention.decode_state(qkv, y, out, cache.k[l], cache.v[l], pos))
+              for l in range(L)]
+    return SimpleNamespace(shape=(B, 1), decode=True, idx=tokens, pos=pos, resid=[x] * (L + 1), out=out, mlp=mlp,
+                           layers=layers, lnf=ln, meanf=mean, rstdf=rstd, logits=new(B, 1, cfg.vocab_size))
 
-    def backward(self) -> None:
-        """Adds the gradients of the last forward's mean loss to the gradients (zero_grad clears them)."""
-        if not self._can_backward:
-            raise RuntimeError("backward() needs a forward(idx, targets) with targets first")
-        self.backend.backward()
-        self._can_backward = False  # the saved activations belong to one backward
 
-    def zero_grad(self) -> None:
-        self.backend.zero_grad()
+# ---------------------------------------------------------------------------------------------- the passes
+def forward(ops, P, cfg: GPTConfig, a, targets: bool = False) -> None:
+    """a.logits (and with targets a.losses, a.probs) of a.idx; everything backward reads kept in a. With
+    decode_activations, one new position a sequence against the cache."""
+    NH, L = cfg.n_head, cfg.n_layer
+    decoding = getattr(a, "decode", False)
 
-    def step(self, lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0, grad_clip=None) -> None:
-        """Optional global-norm clipping (as torch.nn.utils.clip_grad_norm_), then AdamW (as
-        torch.optim.AdamW, weight decay on 2-D tensors only)."""
-        lr, eps, weight_decay = float(lr), float(eps), float(weight_decay)
-        try:
-            beta1, beta2 = (float(b) for b in betas)
-        except (TypeError, ValueError):
-            raise TypeError(f"betas must be a pair of floats, got {betas!r}") from None
-        for name, value in (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)):
-            if not math.isfinite(value):
-                raise ValueError(f"{name} must be finite, got {value}")  # one inf turns every weight into NaN
-        if not lr >= 0:
-            raise ValueError(f"lr must be >= 0, got {lr}")
-        for name, b in (("betas[0]", beta1), ("betas[1]", beta2)):
-            if not 0.0 <= b < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {b}")
-        if not eps > 0:
-            raise ValueError(f"eps must be > 0, got {eps}")
-        if not weight_decay >= 0:
-            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
-        if grad_clip is not None:
-            grad_clip = float(grad_clip)
-            if not (grad_clip > 0 and math.isfinite(grad_clip)):
-                raise ValueError(f"grad_clip must be a finite number > 0 or None, got {grad_clip}")
-        self.step_count += 1
-        self.backend.step(self.step_count, lr, beta1, beta2, eps, weight_decay, grad_clip)
+    def ln_of(l):
+        """(out, mean, rstd, w, b) of the layernorm that reads resid[l]: layer l's ln1, or lnf after the last."""
+        if l == L:
+            return a.lnf, a.meanf, a.rstdf, P["lnf.w"], P["lnf.b"]
+        s = a.layers[l]
+        return s.ln1, s.mean1, s.rstd1, P[f"h.{l}.ln1.w"], P[f"h.{l}.ln1.b"]
 
-    @property
-    def last_grad_norm(self):
-        """The global gradient norm before clipping, of the last step()."""
-        return self.backend.last_grad_norm
+    if decoding:
+        ops.embed_decode(a.resid[0], a.idx, P["wte"], P["wpe"], a.pos, check_token_ids=False)
+    else:  # the ids were checked by GPT before they reached the device
+        ops.embed_fwd(a.resid[0], a.idx, P["wte"], P["wpe"], check_token_ids=False)
+    out, mean, rstd, w, b = ln_of(0)
+    ops.layernorm_fwd(out, mean, rstd, a.resid[0], w, b)
+    for l, s in enumerate(a.layers):
+        h = _layer(P, l)
+        attention.forward(ops, s.ln1, _attn(P, l), s.att, NH)  # s.att.out = attn(ln1(x))
+        # x1 = x + attn, and ln2(x1) ...
+        ops.residual_layernorm_fwd(s.x1, s.ln2, s.mean2, s.rstd2, a.resid[l], s.att.out, h("ln2.w"), h("ln2.b"))
+        ops.matmul_fwd(s.fc, s.ln2, h("mlp.fc.w"), h("mlp.fc.b"))
+        ops.gelu_fwd(s.act, s.fc)
+        ops.matmul_fwd(a.mlp, s.act, h("mlp.proj.w"), h("mlp.proj.b"))
+        # ... x = x1 + mlp, and the next layer's ln1 (or lnf) of it
+        out, mean, rstd, w, b = ln_of(l + 1)
+        ops.residual_layernorm_fwd(a.resid[l + 1], out, mean, rstd, s.x1, a.mlp, w, b)
+    ops.matmul_fwd(a.logits, a.lnf, P["wte"], None)  # the output projection, tied to the token embedding
+    if targets:
+        ops.crossentropy_fwd(a.losses, a.probs, a.logits, a.tgt, check_token_ids=False)
 
-    # -- sampling ---------------------------------------------------------------------------------
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, seed=None, on_token=None):
-        """Extends idx (B, T) by max_new_tokens sampled tokens (microgpt.sampling: temperature 0 takes the
-        most likely one; top_k, top_p cut the candidates). The model sees the last block_size tokens. A
-        backend with a key-value cache (prefill, decode) runs the prompt once and then one position a token,
-        re-running the window only when it moves past block_size, and chooses each token itself (the cuda
-        backend on the GPU, by the same rule and draws); others run the whole window each token.
-        on_token(ids (B,)) is called with each new column as it is chosen."""
-        cfg = self.config
-        idx = _as_array("idx", idx, "(T,) or (B, T)")
-        if idx.ndim == 1:  # one prompt
-            idx = idx[None]
-        # a prompt longer than block_size is fine: the model sees its last block_size tokens
-        idx = _check_tokens("idx", idx, cfg, max_T=np.inf)
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) \
-                or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-        temperature, top_k, top_p = check_sampling(temperature, top_k, top_p, cfg.vocab_size)
-        if on_token is not None and not callable(on_token):
-            raise TypeError(f"on_token must be callable or None, got {type(on_token).__name__}")
-        rng = np.random.default_rng(seed)
-        self._can_backward = False
-        cached = callable(getattr(self.backend, "decode", None))
-        out = [idx]
-        length = 0  # positions in the cache
-        for step in range(max_new_tokens):
-            choose = Choice(temperature, top_k, top_p, draw(rng, idx.shape[0], temperature))
-            if not cached:
-                window = np.ascontiguousarray(np.concatenate(out, axis=1)[:, -cfg.block_size:])
-                last, _ = self.backend.forward(window, None, logits="last")
-                nxt = choose(last[:, -1])
-            elif step == 0 or length == cfg.block_size:  # the prompt, or a window that moved on
-                window = np.ascontiguousarray(np.concatenate(out, axis=1)[:, -cfg.block_size:])
-                nxt, length = self.backend.prefill(window, choose), window.shape[1]
-            else:
-                nxt = self.backend.decode(out[-1][:, 0], length, choose)
-                length += 1
-            out.append(np.asarray(nxt, np.int32)[:, None])
-            if on_token is not None:
-                on_token(out[-1][:, 0])
-        return np.concatenate(out, axis=1)
 
-    # -- state ------------------------------------------------------------------------------------
-    def _named(self, which):
-        return {k: v.astype(np.float32, copy=True) for k, v in views(self.table, self.backend.pull(which)).items()}
+def backward(ops, P, G, cfg: GPTConfig, a, d) -> None:
+    """The gradients of the mean loss of the forward that filled `a` (its dlosses: 1 / (B T) each), added into G.
+    d: gradients()."""
+    NH, L = cfg.n_head, cfg.n_layer
+    ops.crossentropy_bwd(d.logits, a.probs, a.tgt, a.dlosses, check_token_ids=False)
+    # logits = lnf(x) @ wte^T: the product's backward with lnf's (d.ln: lnf's output's gradient on the way)
+    ops.matmul_layernorm_bwd(d.resid, G["lnf.w"], G["lnf.b"], G["wte"], None, d.logits, a.lnf, P["wte"], a.resid[L],
+                             P["lnf.w"], a.meanf, a.rstdf, dinp=d.ln)
+    for l in reversed(range(L)):
+        s, h, g = a.layers[l], _layer(P, l), _layer(G, l)
+        # x = x1 + proj(gelu(fc(ln2(x1)))): d.resid is the gradient of x, then of x1
+        ops.matmul_bwd(d.act, g("mlp.proj.w"), g("mlp.proj.b"), d.resid, s.act, h("mlp.proj.w"))
+        ops.gelu_bwd(d.fc, d.act, s.fc)
+        ops.matmul_layernorm_bwd(d.resid, g("ln2.w"), g("ln2.b"), g("mlp.fc.w"), g("mlp.fc.b"), d.fc, s.ln2,
+                                 h("mlp.fc.w"), s.x1, h("ln2.w"), s.mean2, s.rstd2, dinp=d.ln, accumulate=True)
+        # x1 = x + proj(attention(qkv(ln1(x)))): then of x
+        attention.backward_to_qkv(ops, d.resid, _attn(P, l), _attn(G, l), s.att, d, NH)
+        ops.matmul_layernorm_bwd(d.resid, g("ln1.w"), g("ln1.b"), g("attn.qkv.w"), g("attn.qkv.b"), d.dqkv, s.ln1,
+                                 h("attn.qkv.w"), a.resid[l], h("ln1.w"), s.mean1, s.rstd1, dinp=d.dx, accumulate=True)
+    ops.embed_bwd(G["wte"], G["wpe"], d.resid, a.idx, a.order, check_token_ids=False)
 
-    def state_dict(self) -> dict:
-        """name -> float32 NumPy copy of every weight (names of microgpt.params)."""
-        return self._named("params")
 
-    def grad_dict(self) -> dict:
-        """name -> float32 NumPy copy of the gradient accumulated by backward()."""
-        return self._named("grads")
-
-    def load_state_dict(self, state: dict) -> None:
-        """Loads every weight; refuses, loading nothing, a dict with a missing, extra or misshaped tensor."""
-        if not isinstance(state, dict):
-            raise TypeError(f"state must be a dict of name -> array, got {type(state).__name__}")
-        expected = {s.name: s.shape for s in self.table}
-        missing = [n for n in expected if n not in state]
-        extra = [n for n in state if n not in expected]
-        if missing or extra:
-            parts = []
-            if missing:
-                parts.append(f"missing {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
-            if extra:
-                parts.append(f"unexpected {', '.join(map(str, extra[:8]))}{' ...' if len(extra) > 8 else ''}")
-            raise ValueError(f"state_dict does not match the config: {'; '.join(parts)}")
-        flat = np.array(self.backend.pull("params"), copy=True)
-        named = views(self.table, flat)
-        for name, shape in expected.items():
-            value = np.asarray(state[name])
-            if value.dtype.kind not in "fiu":
-                raise TypeError(f"state_dict[{name!r}] must be a float array, got dtype {value.dtype}")
-            if value.shape != shape:
-                raise ValueError(f"state_dict[{name!r}] has shape {value.shape}, expected {shape}")
-            named[name][...] = value
-        self.backend.push("params", flat)
-
-    # -- checkpoints ------------------------------------------------------------------------------
-    # Only backend.pull/push, step_count and config: every backend checkpoints the same way.
-    def save(self, path, extra: dict | None = None) -> None:
-        """Writes the ANDREA checkpoint (step, weights, Adam m and v) at path and the config beside it at
-        path + '.json' (microgpt.checkpoint documents both). Each file is written to a temporary file and
-        renamed into place, so a crash or an error mid-save leaves the previous checkpoint whole.
-        extra: JSON values kept with it (a BatchSampler's state, say); checkpoint.read_meta returns them."""
-        checkpoint.save(path, self.config, self.step_count, self.backend.pull("params"),
-                        self.backend.pull("m"), self.backend.pull("v"), extra=extra)
-
-    @classmethod
-    def load(cls, path, backend: str = "numpy", variant: str | None = None) -> "GPT":
-        """The model of the checkpoint at path, on backend, ready to continue training: weights, Adam m and
-        v and the step are those saved, bit for bit; gradients are zero."""
-        return cls.from_checkpoint(checkpoint.read(path), backend=backend, variant=variant)
-
-    @classmethod
-    def from_checkpoint(cls, ckpt: "checkpoint.Checkpoint", backend: str = "numpy",
-                        variant: str | None = None) -> "GPT":
-        """The model of a checkpoint already read (checkpoint.read), as load() makes it; ckpt.extra is what
-        was saved with it."""
-        model = cls(ckpt.config, backend=backend, variant=variant)
-        model._restore(ckpt)
-        return model
-
-    @classmethod
-    def from_hf(cls, path, backend: str = "numpy", variant: str | None = None) -> "GPT":
-        """The GPT-2 of a Hugging Face save_pretrained directory (config.json + model.safetensors), on backend:
-        its weights as microgpt.hf reads them; step 0, Adam moments zero. A config microgpt cannot compute is
-        refused by name (microgpt.hf)."""
-        config, state = hf.read_hf(path)
-        model = cls(config, backend=backend, variant=variant)
-        model.load_state_dict(state)
-        return model
-
-    def save_hf(self, path) -> None:
-        """Writes the weights as a Hugging Face GPT-2 directory that transformers.GPT2LMHeadModel
-        .from_pretrained loads (microgpt.hf); the Adam moments and the step are not part of that format."""
-        hf.write_hf(path, self.config, self.state_dict())
-
-    def load_checkpoint(self, path) -> dict:
-        """Restores weights, Adam m and v and the step from a checkpoint of this model's config, and returns
-        its extra. The file is read and checked whole first: one that is refused leaves the model as it was."""
-        ckpt = checkpoint.read(path, expect_config=self.config)
-        self._restore(ckpt)
-        return ckpt.extra
-
-    def _restore(self, ckpt) -> None:
-        self.backend.push("params", ckpt.weights)
-        self.backend.push("m", ckpt.m)
-        self.backend.push("v", ckpt.v)
-        self.backend.push("grads", np.zeros_like(ckpt.weights))
-        self.step_count = ckpt.step
-        self._can_backward = False  # the last forward's activations belong to the old weights
+def fill_cache(ops, cfg: GPTConfig, a, cache, heads) -> None:
+    """After a forward over a prompt of T positions: every layer's keys and values at positions 0 .. T-1 of the cache.
+    heads: three (B, NH, T, d_k) buffers, where a layer kept its qkv and not its heads (fused attention)."""
+    for l, s in enumerate(a.layers):
+        k, v = s.att.k, s.att.v
+        if k is None:  # fused attention keeps them in qkv
+            q, k, v = heads
+            ops.split_heads_fwd(q, k, v, s.att.qkv, cfg.n_head)
+        ops.kv_store(cache.k[l], k)
+        ops.kv_store(cache.v[l], v)

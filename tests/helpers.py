@@ -2,6 +2,7 @@
 and a stand-in for the GPU that lets the launch layer check and record launches on a machine without one."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -9,7 +10,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from microgpt.kernels.runtime import SmLimits
+from microgpt.kernels import virtual
 
 
 def rel_err(a, b):
@@ -95,25 +96,10 @@ class FakeArray:
         return np.zeros(self.shape, self.dtype)
 
 
-class FakeEngine:
-    """Stands in for microgpt.kernels.engine's compiled module inside recording(): launches are checked and
-    recorded, never run. Reads of device memory (token ids) return zeros."""
+class FakeEngine(virtual.Engine):
+    """Stands in for microgpt.kernels.engine's compiled module: launches are checked and recorded, never run, on a
+    device described by these numbers (an H200 by default). Reads of device memory (token ids) return zeros."""
 
     def __init__(self, signatures, sm_count=132, arch="sm_90a", max_shared=227 * 1024):
-        self.signatures, self.sm_count, self.arch, self.max_shared = signatures, sm_count, arch, max_shared
-        self.regs = 64  # a thread's registers, for resident_blocks: the layernorm backward's on sm_90a
-        self.ga = SimpleNamespace(empty=lambda shape, dtype=np.float32: FakeArray(np.atleast_1d(shape), dtype),
-                                  zeros=lambda shape, dtype=np.float32: FakeArray(np.atleast_1d(shape), dtype),
-                                  to_gpu=lambda a: FakeArray(np.shape(a), np.asarray(a).dtype))
-        self.cuda = SimpleNamespace(mem_alloc=lambda n: FakeArray((n,), np.uint8).gpudata,
-                                    memset_d32=lambda *a: None, memset_d32_async=lambda *a: None,
-                                    memcpy_dtoh=lambda host, p: host.fill(0))
-
-    def resident_blocks(self, name, threads, shared=0):
-        """As the engine's, for kernels of `regs` registers a thread and an H200's SM."""
-        return SmLimits(2048, 65536, 233472).blocks(self.regs, threads, shared)
-
-    def function(self, name, shared=0):
-        if name not in self.signatures:
-            raise KeyError(f"no kernel {name} in the translation unit")
-        return name
+        super().__init__(dataclasses.replace(virtual.H200, arch=arch, sm_count=sm_count, max_shared=max_shared),
+                         signatures)

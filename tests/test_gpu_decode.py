@@ -6,7 +6,8 @@ import pytest
 
 from microgpt import GPT, GPTConfig
 from microgpt import kernels as K
-from microgpt.kernels import VARIANTS
+from microgpt import ops as O
+from microgpt.ops import VARIANTS
 
 from helpers import record, rel_err
 
@@ -113,9 +114,9 @@ def test_few_row_products_take_k_matvec_as_accurate_as_the_sgemm(ga, rng, varian
     x, w, b = ga.to_gpu(x_h)[offset:].reshape(M, IN), ga.to_gpu(w_h)[offset:].reshape(OUT, IN), ga.to_gpu(b_h)
     out, ref = nan(ga, M, OUT), nan(ga, M, OUT)
     with K.recording() as plan:
-        K.select(variant).matmul_fwd(out, x, w, b)
+        O.select(variant).matmul_fwd(out, x, w, b)
     assert [name for name, *_ in plan] == ["k_matvec"]
-    K.select(variant).matmul_fwd(out, x, w, b)
+    O.select(variant).matmul_fwd(out, x, w, b)
     K.sgemm(ref, x, w, trans_b=True, bias=b)  # the SIMT SGEMM's error on the same inputs: the bar
     want = x_h[offset:].reshape(M, IN).astype(np.float64) @ w_h[offset:].reshape(OUT, IN).T.astype(np.float64) + b_h
     close(f"k_matvec ({variant})", out.get(), want, max(1.5 * rel_err(ref.get(), want), 1e-7))

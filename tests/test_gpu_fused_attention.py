@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from microgpt import kernels as K
+from microgpt import ops as O
 from microgpt import reference as R
 
 from helpers import record, rel_err
@@ -48,7 +49,7 @@ def float64_attention(qkv, dy, n_head):
 
 def fast_pipeline(ga, qkv, dy, n_head):
     """The fast variant's stages on the device: y and dqkv."""
-    ops = K.select("fast")
+    ops = O.select("fast")
     B, T, C3 = qkv.shape
     d_k = C3 // 3 // n_head
     hs = (B, n_head, T, d_k)
@@ -72,8 +73,8 @@ def fused(ga, variant, qkv, dy, n_head):
     """y, lse and dqkv of the variant's fused attention (every output NaN-poisoned first)."""
     B, T, C3 = qkv.shape
     y, lse, dqkv = poisoned(ga, B, T, C3 // 3), poisoned(ga, B, n_head, T), poisoned(ga, B, T, C3)
-    K.launcher("fused_attention_fwd", variant)(y, lse, qkv, n_head)
-    K.launcher("fused_attention_bwd", variant)(dqkv, dy, qkv, y, lse, n_head)
+    O.launcher("fused_attention_fwd", variant)(y, lse, qkv, n_head)
+    O.launcher("fused_attention_bwd", variant)(dqkv, dy, qkv, y, lse, n_head)
     return y.get(), lse.get(), dqkv.get()
 
 

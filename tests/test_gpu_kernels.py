@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 
 from microgpt import kernels
+from microgpt import ops as O
 from microgpt import reference as R
-from microgpt.kernels import VARIANTS, rows_fast
+from microgpt.kernels import rows_fast
+from microgpt.ops import VARIANTS
 
 from helpers import record, rel_err
 
@@ -142,12 +144,12 @@ def same_as_reference(K, dev, op, variant, outs, *inputs, **kw):
     """Runs op's reference launcher on the same inputs into fresh poisoned outputs shaped as `outs` (the
     variant's outputs, which come first in every launcher) and holds the variant's outputs to its bits; where
     the variant runs the reference launcher itself, there is nothing to compare."""
-    if K.launcher(op, variant) is K.launcher(op, "reference"):
+    if O.launcher(op, variant) is O.launcher(op, "reference"):
         return
     refs = [dev.poisoned(*o.shape) for o in outs]
-    K.launcher(op, "reference")(*refs, *inputs, **kw)
+    O.launcher(op, "reference")(*refs, *inputs, **kw)
     for o, r in zip(outs, refs):
-        same_bits(K.launcher(op, variant).__name__, o.get(), r.get())
+        same_bits(O.launcher(op, variant).__name__, o.get(), r.get())
 
 
 # ---------------------------------------------------------------------------------------------- embedding
@@ -158,7 +160,7 @@ def test_embed_fwd(K, dev, shape, variant):
     wte_h, wte = dev.randn(V, C)
     wpe_h, wpe = dev.randn(T + 3, C)  # wpe longer than T, as block_size is
     x = dev.poisoned(B, T, C)
-    K.launcher("embed_fwd", variant)(x, idx, wte, wpe)
+    O.launcher("embed_fwd", variant)(x, idx, wte, wpe)
     close("k_embed_fwd", x.get(), R.embed_fwd(idx_h, *f64(wte_h, wpe_h)), ELEMENTWISE, variant)
     same_as_reference(K, dev, "embed_fwd", variant, [x], idx, wte, wpe)
 
@@ -171,13 +173,13 @@ def check_embed_bwd(K, dev, variant, idx_h, C, V, T_max, offsets=(0, 0, 0)):
     dx_h, dx = dev.randn(B, T, C, offset=offsets[2])
     dwte0, dwte = dev.randn(V, C, offset=offsets[0])
     dwpe0, dwpe = dev.randn(T_max, C, offset=offsets[1])
-    K.launcher("embed_bwd", variant)(dwte, dwpe, dx, idx, order)
+    O.launcher("embed_bwd", variant)(dwte, dwpe, dx, idx, order)
     ref_dwte, ref_dwpe = R.embed_bwd(dx_h.astype(np.float64), idx_h, V, T_max)
     got_wte, got_wpe = dwte.get(), dwpe.get()
     close("k_embed_bwd", got_wte, dwte0 + ref_dwte, REDUCTION, variant)
     close("k_embed_bwd", got_wpe, dwpe0 + ref_dwpe, REDUCTION, variant)
     same_bits("dwpe past T", got_wpe[T:], dwpe0[T:])  # not touched
-    if K.launcher("embed_bwd", variant) is not K.launcher("embed_bwd", "reference"):
+    if O.launcher("embed_bwd", variant) is not O.launcher("embed_bwd", "reference"):
         ref_wte, ref_wpe = dev.upload(dwte0, offsets[0]), dev.upload(dwpe0, offsets[1])
         K.embed_bwd(ref_wte, ref_wpe, dx, idx, order)
         same_bits(f"embed_bwd_{variant} dwte", got_wte, ref_wte.get())
@@ -196,7 +198,7 @@ def test_embed_bwd(K, dev, shape, variant):
     dx_h, dx = dev.randn(B, T, C)
     dwte0, dwte = dev.randn(V, C)
     dwpe0, dwpe = dev.randn(T + 3, C)
-    bwd = K.launcher("embed_bwd", variant)
+    bwd = O.launcher("embed_bwd", variant)
     bwd(dwte, dwpe, dx, idx)
     once_wte, once_wpe = dwte.get(), dwpe.get()
     dwte.set(dwte0)
@@ -281,7 +283,7 @@ def test_layernorm(K, dev, shape, variant):
     w_h, w = dev.randn(C)
     b_h, b = dev.randn(C)
     out, mean, rstd = dev.poisoned(B, T, C), dev.poisoned(B, T), dev.poisoned(B, T)
-    K.launcher("layernorm_fwd", variant)(out, mean, rstd, x, w, b)
+    O.launcher("layernorm_fwd", variant)(out, mean, rstd, x, w, b)
     ref, ref_mean, ref_rstd = R.layernorm_fwd(*f64(x_h, w_h, b_h))
     close("k_layernorm_fwd", out.get(), ref, REDUCTION, variant)
     close_mean("k_layernorm_fwd", mean.get(), ref_mean, x_h, variant)
@@ -291,7 +293,7 @@ def test_layernorm(K, dev, shape, variant):
     dx = dev.poisoned(B, T, C)
     dw0, dw = dev.randn(C)
     db0, db = dev.randn(C)
-    K.launcher("layernorm_bwd", variant)(dx, dw, db, dout, x, w, mean, rstd)
+    O.launcher("layernorm_bwd", variant)(dx, dw, db, dout, x, w, mean, rstd)
     rdx, rdw, rdb = R.layernorm_bwd(*f64(dout_h, x_h, w_h), ref_mean, ref_rstd)
     close_dx("k_layernorm_bwd", dx.get(), rdx, dout_h, w_h, ref_rstd, variant)
     close("k_layernorm_bwd", dw.get(), dw0 + rdw, REDUCTION, variant)
@@ -309,7 +311,7 @@ def test_residual_layernorm_and_the_backward_that_adds_into_dx(K, dev, shape, va
     w_h, w = dev.randn(C)
     b_h, b = dev.randn(C)
     x, out, mean, rstd = dev.poisoned(B, T, C), dev.poisoned(B, T, C), dev.poisoned(B, T), dev.poisoned(B, T)
-    K.launcher("residual_layernorm_fwd", variant)(x, out, mean, rstd, resid, branch, w, b)
+    O.launcher("residual_layernorm_fwd", variant)(x, out, mean, rstd, resid, branch, w, b)
     x_h = r_h + d_h  # float32, rounded as the kernel rounds
     np.testing.assert_array_equal(x.get(), x_h)
     ref, ref_mean, ref_rstd = R.layernorm_fwd(*f64(x_h, w_h, b_h))
@@ -317,16 +319,16 @@ def test_residual_layernorm_and_the_backward_that_adds_into_dx(K, dev, shape, va
     close_mean("k_residual_layernorm_fwd", mean.get(), ref_mean, x_h, variant)
     close("k_residual_layernorm_fwd", rstd.get(), ref_rstd, REDUCTION, variant)
     apart = [dev.poisoned(B, T, C), dev.poisoned(B, T), dev.poisoned(B, T)]
-    K.launcher("layernorm_fwd", variant)(*apart, x, w, b)
+    O.launcher("layernorm_fwd", variant)(*apart, x, w, b)
     for fused, separate in zip((out, mean, rstd), apart):
         np.testing.assert_array_equal(fused.get(), separate.get())
 
     dout_h, dout = dev.randn(B, T, C)
     dx0_h, dx = dev.randn(B, T, C)
     (_, dw), (_, db) = dev.randn(C), dev.randn(C)
-    K.launcher("layernorm_bwd", variant)(dx, dw, db, dout, x, w, mean, rstd, accumulate=True)
+    O.launcher("layernorm_bwd", variant)(dx, dw, db, dout, x, w, mean, rstd, accumulate=True)
     written, summed = dev.poisoned(B, T, C), dev.poisoned(B, T, C)
-    K.launcher("layernorm_bwd", variant)(written, dw, db, dout, x, w, mean, rstd)
+    O.launcher("layernorm_bwd", variant)(written, dw, db, dout, x, w, mean, rstd)
     K.residual_fwd(summed, dev.ga.to_gpu(dx0_h), written)
     np.testing.assert_array_equal(dx.get(), summed.get())
     rdx = R.layernorm_bwd(*f64(dout_h, x_h, w_h), ref_mean, ref_rstd)[0]
@@ -346,7 +348,7 @@ def test_layernorms_on_rows_of_any_length_and_alignment(K, dev, variant, N, C, o
     b_h, b = dev.randn(C)
     x, out = dev.poisoned(N, C, offset=offset), dev.poisoned(N, C, offset=offset)
     mean, rstd = dev.poisoned(N), dev.poisoned(N)
-    K.launcher("residual_layernorm_fwd", variant)(x, out, mean, rstd, resid, branch, w, b)
+    O.launcher("residual_layernorm_fwd", variant)(x, out, mean, rstd, resid, branch, w, b)
     x_h = r_h + d_h
     np.testing.assert_array_equal(x.get(), x_h)
     ref, ref_mean, ref_rstd = R.layernorm_fwd(*f64(x_h, w_h, b_h))
@@ -354,7 +356,7 @@ def test_layernorms_on_rows_of_any_length_and_alignment(K, dev, variant, N, C, o
     close_mean("k_residual_layernorm_fwd", mean.get(), ref_mean, x_h, variant)
     close("k_residual_layernorm_fwd", rstd.get(), ref_rstd, REDUCTION, variant)
     apart = [dev.poisoned(N, C, offset=offset), dev.poisoned(N), dev.poisoned(N)]
-    K.launcher("layernorm_fwd", variant)(*apart, x, w, b)  # the same path: the same bits
+    O.launcher("layernorm_fwd", variant)(*apart, x, w, b)  # the same path: the same bits
     for fused, separate in zip((out, mean, rstd), apart):
         np.testing.assert_array_equal(fused.get(), separate.get())
 
@@ -378,7 +380,7 @@ def check_layernorm_bwd(K, dev, variant, dout_h, dout, x_h, x, w_h, w, mean, rst
     against float64; then run again from the same starts: the same bits."""
     N, C = x_h.shape
     rdx, rdw, rdb = R.layernorm_bwd(*f64(dout_h, x_h, w_h), ref_mean, ref_rstd)
-    bwd = K.launcher("layernorm_bwd", variant)
+    bwd = O.launcher("layernorm_bwd", variant)
     for accumulate in (False, True):
         dx0_h = dev.rng.standard_normal((N, C)).astype(np.float32)
         dw0, db0 = dev.rng.standard_normal(C).astype(np.float32), dev.rng.standard_normal(C).astype(np.float32)
@@ -417,7 +419,7 @@ def test_layernorm_bwd_over_many_rows_a_block(K, dev, variant, N, C, offset):
     w_h, w = dev.randn(C)
     b_h, b = dev.randn(C)
     out, mean, rstd = dev.poisoned(N, C, offset=offset), dev.poisoned(N), dev.poisoned(N)
-    K.launcher("layernorm_fwd", variant)(out, mean, rstd, x, w, b)
+    O.launcher("layernorm_fwd", variant)(out, mean, rstd, x, w, b)
     _, ref_mean, ref_rstd = R.layernorm_fwd(*f64(x_h, w_h, b_h))
     dout_h, dout = dev.randn(N, C, offset=offset)
     check_layernorm_bwd(K, dev, variant, dout_h, dout, x_h, x, w_h, w, mean, rstd, ref_mean, ref_rstd, offset)
@@ -439,7 +441,7 @@ def test_layernorm_bwd_fast_dw_db_bits_do_not_depend_on_the_path(K, dev, variant
     def run(offset, accumulate):
         dx = dev.upload(dout_h, offset) if accumulate else dev.poisoned(N, C, offset=offset)
         dw, db = dev.upload(w_h), dev.upload(w_h)
-        K.launcher("layernorm_bwd", variant)(dx, dw, db, dev.upload(dout_h, offset), dev.upload(x_h, offset), w, mean,
+        O.launcher("layernorm_bwd", variant)(dx, dw, db, dev.upload(dout_h, offset), dev.upload(x_h, offset), w, mean,
                                              rstd, accumulate=accumulate)
         return dx.get(), dw.get(), db.get()
 
@@ -467,7 +469,7 @@ def test_matmul(K, dev, shape, layer, variant):
     w_h, w = dev.randn(OUT, IN, scale=0.05)
     b_h, b = dev.randn(OUT) if has_bias else (None, None)
     out = dev.poisoned(B, T, OUT)
-    K.launcher("matmul_fwd", variant)(out, x, w, b)
+    O.launcher("matmul_fwd", variant)(out, x, w, b)
     ref = R.linear_fwd(*f64(x_h, w_h), None if b_h is None else b_h.astype(np.float64))
     close("k_matmul_fwd", out.get(), ref, REDUCTION, variant)
 
@@ -475,7 +477,7 @@ def test_matmul(K, dev, shape, layer, variant):
     dx = dev.poisoned(B, T, IN)
     dw0, dw = dev.randn(OUT, IN)
     db0, db = dev.randn(OUT) if has_bias else (None, None)
-    K.launcher("matmul_bwd", variant)(dx, dw, db, dout, x, w)
+    O.launcher("matmul_bwd", variant)(dx, dw, db, dout, x, w)
     rdx, rdw, rdb = R.linear_bwd(*f64(dout_h, x_h, w_h))
     close("k_matmul_bwd", dx.get(), rdx, REDUCTION, variant)
     close("k_matmul_bwd", dw.get(), dw0 + rdw, REDUCTION, variant)
@@ -494,7 +496,7 @@ def check_split_and_merge_heads(K, dev, variant, B, T, NH, d_k, offset=0):
     """The four head shuffles against float64 and the reference kernels; `offset` places an input and one
     output of each off a 16-byte boundary."""
     C = NH * d_k
-    ops = K.select(variant)
+    ops = O.select(variant)
     qkv_h, qkv = dev.randn(B, T, 3 * C, offset=offset)
     q, k, v = (dev.poisoned(B, NH, T, d_k, offset=offset if i == 1 else 0) for i in range(3))
     ops.split_heads_fwd(q, k, v, qkv, NH)
@@ -572,14 +574,14 @@ def test_softmax(K, dev, shape, variant, causal):
     x_h = R.causal_mask_fwd(x_h)  # the rows the engine feeds it: masked scores
     x.set(x_h)
     p = dev.poisoned(B, NH, T, T)
-    K.launcher("softmax_fwd", variant)(p, x, causal=causal)
+    O.launcher("softmax_fwd", variant)(p, x, causal=causal)
     ref = R.softmax_fwd(x_h.astype(np.float64))
     close("k_softmax_fwd" + "_causal" * causal, p.get(), ref, REDUCTION, variant)
     np.testing.assert_allclose(p.get().sum(-1), 1.0, atol=1e-5)
 
     dp_h, dp = dev.randn(B, NH, T, T)
     dx = dev.poisoned(B, NH, T, T)
-    K.launcher("softmax_bwd", variant)(dx, dp, p, causal=causal)
+    O.launcher("softmax_bwd", variant)(dx, dp, p, causal=causal)
     close("k_softmax_bwd" + "_causal" * causal, dx.get(),
           R.softmax_bwd(dp_h.astype(np.float64), p.get().astype(np.float64)), REDUCTION, variant)
     if causal:  # never read above the diagonal, and written 0 there
@@ -594,11 +596,11 @@ def test_softmax(K, dev, shape, variant, causal):
 def test_softmax_rows_of_any_length(K, dev, variant, cols):
     x_h, x = dev.randn(3, 5, cols, scale=4.0)
     p = dev.poisoned(3, 5, cols)
-    K.launcher("softmax_fwd", variant)(p, x)
+    O.launcher("softmax_fwd", variant)(p, x)
     close("k_softmax_fwd", p.get(), R.softmax_fwd(x_h.astype(np.float64)), REDUCTION, variant)
     dp_h, dp = dev.randn(3, 5, cols)
     dx = dev.poisoned(3, 5, cols)
-    K.launcher("softmax_bwd", variant)(dx, dp, p)
+    O.launcher("softmax_bwd", variant)(dx, dp, p)
     close("k_softmax_bwd", dx.get(), R.softmax_bwd(dp_h.astype(np.float64), p.get().astype(np.float64)),
           REDUCTION, variant)
 
@@ -611,11 +613,11 @@ def test_causal_softmax_long_rows(K, dev, variant, T):
     x_h = R.causal_mask_fwd(x_h)
     x.set(x_h)
     p = dev.poisoned(1, 2, T, T)
-    K.launcher("softmax_fwd", variant)(p, x, causal=True)
+    O.launcher("softmax_fwd", variant)(p, x, causal=True)
     close("k_softmax_fwd_causal", p.get(), R.softmax_fwd(x_h.astype(np.float64)), REDUCTION, variant)
     dp_h, dp = dev.randn(1, 2, T, T)
     dx = dev.poisoned(1, 2, T, T)
-    K.launcher("softmax_bwd", variant)(dx, dp, p, causal=True)
+    O.launcher("softmax_bwd", variant)(dx, dp, p, causal=True)
     close("k_softmax_bwd_causal", dx.get(),
           R.softmax_bwd(dp_h.astype(np.float64), p.get().astype(np.float64)), REDUCTION, variant)
 
@@ -647,7 +649,7 @@ def causal_probs(rng, B, NH, T):
 def test_attention_fast_variants_match_the_reference_kernels(K, dev, shape, rng, variant):
     """Each fast attention stage against the reference kernel(s) it replaces, on the same inputs, and
     both against the float64 reference."""
-    ops = K.select(variant)
+    ops = O.select(variant)
     B, T, C, NH, V = shape
     d_k = C // NH
     q_h, q = dev.randn(B, NH, T, d_k)
@@ -758,13 +760,13 @@ def check_gelu(K, dev, variant, shape, offsets=(0, 0, 0)):
     x_h, x = dev.randn(*shape, scale=2.0, offset=o_x)
     tol = ELEMENTWISE if x_h.size >= 4096 else LONE_GELU
     out = dev.poisoned(*shape, offset=o_out)
-    K.launcher("gelu_fwd", variant)(out, x)
+    O.launcher("gelu_fwd", variant)(out, x)
     ref = R.gelu_fwd(x_h.astype(np.float64))
     close("k_gelu_fwd", None, None, tol, variant, err=gelu_error(out.get(), ref, 0.5 * x_h.astype(np.float64)))
     same_as_reference(K, dev, "gelu_fwd", variant, [out], x)
     d_h, d = dev.randn(*shape, offset=o_d)
     dx = dev.poisoned(*shape, offset=o_out)
-    K.launcher("gelu_bwd", variant)(dx, d, x)
+    O.launcher("gelu_bwd", variant)(dx, d, x)
     ref = R.gelu_bwd(*f64(d_h, x_h))
     close("k_gelu_bwd", None, None, tol, variant, err=gelu_error(dx.get(), ref, d_h.astype(np.float64)))
     same_as_reference(K, dev, "gelu_bwd", variant, [dx], d, x)
@@ -801,7 +803,7 @@ def test_crossentropy(K, dev, shape, variant):
     lg_h, lg = dev.randn(B, T, V, scale=3.0)
     tg_h, tg = dev.ints(V, B, T)
     losses, probs = dev.poisoned(B, T), dev.poisoned(B, T, V)
-    K.launcher("crossentropy_fwd", variant)(losses, probs, lg, tg)
+    O.launcher("crossentropy_fwd", variant)(losses, probs, lg, tg)
     rl, rp = R.crossentropy_fwd(lg_h.astype(np.float64), tg_h)
     close("k_crossentropy_fwd", losses.get(), rl, REDUCTION, variant)
     close("k_crossentropy_fwd", probs.get(), rp, REDUCTION, variant)
@@ -817,7 +819,7 @@ def check_crossentropy_bwd(K, dev, variant, probs_h, tg_h, offsets=(0, 0)):
     dl_h = (np.full(shape[:-1], 1.0 / n) * dev.rng.uniform(0.5, 2.0, shape[:-1])).astype(np.float32)
     dl = dev.ga.to_gpu(dl_h)
     dlogits = dev.poisoned(*shape, offset=offsets[0])
-    K.launcher("crossentropy_bwd", variant)(dlogits, probs, tg, dl)
+    O.launcher("crossentropy_bwd", variant)(dlogits, probs, tg, dl)
     close("k_crossentropy_bwd", dlogits.get(),
           R.crossentropy_bwd(dl_h.astype(np.float64), probs_h.astype(np.float64), tg_h), ELEMENTWISE, variant)
     same_as_reference(K, dev, "crossentropy_bwd", variant, [dlogits], probs, tg, dl)
@@ -843,7 +845,7 @@ def test_crossentropy_fwd_on_odd_and_unaligned_arrays(K, dev, variant, N, V, off
     lg_h, tg_h = awkward_logits(dev, N, V)
     lg, tg = dev.upload(lg_h, offsets[1]), dev.ga.to_gpu(tg_h)
     losses, probs = dev.poisoned(N), dev.poisoned(N, V, offset=offsets[0])
-    K.launcher("crossentropy_fwd", variant)(losses, probs, lg, tg)
+    O.launcher("crossentropy_fwd", variant)(losses, probs, lg, tg)
     rl, rp = R.crossentropy_fwd(lg_h.astype(np.float64), tg_h)
     close("k_crossentropy_fwd", losses.get(), rl, REDUCTION, variant)
     close("k_crossentropy_fwd", probs.get(), rp, REDUCTION, variant)
@@ -882,7 +884,7 @@ def test_crossentropy_fwd_bits_do_not_depend_on_where_the_row_is_read_again(K, d
     def run():
         losses, probs = dev.poisoned(N), dev.poisoned(N, V, offset=offsets[0])
         with K.recording() as plan:
-            K.launcher("crossentropy_fwd", variant)(losses, probs, lg, tg)
+            O.launcher("crossentropy_fwd", variant)(losses, probs, lg, tg)
         K.replay(plan, None, "forward")
         K.engine().cuda.Context.synchronize()
         return losses.get(), probs.get(), plan[-1][4]
@@ -908,7 +910,7 @@ def test_embed_fwd_on_odd_and_unaligned_arrays(K, dev, variant, B, T, C, V, offs
     wte_h, wte = dev.randn(V, C, offset=offset)
     wpe_h, wpe = dev.randn(T + 7, C)
     x = dev.poisoned(B, T, C, offset=offset)
-    K.launcher("embed_fwd", variant)(x, idx, wte, wpe)
+    O.launcher("embed_fwd", variant)(x, idx, wte, wpe)
     close("k_embed_fwd", x.get(), R.embed_fwd(idx_h, *f64(wte_h, wpe_h)), ELEMENTWISE, variant)
     same_as_reference(K, dev, "embed_fwd", variant, [x], idx, wte, wpe)
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from microgpt import kernels as K
+from microgpt import ops as O
 
 from helpers import device, record
 from test_gpu_fused_attention import BAR, check_delta_rows, err, fast_pipeline, float64_attention, parts, poisoned
@@ -97,7 +98,7 @@ def test_the_fused_backward_gives_the_ops_apart_bits_and_flash_attentions_accura
     args = (np.zeros((B, T, 3 * C), np.float32), np.zeros((C, C), np.float32), np.zeros(C, np.float32),
             rng.standard_normal((B, T, C)).astype(np.float32), y,
             (rng.standard_normal((C, C)) / np.sqrt(C)).astype(np.float32), qkv, lse, NH)
-    fused, kernels = run(ga, K.select("tc").matmul_attention_bwd, args, offset)
+    fused, kernels = run(ga, O.select("tc").matmul_attention_bwd, args, offset)
     apart, kernels_apart = run(ga, K.matmul_attention_tc.unfused, args, offset)
     assert "k_gemm_wg_split_delta" in kernels and "k_flash_bwd_delta_rows" not in kernels, kernels
     assert "k_gemm_wg_split_delta" not in kernels_apart, kernels_apart
@@ -117,6 +118,6 @@ def test_the_fused_backward_gives_the_ops_apart_bits_and_flash_attentions_accura
         # and the ops apart, whose delta sums the same products in another order
         e_apart = err(parts(apart[0], C)[name], want)
         assert e <= BAR * max(e_apart, 2 ** -23), f"{name}: {e:.2e} against {e_apart:.2e} apart"
-    again, _ = run(ga, K.select("tc").matmul_attention_bwd, args, offset)
+    again, _ = run(ga, O.select("tc").matmul_attention_bwd, args, offset)
     for what, a, b in zip(("dqkv", "dweight", "dbias", "dy"), again, fused):
         np.testing.assert_array_equal(bits(a), bits(b), err_msg=f"{what}, run again")

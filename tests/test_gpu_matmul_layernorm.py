@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from microgpt import kernels as K
+from microgpt import ops as O
 from microgpt import reference as R
 
 from helpers import device, record, rel_err
@@ -14,7 +15,7 @@ from helpers import device, record, rel_err
 pytestmark = pytest.mark.gpu
 
 BAR = 1.5  # the tc variant's error may be at most this many times the fast variant's
-FAST, TC = K.select("fast"), K.select("tc")
+FAST, TC = O.select("fast"), O.select("tc")
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from microgpt.attention import fused
 from microgpt.cli import main
 from microgpt.data import BatchSampler, load_tokens, split
 from microgpt import kernels as K
-from microgpt.kernels import VARIANTS
+from microgpt.ops import VARIANTS
 from microgpt import reference as R
 from microgpt.params import decays
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from microgpt import kernels as K
+from microgpt import ops as O
 from microgpt import reference as R
 
 from helpers import record, rel_err
@@ -20,7 +21,7 @@ from helpers import record, rel_err
 pytestmark = pytest.mark.gpu
 
 BAR = 1.5  # the tensor cores' error may be at most this many times the SIMT kernel's
-SIMT, TC = K.select("fast"), K.select("tc")
+SIMT, TC = O.select("fast"), O.select("tc")
 C, NH, V, T = 768, 12, 8449, 1024  # andrea-120m at T=1024, one sequence
 LAYERS = {"qkv": (C, 3 * C), "attn.proj": (C, C), "mlp.fc": (C, 4 * C), "mlp.proj": (4 * C, C), "lm_head": (C, V)}
 

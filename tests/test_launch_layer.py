@@ -14,10 +14,14 @@ import numpy as np
 import pytest
 
 from microgpt import kernels as K
-from microgpt.kernels import registry, runtime
+from microgpt import ops as O
+from microgpt import ops as registry
+from microgpt.kernels import runtime
 from microgpt.kernels.layernorm_fast import BWD_BLOCKS, bwd_launch, bwd_rows_per_block
 
 from helpers import FakeArray, FakeEngine
+
+ROOT_CUDA = K.cuda_source_dir()
 
 adamw_module = importlib.import_module("microgpt.kernels.adamw")  # the package's `adamw` is the function
 
@@ -109,7 +113,6 @@ class CallerRecordingEngine(FakeEngine):
 def fake(monkeypatch):
     e = CallerRecordingEngine(K.kernel_signatures())
     monkeypatch.setattr(runtime, "_engine", e)
-    monkeypatch.setattr(adamw_module, "_norm_partials", None)  # allocated by the fake, dropped after the test
     monkeypatch.setattr(runtime, "_persistent", [])  # nor freed at exit as if it were real
     return e
 
@@ -127,8 +130,8 @@ def run_every_launcher(fake=None):
 
 def _run_every_launcher():
     with K.recording() as plan:
-        for variant in K.VARIANTS:
-            ops = K.select(variant)
+        for variant in O.VARIANTS:
+            ops = O.select(variant)
             for op, call in CALLS.items():
                 args, kw = call()
                 getattr(ops, op)(*args, **kw)
@@ -152,7 +155,7 @@ def _run_every_launcher():
         # a linear layer's forward and dX product reading its weight split once, by the batch split first in the plan
         w = f32(4 * C, 4 * C)  # K = 4 C: long enough for the wgmma kernel
         with K.weight_splits([w], False).reading(plan), K.weight_splits([w], True).reading(plan):
-            K.select("tc").matmul_fwd(f32(B, T, 4 * C), f32(B, T, 4 * C), w, f32(4 * C))
+            O.select("tc").matmul_fwd(f32(B, T, 4 * C), f32(B, T, 4 * C), w, f32(4 * C))
             K.sgemm_tc(f32(B * T, 4 * C), f32(B * T, 4 * C), w)
         for ta in (False, True):
             for tb in (False, True):
@@ -168,7 +171,27 @@ def _run_every_launcher():
 
 
 def test_the_calls_cover_the_registry():
-    assert set(CALLS) == set(K.OPS)
+    assert set(CALLS) == set(O.OPS)
+
+
+def test_every_op_has_a_numpy_reference_taking_its_launchers_arguments():
+    for op, spec in O.OPS.items():
+        assert spec.reference.__module__ == "microgpt.reference_ops" and spec.reference.__name__ == op, op
+        takes = [p for p, v in inspect.signature(spec.reference).parameters.items() if v.kind != v.VAR_KEYWORD]
+        launcher = [p for p in inspect.signature(spec.kernels["reference"]).parameters
+                    if p not in ("stream", "check_token_ids")]
+        assert takes == launcher, (op, takes, launcher)
+
+
+def test_every_op_launches_kernels_of_the_header_it_names(fake):
+    headers = K.kernel_headers()
+    for op, spec in O.OPS.items():
+        assert (ROOT_CUDA / spec.header).is_file(), (op, spec.header)
+        with K.recording() as plan:
+            args, kw = CALLS[op]()
+            spec.kernels["reference"](*args, **kw)
+        launched = {headers[name] for name, *_ in plan}
+        assert spec.header in launched, (op, spec.header, launched)
 
 
 def test_every_kernel_is_reachable_from_the_registry(fake):
@@ -199,17 +222,17 @@ def test_every_launch_passes_what_its_kernels_format_asks_for(fake):
 
 def test_the_variants_run_their_own_launchers(fake):
     with K.recording() as plan:
-        K.select("reference").matmul_fwd(*CALLS["matmul_fwd"]()[0])
-        K.select("fast").matmul_fwd(*CALLS["matmul_fwd"]()[0])
-        K.select("fast").causal_scores_fwd(*CALLS["causal_scores_fwd"]()[0])
-        K.select("reference").causal_scores_fwd(*CALLS["causal_scores_fwd"]()[0])
+        O.select("reference").matmul_fwd(*CALLS["matmul_fwd"]()[0])
+        O.select("fast").matmul_fwd(*CALLS["matmul_fwd"]()[0])
+        O.select("fast").causal_scores_fwd(*CALLS["causal_scores_fwd"]()[0])
+        O.select("reference").causal_scores_fwd(*CALLS["causal_scores_fwd"]()[0])
     assert [name for name, *_ in plan] == ["k_matmul_fwd", "k_sgemm_nt", "k_sgemm_nt", "k_attn_scores_fwd",
                                             "k_causal_mask_fwd"]
 
 
 def test_split_k_cuts_a_weight_gradient_and_reduces_it_in_order(fake):
     with K.recording() as plan:
-        K.select("fast").matmul_bwd(*CALLS["matmul_bwd"]()[0])
+        O.select("fast").matmul_bwd(*CALLS["matmul_bwd"]()[0])
     names = [name for name, *_ in plan]
     assert names == ["k_sgemm_nn_n64", "k_sgemm_tn_n64", "k_splitk_reduce", "k_colsum_partial", "k_colsum_reduce"]
     _, _, grid, args, _, _ = plan[1]
@@ -278,19 +301,20 @@ def test_the_profile_cases_launch_every_kernel(fake):
 
 # ---------------------------------------------------------------------------------------------- the registry
 def test_variant_is_checked_in_one_place_and_named():
-    assert K.resolve(None) == K.DEFAULT_VARIANT in K.VARIANTS
+    assert O.resolve(None) == O.DEFAULT_VARIANT in O.VARIANTS
     for bad in ("fastest", "", None.__class__, 3):
         with pytest.raises(ValueError, match="variant must be one of"):
-            K.resolve(bad)
+            O.resolve(bad)
     with pytest.raises(ValueError, match="variant must be one of"):
-        K.select("Fast")
+        O.select("Fast")
     with pytest.raises(ValueError, match="op must be one of"):
-        K.launcher("matmul", "fast")
+        O.launcher("matmul", "fast")
 
 
 def test_every_op_has_a_reference_launcher_and_fast_ones_follow_the_naming():
-    for op, impls in K.OPS.items():
-        assert set(impls) <= set(K.VARIANTS) and "reference" in impls, op
+    for op, spec in O.OPS.items():
+        impls = spec.kernels
+        assert spec.name == op and set(impls) <= set(O.VARIANTS) and "reference" in impls, op
         assert impls["reference"].__name__ == op, op
         for variant, fn in impls.items():
             if variant != "reference":
@@ -300,10 +324,10 @@ def test_every_op_has_a_reference_launcher_and_fast_ones_follow_the_naming():
 
 
 def test_select_gives_every_op_and_falls_back_to_the_reference():
-    ops = K.select("fast")
-    assert ops.variant is K.VARIANTS["fast"]
+    ops = O.select("fast")
+    assert ops.variant is O.VARIANTS["fast"]
     assert ops.attn_scores_fwd is K.attn_scores_fwd and ops.matmul_fwd is K.matmul_fwd_fast
-    assert all(callable(getattr(ops, op)) for op in K.OPS)
+    assert all(callable(getattr(ops, op)) for op in O.OPS)
     assert registry.launcher("residual_fwd", "fast") is K.residual_fwd
     assert registry.launcher("gelu_fwd", "tc") is K.gelu_fwd_fast  # tc has none of its own: fast's
 
@@ -319,34 +343,34 @@ def test_bad_arguments_are_refused_naming_them(fake):
             K.layernorm_fwd(out, mean, rstd, x, f32(7), w)
         with pytest.raises(ValueError, match=r"mean must have shape \(2, 3\)"):
             K.layernorm_fwd(out, f32(3, 2), rstd, x, w, w)
-        for variant in K.VARIANTS:
+        for variant in O.VARIANTS:
             with pytest.raises(TypeError, match="accumulate must be True or False, got 1"):
-                K.launcher("layernorm_bwd", variant)(out, w, w, x, x, w, mean, rstd, accumulate=1)
+                O.launcher("layernorm_bwd", variant)(out, w, w, x, x, w, mean, rstd, accumulate=1)
             with pytest.raises(ValueError, match=r"branch must have shape \(2, 3, 8\)"):
-                K.launcher("residual_layernorm_fwd", variant)(out, out, mean, rstd, x, f32(2, 8), w, w)
+                O.launcher("residual_layernorm_fwd", variant)(out, out, mean, rstd, x, f32(2, 8), w, w)
             with pytest.raises(ValueError, match=r"x must be square matrices \(\.\.\., T, T\) where causal=True"):
-                K.launcher("softmax_fwd", variant)(x, x, causal=True)
+                O.launcher("softmax_fwd", variant)(x, x, causal=True)
             with pytest.raises(ValueError, match=r"probs must be square matrices"):
-                K.launcher("softmax_bwd", variant)(x, x, x, causal=True)
+                O.launcher("softmax_bwd", variant)(x, x, x, causal=True)
             with pytest.raises(TypeError, match="causal must be True or False, got 'yes'"):
-                K.launcher("softmax_fwd", variant)(f32(2, 8, 8), f32(2, 8, 8), causal="yes")
-        for variant in K.VARIANTS:  # the fast elementwise launchers check as the reference ones
+                O.launcher("softmax_fwd", variant)(f32(2, 8, 8), f32(2, 8, 8), causal="yes")
+        for variant in O.VARIANTS:  # the fast elementwise launchers check as the reference ones
             with pytest.raises(ValueError, match="out must be C-contiguous"):
-                K.launcher("gelu_fwd", variant)(FakeArray((3, 8), strides=(4, 12)), f32(3, 8))
+                O.launcher("gelu_fwd", variant)(FakeArray((3, 8), strides=(4, 12)), f32(3, 8))
             with pytest.raises(ValueError, match="x must not be empty"):
-                K.launcher("gelu_fwd", variant)(f32(0, 8), f32(0, 8))
+                O.launcher("gelu_fwd", variant)(f32(0, 8), f32(0, 8))
             with pytest.raises(ValueError, match=r"dout must have shape \(3, 8\)"):
-                K.launcher("gelu_bwd", variant)(f32(3, 8), f32(8, 3), f32(3, 8))
+                O.launcher("gelu_bwd", variant)(f32(3, 8), f32(8, 3), f32(3, 8))
             with pytest.raises(ValueError, match="qkv's last dimension 24 must be 3 \\* C with n_head=3"):
-                K.launcher("split_heads_fwd", variant)(f32(1, 3, 2, 2), f32(1, 3, 2, 2), f32(1, 3, 2, 2),
+                O.launcher("split_heads_fwd", variant)(f32(1, 3, 2, 2), f32(1, 3, 2, 2), f32(1, 3, 2, 2),
                                                        f32(1, 2, 24), 3)
             with pytest.raises(ValueError, match="n_head=5 must divide dy's last dimension 8"):
-                K.launcher("merge_heads_bwd", variant)(f32(1, 5, 2, 1), f32(1, 2, 8), 5)
+                O.launcher("merge_heads_bwd", variant)(f32(1, 5, 2, 1), f32(1, 2, 8), 5)
             with pytest.raises(ValueError, match=r"dlosses must have shape \(2, 3\)"):
-                K.launcher("crossentropy_bwd", variant)(f32(2, 3, 9), f32(2, 3, 9), i32(2, 3), f32(3, 2),
+                O.launcher("crossentropy_bwd", variant)(f32(2, 3, 9), f32(2, 3, 9), i32(2, 3), f32(3, 2),
                                                         check_token_ids=False)
             with pytest.raises(ValueError, match="idx has T=5 positions, above wpe's 4"):
-                K.launcher("embed_fwd", variant)(f32(1, 5, 8), i32(1, 5), f32(10, 8), f32(4, 8))
+                O.launcher("embed_fwd", variant)(f32(1, 5, 8), i32(1, 5), f32(10, 8), f32(4, 8))
         with pytest.raises(ValueError, match="inner dimensions differ"):
             K.sgemm(f32(4, 5), f32(4, 3), f32(2, 5))
         with pytest.raises(ValueError, match="step must be an int >= 1"):
@@ -357,11 +381,11 @@ def test_bad_arguments_are_refused_naming_them(fake):
 def test_token_ids_outside_the_vocabulary_are_refused(fake, monkeypatch):
     monkeypatch.setattr(fake.cuda, "memcpy_dtoh", lambda host, p: host.fill(10))
     with K.recording() as plan:
-        for variant in K.VARIANTS:
+        for variant in O.VARIANTS:
             with pytest.raises(ValueError, match=r"idx holds token id 10, outside \[0, 10\)"):
-                K.launcher("embed_fwd", variant)(f32(2, 3, 4), i32(2, 3), f32(10, 4), f32(3, 4))
+                O.launcher("embed_fwd", variant)(f32(2, 3, 4), i32(2, 3), f32(10, 4), f32(3, 4))
             with pytest.raises(ValueError, match=r"targets holds token id 10, outside \[0, 9\)"):
-                K.launcher("crossentropy_bwd", variant)(f32(2, 3, 9), f32(2, 3, 9), i32(2, 3), f32(2, 3))
+                O.launcher("crossentropy_bwd", variant)(f32(2, 3, 9), f32(2, 3, 9), i32(2, 3), f32(2, 3))
     assert plan == []
 
 
@@ -545,10 +569,10 @@ def test_weights_split_once_go_first_in_the_plan_and_replace_the_products_own_sp
     inp1, dout2 = f32(600, 257), f32(600, 1000)
     fwd, bwd = K.weight_splits([w1, w2, unused], False), K.weight_splits([w1, w2, unused], True)
     with K.recording() as plan, fwd.reading(plan), bwd.reading(plan):
-        K.select("tc").matmul_fwd(f32(600, 300), inp1, w1, f32(300))   # out = inp @ w1^T: w1 as it is
+        O.select("tc").matmul_fwd(f32(600, 300), inp1, w1, f32(300))   # out = inp @ w1^T: w1 as it is
         K.sgemm_tc(f32(600, 333), dout2, w2, bias=f32(333))   # dinp = dout @ w2: w2 transposed (a bias: not split-K)
         K.sgemm_tc(f32(600, 333), dout2, w2, bias=f32(333))   # again: the same split
-        K.select("tc").matmul_fwd(f32(600, 200), f32(600, 512), f32(200, 512), f32(200))  # no candidate: its own
+        O.select("tc").matmul_fwd(f32(600, 200), f32(600, 512), f32(200, 512), f32(200))  # no candidate: its own
     names = [p[0] for p in plan]
     assert names == ["k_tf32_split_batch", "k_tf32_split_batch", "k_tf32_split", "k_gemm_wg_split", "k_tf32_split",
                      "k_gemm_wg_split", "k_tf32_split", "k_gemm_wg_split", "k_tf32_split", "k_tf32_split",
@@ -585,7 +609,7 @@ def test_weights_split_once_go_first_in_the_plan_and_replace_the_products_own_sp
     fake.arch = "sm_80"  # no split operands: nothing found, nothing launched
     sm80 = K.weight_splits([w1], False)
     with K.recording() as plan, sm80.reading(plan):
-        K.select("tc").matmul_fwd(f32(600, 300), inp1, w1, f32(300))
+        O.select("tc").matmul_fwd(f32(600, 300), inp1, w1, f32(300))
     assert len(sm80) == 0 and [p[0] for p in plan] == ["k_gemm_tc_nt"]
 
 
@@ -609,7 +633,7 @@ def test_tc_fuses_the_layernorm_backward_into_the_dx_product_where_it_can(fake, 
     args, dinp = _matmul_layernorm_bwd_args(N, C, OUT)
     fake.arch = arch
     with K.recording() as plan:
-        K.select("tc").matmul_layernorm_bwd(*args, dinp=dinp, accumulate=True)
+        O.select("tc").matmul_layernorm_bwd(*args, dinp=dinp, accumulate=True)
     names = [p[0] for p in plan]
     if not fused:
         assert "k_gemm_wg_split_ln_bwd" not in names and names[-1] == "k_layernorm_bwd_fast", names
@@ -623,7 +647,7 @@ def test_tc_fuses_the_layernorm_backward_into_the_dx_product_where_it_can(fake, 
     assert kargs[8:12] == [a.gpudata for a in args[8:12]], kargs  # x, w, mean, rstd
 
 
-@pytest.mark.parametrize("variant", list(K.VARIANTS))
+@pytest.mark.parametrize("variant", list(O.VARIANTS))
 @pytest.mark.parametrize("at,bad,error,named", [
     (10, f32(301), ValueError, "mean"), (7, f32(512, 769), ValueError, "weight"), (0, f32(300, 769), ValueError, "dx"),
     (4, f32(511), ValueError, "dbias"), (None, None, TypeError, "accumulate"), (-1, f32(300, 767), ValueError, "dinp")])
@@ -637,7 +661,7 @@ def test_matmul_layernorm_bwd_refuses_bad_arguments_before_any_launch(fake, vari
         args[at] = bad
     with K.recording() as plan:
         with pytest.raises(error, match=named):
-            K.select(variant).matmul_layernorm_bwd(*args, dinp=dinp, **kw)
+            O.select(variant).matmul_layernorm_bwd(*args, dinp=dinp, **kw)
     assert not plan
 
 
@@ -662,7 +686,7 @@ def test_tc_sums_flash_attentions_delta_in_the_dx_product_where_it_can(fake, arc
     args, dy = _matmul_attention_bwd_args(B, T, C, NH), f32(B, T, C)
     fake.arch = arch
     with K.recording() as plan:
-        K.select("tc").matmul_attention_bwd(*args, dy=dy)
+        O.select("tc").matmul_attention_bwd(*args, dy=dy)
     names = [p[0] for p in plan]
     if not fused:
         assert "k_gemm_wg_split_delta" not in names, names
@@ -683,7 +707,7 @@ def test_tc_sums_flash_attentions_delta_in_the_dx_product_where_it_can(fake, arc
     assert plan[at + 2][3][-5] == delta, plan[at + 2]  # the backward reads the delta the product wrote
 
 
-@pytest.mark.parametrize("variant", list(K.VARIANTS))
+@pytest.mark.parametrize("variant", list(O.VARIANTS))
 @pytest.mark.parametrize("at,bad,error,named", [
     (0, f32(2, 200, 767), ValueError, "dqkv"), (2, f32(255), ValueError, "dbias"), (4, f32(2, 201, 256), ValueError,
                                                                                     "y"),
@@ -697,7 +721,7 @@ def test_matmul_attention_bwd_refuses_bad_arguments_before_any_launch(fake, vari
         args[at] = bad
     with K.recording() as plan:
         with pytest.raises(error, match=named):
-            K.select(variant).matmul_attention_bwd(*args, dy=dy)
+            O.select(variant).matmul_attention_bwd(*args, dy=dy)
     assert not plan
 
 
@@ -724,7 +748,7 @@ def test_the_layernorm_forward_is_staged_where_its_rows_allow(fake, arch, C, mis
     if misaligned is not None:
         _misaligned(arrays[misaligned])
     with K.recording() as plan:
-        K.launcher("layernorm_fwd", "fast")(*arrays)
+        O.launcher("layernorm_fwd", "fast")(*arrays)
     warps, max_c = K.int_constants()["LN_STAGED_WARPS"], K.int_constants()["LN_STAGED_MAX_C"]
     assert max_c == 1024
     (kernel, _, grid, args, shared, block), = plan

@@ -123,7 +123,6 @@ def build(monkeypatch):
     monkeypatch.setattr(engine.ga, "to_gpu", counted_to_gpu)
     monkeypatch.setattr(engine.ga, "empty", counted_empty)
     monkeypatch.setattr(runtime, "_engine", engine)
-    monkeypatch.setattr(importlib.import_module("microgpt.kernels.adamw"), "_norm_partials", None)
     monkeypatch.setattr(runtime, "_persistent", [])
     monkeypatch.syspath_prepend(TOOLS)
     kc = importlib.import_module("kernel_cases")

@@ -26,7 +26,8 @@ import sys
 import numpy as np
 
 from microgpt import kernels as K
-from microgpt.attention import attention_buffers, attention_grad_buffers, fused, heads_bwd, heads_fwd
+from microgpt import ops as O
+from microgpt.attention import fused, grad_buffers, heads_bwd, heads_fwd, states
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import cuda_median_ms, gpu_or_exit, torch_median_ms  # noqa: E402
@@ -37,7 +38,7 @@ REFERENCE_MAX_T = 1024
 def ours(B, NH, T, d_k, variant, iters, warmup):
     """(forward ms, forward+backward ms, MiB of the attention's own buffers) between qkv and y: the model's own
     stages (microgpt.attention.heads_fwd, heads_bwd) on its own buffers."""
-    ops = K.select(variant)
+    ops = O.select(variant)
     e = K.engine()
     ga = e.ga
     rng = np.random.default_rng(0)
@@ -47,8 +48,8 @@ def ours(B, NH, T, d_k, variant, iters, warmup):
     def new(*shape):
         return ga.empty(shape, np.float32)
     is_fused = fused(ops, d_k, T)
-    a = attention_buffers(new, B, T, C, NH, fused=is_fused)
-    d = attention_grad_buffers(new, B, T, C, NH, fused=is_fused)
+    a = states(new, B, T, C, NH, fused=is_fused)(new(B, T, C))
+    d = grad_buffers(new, B, T, C, NH, fused=is_fused)
     a.qkv.set(rng.standard_normal((B, T, 3 * C)).astype(np.float32))
     d.dy.set(rng.standard_normal((B, T, C)).astype(np.float32))
     # the launches are recorded once (arguments checked once), as the model runs them
@@ -113,7 +114,7 @@ def main() -> int:
     ap.add_argument("--d-k", type=int, default=64)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--variant", choices=["all", *K.VARIANTS], default="all", help="whose kernels to time")
+    ap.add_argument("--variant", choices=["all", *O.VARIANTS], default="all", help="whose kernels to time")
     ap.add_argument("--quick", action="store_true", help="B=2, T=256, 3 iterations")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = ap.parse_args()
@@ -129,7 +130,7 @@ def main() -> int:
     rows = []
     for T in lengths:
         shape = (args.B, args.heads, T, args.d_k)
-        for variant in (K.VARIANTS if args.variant == "all" else [args.variant]):
+        for variant in (O.VARIANTS if args.variant == "all" else [args.variant]):
             if variant == "reference" and T > REFERENCE_MAX_T and args.variant == "all":
                 continue
             f, b, mb = ours(*shape, variant, args.iters, args.warmup)

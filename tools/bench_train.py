@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from microgpt import GPT, PRESETS, GPTConfig
-from microgpt.kernels import DEFAULT_VARIANT, VARIANTS
+from microgpt.ops import DEFAULT_VARIANT, VARIANTS
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import gpu_or_exit  # noqa: E402

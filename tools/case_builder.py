@@ -15,6 +15,7 @@ from typing import Callable
 import numpy as np
 
 from microgpt import kernels as K
+from microgpt import ops as O
 
 
 @dataclass
@@ -108,9 +109,9 @@ class Builder:
     def own(self, op, label="", with_reference=True, also=()):
         """(case name, launcher) of op in each variant that has a launcher of its own, the wanted ones; `also`:
         suffixes of further cases a loop adds beside each, which make it wanted too."""
-        reference, seen, out = K.launcher(op, "reference"), set(), []
+        reference, seen, out = O.launcher(op, "reference"), set(), []
         for var in self.variants:
-            fn = K.launcher(op, var)
+            fn = O.launcher(op, var)
             if fn not in seen and (with_reference or fn is not reference):
                 seen.add(fn)
                 name = (f"k_{op}" if fn is reference else fn.__name__) + label

@@ -16,6 +16,7 @@ import numpy as np
 from case_builder import Builder, Case, Shape
 from product_cases import add_product_cases
 from microgpt import kernels as K
+from microgpt import ops as O
 from microgpt.reference import MASK_VALUE
 
 __all__ = ["Case", "Shape", "build_cases", "model_params"]
@@ -24,7 +25,7 @@ F = 4  # bytes per float32 / int32
 
 
 def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: int = 1,
-                variants=tuple(K.VARIANTS), wanted: Callable[[str], bool] | None = None) -> list[Case]:
+                variants=tuple(O.VARIANTS), wanted: Callable[[str], bool] | None = None) -> list[Case]:
     """One Case per kernel and variant, in the order of a training step, with its inputs (random, `sets` copies
     of the large read-only ones). A reference case is named after its kernel (`k_matmul_fwd`); a fast variant's
     after its launcher (`matmul_fwd_fast`), which may run several.
@@ -363,7 +364,7 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
             F * (B * V + B) + 8 * B, 2 * B * V)
     if want("k_matvec"):  # the decode step's tied output projection: B rows, so k_matvec
         (wte, wpe), y_row, logits_row = embeddings(), buf("y_row", B, 1, C), empty(B, 1, V)
-        add("k_matvec", lambda s: K.select("fast").matmul_fwd(logits_row, y_row, wte, None, stream=s),
+        add("k_matvec", lambda s: O.select("fast").matmul_fwd(logits_row, y_row, wte, None, stream=s),
             F * (V * C + B * C + B * V), 2 * B * V * C)
 
     # the bias gradient of every fast variant's product, here mlp.fc's (B * T rows of 4C)

@@ -29,7 +29,7 @@ import numpy as np
 
 from microgpt import PRESETS, GPTConfig
 from microgpt import kernels as K
-from microgpt.kernels import VARIANTS
+from microgpt.ops import VARIANTS
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernel_cases import Shape, build_cases, model_params  # noqa: E402

@@ -24,7 +24,7 @@ import numpy as np
 
 from microgpt import GPT, PRESETS, GPTConfig
 from microgpt import kernels as K
-from microgpt.kernels import DEFAULT_VARIANT, VARIANTS
+from microgpt.ops import DEFAULT_VARIANT, VARIANTS
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import gpu_or_exit, spin  # noqa: E402

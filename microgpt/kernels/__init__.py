@@ -15,8 +15,8 @@ matmul_layernorm_tc for a product fused with the layernorm backward after it, fl
 attention, matmul_attention_tc for the product before its backward, fused with its delta).
 Beside them: source (what nvcc compiles, and the argument formats read from it), runtime (compile once,
 the primary context, launch, record and replay, KernelError), graph (a recorded plan as one CUDA graph: a
-model's passes run as Pass), checks (the argument checks) and registry (which launcher each op runs in each
-variant).
+model's passes run as Pass) and checks (the argument checks). Which launcher each op runs in each variant is
+microgpt.ops's table.
 
 Every launcher takes its arguments in the kernel's order (outputs first), checks each one and raises
 TypeError/ValueError naming the argument before anything is launched. Without `stream` a call is
@@ -52,7 +52,6 @@ from .matmul_tc import (attn_values_bwd_tc, attn_values_fwd_tc, causal_scores_bw
                         matmul_bwd_tc, matmul_fwd_tc, sgemm_tc, tensor_cores, warpgroup_mma, weight_splits)
 from .pointwise import gelu_bwd, gelu_fwd, residual_bwd, residual_fwd
 from .pointwise_fast import gelu_bwd_fast, gelu_fwd_fast
-from .registry import DEFAULT_VARIANT, OPS, VARIANTS, Kernels, Variant, launcher, resolve, select
 from .rows_fast import (crossentropy_bwd_fast, crossentropy_fwd_fast, embed_fwd_fast, softmax_bwd_fast,
                         softmax_fwd_fast)
 from .sampling import sample
@@ -61,6 +60,5 @@ from .source import (NVCC_OPTIONS, cuda_source_dir, full_source, int_constants, 
                      kernel_signatures, preprocessed)
 from ..reference import MASK_VALUE
 
-# the names these had before the registry and the enum
-variant = launcher
+# the names these had before the enum
 CAUSAL_OUT_LOWER, CAUSAL_A_LOWER, CAUSAL_A_UPPER = Causal.OUT_LOWER, Causal.A_LOWER, Causal.A_UPPER

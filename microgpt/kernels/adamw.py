@@ -9,25 +9,22 @@ from .checks import opt_ptr, ptr, shape_of
 from .runtime import blocks, engine, launch, persistent_alloc
 
 NORM_GRID = 1024  # blocks of the norm reduction, fixed (its order of additions), resident at once on an H200
-_norm_partials = None  # the reduction's per-block partial sums, allocated at the first call
 
 
 def global_norm(sumsq, g, *, accumulate=False, stream=None):
     """sumsq (1,) float64 (+)= sum of g**2; zeroed first unless accumulate. Deterministic. Calls on
     several streams at once would share the kernel's scratch: keep them on one stream."""
-    global _norm_partials
     shape = shape_of("g", g)
     n = math.prod(shape)
     p = ptr("sumsq", sumsq, (1,), np.float64)
     cuda = engine().cuda
-    if _norm_partials is None:
-        _norm_partials = persistent_alloc(NORM_GRID * 8)
+    partials = persistent_alloc("norm_partials", NORM_GRID * 8)  # the blocks' partial sums
     if not accumulate:
         if stream is None:
             cuda.memset_d32(p, 0, 2)
         else:
             cuda.memset_d32_async(p, 0, 2, stream)
-    launch("k_global_norm", [p, int(_norm_partials), ptr("g", g, shape), n], min(NORM_GRID, blocks(n)), stream)
+    launch("k_global_norm", [p, int(partials), ptr("g", g, shape), n], min(NORM_GRID, blocks(n)), stream)
 
 
 def adamw(params, grads, m, v, *, lr, beta1, beta2, eps, weight_decay, step, decay_mask=None, sumsq=None,

@@ -13,6 +13,7 @@ the plan instead of run, and replay(plan, stream) runs them later without checki
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import math
 import os
@@ -124,11 +125,16 @@ def release_at_exit(holder) -> None:
     _holders.add(holder)
 
 
-def persistent_alloc(nbytes: int):
-    """Device memory for the life of the process (a kernel's scratch); freed at exit."""
-    block = engine().cuda.mem_alloc(nbytes)
-    _persistent.append(block)
-    return block
+def persistent_alloc(key: str, nbytes: int):
+    """The engine's device memory named `key`, made at the first call: a kernel's scratch that lives as long as the
+    engine (freed at exit)."""
+    e = engine()
+    held = e.__dict__.setdefault("persistent", {})
+    if key not in held:
+        held[key] = e.cuda.mem_alloc(nbytes)
+        if isinstance(e, _Engine):
+            _persistent.append(held[key])
+    return held[key]
 
 
 def _release_at_exit() -> None:
@@ -151,6 +157,17 @@ def engine() -> _Engine:
     if _engine is None:
         _engine = _Engine()
     return _engine
+
+
+@contextlib.contextmanager
+def using(stand_in):
+    """Inside, engine() is `stand_in` (microgpt.kernels.virtual: a described device); the real one after."""
+    global _engine
+    before, _engine = _engine, stand_in
+    try:
+        yield stand_in
+    finally:
+        _engine = before
 
 
 def sm_version() -> int:

@@ -1,0 +1,144 @@
+"""A described GPU in place of a real one: the launch layer checks and records launches on it, and runs none.
+
+    with virtual.device(virtual.H200):          # no GPU, no PyCUDA needed
+        backend = CudaBackend(config, "tc")      # allocations are addresses only
+        ...                                      # plans record as they would on that device
+
+`microgpt info --explain` plans a step this way, and the tests check the launch layer and the model's plans on the
+CPU. Arrays are shapes, dtypes and made-up addresses (with __cuda_array_interface__, so the checks take them);
+reads of device memory return zeros. Which kernel a launcher picks depends on the description (architecture, SMs,
+shared memory, registers a kernel takes), as on the device itself.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import numpy as np
+
+from . import runtime
+from .source import kernel_signatures
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    arch: str           # what the engine builds for: sm_90a on compute capability 9.0
+    sm_count: int
+    max_shared: int     # dynamic shared memory a block may take, after the opt-in
+    sm_threads: int = 2048
+    sm_registers: int = 65536
+    sm_shared: int = 233472
+    regs: int = 64      # registers a thread, taken for every kernel (the layernorm backward's on sm_90a)
+
+
+H200 = Device("NVIDIA H200 (described)", "sm_90a", 132, 227 * 1024)
+A100 = Device("NVIDIA A100 (described)", "sm_80", 108, 163 * 1024, sm_shared=167936)
+DEVICES = {"h200": H200, "a100": A100}
+
+
+class VirtualArray:
+    """A C-contiguous device array by its address, shape and dtype; slices along the first axis and reshapes
+    give views, as a GPUArray's do."""
+
+    def __init__(self, shape, dtype=np.float32, gpudata=None):
+        self.shape, self.dtype = tuple(int(n) for n in np.atleast_1d(shape)), np.dtype(dtype)
+        self.gpudata = _alloc(self.nbytes) if gpudata is None else int(gpudata)
+
+    size = property(lambda self: math.prod(self.shape))
+    nbytes = property(lambda self: self.size * self.dtype.itemsize)
+    ndim = property(lambda self: len(self.shape))
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": self.shape, "typestr": self.dtype.str, "strides": None, "data": (self.gpudata, False),
+                "version": 3}
+
+    def __getitem__(self, key):
+        row = math.prod(self.shape[1:]) * self.dtype.itemsize
+        if isinstance(key, (int, np.integer)):
+            return VirtualArray(self.shape[1:] or (1,), self.dtype, self.gpudata + int(key) * row)
+        start, stop, step = key.indices(self.shape[0])
+        if step != 1:
+            raise ValueError("a virtual array slices with step 1 only")
+        return VirtualArray((max(0, stop - start),) + self.shape[1:], self.dtype, self.gpudata + start * row)
+
+    def reshape(self, *shape):
+        shape = shape[0] if len(shape) == 1 and isinstance(shape[0], tuple) else shape
+        if math.prod(shape) != self.size:
+            raise ValueError(f"cannot reshape {self.shape} to {shape}")
+        return VirtualArray(shape, self.dtype, self.gpudata)
+
+    def __int__(self):
+        return self.gpudata
+
+    def get(self, *_, **__):
+        return np.zeros(self.shape, self.dtype)
+
+    def set(self, *_, **__):
+        pass
+
+
+_next = [1 << 20]
+
+
+def _alloc(nbytes: int) -> int:
+    at = _next[0]
+    _next[0] += 256 * (1 + nbytes // 256)
+    return at
+
+
+class Engine:
+    """runtime's engine on a described device: function() names a kernel of the translation unit (KeyError for
+    one it lacks), allocations are VirtualArrays, copies and memsets do nothing."""
+
+    def __init__(self, device: Device, signatures=None):
+        self.device_info, self.arch, self.sm_count = device, device.arch, device.sm_count
+        self.max_shared, self.regs = device.max_shared, device.regs
+        self.signatures = kernel_signatures() if signatures is None else signatures
+        self.sm_limits = runtime.SmLimits(device.sm_threads, device.sm_registers, device.sm_shared)
+        self.device = SimpleNamespace(name=lambda: device.name)
+        self.ga = SimpleNamespace(empty=self._empty, zeros=self._empty, to_gpu=lambda a: VirtualArray(
+            np.shape(a), np.asarray(a).dtype), zeros_like=lambda a: VirtualArray(a.shape, a.dtype))
+        self.cuda = SimpleNamespace(
+            mem_alloc=lambda n: VirtualArray((n,), np.uint8), Stream=lambda: SimpleNamespace(handle=0,
+                                                                                              synchronize=_nothing),
+            pagelocked_empty=lambda shape, dtype: np.zeros(shape, dtype), memset_d32=_nothing,
+            memset_d32_async=_nothing, memcpy_htod_async=_nothing, memcpy_dtoh_async=_nothing,
+            memcpy_dtod_async=_nothing, memcpy_dtoh=lambda host, p: host.fill(0),
+            Context=SimpleNamespace(synchronize=_nothing), Error=RuntimeError)
+
+    @staticmethod
+    def _empty(shape, dtype=np.float32, allocator=None):
+        return VirtualArray(shape, dtype)
+
+    def memory_pool(self):
+        return SimpleNamespace(allocate=None, free_held=_nothing)
+
+    def resident_blocks(self, name, threads, shared=0):
+        return self.sm_limits.blocks(self.regs, threads, shared)
+
+    def function(self, name, shared=0):
+        if name not in self.signatures:
+            raise KeyError(f"no kernel {name} in the translation unit")
+        return Kernel(name)
+
+
+class Kernel(str):
+    """A kernel by its name; launching it does nothing."""
+
+    def prepared_async_call(self, *_, **__):
+        pass
+
+
+def _nothing(*_, **__):
+    pass
+
+
+@contextlib.contextmanager
+def device(described: Device = H200, signatures=None):
+    """Inside, the launch layer's engine is `described`'s (runtime.using): launches check and record, none runs."""
+    with runtime.using(Engine(described, signatures)) as e:
+        yield e

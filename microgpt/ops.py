@@ -1,0 +1,150 @@
+"""The op table: every op of the engine declared once.
+
+    OPS["layernorm_fwd"].reference      # NumPy, called as the launchers are (microgpt.reference_ops)
+    OPS["layernorm_fwd"].kernels        # variant -> its CUDA launcher (microgpt.kernels)
+    ops = select("tc"); ops.matmul_fwd(out, x, w, b)    # one variant's launchers by op name
+    launcher("softmax_fwd", "reference")
+
+An op is one direction of a layer (`layernorm_fwd`, `layernorm_bwd`) or one fused step (`matmul_layernorm_bwd`).
+Every op has a reference launcher, the readable kernels of its header; a variant without a launcher of its own
+for an op runs its base variant's (tc's base is fast, fast's is reference). `variant=` on GPT,
+MultiHeadAttention, the cuda backend and the tools is checked here (resolve), and nowhere else.
+docs/adding-an-op.md says how an entry is added.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from . import reference_ops as ref
+from .kernels import (attention, crossentropy, decode, embed, embed_fast, flash_attention, heads_fast,
+                      layernorm, layernorm_fast, matmul, matmul_attention_tc, matmul_fast, matmul_layernorm_tc,
+                      matmul_tc, pointwise, pointwise_fast, rows_fast, sampling)
+from .kernels.adamw import adamw, global_norm
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    summary: str
+    keeps_scores: bool  # its causal_scores_fwd can keep the scores before the mask (scores=...)
+    base: str | None    # the variant whose launcher an op without one of its own here runs
+    fused_attention: bool = False  # the model's attention is fused_attention_fwd/bwd (where the device runs it)
+
+
+VARIANTS = {v.name: v for v in (
+    Variant("reference", "the readable kernels, one stage a kernel, the literal scores line among them", True,
+            None),
+    Variant("fast", "tiled SGEMM (the mask fused into the scores, causal tile skipping, deterministic "
+                    "split-K), warp-per-row softmax and layernorm, block-per-row cross-entropy, GELU, head "
+                    "split/merge and embedding (forward; backward a warp per run of a token) in 16-byte loads",
+            False, "reference"),
+    Variant("tc", "fast, with every matrix product on the tensor cores at FP32 accuracy (3xTF32, the running "
+                  "sum in FP32 registers; the SIMT SGEMM before sm_80), and the attention fused: flash attention, "
+                  "no T x T buffer (d_k 20 to 128, T from 128, sm_80 and later; the fast pipeline elsewhere)",
+            False, "fast", fused_attention=True),
+)}
+# The fastest variant within the accuracy bar: its products' worst relative error against float64 is below
+# the SIMT SGEMM's on every shape measured (docs/performance.md); before sm_80 it runs fast's SGEMM.
+DEFAULT_VARIANT = "tc"
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str
+    header: str                  # cuda/<header> holds its reference kernels
+    kernels: dict[str, Callable]  # variant -> launcher; "reference" always
+    reference: Callable = field(init=False)  # reference_ops.<name>
+
+    def __post_init__(self):
+        object.__setattr__(self, "reference", getattr(ref, self.name))
+
+
+def _op(name, header, reference, **faster):
+    return Op(name, header, {"reference": reference, **faster})
+
+
+OPS: dict[str, Op] = {op.name: op for op in (
+    _op("embed_fwd", "embed.cuh", embed.embed_fwd, fast=rows_fast.embed_fwd_fast),
+    _op("embed_bwd", "embed.cuh", embed.embed_bwd, fast=embed_fast.embed_bwd_fast),
+    _op("layernorm_fwd", "layernorm.cuh", layernorm.layernorm_fwd, fast=layernorm_fast.layernorm_fwd_fast),
+    _op("layernorm_bwd", "layernorm.cuh", layernorm.layernorm_bwd, fast=layernorm_fast.layernorm_bwd_fast),
+    _op("residual_layernorm_fwd", "layernorm.cuh", layernorm.residual_layernorm_fwd,
+        fast=layernorm_fast.residual_layernorm_fwd_fast),
+    _op("matmul_fwd", "matmul.cuh", matmul.matmul_fwd, fast=matmul_fast.matmul_fwd_fast, tc=matmul_tc.matmul_fwd_tc),
+    _op("matmul_bwd", "matmul.cuh", matmul.matmul_bwd, fast=matmul_fast.matmul_bwd_fast, tc=matmul_tc.matmul_bwd_tc),
+    _op("matmul_layernorm_bwd", "layernorm.cuh", layernorm.matmul_layernorm_bwd,
+        fast=layernorm_fast.matmul_layernorm_bwd_fast, tc=matmul_layernorm_tc.matmul_layernorm_bwd_tc),
+    _op("split_heads_fwd", "attention.cuh", attention.split_heads_fwd, fast=heads_fast.split_heads_fwd_fast),
+    _op("split_heads_bwd", "attention.cuh", attention.split_heads_bwd, fast=heads_fast.split_heads_bwd_fast),
+    _op("attn_scores_fwd", "attention.cuh", attention.attn_scores_fwd),
+    _op("attn_scores_bwd", "attention.cuh", attention.attn_scores_bwd),
+    _op("causal_mask_fwd", "attention.cuh", attention.causal_mask_fwd),
+    _op("causal_mask_bwd", "attention.cuh", attention.causal_mask_bwd),
+    _op("causal_scores_fwd", "attention.cuh", attention.causal_scores_fwd, fast=matmul_fast.causal_scores_fwd_fast,
+        tc=matmul_tc.causal_scores_fwd_tc),
+    _op("causal_scores_bwd", "attention.cuh", attention.causal_scores_bwd, fast=matmul_fast.causal_scores_bwd_fast,
+        tc=matmul_tc.causal_scores_bwd_tc),
+    _op("softmax_fwd", "attention.cuh", attention.softmax_fwd, fast=rows_fast.softmax_fwd_fast),
+    _op("softmax_bwd", "attention.cuh", attention.softmax_bwd, fast=rows_fast.softmax_bwd_fast),
+    _op("attn_values_fwd", "attention.cuh", attention.attn_values_fwd, fast=matmul_fast.attn_values_fwd_fast,
+        tc=matmul_tc.attn_values_fwd_tc),
+    _op("attn_values_bwd", "attention.cuh", attention.attn_values_bwd, fast=matmul_fast.attn_values_bwd_fast,
+        tc=matmul_tc.attn_values_bwd_tc),
+    _op("fused_attention_fwd", "attention.cuh", attention.fused_attention_fwd,
+        tc=flash_attention.fused_attention_fwd_tc),
+    _op("fused_attention_bwd", "attention.cuh", attention.fused_attention_bwd,
+        tc=flash_attention.fused_attention_bwd_tc),
+    _op("matmul_attention_bwd", "attention.cuh", attention.matmul_attention_bwd,
+        tc=matmul_attention_tc.matmul_attention_bwd_tc),
+    _op("merge_heads_fwd", "attention.cuh", attention.merge_heads_fwd, fast=heads_fast.merge_heads_fwd_fast),
+    _op("merge_heads_bwd", "attention.cuh", attention.merge_heads_bwd, fast=heads_fast.merge_heads_bwd_fast),
+    _op("gelu_fwd", "pointwise.cuh", pointwise.gelu_fwd, fast=pointwise_fast.gelu_fwd_fast),
+    _op("gelu_bwd", "pointwise.cuh", pointwise.gelu_bwd, fast=pointwise_fast.gelu_bwd_fast),
+    _op("residual_fwd", "pointwise.cuh", pointwise.residual_fwd),
+    _op("residual_bwd", "pointwise.cuh", pointwise.residual_bwd),
+    _op("crossentropy_fwd", "crossentropy.cuh", crossentropy.crossentropy_fwd, fast=rows_fast.crossentropy_fwd_fast),
+    _op("crossentropy_bwd", "crossentropy.cuh", crossentropy.crossentropy_bwd, fast=rows_fast.crossentropy_bwd_fast),
+    _op("embed_decode", "decode.cuh", decode.embed_decode),
+    _op("kv_store", "decode.cuh", decode.kv_store),
+    _op("attention_decode", "decode.cuh", decode.attention_decode),
+    _op("sample", "sampling.cuh", sampling.sample),
+    _op("global_norm", "adamw.cuh", global_norm),
+    _op("adamw", "adamw.cuh", adamw),
+)}
+
+
+def resolve(variant: str | None = None) -> str:
+    """The variant's name, DEFAULT_VARIANT for None; ValueError naming `variant` for anything else."""
+    if variant is None:
+        return DEFAULT_VARIANT
+    if not isinstance(variant, str) or variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {tuple(VARIANTS)}, got {variant!r}")
+    return variant
+
+
+def launcher(op: str, variant: str | None = None) -> Callable:
+    """The launch function of `op` ('matmul_fwd', ...) in `variant`."""
+    name = resolve(variant)
+    if op not in OPS:
+        raise ValueError(f"op must be one of the table's ops ({', '.join(OPS)}), got {op!r}")
+    kernels = OPS[op].kernels
+    while name not in kernels:
+        name = VARIANTS[name].base
+    return kernels[name]
+
+
+class Kernels:
+    """One variant's launchers by op name (ops.matmul_fwd, ...), and the variant itself (ops.variant)."""
+
+    def __init__(self, variant: str | None = None):
+        self.variant = VARIANTS[resolve(variant)]
+        for op in OPS:
+            setattr(self, op, launcher(op, self.variant.name))
+
+    def __repr__(self) -> str:
+        return f"Kernels({self.variant.name!r})"
+
+
+def select(variant: str | None = None) -> Kernels:
+    return Kernels(variant)
