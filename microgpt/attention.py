@@ -40,55 +40,55 @@ def fused(ops, d_k: int, T: int) -> bool:
     return ops.variant.fused_attention and flash_attention_supported(d_k, T)
 
 
-def heads_fwd(ops, a, n_head, stream=None):
+def heads_fwd(ops, a, n_head):
     """The stages between the two projections: a.qkv -> a.y."""
     if a.k_cache is not None:
-        ops.attention_decode(a.y, a.k_cache, a.v_cache, a.qkv, a.pos, stream=stream)
+        ops.attention_decode(a.y, a.k_cache, a.v_cache, a.qkv, a.pos)
     elif a.lse is not None:
-        ops.fused_attention_fwd(a.y, a.lse, a.qkv, n_head, stream=stream)
+        ops.fused_attention_fwd(a.y, a.lse, a.qkv, n_head)
     else:
-        ops.split_heads_fwd(a.q, a.k, a.v, a.qkv, n_head, stream=stream)
-        ops.causal_scores_fwd(a.masked, a.q, a.k, scores=a.scores, stream=stream)
-        ops.softmax_fwd(a.probs, a.masked, causal=True, stream=stream)
-        ops.attn_values_fwd(a.heads, a.probs, a.v, stream=stream)
-        ops.merge_heads_fwd(a.y, a.heads, stream=stream)
+        ops.split_heads_fwd(a.q, a.k, a.v, a.qkv, n_head)
+        ops.causal_scores_fwd(a.masked, a.q, a.k, scores=a.scores)
+        ops.softmax_fwd(a.probs, a.masked, causal=True)
+        ops.attn_values_fwd(a.heads, a.probs, a.v)
+        ops.merge_heads_fwd(a.y, a.heads)
 
 
-def heads_bwd(ops, a, d, n_head, stream=None):
+def heads_bwd(ops, a, d, n_head):
     """Their backward: d.dy -> d.dqkv written."""
     if a.lse is not None:
-        ops.fused_attention_bwd(d.dqkv, d.dy, a.qkv, a.y, a.lse, n_head, stream=stream)
+        ops.fused_attention_bwd(d.dqkv, d.dy, a.qkv, a.y, a.lse, n_head)
         return
-    ops.merge_heads_bwd(d.dheads, d.dy, n_head, stream=stream)
-    ops.attn_values_bwd(d.dprobs, d.dv, d.dheads, a.probs, a.v, stream=stream)
-    ops.softmax_bwd(d.dscores, d.dprobs, a.probs, causal=True, stream=stream)
-    ops.causal_scores_bwd(d.dq, d.dk, d.dscores, a.q, a.k, stream=stream)
-    ops.split_heads_bwd(d.dqkv, d.dq, d.dk, d.dv, stream=stream)
+    ops.merge_heads_bwd(d.dheads, d.dy, n_head)
+    ops.attn_values_bwd(d.dprobs, d.dv, d.dheads, a.probs, a.v)
+    ops.softmax_bwd(d.dscores, d.dprobs, a.probs, causal=True)
+    ops.causal_scores_bwd(d.dq, d.dk, d.dscores, a.q, a.k)
+    ops.split_heads_bwd(d.dqkv, d.dq, d.dk, d.dv)
 
 
-def forward(ops, x, w, a, n_head, stream=None):
+def forward(ops, x, w, a, n_head):
     """x (B, T, C) -> a.out = proj(attention(qkv(x))); keeps a.qkv, a.y and what heads_fwd keeps for backward."""
-    ops.matmul_fwd(a.qkv, x, w["qkv.w"], w["qkv.b"], stream=stream)
-    heads_fwd(ops, a, n_head, stream)
-    ops.matmul_fwd(a.out, a.y, w["proj.w"], w["proj.b"], stream=stream)
+    ops.matmul_fwd(a.qkv, x, w["qkv.w"], w["qkv.b"])
+    heads_fwd(ops, a, n_head)
+    ops.matmul_fwd(a.out, a.y, w["proj.w"], w["proj.b"])
 
 
-def backward_to_qkv(ops, dout, w, g, a, d, n_head, stream=None):
+def backward_to_qkv(ops, dout, w, g, a, d, n_head):
     """The backward as far as the qkv projection: dout (B, T, C) -> d.dqkv written; g["proj.*"] added into. With
     the attention fused, one op for both (the tc variant sums flash attention's delta in the product that makes
     d.dy)."""
     if a.lse is not None:
         ops.matmul_attention_bwd(d.dqkv, g["proj.w"], g["proj.b"], dout, a.y, w["proj.w"], a.qkv, a.lse, n_head,
-                                 dy=d.dy, stream=stream)
+                                 dy=d.dy)
         return
-    ops.matmul_bwd(d.dy, g["proj.w"], g["proj.b"], dout, a.y, w["proj.w"], stream=stream)
-    heads_bwd(ops, a, d, n_head, stream)
+    ops.matmul_bwd(d.dy, g["proj.w"], g["proj.b"], dout, a.y, w["proj.w"])
+    heads_bwd(ops, a, d, n_head)
 
 
-def backward(ops, dout, x, w, g, a, d, n_head, stream=None):
+def backward(ops, dout, x, w, g, a, d, n_head):
     """dout (B, T, C) -> d.dx written; g (the weights' gradients) added into. d holds the scratch."""
-    backward_to_qkv(ops, dout, w, g, a, d, n_head, stream)
-    ops.matmul_bwd(d.dx, g["qkv.w"], g["qkv.b"], d.dqkv, x, w["qkv.w"], stream=stream)
+    backward_to_qkv(ops, dout, w, g, a, d, n_head)
+    ops.matmul_bwd(d.dx, g["qkv.w"], g["qkv.b"], d.dqkv, x, w["qkv.w"])
 
 
 def _state(**buffers) -> SimpleNamespace:

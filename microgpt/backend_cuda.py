@@ -123,10 +123,11 @@ class CudaBackend:
             setattr(b, key, K.weight_splits(weights, transposed, b.split_arena.allocator()))
         return getattr(b, key)
 
-    def _plan(self, b, pass_, transposed):
-        """One pass of microgpt.model over b, recorded, its products reading the weights split once."""
-        with K.recording() as plan, self._weight_splits(b, transposed).reading(plan):
-            pass_()
+    def _plan(self, b, pass_, transposed) -> K.Plan:
+        """One pass of microgpt.model over b, pass_(ops), recorded, its products reading the weights split once."""
+        plan = K.Plan()
+        with self._weight_splits(b, transposed).reading(plan):
+            pass_(self.ops.on(plan))
         return plan
 
     def forward(self, idx, targets=None, logits="all"):
@@ -135,7 +136,7 @@ class CudaBackend:
         b = self._buffers(B, T)
         key = (B, T, targets is not None)
         if key not in self._passes:
-            plan = self._plan(b, lambda: model.forward(self.ops, self.P, self.config, b, targets is not None), False)
+            plan = self._plan(b, lambda ops: model.forward(ops, self.P, self.config, b, targets is not None), False)
             self._passes[key] = K.Pass(plan, "forward")
         self.stream.synchronize()  # the page-locked batch may still be in flight from the last call
         b.batch_host[0] = idx
@@ -163,7 +164,7 @@ class CudaBackend:
         b = self._bufs
         if "bwd" not in self._passes:
             d = self._grad_buffers(b)
-            plan = self._plan(b, lambda: model.backward(self.ops, self.P, self.G, self.config, b, d), True)
+            plan = self._plan(b, lambda ops: model.backward(ops, self.P, self.G, self.config, b, d), True)
             self._passes["bwd"] = K.Pass(plan, "backward")
         self._passes["bwd"].launch(self.stream)
 
@@ -184,8 +185,8 @@ class CudaBackend:
         # the next tokens as k_sample chooses them, and the draws it chooses them by
         d.chosen, d.chosen_host = new(B, dtype=np.int32), self.cuda.pagelocked_empty(B, np.int32)
         d.u, d.u_host = new(B, dtype=np.float64), self.cuda.pagelocked_empty(B, np.float64)
-        with K.recording() as plan:
-            model.forward(self.ops, self.P, cfg, d.a)
+        plan = K.Plan()
+        model.forward(self.ops.on(plan), self.P, cfg, d.a)
         d.step = K.Pass(plan, "decode")  # one CUDA graph, captured at the first decode
         self._dec = d
         return d
@@ -199,9 +200,7 @@ class CudaBackend:
         d, b, cfg = self._decode_state(B), self._bufs, self.config
         if b.fused and not hasattr(b, "heads"):  # the keys and values are in each layer's qkv: split out here
             b.heads = [self._new(B, cfg.n_head, T, cfg.d_k) for _ in range(3)]  # held with the buffers
-        with K.recording() as plan:
-            model.fill_cache(self.ops, cfg, b, d.cache, getattr(b, "heads", None))
-        K.replay(plan, self.stream, "prefill")
+        model.fill_cache(self.ops.on(self.stream), cfg, b, d.cache, getattr(b, "heads", None))
         d.length = T  # positions in the caches: decode's next one
         if choose is None:
             K.synchronize(self.stream, "prefill")

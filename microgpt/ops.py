@@ -21,6 +21,7 @@ from .kernels import (attention, crossentropy, decode, embed, embed_fast, flash_
                       layernorm, layernorm_fast, matmul, matmul_attention_tc, matmul_fast, matmul_layernorm_tc,
                       matmul_tc, pointwise, pointwise_fast, rows_fast, sampling)
 from .kernels.adamw import adamw, global_norm
+from .kernels.runtime import Plan
 
 
 @dataclass(frozen=True)
@@ -135,15 +136,33 @@ def launcher(op: str, variant: str | None = None) -> Callable:
 
 
 class Kernels:
-    """One variant's launchers by op name (ops.matmul_fwd, ...), and the variant itself (ops.variant)."""
+    """One variant's launchers by op name (ops.matmul_fwd, ...), and the variant itself (ops.variant). Bound to a
+    target (on(): a stream, or a runtime.Plan to record into), each call goes there, and a recorded launch notes
+    its op and the variant whose launcher made it."""
 
-    def __init__(self, variant: str | None = None):
-        self.variant = VARIANTS[resolve(variant)]
+    def __init__(self, variant: str | None = None, target=None):
+        self.variant, self.target = VARIANTS[resolve(variant)], target
         for op in OPS:
-            setattr(self, op, launcher(op, self.variant.name))
+            fn = launcher(op, self.variant.name)
+            setattr(self, op, fn if target is None else _bound(op, fn, target))
+
+    def on(self, target) -> "Kernels":
+        """These launchers, each call queued on `target` (a stream) or recorded into it (a runtime.Plan)."""
+        return Kernels(self.variant.name, target)
 
     def __repr__(self) -> str:
         return f"Kernels({self.variant.name!r})"
+
+
+def _bound(op: str, fn: Callable, target) -> Callable:
+    via = next(v for v, f in OPS[op].kernels.items() if f is fn)
+
+    def call(*args, **kw):
+        if isinstance(target, Plan):
+            target.op = op if via == "reference" else f"{op} ({via})"
+        return fn(*args, stream=target, **kw)
+    call.__name__ = call.__qualname__ = fn.__name__
+    return call
 
 
 def select(variant: str | None = None) -> Kernels:

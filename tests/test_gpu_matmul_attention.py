@@ -63,8 +63,8 @@ def test_the_kernel_writes_the_products_dy_and_the_float64_delta_of_its_rows(ga,
            shared=int_constant("TC_SPLIT_SMEM_BYTES"), block=int_constant("TC_WG_THREADS"))
     K.engine().cuda.Context.synchronize()
     del ws
-    with K.recording() as plan:
-        K.sgemm_tc(want_dy, dout, w)
+    plan = K.Plan()
+    K.sgemm_tc(want_dy, dout, w, stream=plan)
     assert [name for name, *_ in plan][-1] == "k_gemm_wg_split"
     K.replay(plan, None, "test")
     got_dy = dy.get()
@@ -79,8 +79,8 @@ def run(ga, fn, args, offset):
     dqkv, dy = poisoned(ga, *dqkv_h.shape), poisoned(ga, *dout_h.shape)
     dweight, dbias = ga.to_gpu(np.zeros_like(dweight_h)), ga.to_gpu(np.zeros_like(dbias_h))
     dout, w = ga.to_gpu(dout_h), ga.to_gpu(w_h)
-    with K.recording() as plan:  # the plan holds its scratch; the arrays it points into are held here
-        fn(dqkv, dweight, dbias, dout, y, w, qkv, lse, NH, dy=dy)
+    plan = K.Plan()  # the plan holds its scratch; the arrays it points into are held here
+    fn(dqkv, dweight, dbias, dout, y, w, qkv, lse, NH, dy=dy, stream=plan)
     K.replay(plan, None, "test")
     K.engine().cuda.Context.synchronize()
     return [a.get() for a in (dqkv, dweight, dbias, dy)], {name for name, *_ in plan}

@@ -58,8 +58,8 @@ def reference(h):
 def run(ops, ga, h, accumulate, dx0, offset):
     """ops' matmul_layernorm_bwd on fresh device copies: its five outputs on the host, and the kernels it queued."""
     args, dinp = arguments(ga, h, dx0 if accumulate else None, offset), device(ga, np.zeros(h["x"].shape, np.float32))
-    with K.recording() as plan:  # the plan holds its scratch; the arrays it points into are held here
-        ops.matmul_layernorm_bwd(*args, dinp=dinp, accumulate=accumulate)
+    plan = K.Plan()  # the plan holds its scratch; the arrays it points into are held here
+    ops.matmul_layernorm_bwd(*args, dinp=dinp, accumulate=accumulate, stream=plan)
     K.replay(plan, None, "test")
     K.engine().cuda.Context.synchronize()
     return [a.get() for a in args[:5]], {name for name, *_ in plan}
@@ -108,8 +108,8 @@ def test_a_replayed_plan_repeats_its_bits(ga, rng):
         pytest.skip(f"{K.device_summary()}: the fused kernel is the wgmma path's (sm_90a)")
     N, C, OUT = 1000, 768, 2304
     arrays, dinp = arguments(ga, draw(rng, N, C, OUT)), device(ga, np.zeros((N, C), np.float32))
-    with K.recording() as plan:
-        TC.matmul_layernorm_bwd(*arrays, dinp=dinp)
+    plan = K.Plan()
+    TC.matmul_layernorm_bwd(*arrays, dinp=dinp, stream=plan)
     assert "k_gemm_wg_split_ln_bwd" in {name for name, *_ in plan}
     stream = K.engine().cuda.Stream()
     got = []

@@ -384,8 +384,8 @@ from microgpt import kernels as K
 ga = K.engine().ga
 x = ga.to_gpu(np.ones((300, 64), np.float32)); w = ga.to_gpu(np.ones((64, 64), np.float32))
 dx, dw, db = ga.empty_like(x), ga.zeros_like(w), ga.zeros(64, np.float32)
-with K.recording() as plan:  # a plan that holds scratch buffers, alive to the end
-    K.matmul_bwd_fast(dx, dw, db, x, x, w)
+plan = K.Plan()  # a plan that holds scratch buffers, alive to the end
+K.matmul_bwd_fast(dx, dw, db, x, x, w, stream=plan)
 sumsq = ga.zeros(1, np.float64); K.global_norm(sumsq, x)
 print("norm", sumsq.get()[0])
 """,

@@ -161,11 +161,11 @@ def test_bad_arguments_are_refused_by_name_before_a_launch(ga, rng):
         (dict(temperature=-0.5), ValueError, "temperature must be >= 0, got -0.5"),
         (dict(temperature=float("nan")), ValueError, "temperature must be >= 0"),
     ]
-    with K.recording() as plan:
-        for change, error, match in cases:
-            args = dict(tokens=tokens, logits=logits, u=u, temperature=0.8, top_k=None, top_p=None) | change
-            with pytest.raises(error, match=match):
-                K.sample(args.pop("tokens"), args.pop("logits"), args.pop("u"), **args)
+    plan = K.Plan()
+    for change, error, match in cases:
+        args = dict(tokens=tokens, logits=logits, u=u, temperature=0.8, top_k=None, top_p=None) | change
+        with pytest.raises(error, match=match):
+            K.sample(args.pop("tokens"), args.pop("logits"), args.pop("u"), **args, stream=plan)
     assert plan == []  # nothing was launched
     assert (tokens.get() == -1).all()
     K.sample(tokens, logits, None, 0.0)  # u may be left out where nothing is drawn

@@ -168,8 +168,8 @@ def test_the_bias_gradient_inside_the_weight_gradients_product(ga, rng, case):
         g = K.Gemm.dense(OUT, IN, N, trans_a=True, beta=1.0)
         assert K.matmul_tc.tc_kernel(g)[0] == "k_gemm_wg_tn"
         assert (g.splits(K.engine().sm_count, per_sm=1) == 1) == case.endswith("unsplit"), case
-        with K.recording() as plan:
-            TC.matmul_bwd(poisoned(ga, N, IN), ga.to_gpu(dw0), ga.to_gpu(db0), d, x, w)
+        plan = K.Plan()
+        TC.matmul_bwd(poisoned(ga, N, IN), ga.to_gpu(dw0), ga.to_gpu(db0), d, x, w, stream=plan)
         assert not [name for name, *_ in plan if name.startswith("k_colsum")], [name for name, *_ in plan]
 
     def bwd(ops, bias=True):
@@ -217,8 +217,8 @@ def test_split_operands_give_the_wgmma_kernels_bits(ga, rng, M, N, K_, tb):
     a = ga.to_gpu(rng.standard_normal((M, K_)).astype(np.float32))
     b = ga.to_gpu(rng.standard_normal((N, K_) if tb else (K_, N)).astype(np.float32))
     bias, c0 = ga.to_gpu(rng.standard_normal(N).astype(np.float32)), rng.standard_normal((M, N)).astype(np.float32)
-    with K.recording() as plan:
-        K.sgemm_tc(poisoned(ga, M, N), a, b, trans_b=tb, bias=bias)
+    plan = K.Plan()
+    K.sgemm_tc(poisoned(ga, M, N), a, b, trans_b=tb, bias=bias, stream=plan)
     assert [name for name, *_ in plan] == ["k_tf32_split", "k_tf32_split" if tb else "k_tf32_split_t",
                                            "k_gemm_wg_split"], plan
     for kw in (dict(), dict(alpha=0.5, beta=-2.0, bias=bias)):
@@ -280,9 +280,10 @@ def test_products_reading_weights_split_once_give_the_same_bits(ga, rng, M, OUT,
     def products(batched):
         out, dinp = poisoned(ga, M, OUT), poisoned(ga, M, IN)
         splits = [K.weight_splits([w] if batched else [], transposed) for transposed in (False, True)]
-        with K.recording() as plan, splits[0].reading(plan), splits[1].reading(plan):
-            TC.matmul_fwd(out, inp, w, bias)
-            K.sgemm_tc(dinp, dout, w)  # the dX product: dinp = dout @ W
+        plan = K.Plan()
+        with splits[0].reading(plan), splits[1].reading(plan):
+            TC.matmul_fwd(out, inp, w, bias, stream=plan)
+            K.sgemm_tc(dinp, dout, w, stream=plan)  # the dX product: dinp = dout @ W
         K.replay(plan, None, "products")
         return [name for name, *_ in plan], out.get(), dinp.get(), [len(s) for s in splits]
 

@@ -129,44 +129,46 @@ def run_every_launcher(fake=None):
 
 
 def _run_every_launcher():
-    with K.recording() as plan:
-        for variant in O.VARIANTS:
-            ops = O.select(variant)
-            for op, call in CALLS.items():
-                args, kw = call()
-                getattr(ops, op)(*args, **kw)
-            ops.matmul_fwd(f32(B, 1, 4 * C), f32(B, 1, C), f32(4 * C, C), f32(4 * C))  # a decode step's few rows
-            # rows of C % 4 != 0: the fast layernorm forward that is not staged
-            ops.layernorm_fwd(f32(B, 3, 6), f32(B, 3), f32(B, 3), f32(B, 3, 6), f32(6), f32(6))
-            # mlp.fc's backward: dW of 4C x C outputs, enough for tc's wgmma kernel, which takes dbias in it
-            ops.matmul_bwd(f32(B, T, C), f32(4 * C, C), f32(4 * C), f32(B, T, 4 * C), f32(B, T, C), f32(4 * C, C))
-            for n_head in (2, 1):  # flash attention's kernels: d_k 32, 64 (CALLS' 16 runs the reference's)
-                ops.fused_attention_fwd(f32(B, T, C), f32(B, n_head, T), f32(B, T, 3 * C), n_head)
-                ops.fused_attention_bwd(f32(B, T, 3 * C), f32(B, T, C), f32(B, T, 3 * C), f32(B, T, C),
-                                        f32(B, n_head, T), n_head)
-            wide = 128  # and 128
-            ops.fused_attention_fwd(f32(B, T, wide), f32(B, 1, T), f32(B, T, 3 * wide), 1)
-            ops.fused_attention_bwd(f32(B, T, 3 * wide), f32(B, T, wide), f32(B, T, 3 * wide), f32(B, T, wide),
-                                    f32(B, 1, T), 1)
-            # the attention's output projection into it at d_k 64 and K = C = 256: tc's product summing delta
-            ops.matmul_attention_bwd(*_matmul_attention_bwd_args(B, T, 256, 4), dy=f32(B, T, 256))
-            W = 4100  # rows wider than a block of the fast layernorm backward spans
-            ops.layernorm_bwd(f32(3, W), f32(W), f32(W), f32(3, W), f32(3, W), f32(W), f32(3), f32(3))
-        # a linear layer's forward and dX product reading its weight split once, by the batch split first in the plan
-        w = f32(4 * C, 4 * C)  # K = 4 C: long enough for the wgmma kernel
-        with K.weight_splits([w], False).reading(plan), K.weight_splits([w], True).reading(plan):
-            O.select("tc").matmul_fwd(f32(B, T, 4 * C), f32(B, T, 4 * C), w, f32(4 * C))
-            K.sgemm_tc(f32(B * T, 4 * C), f32(B * T, 4 * C), w)
-        for ta in (False, True):
-            for tb in (False, True):
-                for N in (4 * C, d_k):  # K = 4 C: long enough for the tensor cores (matmul_tc.TC_MIN_K)
-                    a = f32(4 * C, B * T) if ta else f32(B * T, 4 * C)
-                    b = f32(N, 4 * C) if tb else f32(4 * C, N)
-                    K.sgemm(f32(B * T, N), a, b, trans_a=ta, trans_b=tb)
-                    K.sgemm_tc(f32(B * T, N), a, b, trans_a=ta, trans_b=tb)
-                    # the wgmma kernel itself where the default takes split operands (split-K's slices,
-                    # batched products and causal ones run on it)
-                    K.sgemm_tc(f32(B * T, N), a, b, trans_a=ta, trans_b=tb, split=False)
+    plan = K.Plan()
+    for variant in O.VARIANTS:
+        ops = O.select(variant)
+        for op, call in CALLS.items():
+            args, kw = call()
+            getattr(ops, op)(*args, **kw, stream=plan)
+        # a decode step's few rows
+        ops.matmul_fwd(f32(B, 1, 4 * C), f32(B, 1, C), f32(4 * C, C), f32(4 * C), stream=plan)
+        # rows of C % 4 != 0: the fast layernorm forward that is not staged
+        ops.layernorm_fwd(f32(B, 3, 6), f32(B, 3), f32(B, 3), f32(B, 3, 6), f32(6), f32(6), stream=plan)
+        # mlp.fc's backward: dW of 4C x C outputs, enough for tc's wgmma kernel, which takes dbias in it
+        ops.matmul_bwd(f32(B, T, C), f32(4 * C, C), f32(4 * C), f32(B, T, 4 * C), f32(B, T, C), f32(4 * C, C),
+                       stream=plan)
+        for n_head in (2, 1):  # flash attention's kernels: d_k 32, 64 (CALLS' 16 runs the reference's)
+            ops.fused_attention_fwd(f32(B, T, C), f32(B, n_head, T), f32(B, T, 3 * C), n_head, stream=plan)
+            ops.fused_attention_bwd(f32(B, T, 3 * C), f32(B, T, C), f32(B, T, 3 * C), f32(B, T, C),
+                                    f32(B, n_head, T), n_head, stream=plan)
+        wide = 128  # and 128
+        ops.fused_attention_fwd(f32(B, T, wide), f32(B, 1, T), f32(B, T, 3 * wide), 1, stream=plan)
+        ops.fused_attention_bwd(f32(B, T, 3 * wide), f32(B, T, wide), f32(B, T, 3 * wide), f32(B, T, wide),
+                                f32(B, 1, T), 1, stream=plan)
+        # the attention's output projection into it at d_k 64 and K = C = 256: tc's product summing delta
+        ops.matmul_attention_bwd(*_matmul_attention_bwd_args(B, T, 256, 4), dy=f32(B, T, 256), stream=plan)
+        W = 4100  # rows wider than a block of the fast layernorm backward spans
+        ops.layernorm_bwd(f32(3, W), f32(W), f32(W), f32(3, W), f32(3, W), f32(W), f32(3), f32(3), stream=plan)
+    # a linear layer's forward and dX product reading its weight split once, by the batch split first in the plan
+    w = f32(4 * C, 4 * C)  # K = 4 C: long enough for the wgmma kernel
+    with K.weight_splits([w], False).reading(plan), K.weight_splits([w], True).reading(plan):
+        O.select("tc").matmul_fwd(f32(B, T, 4 * C), f32(B, T, 4 * C), w, f32(4 * C), stream=plan)
+        K.sgemm_tc(f32(B * T, 4 * C), f32(B * T, 4 * C), w, stream=plan)
+    for ta in (False, True):
+        for tb in (False, True):
+            for N in (4 * C, d_k):  # K = 4 C: long enough for the tensor cores (matmul_tc.TC_MIN_K)
+                a = f32(4 * C, B * T) if ta else f32(B * T, 4 * C)
+                b = f32(N, 4 * C) if tb else f32(4 * C, N)
+                K.sgemm(f32(B * T, N), a, b, trans_a=ta, trans_b=tb, stream=plan)
+                K.sgemm_tc(f32(B * T, N), a, b, trans_a=ta, trans_b=tb, stream=plan)
+                # the wgmma kernel itself where the default takes split operands (split-K's slices,
+                # batched products and causal ones run on it)
+                K.sgemm_tc(f32(B * T, N), a, b, trans_a=ta, trans_b=tb, split=False, stream=plan)
     return plan
 
 
@@ -187,9 +189,9 @@ def test_every_op_launches_kernels_of_the_header_it_names(fake):
     headers = K.kernel_headers()
     for op, spec in O.OPS.items():
         assert (ROOT_CUDA / spec.header).is_file(), (op, spec.header)
-        with K.recording() as plan:
-            args, kw = CALLS[op]()
-            spec.kernels["reference"](*args, **kw)
+        plan = K.Plan()
+        args, kw = CALLS[op]()
+        spec.kernels["reference"](*args, **kw, stream=plan)
         launched = {headers[name] for name, *_ in plan}
         assert spec.header in launched, (op, spec.header, launched)
 
@@ -221,18 +223,18 @@ def test_every_launch_passes_what_its_kernels_format_asks_for(fake):
 
 
 def test_the_variants_run_their_own_launchers(fake):
-    with K.recording() as plan:
-        O.select("reference").matmul_fwd(*CALLS["matmul_fwd"]()[0])
-        O.select("fast").matmul_fwd(*CALLS["matmul_fwd"]()[0])
-        O.select("fast").causal_scores_fwd(*CALLS["causal_scores_fwd"]()[0])
-        O.select("reference").causal_scores_fwd(*CALLS["causal_scores_fwd"]()[0])
+    plan = K.Plan()
+    O.select("reference").matmul_fwd(*CALLS["matmul_fwd"]()[0], stream=plan)
+    O.select("fast").matmul_fwd(*CALLS["matmul_fwd"]()[0], stream=plan)
+    O.select("fast").causal_scores_fwd(*CALLS["causal_scores_fwd"]()[0], stream=plan)
+    O.select("reference").causal_scores_fwd(*CALLS["causal_scores_fwd"]()[0], stream=plan)
     assert [name for name, *_ in plan] == ["k_matmul_fwd", "k_sgemm_nt", "k_sgemm_nt", "k_attn_scores_fwd",
                                             "k_causal_mask_fwd"]
 
 
 def test_split_k_cuts_a_weight_gradient_and_reduces_it_in_order(fake):
-    with K.recording() as plan:
-        O.select("fast").matmul_bwd(*CALLS["matmul_bwd"]()[0])
+    plan = K.Plan()
+    O.select("fast").matmul_bwd(*CALLS["matmul_bwd"]()[0], stream=plan)
     names = [name for name, *_ in plan]
     assert names == ["k_sgemm_nn_n64", "k_sgemm_tn_n64", "k_splitk_reduce", "k_colsum_partial", "k_colsum_reduce"]
     _, _, grid, args, _, _ = plan[1]
@@ -248,9 +250,9 @@ def test_the_fast_layernorm_backward_is_one_launch_set_by_n_alone(fake):
     (a thread per 4 columns, rounded up to a warp) up to 4096 columns; wider rows take the wide kernel's blocks of
     1024 threads."""
     def launches(N, C):
-        with K.recording() as plan:
-            K.layernorm_bwd_fast(f32(N, C), f32(C), f32(C), f32(N, C), f32(N, C), f32(C), f32(N), f32(N),
-                                 accumulate=True)
+        plan = K.Plan()
+        K.layernorm_bwd_fast(f32(N, C), f32(C), f32(C), f32(N, C), f32(N, C), f32(C), f32(N), f32(N),
+                             accumulate=True, stream=plan)
         (kernel, _, grid, args, shared, threads), = plan
         # kernel, grid, (N, C, rows a block, accumulate), reducers, threads, shared bytes, scratch buffers
         return kernel, grid, args[10:14], args[14], threads, shared, len(plan.keep)
@@ -292,9 +294,9 @@ def test_the_profile_cases_launch_every_kernel(fake):
         from kernel_cases import Shape, build_cases
     finally:
         sys.path.pop(0)
-    with K.recording() as plan:
-        for case in build_cases(Shape(B=2, T=512, C=64, NH=4, V=97)):
-            case.launch()
+    plan = K.Plan()
+    for case in build_cases(Shape(B=2, T=512, C=64, NH=4, V=97)):
+        case.launch(plan)
     missing = set(K.kernel_names()) - {name for name, *_ in plan}
     assert not missing, f"kernels without a case in tools/kernel_cases.py: {sorted(missing)}"
 
@@ -336,78 +338,78 @@ def test_select_gives_every_op_and_falls_back_to_the_reference():
 def test_bad_arguments_are_refused_naming_them(fake):
     x, w = f32(2, 3, 8), f32(8)
     out, mean, rstd = f32(2, 3, 8), f32(2, 3), f32(2, 3)
-    with K.recording() as plan:
-        with pytest.raises(TypeError, match="b must be float32, got float64"):
-            K.layernorm_fwd(out, mean, rstd, x, w, FakeArray((8,), np.float64))
-        with pytest.raises(ValueError, match=r"w must have shape \(8,\), got \(7,\)"):
-            K.layernorm_fwd(out, mean, rstd, x, f32(7), w)
-        with pytest.raises(ValueError, match=r"mean must have shape \(2, 3\)"):
-            K.layernorm_fwd(out, f32(3, 2), rstd, x, w, w)
-        for variant in O.VARIANTS:
-            with pytest.raises(TypeError, match="accumulate must be True or False, got 1"):
-                O.launcher("layernorm_bwd", variant)(out, w, w, x, x, w, mean, rstd, accumulate=1)
-            with pytest.raises(ValueError, match=r"branch must have shape \(2, 3, 8\)"):
-                O.launcher("residual_layernorm_fwd", variant)(out, out, mean, rstd, x, f32(2, 8), w, w)
-            with pytest.raises(ValueError, match=r"x must be square matrices \(\.\.\., T, T\) where causal=True"):
-                O.launcher("softmax_fwd", variant)(x, x, causal=True)
-            with pytest.raises(ValueError, match=r"probs must be square matrices"):
-                O.launcher("softmax_bwd", variant)(x, x, x, causal=True)
-            with pytest.raises(TypeError, match="causal must be True or False, got 'yes'"):
-                O.launcher("softmax_fwd", variant)(f32(2, 8, 8), f32(2, 8, 8), causal="yes")
-        for variant in O.VARIANTS:  # the fast elementwise launchers check as the reference ones
-            with pytest.raises(ValueError, match="out must be C-contiguous"):
-                O.launcher("gelu_fwd", variant)(FakeArray((3, 8), strides=(4, 12)), f32(3, 8))
-            with pytest.raises(ValueError, match="x must not be empty"):
-                O.launcher("gelu_fwd", variant)(f32(0, 8), f32(0, 8))
-            with pytest.raises(ValueError, match=r"dout must have shape \(3, 8\)"):
-                O.launcher("gelu_bwd", variant)(f32(3, 8), f32(8, 3), f32(3, 8))
-            with pytest.raises(ValueError, match="qkv's last dimension 24 must be 3 \\* C with n_head=3"):
-                O.launcher("split_heads_fwd", variant)(f32(1, 3, 2, 2), f32(1, 3, 2, 2), f32(1, 3, 2, 2),
-                                                       f32(1, 2, 24), 3)
-            with pytest.raises(ValueError, match="n_head=5 must divide dy's last dimension 8"):
-                O.launcher("merge_heads_bwd", variant)(f32(1, 5, 2, 1), f32(1, 2, 8), 5)
-            with pytest.raises(ValueError, match=r"dlosses must have shape \(2, 3\)"):
-                O.launcher("crossentropy_bwd", variant)(f32(2, 3, 9), f32(2, 3, 9), i32(2, 3), f32(3, 2),
-                                                        check_token_ids=False)
-            with pytest.raises(ValueError, match="idx has T=5 positions, above wpe's 4"):
-                O.launcher("embed_fwd", variant)(f32(1, 5, 8), i32(1, 5), f32(10, 8), f32(4, 8))
-        with pytest.raises(ValueError, match="inner dimensions differ"):
-            K.sgemm(f32(4, 5), f32(4, 3), f32(2, 5))
-        with pytest.raises(ValueError, match="step must be an int >= 1"):
-            K.adamw(w, w, w, w, lr=1e-3, beta1=0.9, beta2=0.9, eps=1e-8, weight_decay=0, step=0)
+    plan = K.Plan()
+    with pytest.raises(TypeError, match="b must be float32, got float64"):
+        K.layernorm_fwd(out, mean, rstd, x, w, FakeArray((8,), np.float64), stream=plan)
+    with pytest.raises(ValueError, match=r"w must have shape \(8,\), got \(7,\)"):
+        K.layernorm_fwd(out, mean, rstd, x, f32(7), w, stream=plan)
+    with pytest.raises(ValueError, match=r"mean must have shape \(2, 3\)"):
+        K.layernorm_fwd(out, f32(3, 2), rstd, x, w, w, stream=plan)
+    for variant in O.VARIANTS:
+        with pytest.raises(TypeError, match="accumulate must be True or False, got 1"):
+            O.launcher("layernorm_bwd", variant)(out, w, w, x, x, w, mean, rstd, accumulate=1, stream=plan)
+        with pytest.raises(ValueError, match=r"branch must have shape \(2, 3, 8\)"):
+            O.launcher("residual_layernorm_fwd", variant)(out, out, mean, rstd, x, f32(2, 8), w, w, stream=plan)
+        with pytest.raises(ValueError, match=r"x must be square matrices \(\.\.\., T, T\) where causal=True"):
+            O.launcher("softmax_fwd", variant)(x, x, causal=True, stream=plan)
+        with pytest.raises(ValueError, match=r"probs must be square matrices"):
+            O.launcher("softmax_bwd", variant)(x, x, x, causal=True, stream=plan)
+        with pytest.raises(TypeError, match="causal must be True or False, got 'yes'"):
+            O.launcher("softmax_fwd", variant)(f32(2, 8, 8), f32(2, 8, 8), causal="yes", stream=plan)
+    for variant in O.VARIANTS:  # the fast elementwise launchers check as the reference ones
+        with pytest.raises(ValueError, match="out must be C-contiguous"):
+            O.launcher("gelu_fwd", variant)(FakeArray((3, 8), strides=(4, 12)), f32(3, 8), stream=plan)
+        with pytest.raises(ValueError, match="x must not be empty"):
+            O.launcher("gelu_fwd", variant)(f32(0, 8), f32(0, 8), stream=plan)
+        with pytest.raises(ValueError, match=r"dout must have shape \(3, 8\)"):
+            O.launcher("gelu_bwd", variant)(f32(3, 8), f32(8, 3), f32(3, 8), stream=plan)
+        with pytest.raises(ValueError, match="qkv's last dimension 24 must be 3 \\* C with n_head=3"):
+            O.launcher("split_heads_fwd", variant)(f32(1, 3, 2, 2), f32(1, 3, 2, 2), f32(1, 3, 2, 2),
+                                                   f32(1, 2, 24), 3, stream=plan)
+        with pytest.raises(ValueError, match="n_head=5 must divide dy's last dimension 8"):
+            O.launcher("merge_heads_bwd", variant)(f32(1, 5, 2, 1), f32(1, 2, 8), 5, stream=plan)
+        with pytest.raises(ValueError, match=r"dlosses must have shape \(2, 3\)"):
+            O.launcher("crossentropy_bwd", variant)(f32(2, 3, 9), f32(2, 3, 9), i32(2, 3), f32(3, 2),
+                                                    check_token_ids=False, stream=plan)
+        with pytest.raises(ValueError, match="idx has T=5 positions, above wpe's 4"):
+            O.launcher("embed_fwd", variant)(f32(1, 5, 8), i32(1, 5), f32(10, 8), f32(4, 8), stream=plan)
+    with pytest.raises(ValueError, match="inner dimensions differ"):
+        K.sgemm(f32(4, 5), f32(4, 3), f32(2, 5), stream=plan)
+    with pytest.raises(ValueError, match="step must be an int >= 1"):
+        K.adamw(w, w, w, w, lr=1e-3, beta1=0.9, beta2=0.9, eps=1e-8, weight_decay=0, step=0, stream=plan)
     assert plan == []  # nothing was launched
 
 
 def test_token_ids_outside_the_vocabulary_are_refused(fake, monkeypatch):
     monkeypatch.setattr(fake.cuda, "memcpy_dtoh", lambda host, p: host.fill(10))
-    with K.recording() as plan:
-        for variant in O.VARIANTS:
-            with pytest.raises(ValueError, match=r"idx holds token id 10, outside \[0, 10\)"):
-                O.launcher("embed_fwd", variant)(f32(2, 3, 4), i32(2, 3), f32(10, 4), f32(3, 4))
-            with pytest.raises(ValueError, match=r"targets holds token id 10, outside \[0, 9\)"):
-                O.launcher("crossentropy_bwd", variant)(f32(2, 3, 9), f32(2, 3, 9), i32(2, 3), f32(2, 3))
+    plan = K.Plan()
+    for variant in O.VARIANTS:
+        with pytest.raises(ValueError, match=r"idx holds token id 10, outside \[0, 10\)"):
+            O.launcher("embed_fwd", variant)(f32(2, 3, 4), i32(2, 3), f32(10, 4), f32(3, 4), stream=plan)
+        with pytest.raises(ValueError, match=r"targets holds token id 10, outside \[0, 9\)"):
+            O.launcher("crossentropy_bwd", variant)(f32(2, 3, 9), f32(2, 3, 9), i32(2, 3), f32(2, 3), stream=plan)
     assert plan == []
 
 
 def test_the_sampling_launcher_refuses_bad_arguments_by_name(fake):
     tokens, logits, u = i32(3), f32(3, 20), FakeArray((3,), np.float64)
-    with K.recording() as plan:
-        with pytest.raises(ValueError, match=r"u must be a float64 device array of shape \(3,\)"):
-            K.sample(tokens, logits, None, 0.8)
-        with pytest.raises(TypeError, match="u must be float64, got float32"):
-            K.sample(tokens, logits, f32(3), 0.8)
-        with pytest.raises(ValueError, match=r"tokens must have shape \(3,\)"):
-            K.sample(i32(3, 1), logits, u, 0.8)
-        with pytest.raises(ValueError, match=r"top_k must be None or an int in \[1, vocab_size=20\], got 21"):
-            K.sample(tokens, logits, u, 0.8, top_k=21)
-        with pytest.raises(ValueError, match=r"top_p must be None or a number in \(0, 1\], got 0"):
-            K.sample(tokens, logits, u, 0.8, top_p=0)
-        with pytest.raises(ValueError, match="temperature must be >= 0"):
-            K.sample(tokens, logits, u, -1)
+    plan = K.Plan()
+    with pytest.raises(ValueError, match=r"u must be a float64 device array of shape \(3,\)"):
+        K.sample(tokens, logits, None, 0.8, stream=plan)
+    with pytest.raises(TypeError, match="u must be float64, got float32"):
+        K.sample(tokens, logits, f32(3), 0.8, stream=plan)
+    with pytest.raises(ValueError, match=r"tokens must have shape \(3,\)"):
+        K.sample(i32(3, 1), logits, u, 0.8, stream=plan)
+    with pytest.raises(ValueError, match=r"top_k must be None or an int in \[1, vocab_size=20\], got 21"):
+        K.sample(tokens, logits, u, 0.8, top_k=21, stream=plan)
+    with pytest.raises(ValueError, match=r"top_p must be None or a number in \(0, 1\], got 0"):
+        K.sample(tokens, logits, u, 0.8, top_p=0, stream=plan)
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        K.sample(tokens, logits, u, -1, stream=plan)
     assert plan == []
-    with K.recording() as plan:
-        K.sample(tokens, logits, None, 0)  # greedy draws nothing: u may be None
-        K.sample(tokens, logits, u, 0.5)
+    plan = K.Plan()
+    K.sample(tokens, logits, None, 0, stream=plan)  # greedy draws nothing: u may be None
+    K.sample(tokens, logits, u, 0.5, stream=plan)
     # top_k and top_p left out become "no cut": V and 1.0; one block of SAMPLE_THREADS a row
     assert [(p[0], p[2], p[3][3:], p[5]) for p in plan] == [
         ("k_sample", (3, 1), [20, 0.0, 20, 1.0], K.int_constants()["SAMPLE_THREADS"]),
@@ -446,8 +448,8 @@ def test_the_wgmma_weight_gradient_takes_the_bias_gradient_in_its_pass_over_dout
     the column-sum pass stays."""
     def launches(N, OUT, IN):
         db = f32(OUT)
-        with K.recording() as plan:
-            K.matmul_bwd_tc(f32(N, IN), f32(OUT, IN), db, f32(N, OUT), f32(N, IN), f32(OUT, IN))
+        plan = K.Plan()
+        K.matmul_bwd_tc(f32(N, IN), f32(OUT, IN), db, f32(N, OUT), f32(N, IN), f32(OUT, IN), stream=plan)
         return db.gpudata, [name for name, *_ in plan], plan
 
     for OUT, IN in [(2304, 768), (768, 768), (3072, 768), (768, 3072)]:  # qkv, attn.proj, mlp.fc, mlp.proj
@@ -479,11 +481,11 @@ def test_the_wgmma_weight_gradient_takes_the_bias_gradient_in_its_pass_over_dout
 def test_the_tensor_core_paths_follow_the_architecture(fake, arch, tc, wg):
     fake.arch = arch
     assert K.tensor_cores() == tc and K.warpgroup_mma() == wg
-    with K.recording() as plan:
-        K.sgemm_tc(f32(300, 200), f32(300, 256), f32(256, 200), split=False)
-        K.sgemm_tc(f32(300, 200), f32(300, 255), f32(255, 200))  # K below WG_MIN_K: mma.sync there too
-        K.sgemm_tc(f32(100, 100), f32(100, 256), f32(256, 100))  # fewer outputs than WG_MIN_OUTPUTS: so too
-        K.sgemm_tc(f32(300, 200), f32(300, 256), f32(256, 200))  # on sm_90a: from split operands
+    plan = K.Plan()
+    K.sgemm_tc(f32(300, 200), f32(300, 256), f32(256, 200), split=False, stream=plan)
+    K.sgemm_tc(f32(300, 200), f32(300, 255), f32(255, 200), stream=plan)  # K below WG_MIN_K: mma.sync there too
+    K.sgemm_tc(f32(100, 100), f32(100, 256), f32(256, 100), stream=plan)  # fewer outputs than WG_MIN_OUTPUTS: so too
+    K.sgemm_tc(f32(300, 200), f32(300, 256), f32(256, 200), stream=plan)  # on sm_90a: from split operands
     kernel, _, _, _, shared, block = plan[0]
     assert kernel == ("k_gemm_wg_nn" if wg else "k_gemm_tc_nn" if tc else "k_sgemm_nn"), kernel
     assert [p[0] for p in plan[1:3]] == 2 * ["k_gemm_tc_nn" if tc else "k_sgemm_nn"], plan
@@ -506,10 +508,11 @@ def test_split_operands_share_the_plans_workspace(fake):
     sizes = K.int_constants()
     assert (sizes["TC_SPLIT_ROWS"], sizes["TC_SPLIT_K"]) == (128, 32)
     a1, b1, c1, bias1 = f32(1000, 300), f32(300, 333), f32(1000, 333), f32(333)
-    with K.recording() as plan:
-        K.sgemm_tc(c1, a1, b1, bias=bias1, alpha=0.5, beta=2.0)
-        K.sgemm_tc(f32(300, 200), f32(300, 256), f32(200, 256), trans_b=True, bias=f32(200))  # fits: the same
-        K.sgemm_tc(f32(2000, 400), f32(2000, 512), f32(512, 400), bias=f32(400))  # larger: a workspace of its own
+    plan = K.Plan()
+    K.sgemm_tc(c1, a1, b1, bias=bias1, alpha=0.5, beta=2.0, stream=plan)
+    K.sgemm_tc(f32(300, 200), f32(300, 256), f32(200, 256), trans_b=True, bias=f32(200), stream=plan)  # fits: the same
+    # larger: a workspace of its own
+    K.sgemm_tc(f32(2000, 400), f32(2000, 512), f32(512, 400), bias=f32(400), stream=plan)
     names = [p[0] for p in plan]
     assert names == ["k_tf32_split", "k_tf32_split_t", "k_gemm_wg_split", "k_tf32_split", "k_tf32_split",
                      "k_gemm_wg_split", "k_tf32_split", "k_tf32_split_t", "k_gemm_wg_split"], names
@@ -523,11 +526,11 @@ def test_split_operands_share_the_plans_workspace(fake):
     assert plan[3][3][0] == ws and plan[4][3][0] == ws + 8 * 384 * 256  # the second product: the same workspace
     assert plan[6][3][0] != ws and plan[6][3][0] == plan.workspace.gpudata
     assert plan.workspace.size == 2 * (2048 * 512 + 512 * 512)
-    with K.recording() as plan:
-        K.sgemm_tc(f32(3, 300, 200), f32(3, 300, 256), f32(3, 256, 200))  # a batch
-        K.sgemm_tc(f32(300, 200), f32(256, 300), f32(256, 200), trans_a=True)  # A transposed
-        K.sgemm_tc(f32(4099, 130), f32(4099, 772), f32(772, 130))  # plain, few tiles: split over K
-        K.matmul_fwd_tc(f32(2, 300, 200), f32(2, 300, 256), f32(200, 256), f32(200))  # a linear layer: split
+    plan = K.Plan()
+    K.sgemm_tc(f32(3, 300, 200), f32(3, 300, 256), f32(3, 256, 200), stream=plan)  # a batch
+    K.sgemm_tc(f32(300, 200), f32(256, 300), f32(256, 200), trans_a=True, stream=plan)  # A transposed
+    K.sgemm_tc(f32(4099, 130), f32(4099, 772), f32(772, 130), stream=plan)  # plain, few tiles: split over K
+    K.matmul_fwd_tc(f32(2, 300, 200), f32(2, 300, 256), f32(200, 256), f32(200), stream=plan)  # a linear layer: split
     assert [p[0] for p in plan] == ["k_gemm_wg_nn", "k_gemm_wg_tn", "k_gemm_wg_nn", "k_splitk_reduce",
                                     "k_tf32_split", "k_tf32_split", "k_gemm_wg_split"], plan
     assert plan[2][2][2] > 1  # the split-K slices, a batch of the wgmma kernel
@@ -568,11 +571,14 @@ def test_weights_split_once_go_first_in_the_plan_and_replace_the_products_own_sp
     w1, w2, unused = f32(300, 257), f32(1000, 333), f32(512, 512)
     inp1, dout2 = f32(600, 257), f32(600, 1000)
     fwd, bwd = K.weight_splits([w1, w2, unused], False), K.weight_splits([w1, w2, unused], True)
-    with K.recording() as plan, fwd.reading(plan), bwd.reading(plan):
-        O.select("tc").matmul_fwd(f32(600, 300), inp1, w1, f32(300))   # out = inp @ w1^T: w1 as it is
-        K.sgemm_tc(f32(600, 333), dout2, w2, bias=f32(333))   # dinp = dout @ w2: w2 transposed (a bias: not split-K)
-        K.sgemm_tc(f32(600, 333), dout2, w2, bias=f32(333))   # again: the same split
-        O.select("tc").matmul_fwd(f32(600, 200), f32(600, 512), f32(200, 512), f32(200))  # no candidate: its own
+    plan = K.Plan()
+    with fwd.reading(plan), bwd.reading(plan):
+        O.select("tc").matmul_fwd(f32(600, 300), inp1, w1, f32(300), stream=plan)   # out = inp @ w1^T: w1 as it is
+        # dinp = dout @ w2: w2 transposed (a bias: not split-K)
+        K.sgemm_tc(f32(600, 333), dout2, w2, bias=f32(333), stream=plan)
+        K.sgemm_tc(f32(600, 333), dout2, w2, bias=f32(333), stream=plan)   # again: the same split
+        # no candidate: its own
+        O.select("tc").matmul_fwd(f32(600, 200), f32(600, 512), f32(200, 512), f32(200), stream=plan)
     names = [p[0] for p in plan]
     assert names == ["k_tf32_split_batch", "k_tf32_split_batch", "k_tf32_split", "k_gemm_wg_split", "k_tf32_split",
                      "k_gemm_wg_split", "k_tf32_split", "k_gemm_wg_split", "k_tf32_split", "k_tf32_split",
@@ -603,13 +609,14 @@ def test_weights_split_once_go_first_in_the_plan_and_replace_the_products_own_sp
     both.find(w1.gpudata, 300, 257, 257, False), both.find(w2.gpudata, 333, 1000, 333, True)
     table, tiles = both._jobs()
     assert [int(r[field["JOB_FIRST_TILE"]]) for r in table] == [0, 6 * 5] and tiles == 6 * 5 + 6 * 16
-    with pytest.raises(RuntimeError, match="plan must be the one being recorded"):
+    with pytest.raises(TypeError, match="plan must be a runtime.Plan"):
         with both.reading(None):
             pass
     fake.arch = "sm_80"  # no split operands: nothing found, nothing launched
     sm80 = K.weight_splits([w1], False)
-    with K.recording() as plan, sm80.reading(plan):
-        O.select("tc").matmul_fwd(f32(600, 300), inp1, w1, f32(300))
+    plan = K.Plan()
+    with sm80.reading(plan):
+        O.select("tc").matmul_fwd(f32(600, 300), inp1, w1, f32(300), stream=plan)
     assert len(sm80) == 0 and [p[0] for p in plan] == ["k_gemm_tc_nt"]
 
 
@@ -632,8 +639,8 @@ def test_tc_fuses_the_layernorm_backward_into_the_dx_product_where_it_can(fake, 
     adds into dw and db itself; elsewhere its matmul_bwd, then layernorm_bwd_fast."""
     args, dinp = _matmul_layernorm_bwd_args(N, C, OUT)
     fake.arch = arch
-    with K.recording() as plan:
-        O.select("tc").matmul_layernorm_bwd(*args, dinp=dinp, accumulate=True)
+    plan = K.Plan()
+    O.select("tc").matmul_layernorm_bwd(*args, dinp=dinp, accumulate=True, stream=plan)
     names = [p[0] for p in plan]
     if not fused:
         assert "k_gemm_wg_split_ln_bwd" not in names and names[-1] == "k_layernorm_bwd_fast", names
@@ -659,9 +666,9 @@ def test_matmul_layernorm_bwd_refuses_bad_arguments_before_any_launch(fake, vari
         dinp = bad
     elif at is not None:
         args[at] = bad
-    with K.recording() as plan:
-        with pytest.raises(error, match=named):
-            O.select(variant).matmul_layernorm_bwd(*args, dinp=dinp, **kw)
+    plan = K.Plan()
+    with pytest.raises(error, match=named):
+        O.select(variant).matmul_layernorm_bwd(*args, dinp=dinp, **kw, stream=plan)
     assert not plan
 
 
@@ -685,8 +692,8 @@ def test_tc_sums_flash_attentions_delta_in_the_dx_product_where_it_can(fake, arc
     k_flash_bwd_delta_rows; elsewhere its matmul_bwd, then its fused_attention_bwd."""
     args, dy = _matmul_attention_bwd_args(B, T, C, NH), f32(B, T, C)
     fake.arch = arch
-    with K.recording() as plan:
-        O.select("tc").matmul_attention_bwd(*args, dy=dy)
+    plan = K.Plan()
+    O.select("tc").matmul_attention_bwd(*args, dy=dy, stream=plan)
     names = [p[0] for p in plan]
     if not fused:
         assert "k_gemm_wg_split_delta" not in names, names
@@ -719,9 +726,9 @@ def test_matmul_attention_bwd_refuses_bad_arguments_before_any_launch(fake, vari
         dy = bad
     else:
         args[at] = bad
-    with K.recording() as plan:
-        with pytest.raises(error, match=named):
-            O.select(variant).matmul_attention_bwd(*args, dy=dy)
+    plan = K.Plan()
+    with pytest.raises(error, match=named):
+        O.select(variant).matmul_attention_bwd(*args, dy=dy, stream=plan)
     assert not plan
 
 
@@ -747,8 +754,8 @@ def test_the_layernorm_forward_is_staged_where_its_rows_allow(fake, arch, C, mis
     arrays = [f32(N, C), f32(N), f32(N), f32(N, C), f32(C), f32(C)]
     if misaligned is not None:
         _misaligned(arrays[misaligned])
-    with K.recording() as plan:
-        O.launcher("layernorm_fwd", "fast")(*arrays)
+    plan = K.Plan()
+    O.launcher("layernorm_fwd", "fast")(*arrays, stream=plan)
     warps, max_c = K.int_constants()["LN_STAGED_WARPS"], K.int_constants()["LN_STAGED_MAX_C"]
     assert max_c == 1024
     (kernel, _, grid, args, shared, block), = plan
@@ -765,19 +772,19 @@ def test_empty_products_launch_nothing_and_oversized_grids_are_refused(fake):
     for sgemm in (K.sgemm, K.sgemm_tc):  # empty arrays are refused by name before anything
         with pytest.raises(ValueError, match="a must not be empty"):
             sgemm(f32(0, 200), f32(0, 256), f32(256, 200))
-    with K.recording() as plan:  # an empty Gemm given to gemm directly: no zero-sized grid
-        for gemm in (K.gemm, K.gemm_tc):
-            gemm(K.Gemm.dense(0, 200, 256), 1, 1, 1)
-            gemm(K.Gemm.dense(300, 0, 256), 1, 1, 1)
+    plan = K.Plan()  # an empty Gemm given to gemm directly: no zero-sized grid
+    for gemm in (K.gemm, K.gemm_tc):
+        gemm(K.Gemm.dense(0, 200, 256), 1, 1, 1, stream=plan)
+        gemm(K.Gemm.dense(300, 0, 256), 1, 1, 1, stream=plan)
     assert len(plan) == 0
     with pytest.raises(ValueError, match="batch = 70000"):
         K.sgemm(f32(70000, 2, 2), f32(70000, 2, 2), f32(70000, 2, 2))
     # flash attention's grid is (tiles, NH, B): past 65535 batch rows (or heads) the reference kernels run it
-    with K.recording() as plan:
-        K.fused_attention_fwd_tc(f32(70000, 130, 64), f32(70000, 2, 130), f32(70000, 130, 192), 2)
-        K.fused_attention_bwd_tc(f32(70000, 130, 192), f32(70000, 130, 64), f32(70000, 130, 192),
-                                 f32(70000, 130, 64), f32(70000, 2, 130), 2)
-        K.fused_attention_fwd_tc(f32(2, 130, 64), f32(2, 2, 130), f32(2, 130, 192), 2)
+    plan = K.Plan()
+    K.fused_attention_fwd_tc(f32(70000, 130, 64), f32(70000, 2, 130), f32(70000, 130, 192), 2, stream=plan)
+    K.fused_attention_bwd_tc(f32(70000, 130, 192), f32(70000, 130, 64), f32(70000, 130, 192),
+                             f32(70000, 130, 64), f32(70000, 2, 130), 2, stream=plan)
+    K.fused_attention_fwd_tc(f32(2, 130, 64), f32(2, 2, 130), f32(2, 130, 192), 2, stream=plan)
     assert [name for name, *_ in plan] == ["k_fused_attention_fwd", "k_fused_attention_bwd_dq",
                                            "k_fused_attention_bwd_dkdv", "k_flash_fwd_d32"]
 

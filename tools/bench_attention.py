@@ -53,10 +53,9 @@ def ours(B, NH, T, d_k, variant, iters, warmup):
     a.qkv.set(rng.standard_normal((B, T, 3 * C)).astype(np.float32))
     d.dy.set(rng.standard_normal((B, T, C)).astype(np.float32))
     # the launches are recorded once (arguments checked once), as the model runs them
-    with K.recording() as fwd_plan:
-        heads_fwd(ops, a, NH)
-    with K.recording() as bwd_plan:
-        heads_bwd(ops, a, d, NH)
+    fwd_plan, bwd_plan = K.Plan(), K.Plan()
+    heads_fwd(ops.on(fwd_plan), a, NH)
+    heads_bwd(ops.on(bwd_plan), a, d, NH)
 
     def run_fwd(s):
         K.replay(fwd_plan, s, "forward")

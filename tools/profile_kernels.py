@@ -44,8 +44,8 @@ def planned(case):
     set); the launcher itself and no plans where it records nothing (a launch that is not a kernel's)."""
     plans = []
     for _ in range(case.sets):
-        with K.recording() as plan:
-            case.launch()
+        plan = K.Plan()
+        case.launch(plan)
         plans.append(plan)
         if case.rotate:
             case.rotate()

@@ -186,7 +186,7 @@ def fused_attention_bwd(dqkv, dy, qkv, y, lse, n_head, *, stream=None):
     p_dqkv, p_dy = ptr("dqkv", dqkv, (B, T, 3 * C)), ptr("dy", dy, (B, T, C))
     p_qkv, p_lse = ptr("qkv", qkv, (B, T, 3 * C)), ptr("lse", lse, (B, n_head, T))
     ptr("y", y, (B, T, C))
-    delta = scratch(B * n_head * T)  # held here until both launches are queued
+    delta = scratch(B * n_head * T, stream)  # held here until both launches are queued
     launch("k_fused_attention_bwd_dq", [p_dqkv, int(delta.gpudata), p_dy, p_qkv, p_lse, B, T, n_head, d_k],
            blocks(B * n_head * T), stream)
     launch("k_fused_attention_bwd_dkdv", [p_dqkv, p_dy, p_qkv, p_lse, int(delta.gpudata), B, T, n_head, d_k],

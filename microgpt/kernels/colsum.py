@@ -26,7 +26,7 @@ def reduce_chunks(out_ptr: int, partials_ptr: int, n_chunks: int, C: int, stream
 def add_column_sums(out_ptr: int, x_ptr: int, N: int, C: int, stream) -> None:
     """out (C,) += the column sums of x (N, C), on checked pointers."""
     rows_per_chunk, n_chunks = chunks(N)
-    partials = scratch(n_chunks * C)
+    partials = scratch(n_chunks * C, stream)
     vec = 4 if C % 4 == 0 and x_ptr % 16 == 0 else 1  # a lane's columns: one 16-byte load a row where it can
     launch("k_colsum_partial", [int(partials.gpudata), x_ptr, N, C, rows_per_chunk, int(vec == 4)],
            (math.ceil(C / (32 * vec)), n_chunks, 1), stream)

@@ -58,7 +58,7 @@ def attention_decode(y, k_cache, v_cache, qkv, pos, *, stream=None):
         raise ValueError(f"k_cache has d_k={d_k}: its query and partial sums take {shared} bytes of shared memory, "
                          f"above this GPU's {engine().max_shared}")
     chunks = math.ceil(T_max / chunk)
-    partial = scratch(B * NH * chunks * (d_k + 2))
+    partial = scratch(B * NH * chunks * (d_k + 2), stream)
     p_pos = ptr("pos", pos, (1,), np.int32)
     args = [int(partial.gpudata), ptr("k_cache", k_cache, (B, NH, T_max, d_k)),
             ptr("v_cache", v_cache, (B, NH, T_max, d_k)), ptr("qkv", qkv, (B, 1, 3 * C)), p_pos, NH, d_k, T_max]

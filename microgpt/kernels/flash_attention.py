@@ -95,7 +95,7 @@ def backward(dqkv, dy, qkv, y, lse, n_head, stream, delta_rows=None):
     tiles = math.ceil(T / s["keys"])  # query tiles, and key tiles: a backward block takes bwd_tiles of them
     # held here until the launches are queued. sync: int32 in a float32 scratch of the same size, a counter for
     # each (b, h, query tile) and the ticket; uninitialised, as the delta kernels zero it before each backward
-    delta, sync = scratch(B * n_head * T), scratch(B * n_head * tiles + 1)
+    delta, sync = scratch(B * n_head * T, stream), scratch(B * n_head * tiles + 1, stream)
     block = 32 * s["delta_warps"]
     q, k, v, dq, dk, dv = p_qkv, p_qkv + 4 * C, p_qkv + 8 * C, p_dqkv, p_dqkv + 4 * C, p_dqkv + 8 * C
     p_delta, p_sync = int(delta.gpudata), int(sync.gpudata)

@@ -115,7 +115,7 @@ def layernorm_bwd_fast(dx, dw, db, dout, x, w, mean, rstd, *, accumulate=False, 
         kernel, threads, shared = "k_layernorm_bwd_fast_wide", max_threads, 16 * max_threads
     e = engine()
     reducers = bwd_reducers(n_blocks, C, e.sm_count * e.resident_blocks(kernel, threads, shared))
-    partials, done = scratch(n_blocks * 2 * C), counters(2, stream)  # held here until the launch is queued
+    partials, done = scratch(n_blocks * 2 * C, stream), counters(2, stream)  # held here until the launch is queued
     bwd_args = [p_dx, p_dw, p_db, int(partials.gpudata), int(done.gpudata), *args, N, C, rows_per_block, acc,
                 reducers]
     launch(kernel, bwd_args, n_blocks, stream, shared=shared, block=threads)

@@ -134,7 +134,7 @@ def _launch_product(g: Gemm, c: int, a: int, b: int, bias: int, stream, sums: in
                                  stride_a=k_slice * (g.lda if g.trans_a else 1),
                                  stride_b=k_slice * (1 if g.trans_b else g.ldb), stride_c=g.M * g.N)
     M_sums = g.M if sums else 0  # the slices' row sums follow their partial products: [splits][M]
-    partials = scratch(splits * (g.M * g.N + M_sums))
+    partials = scratch(splits * (g.M * g.N + M_sums), stream)
     p = int(partials.gpudata)
     product(sliced, p, a, b, 0, stream, **({"sums": p + 4 * splits * g.M * g.N} if sums else {}))
     splitk_reduce(c, p, splits, g.M * g.N, g.beta, sums, M_sums, stream)

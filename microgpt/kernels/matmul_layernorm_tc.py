@@ -51,7 +51,7 @@ def matmul_layernorm_bwd_tc(dx, dw, db, dweight, dbias, dout, inp, weight, x, w,
             sums=p["dbias"])
     ws, a_split, b_split, K_pad, grid = split_into_workspace(g, p["dout"], p["weight"], stream)
     tiles, row_tiles = grid
-    partials, row_sums = scratch(2 * row_tiles * C), scratch(2 * N * tiles)
+    partials, row_sums = scratch(2 * row_tiles * C, stream), scratch(2 * N * tiles, stream)
     done = counters(2 * row_tiles + tiles + 1, stream)  # rows arrived and done, column tiles done, the ticket
     launch("k_gemm_wg_split_ln_bwd",
            [p["dx"], p["dw"], p["db"], int(partials.gpudata), int(row_sums.gpudata), int(done.gpudata), a_split,

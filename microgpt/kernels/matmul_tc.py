@@ -72,8 +72,8 @@ def split_into_workspace(g: Gemm, a: int, b: int, stream):
     which the caller holds until its product is queued, a_split, b_split, K_pad, the grid of 128 x 128 tiles)."""
     (M_pad, K_pad), (N_pad, _) = split_padding(g.M, g.K), split_padding(g.N, g.K)
     a_n, b_n = M_pad * K_pad, N_pad * K_pad  # floats of each operand's hi (and of its lo)
-    b_split = find_split(b, g.N, g.K, g.ldb, not g.trans_b)
-    ws = workspace(2 * (a_n + (b_n if b_split is None else 0)))
+    b_split = find_split(stream, b, g.N, g.K, g.ldb, not g.trans_b)
+    ws = workspace(2 * (a_n + (b_n if b_split is None else 0)), stream)
     a_split = int(ws.gpudata)
     tf32_split(a_split, a_split + 4 * a_n, a, g.M, g.K, g.lda, K_pad, stream)
     if b_split is None:

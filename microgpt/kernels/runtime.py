@@ -5,10 +5,10 @@ The module is compiled once per (source, options, device architecture): PyCUDA's
 the preprocessed source, so an edit to any header recompiles. Everything runs in the device's primary
 context, the one PyTorch and CuPy use, so their arrays can be passed straight in.
 
-A launch is synchronous without a stream and queued on the stream with one; a CUDA error becomes a
-KernelError naming the kernel (set MICROGPT_SYNC=1 to synchronise after every queued launch, so that an
-asynchronous error names its kernel too). Inside `with recording() as plan:` launches are appended to
-the plan instead of run, and replay(plan, stream) runs them later without checking anything again.
+A launch is synchronous without a stream, queued on the stream with one, and recorded where its `stream` is a
+Plan, which replay(plan, stream) runs later without checking anything again; a CUDA error becomes a KernelError
+naming the kernel (set MICROGPT_SYNC=1 to synchronise after every queued launch, so that an asynchronous error
+names its kernel too).
 """
 from __future__ import annotations
 
@@ -182,41 +182,29 @@ def device_summary() -> str:
 
 
 # -------------------------------------------------------------------------------------------- plans
+class Launch(tuple):
+    """One recorded launch: (kernel name, function, grid, arguments, dynamic shared-memory bytes, threads a block),
+    and what explains it: `op`, the op of microgpt.ops that launched it, and `why`, the reason for this kernel."""
+    op = why = ""
+
+
 class Plan(list):
-    """Launches recorded with their checked arguments, to be replayed on a stream (see recording()): entries
-    (kernel name, function, grid, arguments, dynamic shared-memory bytes, threads a block).
-    `keep` holds the scratch buffers the launches point into, alive as long as the plan."""
+    """Launches recorded with their checked arguments, to be replayed on a stream: a launcher given a Plan as its
+    `stream` checks its arguments and appends Launch entries here instead of running them; replay(plan, stream) then
+    runs them all, unchecked. A model's passes are fixed sequences per (B, T): checking once is enough.
+    keep: the scratch buffers the launches point into, alive as long as the plan; workspace: the split operands'
+    buffer its launches share; splits: the weights its products read split once (tf32_split.SplitOperands); op: the
+    op now being recorded (set by microgpt.ops.Kernels.on)."""
 
     def __init__(self):
         super().__init__()
-        self.keep = []
-        self.workspace = None  # runtime.workspace's buffer for this plan's launches
+        self.keep, self.workspace, self.splits, self.op = [], None, [], ""
 
-
-_recording: Plan | None = None
-
-
-class recording:
-    """Within `with recording() as plan:` the launch functions check their arguments and append each
-    launch to `plan` instead of running it; replay(plan, stream) then runs them all, unchecked. A model's
-    forward and backward are fixed sequences per (B, T): checking once is enough."""
-
-    def __enter__(self) -> Plan:
-        global _recording
-        if _recording is not None:
-            raise RuntimeError("recording() does not nest")
-        _recording = Plan()
-        return _recording
-
-    def __exit__(self, *exc):
-        global _recording
-        _recording = None
-        return False
-
-
-def recording_plan() -> Plan | None:
-    """The plan being recorded (recording()), or None."""
-    return _recording
+    def table(self) -> str:
+        """One line a launch: op, kernel, grid, threads a block, shared memory, and why."""
+        rows = [(e.op, e[0], "x".join(map(str, e[2])), str(e[5]), str(e[4]), e.why) for e in self]
+        widths = [max([len(r[i]) for r in rows] + [0]) for i in range(5)]
+        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:5], widths)) + "  " + r[5] for r in rows)
 
 
 def replay(plan: Plan, stream, phase: str) -> None:
@@ -246,14 +234,17 @@ def blocks(n_threads: int) -> int:
     return max(1, math.ceil(n_threads / BLOCK))
 
 
-def launch(name: str, args: list, grid, stream=None, shared: int = 0, block: int = BLOCK) -> None:
+def launch(name: str, args: list, grid, stream=None, shared: int = 0, block: int = BLOCK, why: str = "") -> None:
     """Launches kernel `name` on a grid (blocks in x, or a tuple (x, y[, z])) of `block`-thread blocks, with
-    `shared` bytes of dynamic shared memory."""
+    `shared` bytes of dynamic shared memory: now (stream None), queued on a stream, or recorded into a Plan (with
+    `why`, the reason for this kernel, which a printed plan shows)."""
     e = engine()
     grid = tuple(grid) if isinstance(grid, tuple) else (grid, 1)
     fn = e.function(name, shared)
-    if _recording is not None:
-        _recording.append((name, fn, grid, args, shared, block))
+    if isinstance(stream, Plan):
+        entry = Launch((name, fn, grid, args, shared, block))
+        entry.op, entry.why = stream.op, why
+        stream.append(entry)
         return
     try:
         fn.prepared_async_call(grid, (block, 1, 1), stream, *args, shared_size=shared)
@@ -265,37 +256,37 @@ def launch(name: str, args: list, grid, stream=None, shared: int = 0, block: int
         raise KernelError(f"{name} failed: {err}") from None
 
 
-def scratch(n: int):
-    """A float32 device buffer of n elements for partial sums, kept alive by the plan being recorded."""
-    return _kept(engine().ga.empty(n, np.float32))
+def scratch(n: int, stream=None):
+    """A float32 device buffer of n elements for partial sums; held by `stream` where it is a Plan, as long as the
+    plan whose launches point into it (otherwise the caller holds it until its launches are queued)."""
+    return _kept(engine().ga.empty(n, np.float32), stream)
 
 
-def workspace(n: int):
+def workspace(n: int, stream=None):
     """A float32 device buffer of at least n elements, for what one launch writes and the next reads (split
-    operands): while recording, the plan's own, shared by its launches, which run in order on one stream (a
-    larger one takes its place when asked for more; the plan keeps both); otherwise scratch(n)."""
-    if _recording is None:
+    operands): a Plan's own, shared by its launches, which run in order on one stream (a larger one takes its place
+    when asked for more; the plan keeps both); otherwise scratch(n)."""
+    if not isinstance(stream, Plan):
         return scratch(n)
-    if _recording.workspace is None or _recording.workspace.size < n:
-        _recording.workspace = scratch(n)
-    return _recording.workspace
+    if stream.workspace is None or stream.workspace.size < n:
+        stream.workspace = scratch(n, stream)
+    return stream.workspace
 
 
 def counters(n: int, stream=None):
-    """n uint32 counters, kept alive like scratch and zeroed on `stream` (the launch's, so that they are zero
-    before it on any stream): for a kernel whose last block to finish does the final step of a reduction and sets
-    its counters back to zero, so that every replay of a plan finds them zero."""
+    """n uint32 counters, held like scratch and zeroed before the launch on `stream` (now, where it is None or a
+    Plan): for a kernel whose last block to finish does the final step of a reduction and sets its counters back to
+    zero, so that every replay of a plan finds them zero."""
     e = engine()
     buf = e.ga.empty(n, np.uint32)
-    if stream is None:
+    if stream is None or isinstance(stream, Plan):
         e.cuda.memset_d32(buf.gpudata, 0, n)
     else:
         e.cuda.memset_d32_async(buf.gpudata, 0, n, stream)
-    return _kept(buf)
+    return _kept(buf, stream)
 
 
-def _kept(buf):
-    """buf, held by the plan being recorded (if any) as long as the plan, whose launches point into it."""
-    if _recording is not None:
-        _recording.keep.append(buf)
+def _kept(buf, stream):
+    if isinstance(stream, Plan):
+        stream.keep.append(buf)
     return buf

@@ -3,9 +3,10 @@ from split operands read (matmul_tc.split_product, matmul_layernorm_tc).
 
     tf32_split(hi, lo, src, rows, K, ld, K_pad, stream)   # one operand, before the product that reads it
     splits = SplitOperands([(w, rows, K, ld, transposed), ...])   # the operands that may be split once
-    with recording() as plan, splits.reading(plan):
-        ...         # the products whose B is one of them read its split from here, not a pass each;
-                    # the plan starts with one launch (k_tf32_split_batch) that splits every one they found
+    plan = Plan()
+    with splits.reading(plan):
+        ...         # the products recorded into plan whose B is one of them read its split from here, not a pass
+                    # each; the plan starts with one launch (k_tf32_split_batch) that splits every one they found
 
 Every pass splits each float alike, so a product reads the same bits whichever made them.
 """
@@ -17,7 +18,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from .runtime import blocks, engine, launch, recording_plan
+from .runtime import Plan, blocks, engine, launch
 from .source import int_constant
 
 
@@ -45,16 +46,13 @@ def tf32_split(hi: int, lo: int, src: int, rows: int, K: int, ld: int, K_pad: in
         launch("k_tf32_split", [hi, lo, src, rows, K, ld, K_pad, quads], blocks(quads), stream)
 
 
-_reading: list[SplitOperands] = []  # the sets inside whose reading() the products are being recorded
-
-
 class SplitOperands:
     """Operands split once for the many products that read them, all in one launch (k_tf32_split_batch), where each
     product would otherwise split its own before it: the model's weights, in each pass. candidates: the operands
     that may be taken from here, (src, rows, K, ld, transposed) as tf32_split takes them, src a device pointer.
 
-    While a plan is recorded inside reading(plan), a product of split operands whose B is a candidate (find) reads it
-    from here instead of launching a split pass of its own; on leaving, the plan's first launch splits every operand
+    While products are recorded into a plan inside reading(plan), a product of split operands whose B is a
+    candidate (find) reads it from here instead of launching a split pass of its own; on leaving, the plan's first launch splits every operand
     found here so far (by this plan's products or an earlier plan's), and no other candidate. So the plan must not
     write a candidate before its products read it: the split runs ahead of every launch of the plan (the model's
     forward and backward plans write no weights). Each is held hi then lo, rows_pad x K_pad each (split_padding), as
@@ -104,18 +102,18 @@ class SplitOperands:
         return np.array(rows_of_table, np.int64), first
 
     @contextlib.contextmanager
-    def reading(self, plan):
-        """Inside, while `plan` is recorded (runtime.recording), the products find their B here; on leaving, the split
-        of every operand found goes first in the plan."""
-        if plan is None or plan is not recording_plan():
-            raise RuntimeError("SplitOperands.reading(plan): plan must be the one being recorded")
-        _reading.append(self)
+    def reading(self, plan: Plan):
+        """Inside, the products recorded into `plan` find their B here (plan.splits); on leaving, the split of every
+        operand found goes first in the plan."""
+        if not isinstance(plan, Plan):
+            raise TypeError(f"SplitOperands.reading(plan): plan must be a runtime.Plan, got {type(plan).__name__}")
+        plan.splits.append(self)
         try:
             yield self
         finally:
-            _reading.remove(self)
+            plan.splits.remove(self)
         if self.found:
-            self.split()
+            self.split(plan)
             plan.insert(0, plan.pop())
 
 
@@ -144,9 +142,10 @@ class SplitArena:
         return take
 
 
-def find_split(src: int, rows: int, K: int, ld: int, transposed: bool) -> int | None:
-    """The split of the operand (as tf32_split takes it) in a SplitOperands being read (reading()), or None."""
-    for splits in reversed(_reading):
+def find_split(stream, src: int, rows: int, K: int, ld: int, transposed: bool) -> int | None:
+    """The split of the operand (as tf32_split takes it) in a SplitOperands that the Plan `stream` reads (reading()),
+    or None."""
+    for splits in reversed(stream.splits if isinstance(stream, Plan) else []):
         at = splits.find(src, rows, K, ld, transposed)
         if at is not None:
             return at
