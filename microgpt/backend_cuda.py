@@ -48,7 +48,7 @@ class CudaBackend:
         self.decay_mask = self.ga.to_gpu(mask)  # one AdamW launch covers every tensor
         self.sumsq = self.ga.zeros(1, np.float64)
         self._bufs = None   # activations of the current (B, T)
-        self._passes = {}   # (B, T, with_targets) -> forward pass (K.Pass of its plan); "bwd" -> backward pass
+        self._passes = {}   # ("forward", with targets) and "backward" -> K.Pass of its plan, at the buffers' (B, T)
         self._dec = None    # sampling's key-value caches, buffers and decode plan, for one batch size
         self._has_norm = False
 
@@ -130,14 +130,29 @@ class CudaBackend:
             pass_(self.ops.on(plan))
         return plan
 
+    def plan(self, which: str, B: int, T: int, targets: bool = True) -> K.Plan:
+        """The recorded launches of one pass at (B, T), made once and kept with the buffers: "forward" (with or
+        without targets), "backward" (of the forward with targets), "decode" (one position, B sequences)."""
+        if which == "decode":
+            return self._decode_state(B).step.plan
+        b = self._buffers(B, T)
+        key = "backward" if which == "backward" else (which, targets)
+        if key not in self._passes:
+            if which == "forward":
+                plan = self._plan(b, lambda ops: model.forward(ops, self.P, self.config, b, targets), False)
+            elif which == "backward":
+                d = self._grad_buffers(b)
+                plan = self._plan(b, lambda ops: model.backward(ops, self.P, self.G, self.config, b, d), True)
+            else:
+                raise ValueError(f"which must be 'forward', 'backward' or 'decode', got {which!r}")
+            self._passes[key] = K.Pass(plan, which)
+        return self._passes[key].plan
+
     def forward(self, idx, targets=None, logits="all"):
         """idx, targets: checked int32 (B, T) host arrays. Returns (logits or None, losses or None)."""
         B, T = idx.shape
-        b = self._buffers(B, T)
-        key = (B, T, targets is not None)
-        if key not in self._passes:
-            plan = self._plan(b, lambda ops: model.forward(ops, self.P, self.config, b, targets is not None), False)
-            self._passes[key] = K.Pass(plan, "forward")
+        self.plan("forward", B, T, targets is not None)
+        b, key = self._bufs, ("forward", targets is not None)
         self.stream.synchronize()  # the page-locked batch may still be in flight from the last call
         b.batch_host[0] = idx
         b.batch_host[1] = 0 if targets is None else targets
@@ -161,12 +176,8 @@ class CudaBackend:
         return out, losses
 
     def backward(self) -> None:
-        b = self._bufs
-        if "bwd" not in self._passes:
-            d = self._grad_buffers(b)
-            plan = self._plan(b, lambda ops: model.backward(ops, self.P, self.G, self.config, b, d), True)
-            self._passes["bwd"] = K.Pass(plan, "backward")
-        self._passes["bwd"].launch(self.stream)
+        self.plan("backward", *self._bufs.shape)
+        self._passes["backward"].launch(self.stream)
 
     # -- sampling: a cache of every layer's keys and values -----------------------------------------
     def _decode_state(self, B):
@@ -251,12 +262,17 @@ class CudaBackend:
 
     # -- optimiser ----------------------------------------------------------------------------------
     def step(self, t, lr, beta1, beta2, eps, weight_decay, grad_clip):
-        grads = self.flat["grads"]
-        self.ops.global_norm(self.sumsq, grads, stream=self.stream)
+        self.optimizer(self.ops.on(self.stream), t, lr, beta1, beta2, eps, weight_decay, grad_clip)
         self._has_norm = True
+
+    def optimizer(self, ops, t, lr, beta1, beta2, eps, weight_decay, grad_clip) -> None:
+        """The step's launches through `ops` (bound to the stream, or to a plan that records them): the global
+        norm of the gradients, then AdamW over the flat vectors, clipping first where grad_clip is given."""
+        grads = self.flat["grads"]
+        ops.global_norm(self.sumsq, grads)
         clip = dict(sumsq=self.sumsq, max_norm=grad_clip) if grad_clip is not None else {}
-        self.ops.adamw(self.flat["params"], grads, self.flat["m"], self.flat["v"], lr=lr, beta1=beta1, beta2=beta2,
-                eps=eps, weight_decay=weight_decay, step=t, decay_mask=self.decay_mask, stream=self.stream, **clip)
+        ops.adamw(self.flat["params"], grads, self.flat["m"], self.flat["v"], lr=lr, beta1=beta1, beta2=beta2,
+                  eps=eps, weight_decay=weight_decay, step=t, decay_mask=self.decay_mask, **clip)
 
     @property
     def last_grad_norm(self):

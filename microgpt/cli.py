@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import checkpoint, kernels, ops
+from . import checkpoint, info, kernels, ops
+from .kernels import virtual
 from ._version import __version__
 from .config import PRESETS, GPTConfig
 from .convert import convert
@@ -330,27 +331,17 @@ def cmd_tokenizer_train(args) -> int:
 
 def cmd_info(args) -> int:
     saved = read_checkpoint(args.checkpoint) if args.checkpoint else None  # the whole file, checked
-    print(f"microgpt {__version__}")
-    ok, why = cuda_available()
-    src = kernels.cuda_source_dir() / "microgpt_cuda.cu"
-    if ok:
-        print(f"device: {why}")
-        print(f"compiled for: {kernels.engine().arch} ({src}, nvcc options {' '.join(kernels.NVCC_OPTIONS)})")
-    else:
-        print(f"device: none ({why}); the numpy backend runs on the CPU")
+    if not args.explain:
+        print(info.describe(cuda_available(), saved, args.checkpoint))
+        return 0
+    config = saved.config if saved else GPTConfig.preset(args.preset or "andrea-120m")
+    T = config.block_size if args.T is None else args.T
+    if T > config.block_size:
+        raise UsageError(f"-T {T} is above the model's block_size {config.block_size}")
     try:
-        names = kernels.kernel_names()
-        print(f"kernels ({len(names)}, from {src}): {', '.join(names)}")
-    except (OSError, RuntimeError) as e:  # no nvcc to read the translation unit with
-        print(f"kernels: not listed ({str(e).splitlines()[0]})")
-    for name, v in ops.VARIANTS.items():
-        print(f"variant {name}{' (default)' if name == ops.DEFAULT_VARIANT else ''}: {v.summary}")
-    if saved is not None:
-        print(f"checkpoint {args.checkpoint}: step {saved.step}, {saved.weights.size:,} parameters, whole "
-              f"(sha256 checked), config {saved.config}")
-    else:
-        for name in PRESETS:
-            print(f"preset {name}: {GPTConfig.preset(name)}")
+        print(info.explain(config, args.variant, args.B, T, args.device, args.decode))
+    except (OSError, RuntimeError) as e:  # no nvcc to read the kernels' formats with
+        raise UsageError(f"--explain: {str(e).splitlines()[0]}") from None
     return 0
 
 
@@ -425,8 +416,16 @@ def build_parser() -> argparse.ArgumentParser:
     cv.add_argument("dst", help="a directory (written as Hugging Face GPT-2), or a path ending in .ckpt (ANDREA)")
     cv.set_defaults(func=cmd_convert)
 
-    i = sub.add_parser("info", help="the device, the compiled architecture, the kernels, a checkpoint")
-    i.add_argument("checkpoint", nargs="?", help="a checkpoint to check whole and describe")
+    i = sub.add_parser("info", help="the device, the compiled architecture, the kernels, a checkpoint; --explain: "
+                       "every launch of a step, with its kernel and why, planned without a GPU")
+    i.add_argument("checkpoint", nargs="?", help="a checkpoint to check whole and describe (and --explain)")
+    i.add_argument("--explain", action="store_true", help="print the launches of one training step")
+    i.add_argument("--preset", choices=list(PRESETS), default=None, help="the model --explain plans (andrea-120m)")
+    i.add_argument("--variant", **variant)
+    i.add_argument("-B", type=count, default=8)
+    i.add_argument("-T", type=count, default=None, help="default: the model's block_size")
+    i.add_argument("--device", choices=list(virtual.DEVICES), default="h200", help="the GPU described")
+    i.add_argument("--decode", action="store_true", help="--explain a decode step of B sequences instead")
     i.set_defaults(func=cmd_info)
     return p
 

@@ -196,7 +196,7 @@ def test_the_tc_passes_split_each_weight_once_and_keep_the_bits(rng, monkeypatch
         gpu = GPT(cfg, backend="cuda", seed=5, variant="tc")
         runs.append(two_training_steps(gpu, idx, tgt))
         b, passes = gpu.backend._bufs, gpu.backend._passes
-        plans = {"forward": passes[(2, 130, True)].plan, "backward": passes["bwd"].plan}
+        plans = {"forward": passes[("forward", True)].plan, "backward": passes["backward"].plan}
         splits = {"forward": b.fwd_splits, "backward": b.bwd_splits}
         for phase, plan in plans.items():
             names = [name for name, *_ in plan]

@@ -192,7 +192,7 @@ def test_every_op_launches_kernels_of_the_header_it_names(fake):
         plan = K.Plan()
         args, kw = CALLS[op]()
         spec.kernels["reference"](*args, **kw, stream=plan)
-        launched = {headers[name] for name, *_ in plan}
+        launched = {headers[name] for name, *_ in plan if name != "memset"}
         assert spec.header in launched, (op, spec.header, launched)
 
 
@@ -213,6 +213,9 @@ def test_every_launch_passes_what_its_kernels_format_asks_for(fake):
     plan = run_every_launcher()
     assert len(plan) > len(K.kernel_names())
     for name, _, grid, args, shared, block in plan:
+        if name == "memset":  # global_norm's zeroing of sumsq: a pointer and a count of words
+            assert len(args) == 2 and all(isinstance(a, int) for a in args), args
+            continue
         fmt = fake.signatures[name]
         assert block % 32 == 0 and 32 <= block <= 1024 and shared >= 0, (name, block, shared)
         assert len(args) == len(fmt), (name, fmt, args)

@@ -384,7 +384,8 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
 
     if want("k_global_norm"):
         grads, sumsq = gradients()
-        add("k_global_norm", lambda s: K.global_norm(sumsq, grads, stream=s), F * P, 2 * P)
+        # accumulate: the kernel alone, without the memset of sumsq that a step puts before it
+        add("k_global_norm", lambda s: K.global_norm(sumsq, grads, accumulate=True, stream=s), F * P, 2 * P)
     if want("k_adamw"):
         (grads, sumsq), r = gradients(), draws_for("k_adamw")
         params, m = r.randn(P, scale=0.02), r.randn(P, scale=1e-4)

@@ -69,7 +69,7 @@ def profile(cfg, B, T, variant, steps, reps) -> dict:
     kernels, phases = collections.defaultdict(lambda: [0, 0.0]), {}
     for key, p in backend._passes.items():
         plan = p.plan
-        phase = "backward" if key == "bwd" else "forward"
+        phase = "backward" if key == "backward" else "forward"
         ms = launch_times(plan, backend.stream, reps)
         phases[phase] = sum(ms)
         for (name, *_), t in zip(plan, ms):

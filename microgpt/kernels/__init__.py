@@ -56,8 +56,8 @@ from .rows_fast import (crossentropy_bwd_fast, crossentropy_fwd_fast, embed_fwd_
                         softmax_fwd_fast)
 from .sampling import sample
 from .tf32_split import SplitArena, SplitOperands, split_floats
-from .source import (NVCC_OPTIONS, cuda_source_dir, full_source, int_constants, kernel_headers, kernel_names,
-                     kernel_signatures, preprocessed)
+from .source import (NVCC_OPTIONS, TRANSLATION_UNIT, cuda_source_dir, full_source, int_constants, kernel_headers,
+                     kernel_names, kernel_signatures, preprocessed)
 from ..reference import MASK_VALUE
 
 # the names these had before the enum

@@ -6,7 +6,7 @@ import math
 import numpy as np
 
 from .checks import opt_ptr, ptr, shape_of
-from .runtime import blocks, engine, launch, persistent_alloc
+from .runtime import blocks, launch, persistent_alloc, zero
 
 NORM_GRID = 1024  # blocks of the norm reduction, fixed (its order of additions), resident at once on an H200
 
@@ -17,13 +17,9 @@ def global_norm(sumsq, g, *, accumulate=False, stream=None):
     shape = shape_of("g", g)
     n = math.prod(shape)
     p = ptr("sumsq", sumsq, (1,), np.float64)
-    cuda = engine().cuda
     partials = persistent_alloc("norm_partials", NORM_GRID * 8)  # the blocks' partial sums
     if not accumulate:
-        if stream is None:
-            cuda.memset_d32(p, 0, 2)
-        else:
-            cuda.memset_d32_async(p, 0, 2, stream)
+        zero(p, 2, stream, why="sumsq = 0")
     launch("k_global_norm", [p, int(partials), ptr("g", g, shape), n], min(NORM_GRID, blocks(n)), stream)
 
 

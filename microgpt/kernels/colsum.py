@@ -20,7 +20,7 @@ def chunks(N: int) -> tuple[int, int]:
 def reduce_chunks(out_ptr: int, partials_ptr: int, n_chunks: int, C: int, stream) -> None:
     """out (C,) += the chunks' partial sums (n_chunks, C, at partials_ptr), added in chunk order."""
     launch("k_colsum_reduce", [out_ptr, partials_ptr, n_chunks, C], math.ceil(C / REDUCE_BLOCK), stream,
-           block=REDUCE_BLOCK)
+           block=REDUCE_BLOCK, why=f"adds the {n_chunks} chunks' sums in order")
 
 
 def add_column_sums(out_ptr: int, x_ptr: int, N: int, C: int, stream) -> None:
@@ -29,7 +29,7 @@ def add_column_sums(out_ptr: int, x_ptr: int, N: int, C: int, stream) -> None:
     partials = scratch(n_chunks * C, stream)
     vec = 4 if C % 4 == 0 and x_ptr % 16 == 0 else 1  # a lane's columns: one 16-byte load a row where it can
     launch("k_colsum_partial", [int(partials.gpudata), x_ptr, N, C, rows_per_chunk, int(vec == 4)],
-           (math.ceil(C / (32 * vec)), n_chunks, 1), stream)
+           (math.ceil(C / (32 * vec)), n_chunks, 1), stream, why=f"column sums of {n_chunks} chunks of {rows_per_chunk} rows")
     reduce_chunks(out_ptr, int(partials.gpudata), n_chunks, C, stream)
 
 

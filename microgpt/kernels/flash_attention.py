@@ -12,7 +12,7 @@ import math
 from .attention import fused_attention_bwd, fused_attention_fwd, qkv_dims
 from .checks import ptr
 from .matmul_tc import tensor_cores
-from .runtime import blocks, engine, launch, scratch
+from .runtime import blocks, engine, launch, noting, scratch
 from .source import int_constants
 
 MAX_D_K = 128
@@ -56,19 +56,33 @@ def runs(B: int, n_head: int, d_k: int, T: int) -> bool:
     return supported(d_k, T) and max(B, n_head) <= GRID_YZ
 
 
+def reason(B: int, n_head: int, d_k: int, T: int) -> str:
+    """Why flash attention does or does not take this launch."""
+    if not tensor_cores():
+        return "the reference kernels: no TF32 tensor cores before sm_80"
+    if not MIN_D_K <= d_k <= MAX_D_K:
+        return f"the reference kernels: d_k = {d_k} outside [{MIN_D_K}, {MAX_D_K}] (accuracy, shared memory)"
+    if T < MIN_T:
+        return f"the reference kernels: T = {T} < {MIN_T}, too short for 3xTF32 to keep the pipeline's error"
+    if not runs(B, n_head, d_k, T):
+        return "the reference kernels: too little shared memory, or more heads or rows than a grid holds"
+    return f"flash attention, 3xTF32, d_k {d_k} in [{MIN_D_K}, {MAX_D_K}], T {T} >= {MIN_T}"
+
+
 def fused_attention_fwd_tc(y, lse, qkv, n_head, *, stream=None):
     """fused_attention_fwd's y and lse, by flash attention: a block of query rows streams the key tiles up to the
     diagonal with an online softmax."""
     B, T, C, d_k = qkv_dims(qkv, n_head)
     if not runs(B, n_head, d_k, T):
-        return fused_attention_fwd(y, lse, qkv, n_head, stream=stream)
+        with noting(stream, reason(B, n_head, d_k, T)):
+            return fused_attention_fwd(y, lse, qkv, n_head, stream=stream)
     D = width(d_k)
     s = _sizes(D)
     p_qkv = ptr("qkv", qkv, (B, T, 3 * C))
     args = [ptr("y", y, (B, T, C)), ptr("lse", lse, (B, n_head, T)), p_qkv, p_qkv + 4 * C, p_qkv + 8 * C, T, d_k,
             3 * C, C]
     launch(f"k_flash_fwd_d{D}", args, (math.ceil(T / (16 * s["fwd_warps"])), n_head, B), stream, shared=s["fwd"],
-           block=32 * s["fwd_warps"])
+           block=32 * s["fwd_warps"], why=reason(B, n_head, d_k, T))
 
 
 def fused_attention_bwd_tc(dqkv, dy, qkv, y, lse, n_head, *, stream=None):
@@ -77,9 +91,10 @@ def fused_attention_bwd_tc(dqkv, dy, qkv, y, lse, n_head, *, stream=None):
     kernel for dQ, dK and dV (a block of 64 keys for each 4 warps, from the ticket, against the query tiles from
     the last down to the diagonal, adding into dQ in the order of the key tiles behind a counter a query tile)."""
     B, T, C, d_k = qkv_dims(qkv, n_head)
-    if not runs(B, n_head, d_k, T):
-        return fused_attention_bwd(dqkv, dy, qkv, y, lse, n_head, stream=stream)
-    backward(dqkv, dy, qkv, y, lse, n_head, stream)
+    with noting(stream, reason(B, n_head, d_k, T)):
+        if not runs(B, n_head, d_k, T):
+            return fused_attention_bwd(dqkv, dy, qkv, y, lse, n_head, stream=stream)
+        backward(dqkv, dy, qkv, y, lse, n_head, stream)
 
 
 def backward(dqkv, dy, qkv, y, lse, n_head, stream, delta_rows=None):
@@ -104,8 +119,11 @@ def backward(dqkv, dy, qkv, y, lse, n_head, stream, delta_rows=None):
     if delta_rows is not None:
         delta_rows(p_delta, p_sync)
     elif rows > 0:  # a warp each, all heads
-        launch("k_flash_bwd_delta_rows", [p_delta, p_sync, p_y, p_dy, B, n_head, T, d_k, C], blocks(32 * rows), stream)
+        launch("k_flash_bwd_delta_rows", [p_delta, p_sync, p_y, p_dy, B, n_head, T, d_k, C], blocks(32 * rows), stream,
+               why="delta of the rows past the pass's query tiles, from dO * O")
     launch(f"k_flash_bwd_delta_d{D}", [p_delta, p_sync, q, k, v, p_dy, p_lse, T, d_k, 3 * C, C],
-           (pass_tiles, n_head, B), stream, shared=s["delta"], block=block)
+           (pass_tiles, n_head, B), stream, shared=s["delta"], block=block,
+           why=f"delta of the first {pass_tiles} query tiles, by a pass over P and dP")
     launch(f"k_flash_bwd_d{D}", [dq, dk, dv, p_sync, q, k, v, p_dy, p_lse, p_delta, T, d_k, 3 * C, C],
-           (math.ceil(tiles / s["bwd_tiles"]), n_head, B), stream, shared=s["bwd"], block=32 * s["bwd_warps"])
+           (math.ceil(tiles / s["bwd_tiles"]), n_head, B), stream, shared=s["bwd"], block=32 * s["bwd_warps"],
+           why="dQ, dK and dV: a block of key tiles against the query tiles down to the diagonal")

@@ -55,9 +55,12 @@ def layernorm_fwd_fast(out, mean, rstd, x, w, b, *, stream=None):
     p_out, _, _, p_x, p_w, p_b = args[:6]
     if staged(C, p_out, p_x, p_w, p_b):
         warps = staged_launch()[0]
-        launch("k_layernorm_fwd_staged", args, math.ceil(N / warps), stream, shared=warps * C * 4, block=warps * WARP)
+        launch("k_layernorm_fwd_staged", args, math.ceil(N / warps), stream, shared=warps * C * 4, block=warps * WARP,
+               why=f"a warp a row, staged through shared memory by cp.async (16-byte rows of C = {C} <= "
+                   f"{staged_launch()[1]})")
     else:
-        launch("k_layernorm_fwd_fast", args, blocks(N * WARP), stream)
+        launch("k_layernorm_fwd_fast", args, blocks(N * WARP), stream, why="a warp a row, in registers (rows not "
+               "staged: C % 4, alignment, C > LN_STAGED_MAX_C or no cp.async)")
 
 
 @functools.cache  # (read from the preprocessed source once)

@@ -12,7 +12,7 @@ from .attention import matmul_attention_bwd_args, matmul_then_attention_bwd
 from .flash_attention import fused_attention_bwd_tc
 from .matmul_fast import Gemm
 from .matmul_tc import gemm_tc, matmul_bwd_tc, split_into_workspace, split_operands, tc_kernel
-from .runtime import launch
+from .runtime import launch, noting
 from .source import int_constant
 
 D_K = (32, 64, 128)  # the head widths whose heads a 128-column tile holds whole
@@ -38,13 +38,16 @@ def matmul_attention_bwd_tc(dqkv, dweight, dbias, dout, y, weight, qkv, lse, n_h
     B, T, C, d_k, p = matmul_attention_bwd_args(dqkv, dweight, dbias, dout, y, weight, qkv, lse, n_head, dy)
     g = Gemm.dense(B * T, C, C)
     if not fuses(g, B, T, n_head):
-        unfused(dqkv, dweight, dbias, dout, y, weight, qkv, lse, n_head, dy=dy, stream=stream)
+        with noting(stream, "unfused: flash attention does not run, d_k is not 32, 64 or 128, or the product is not "
+                            "one the wgmma kernel takes from split operands"):
+            unfused(dqkv, dweight, dbias, dout, y, weight, qkv, lse, n_head, dy=dy, stream=stream)
         return
 
     def product_and_delta(p_delta, p_sync):
         ws, a_split, b_split, K_pad, grid = split_into_workspace(g, p["dout"], p["weight"], stream)
         launch("k_gemm_wg_split_delta", [p["dy"], p_delta, p_sync, a_split, b_split, p["y"], B * T, C, K_pad, T, d_k],
-               grid, stream, shared=int_constant("TC_SPLIT_SMEM_BYTES"), block=int_constant("TC_WG_THREADS"))
+               grid, stream, shared=int_constant("TC_SPLIT_SMEM_BYTES"), block=int_constant("TC_WG_THREADS"),
+               why="fused: the dX product making dy sums flash attention's delta in its epilogue")
         del ws  # held until the product that reads it is queued
 
     flash_attention.backward(dqkv, dy, qkv, y, lse, n_head, stream, delta_rows=product_and_delta)

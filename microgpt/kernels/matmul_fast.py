@@ -18,7 +18,7 @@ from ..reference import MASK_VALUE, attn_scale
 from .checks import head_dims, opt_ptr, ptr, rows, shape_of
 from .colsum import add_column_sums
 from .matvec import matvec, matvec_launch
-from .runtime import blocks, engine, launch, scratch
+from .runtime import blocks, engine, launch, noting, scratch
 
 GEMM_TILE = 128  # the M of one SGEMM block; its N is 128, or 64 for narrow products
 
@@ -96,7 +96,8 @@ class Gemm:
 
 def sgemm_product(g: Gemm, c: int, a: int, b: int, bias: int, stream) -> None:
     """One unsplit launch of g on the SIMT SGEMM."""
-    launch(g.kernel, g.args(c, a, b, bias), g.grid, stream)
+    launch(g.kernel, g.args(c, a, b, bias), g.grid, stream, why=f"SIMT SGEMM, 128 x {g.tile_n} tiles" + (
+        f", {g.causal.name} tiles skipped" if g.causal else ""))
 
 
 def gemm(g: Gemm, c: int, a: int, b: int, bias: int = 0, stream=None, *, sums: int = 0, product=sgemm_product,
@@ -116,7 +117,8 @@ def gemm(g: Gemm, c: int, a: int, b: int, bias: int = 0, stream=None, *, sums: i
     else:
         _launch_product(g, c, a, b, bias, stream, sums if product_sums else 0, product, per_sm)
     if sums and not product_sums and g.M > 0 and g.K > 0:
-        add_column_sums(sums, a, g.K, g.M, stream)
+        with noting(stream, "the bias gradient: a column-sum pass over dout"):
+            add_column_sums(sums, a, g.K, g.M, stream)
 
 
 def _launch_product(g: Gemm, c: int, a: int, b: int, bias: int, stream, sums: int, product, per_sm: int) -> None:
@@ -136,14 +138,17 @@ def _launch_product(g: Gemm, c: int, a: int, b: int, bias: int, stream, sums: in
     M_sums = g.M if sums else 0  # the slices' row sums follow their partial products: [splits][M]
     partials = scratch(splits * (g.M * g.N + M_sums), stream)
     p = int(partials.gpudata)
-    product(sliced, p, a, b, 0, stream, **({"sums": p + 4 * splits * g.M * g.N} if sums else {}))
-    splitk_reduce(c, p, splits, g.M * g.N, g.beta, sums, M_sums, stream)
+    tiles = g.grid[0] * g.grid[1]
+    with noting(stream, f"split-K, {splits} slices of K = {g.K}: {tiles} tiles for {engine().sm_count} SMs"):
+        product(sliced, p, a, b, 0, stream, **({"sums": p + 4 * splits * g.M * g.N} if sums else {}))
+        splitk_reduce(c, p, splits, g.M * g.N, g.beta, sums, M_sums, stream)
 
 
 def splitk_reduce(c: int, partials: int, splits: int, MN: int, beta: float, sums: int, M: int, stream) -> None:
     """c (MN floats) = beta * c + the slices' partial products ([splits][MN] at partials) added in slice order, and
     sums (M,) += their row sums ([splits][M], after the partial products) where M > 0 (k_splitk_reduce)."""
-    launch("k_splitk_reduce", [c, partials, splits, MN, float(beta), sums, M], blocks(MN + M), stream)
+    launch("k_splitk_reduce", [c, partials, splits, MN, float(beta), sums, M], blocks(MN + M), stream,
+           why="adds the slices in order")
 
 
 def sgemm(c, a, b, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, bias=None, stream=None, gemm=gemm):

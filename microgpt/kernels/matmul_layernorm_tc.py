@@ -11,7 +11,7 @@ from .layernorm import matmul_layernorm_bwd_args, matmul_then_layernorm_bwd
 from .layernorm_fast import layernorm_bwd_fast
 from .matmul_fast import Gemm
 from .matmul_tc import gemm_tc, matmul_bwd_tc, split_into_workspace, split_operands, tc_kernel
-from .runtime import counters, engine, launch, scratch
+from .runtime import counters, engine, launch, noting, scratch
 from .source import int_constant
 
 
@@ -44,8 +44,10 @@ def matmul_layernorm_bwd_tc(dx, dw, db, dweight, dbias, dout, inp, weight, x, w,
                                                   dinp, accumulate)
     g = Gemm.dense(N, C, OUT)
     if not fuses(g):
-        unfused(dx, dw, db, dweight, dbias, dout, inp, weight, x, w, mean, rstd, dinp=dinp, accumulate=accumulate,
-                 stream=stream)
+        with noting(stream, "unfused: the dX product is not one the wgmma kernel takes from split operands, or "
+                            f"rows of C = {C} span more than {max_row_tiles()} tiles"):
+            unfused(dx, dw, db, dweight, dbias, dout, inp, weight, x, w, mean, rstd, dinp=dinp,
+                    accumulate=accumulate, stream=stream)
         return
     gemm_tc(Gemm.dense(OUT, C, N, trans_a=True, beta=1.0), p["dweight"], p["dout"], p["inp"], stream=stream,
             sums=p["dbias"])
@@ -56,5 +58,6 @@ def matmul_layernorm_bwd_tc(dx, dw, db, dweight, dbias, dout, inp, weight, x, w,
     launch("k_gemm_wg_split_ln_bwd",
            [p["dx"], p["dw"], p["db"], int(partials.gpudata), int(row_sums.gpudata), int(done.gpudata), a_split,
             b_split, p["x"], p["w"], p["mean"], p["rstd"], N, C, K_pad, acc],
-           grid, stream, shared=int_constant("TC_SPLIT_SMEM_BYTES"), block=int_constant("TC_WG_THREADS"))
+           grid, stream, shared=int_constant("TC_SPLIT_SMEM_BYTES"), block=int_constant("TC_WG_THREADS"),
+           why="fused: the dX product's tiles go straight into the layernorm backward (dinp never written)")
     del ws  # held until the product that reads it is queued

@@ -15,7 +15,7 @@ import functools
 import math
 
 from .matmul_fast import Causal, Gemm, MatrixProducts, gemm, sgemm, sgemm_product
-from .runtime import BLOCK, engine, launch, sm_version, workspace
+from .runtime import BLOCK, engine, launch, noting, sm_version, workspace
 from .source import int_constant
 from .tf32_split import SplitOperands, find_split, split_padding, tf32_split
 
@@ -57,6 +57,18 @@ def tc_kernel(g: Gemm, wgmma: bool | None = None) -> tuple[str, int, int] | None
     return f"k_gemm_tc_{ops}", int_constant("TC_SMEM_BYTES"), BLOCK
 
 
+def tc_reason(g: Gemm, kernel: tuple[str, int, int] | None) -> str:
+    """Why tc_kernel chose `kernel` for g."""
+    if kernel is None:
+        return (f"SIMT: K = {g.K} < TC_MIN_K = {TC_MIN_K}, too short for 3xTF32 to keep the SIMT error"
+                if tensor_cores() else "SIMT: no TF32 tensor cores before sm_80")
+    if kernel[0].startswith("k_gemm_wg"):
+        return "3xTF32 wgmma (sm_90a)"
+    small = (f"K = {g.K} < WG_MIN_K = {WG_MIN_K}" if g.K < WG_MIN_K else
+             f"{g.M * g.N * g.batch} outputs < WG_MIN_OUTPUTS" if g.M * g.N * g.batch < WG_MIN_OUTPUTS else "asked for")
+    return f"3xTF32 mma.sync ({small if warpgroup_mma() else 'no wgmma before sm_90a'})"
+
+
 def split_operands(g: Gemm, kernel: tuple[str, int, int] | None) -> bool:
     """Whether g, where tc_kernel chose the wgmma kernel, runs from split operands instead (split_product): one
     product (no batch, no causal skipping) of A stored M x K, on the 128 x 128 tile. The dW products (A
@@ -75,10 +87,11 @@ def split_into_workspace(g: Gemm, a: int, b: int, stream):
     b_split = find_split(stream, b, g.N, g.K, g.ldb, not g.trans_b)
     ws = workspace(2 * (a_n + (b_n if b_split is None else 0)), stream)
     a_split = int(ws.gpudata)
-    tf32_split(a_split, a_split + 4 * a_n, a, g.M, g.K, g.lda, K_pad, stream)
+    tf32_split(a_split, a_split + 4 * a_n, a, g.M, g.K, g.lda, K_pad, stream, why="A into TF32 hi and lo")
     if b_split is None:
         b_split = a_split + 8 * a_n
-        tf32_split(b_split, b_split + 4 * b_n, b, g.N, g.K, g.ldb, K_pad, stream, transposed=not g.trans_b)
+        tf32_split(b_split, b_split + 4 * b_n, b, g.N, g.K, g.ldb, K_pad, stream, transposed=not g.trans_b,
+                   why="B into TF32 hi and lo")
     rows = int_constant("TC_SPLIT_ROWS")
     return ws, a_split, b_split, K_pad, (N_pad // rows, M_pad // rows)
 
@@ -96,7 +109,7 @@ def split_product(g: Gemm, c: int, a: int, b: int, bias: int, stream) -> None:
     kernel's bits."""
     ws, a_split, b_split, K_pad, grid = split_into_workspace(g, a, b, stream)  # noqa: F841 (held until queued)
     launch("k_gemm_wg_split", [c, a_split, b_split, bias, g.M, g.N, K_pad, g.ldc, float(g.alpha), float(g.beta)],
-           grid, stream, shared=int_constant("TC_SPLIT_SMEM_BYTES"), block=int_constant("TC_WG_THREADS"))
+           grid, stream, why="3xTF32 wgmma from split operands (one product of A stored M x K, sm_90a)", shared=int_constant("TC_SPLIT_SMEM_BYTES"), block=int_constant("TC_WG_THREADS"))
 
 
 def tc_product(g: Gemm, c: int, a: int, b: int, bias: int, stream, wgmma: bool | None = None, sums: int = 0,
@@ -108,13 +121,15 @@ def tc_product(g: Gemm, c: int, a: int, b: int, bias: int, stream, wgmma: bool |
     if sums and (kernel is None or not kernel[0].startswith("k_gemm_wg") or not g.trans_a):
         raise ValueError(f"sums: only the wgmma kernel with A transposed takes row sums, not {kernel} for {g}")
     if kernel is None:
-        sgemm_product(g, c, a, b, bias, stream)
+        with noting(stream, tc_reason(g, kernel)):
+            sgemm_product(g, c, a, b, bias, stream)
         return
     if split is not False and split_operands(g, kernel):
         split_product(g, c, a, b, bias, stream)
         return
     name, shared, threads = kernel
-    launch(name, g.args(c, a, b, bias, sums), g.grid, stream, shared=shared, block=threads)
+    launch(name, g.args(c, a, b, bias, sums), g.grid, stream, shared=shared, block=threads,
+           why=tc_reason(g, kernel) + (", the bias gradient summed from the dout it reads" if sums else ""))
 
 
 def gemm_tc(g: Gemm, c: int, a: int, b: int, bias: int = 0, stream=None, *, sums: int = 0,

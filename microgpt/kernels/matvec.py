@@ -29,4 +29,5 @@ def matvec(out: int, inp: int, weight: int, bias: int, M: int, K: int, N: int, s
     if not 1 <= M <= max_rows:
         raise ValueError(f"M must be in [1, {max_rows}] for k_matvec, got {M}")
     vec4 = int(K % 4 == 0 and inp % 16 == 0 and weight % 16 == 0)
-    launch("k_matvec", [out, inp, weight, bias, M, K, N, vec4], max(1, math.ceil(N / cols)), stream, block=threads)
+    launch("k_matvec", [out, inp, weight, bias, M, K, N, vec4], max(1, math.ceil(N / cols)), stream, block=threads,
+           why=f"{M} rows <= MATVEC_ROWS = {max_rows}: one pass over the weights, not a 128-row tile")

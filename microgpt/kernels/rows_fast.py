@@ -61,7 +61,8 @@ def crossentropy_fwd_fast(losses, probs, logits, targets, *, check_token_ids=Tru
             check_ids("targets", targets, shape[:-1], V, check_token_ids), N, V]
     kept = 4 * (V + 3)
     fits = V + 3 <= kept_row_floats() and kept + CE_STATIC_SHARED <= engine().max_shared
-    launch("k_crossentropy_fwd_fast", args, blocks(N * BLOCK), stream, shared=kept if fits else 0)
+    launch("k_crossentropy_fwd_fast", args, blocks(N * BLOCK), stream, shared=kept if fits else 0,
+           why="a block a row, kept in shared memory between its passes" if fits else "a block a row, read twice")
 
 
 def crossentropy_bwd_fast(dlogits, probs, targets, dlosses, *, check_token_ids=True, stream=None):

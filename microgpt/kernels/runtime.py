@@ -194,16 +194,19 @@ class Plan(list):
     runs them all, unchecked. A model's passes are fixed sequences per (B, T): checking once is enough.
     keep: the scratch buffers the launches point into, alive as long as the plan; workspace: the split operands'
     buffer its launches share; splits: the weights its products read split once (tf32_split.SplitOperands); op: the
-    op now being recorded (set by microgpt.ops.Kernels.on)."""
+    op now being recorded (set by microgpt.ops.Kernels.on); notes: the reasons (noting()) its launches now carry."""
 
     def __init__(self):
         super().__init__()
-        self.keep, self.workspace, self.splits, self.op = [], None, [], ""
+        self.keep, self.workspace, self.splits, self.op, self.notes = [], None, [], "", []
 
-    def table(self) -> str:
-        """One line a launch: op, kernel, grid, threads a block, shared memory, and why."""
-        rows = [(e.op, e[0], "x".join(map(str, e[2])), str(e[5]), str(e[4]), e.why) for e in self]
-        widths = [max([len(r[i]) for r in rows] + [0]) for i in range(5)]
+    def __str__(self) -> str:
+        """A line a launch: op (and whose launcher, where not the reference's), kernel, grid, threads a block,
+        dynamic shared memory, and why this kernel."""
+        rows = [("op", "kernel", "grid", "block", "smem", "why")]
+        rows += [(e.op, e[0], "x".join(map(str, e[2])), str(e[5]), str(e[4]), e.why or "the op's one kernel")
+                 for e in self]
+        widths = [max(len(r[i]) for r in rows) for i in range(5)]
         return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:5], widths)) + "  " + r[5] for r in rows)
 
 
@@ -243,7 +246,7 @@ def launch(name: str, args: list, grid, stream=None, shared: int = 0, block: int
     fn = e.function(name, shared)
     if isinstance(stream, Plan):
         entry = Launch((name, fn, grid, args, shared, block))
-        entry.op, entry.why = stream.op, why
+        entry.op, entry.why = stream.op, "; ".join(n for n in stream.notes + [why] if n)
         stream.append(entry)
         return
     try:
@@ -254,6 +257,20 @@ def launch(name: str, args: list, grid, stream=None, shared: int = 0, block: int
             stream.synchronize()
     except e.cuda.Error as err:
         raise KernelError(f"{name} failed: {err}") from None
+
+
+@contextlib.contextmanager
+def noting(stream, reason: str):
+    """Inside, the launches recorded into `stream` (where it is a Plan) carry `reason` in their why: the choice a
+    launcher made for the launches it delegates (split-K, a fallback, a fusion)."""
+    plan = stream if isinstance(stream, Plan) else None
+    if plan is not None:
+        plan.notes.append(reason)
+    try:
+        yield
+    finally:
+        if plan is not None:
+            plan.notes.pop()
 
 
 def scratch(n: int, stream=None):
@@ -271,6 +288,30 @@ def workspace(n: int, stream=None):
     if stream.workspace is None or stream.workspace.size < n:
         stream.workspace = scratch(n, stream)
     return stream.workspace
+
+
+class _Memset:
+    """A plan's entry that sets n_words 32-bit words at a pointer to zero: replayed as cuMemsetD32Async."""
+
+    def prepared_async_call(self, grid, block, stream, ptr, n_words, shared_size=0):
+        engine().cuda.memset_d32_async(ptr, 0, n_words, stream)
+
+
+_MEMSET = _Memset()
+
+
+def zero(ptr: int, n_words: int, stream=None, why: str = "") -> None:
+    """n_words 32-bit words at ptr set to zero: now (stream None), queued on a stream, or recorded into a Plan (as
+    an entry named "memset", which replay runs in its place)."""
+    e = engine()
+    if isinstance(stream, Plan):
+        entry = Launch(("memset", _MEMSET, (1, 1), [ptr, n_words], 0, 1))
+        entry.op, entry.why = stream.op, why
+        stream.append(entry)
+    elif stream is None:
+        e.cuda.memset_d32(ptr, 0, n_words)
+    else:
+        e.cuda.memset_d32_async(ptr, 0, n_words, stream)
 
 
 def counters(n: int, stream=None):

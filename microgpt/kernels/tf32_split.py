@@ -34,16 +34,18 @@ def split_floats(candidates) -> int:
     return sum(2 * math.prod(split_padding(rows, K)) for _, rows, K, _, _ in candidates)
 
 
-def tf32_split(hi: int, lo: int, src: int, rows: int, K: int, ld: int, K_pad: int, stream, transposed=False) -> None:
+def tf32_split(hi: int, lo: int, src: int, rows: int, K: int, ld: int, K_pad: int, stream, transposed=False,
+               why: str = "") -> None:
     """src's rows (rows x K, ld; transposed: stored K x rows) split into TF32 hi and lo, K-major and padded to
     whole tiles: rows_pad x K_pad floats each at hi and lo (split_padding), zero past the matrix (k_tf32_split;
     k_tf32_split_t through a 32 x 32 tile of shared memory where transposed)."""
     rows_pad, _ = split_padding(rows, K)
     if transposed:
-        launch("k_tf32_split_t", [hi, lo, src, rows, K, ld, K_pad], (K_pad // 32, rows_pad // 32), stream)
+        launch("k_tf32_split_t", [hi, lo, src, rows, K, ld, K_pad], (K_pad // 32, rows_pad // 32), stream,
+               why=why + ", transposed through shared memory")
     else:
         quads = rows_pad * K_pad // 4
-        launch("k_tf32_split", [hi, lo, src, rows, K, ld, K_pad, quads], blocks(quads), stream)
+        launch("k_tf32_split", [hi, lo, src, rows, K, ld, K_pad, quads], blocks(quads), stream, why=why)
 
 
 class SplitOperands:
@@ -85,7 +87,8 @@ class SplitOperands:
             jobs, tiles = self._jobs()
             self.tables.append((len(self.found), engine().ga.to_gpu(jobs), tiles))
         n, table, tiles = self.tables[-1]
-        launch("k_tf32_split_batch", [int(table.gpudata), n], tiles, stream, block=int_constant("SPLIT_THREADS"))
+        launch("k_tf32_split_batch", [int(table.gpudata), n], tiles, stream, block=int_constant("SPLIT_THREADS"),
+               why=f"the {n} weights the pass's products read, split once into TF32 hi and lo ahead of them")
 
     def _jobs(self) -> tuple[np.ndarray, int]:
         """k_tf32_split_batch's table (enum SplitJob), a row of fields an operand found, its tiles after the last's;
@@ -113,6 +116,7 @@ class SplitOperands:
         finally:
             plan.splits.remove(self)
         if self.found:
+            plan.op = "weight splits"
             self.split(plan)
             plan.insert(0, plan.pop())
 

@@ -43,9 +43,9 @@ class VirtualArray:
     """A C-contiguous device array by its address, shape and dtype; slices along the first axis and reshapes
     give views, as a GPUArray's do."""
 
-    def __init__(self, shape, dtype=np.float32, gpudata=None):
+    def __init__(self, shape, dtype, gpudata: int):
         self.shape, self.dtype = tuple(int(n) for n in np.atleast_1d(shape)), np.dtype(dtype)
-        self.gpudata = _alloc(self.nbytes) if gpudata is None else int(gpudata)
+        self.gpudata = int(gpudata)
 
     size = property(lambda self: math.prod(self.shape))
     nbytes = property(lambda self: self.size * self.dtype.itemsize)
@@ -81,18 +81,10 @@ class VirtualArray:
         pass
 
 
-_next = [1 << 20]
-
-
-def _alloc(nbytes: int) -> int:
-    at = _next[0]
-    _next[0] += 256 * (1 + nbytes // 256)
-    return at
-
-
 class Engine:
     """runtime's engine on a described device: function() names a kernel of the translation unit (KeyError for
-    one it lacks), allocations are VirtualArrays, copies and memsets do nothing."""
+    one it lacks), allocations are VirtualArrays at addresses counted from the same start on every engine (so the
+    plans of two engines given the same calls are equal), copies and memsets do nothing."""
 
     def __init__(self, device: Device, signatures=None):
         self.device_info, self.arch, self.sm_count = device, device.arch, device.sm_count
@@ -100,19 +92,21 @@ class Engine:
         self.signatures = kernel_signatures() if signatures is None else signatures
         self.sm_limits = runtime.SmLimits(device.sm_threads, device.sm_registers, device.sm_shared)
         self.device = SimpleNamespace(name=lambda: device.name)
-        self.ga = SimpleNamespace(empty=self._empty, zeros=self._empty, to_gpu=lambda a: VirtualArray(
-            np.shape(a), np.asarray(a).dtype), zeros_like=lambda a: VirtualArray(a.shape, a.dtype))
+        self.next_address = 1 << 20
+        self.ga = SimpleNamespace(empty=self._empty, zeros=self._empty, to_gpu=lambda a: self._empty(
+            np.shape(a), np.asarray(a).dtype), zeros_like=lambda a: self._empty(a.shape, a.dtype))
         self.cuda = SimpleNamespace(
-            mem_alloc=lambda n: VirtualArray((n,), np.uint8), Stream=lambda: SimpleNamespace(handle=0,
-                                                                                              synchronize=_nothing),
+            mem_alloc=lambda n: self._empty((n,), np.uint8), Stream=lambda: SimpleNamespace(handle=0,
+                                                                                             synchronize=_nothing),
             pagelocked_empty=lambda shape, dtype: np.zeros(shape, dtype), memset_d32=_nothing,
             memset_d32_async=_nothing, memcpy_htod_async=_nothing, memcpy_dtoh_async=_nothing,
             memcpy_dtod_async=_nothing, memcpy_dtoh=lambda host, p: host.fill(0),
             Context=SimpleNamespace(synchronize=_nothing), Error=RuntimeError)
 
-    @staticmethod
-    def _empty(shape, dtype=np.float32, allocator=None):
-        return VirtualArray(shape, dtype)
+    def _empty(self, shape, dtype=np.float32, allocator=None):
+        at, nbytes = self.next_address, math.prod(np.atleast_1d(shape)) * np.dtype(dtype).itemsize
+        self.next_address += 256 * (1 + nbytes // 256)
+        return VirtualArray(shape, dtype, at)
 
     def memory_pool(self):
         return SimpleNamespace(allocate=None, free_held=_nothing)
