@@ -188,9 +188,9 @@ class CudaBackend:
         self._dec = None
         cfg, new = self.config, self._new
         # the new tokens and their position travel in one copy: ids[:B] the tokens, ids[B] the position
-        d = SimpleNamespace(B=B, cache=model.kv_cache(cfg, B, new), ids_host=self.cuda.pagelocked_empty(B + 1, np.int32),
-                            ids=new(B + 1, dtype=np.int32), logits_host=self.cuda.pagelocked_empty((B, cfg.vocab_size),
-                                                                                                  np.float32))
+        d = SimpleNamespace(B=B, cache=model.kv_cache(cfg, B, new), ids=new(B + 1, dtype=np.int32),
+                            ids_host=self.cuda.pagelocked_empty(B + 1, np.int32),
+                            logits_host=self.cuda.pagelocked_empty((B, cfg.vocab_size), np.float32))
         d.a = model.decode_activations(cfg, d.cache, d.ids[:B].reshape(B, 1), d.ids[B:], new)
         d.logits = d.a.logits
         # the next tokens as k_sample chooses them, and the draws it chooses them by

@@ -51,67 +51,133 @@ DEFAULT_VARIANT = "tc"
 
 
 @dataclass(frozen=True)
+class Arg:
+    """One argument of an op as its tests and plans make it: a device array (role "in", "out" written, "inout" added
+    into or partly written, "scratch" passed but not compared) of `shape` (expressions of the case's sizes B, T, C,
+    NH, D = d_k, V, M = a cache's length), dtype and `kind` (how a test draws it: normal, ids, order, pos, ...);
+    or a value (role "value": `shape` holds its expression)."""
+    name: str
+    role: str
+    shape: tuple[str, ...]
+    dtype: str = "float32"
+    kind: str = "normal"
+    keyword: bool = False
+
+    def size(self, sizes: dict) -> tuple[int, ...]:
+        return tuple(int(eval(e, {}, sizes)) for e in self.shape)  # noqa: S307 (expressions of this table)
+
+
+_ROLES = {":": "in", ">": "out", "+": "inout", "~": "scratch", "=": "value"}
+_DTYPES = {"ids": "int32", "order": "int32", "pos": "int32", "i32": "int32", "f64": "float64", "sumsq": "float64",
+           "unit": "float64", "mask": "uint8"}
+
+
+def parse_args(spec: str) -> tuple[Arg, ...]:
+    """'out>B,T,C x:B,T,C n_head=NH | accumulate=True' -> Args: name, role mark (: > + ~ =), shape, and a kind after
+    a second ':' (its dtype follows from it); those after '|' are keywords."""
+    out, keyword = [], False
+    for token in spec.split():
+        if token == "|":
+            keyword = True
+            continue
+        at = min(i for i, ch in enumerate(token) if ch in _ROLES)
+        name, role, rest = token[:at], _ROLES[token[at]], token[at + 1:]
+        if role == "value":
+            out.append(Arg(name, role, (rest,), keyword=keyword))
+            continue
+        dims, _, kind = rest.partition(":")
+        out.append(Arg(name, role, tuple(dims.split(",")), _DTYPES.get(kind, "float32"), kind or "normal", keyword))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
 class Op:
     name: str
     header: str                  # cuda/<header> holds its reference kernels
     kernels: dict[str, Callable]  # variant -> launcher; "reference" always
+    args: tuple[Arg, ...]        # its launchers' arguments, as the tests and the plans' checks make them
+    tolerance: float = 1e-5      # a kernel's worst relative error against the float64 reference, on those
     reference: Callable = field(init=False)  # reference_ops.<name>
 
     def __post_init__(self):
         object.__setattr__(self, "reference", getattr(ref, self.name))
 
 
-def _op(name, header, reference, **faster):
-    return Op(name, header, {"reference": reference, **faster})
+def _op(name, header, args, reference, tolerance=1e-5, **faster):
+    return Op(name, header, {"reference": reference, **faster}, parse_args(args), tolerance)
 
 
+H = "B,NH,T,D"  # one array a head
+S = "B,NH,T,T"  # scores a head
 OPS: dict[str, Op] = {op.name: op for op in (
-    _op("embed_fwd", "embed.cuh", embed.embed_fwd, fast=rows_fast.embed_fwd_fast),
-    _op("embed_bwd", "embed.cuh", embed.embed_bwd, fast=embed_fast.embed_bwd_fast),
-    _op("layernorm_fwd", "layernorm.cuh", layernorm.layernorm_fwd, fast=layernorm_fast.layernorm_fwd_fast),
-    _op("layernorm_bwd", "layernorm.cuh", layernorm.layernorm_bwd, fast=layernorm_fast.layernorm_bwd_fast),
-    _op("residual_layernorm_fwd", "layernorm.cuh", layernorm.residual_layernorm_fwd,
-        fast=layernorm_fast.residual_layernorm_fwd_fast),
-    _op("matmul_fwd", "matmul.cuh", matmul.matmul_fwd, fast=matmul_fast.matmul_fwd_fast, tc=matmul_tc.matmul_fwd_tc),
-    _op("matmul_bwd", "matmul.cuh", matmul.matmul_bwd, fast=matmul_fast.matmul_bwd_fast, tc=matmul_tc.matmul_bwd_tc),
-    _op("matmul_layernorm_bwd", "layernorm.cuh", layernorm.matmul_layernorm_bwd,
-        fast=layernorm_fast.matmul_layernorm_bwd_fast, tc=matmul_layernorm_tc.matmul_layernorm_bwd_tc),
-    _op("split_heads_fwd", "attention.cuh", attention.split_heads_fwd, fast=heads_fast.split_heads_fwd_fast),
-    _op("split_heads_bwd", "attention.cuh", attention.split_heads_bwd, fast=heads_fast.split_heads_bwd_fast),
-    _op("attn_scores_fwd", "attention.cuh", attention.attn_scores_fwd),
-    _op("attn_scores_bwd", "attention.cuh", attention.attn_scores_bwd),
-    _op("causal_mask_fwd", "attention.cuh", attention.causal_mask_fwd),
-    _op("causal_mask_bwd", "attention.cuh", attention.causal_mask_bwd),
-    _op("causal_scores_fwd", "attention.cuh", attention.causal_scores_fwd, fast=matmul_fast.causal_scores_fwd_fast,
-        tc=matmul_tc.causal_scores_fwd_tc),
-    _op("causal_scores_bwd", "attention.cuh", attention.causal_scores_bwd, fast=matmul_fast.causal_scores_bwd_fast,
-        tc=matmul_tc.causal_scores_bwd_tc),
-    _op("softmax_fwd", "attention.cuh", attention.softmax_fwd, fast=rows_fast.softmax_fwd_fast),
-    _op("softmax_bwd", "attention.cuh", attention.softmax_bwd, fast=rows_fast.softmax_bwd_fast),
-    _op("attn_values_fwd", "attention.cuh", attention.attn_values_fwd, fast=matmul_fast.attn_values_fwd_fast,
-        tc=matmul_tc.attn_values_fwd_tc),
-    _op("attn_values_bwd", "attention.cuh", attention.attn_values_bwd, fast=matmul_fast.attn_values_bwd_fast,
-        tc=matmul_tc.attn_values_bwd_tc),
-    _op("fused_attention_fwd", "attention.cuh", attention.fused_attention_fwd,
-        tc=flash_attention.fused_attention_fwd_tc),
-    _op("fused_attention_bwd", "attention.cuh", attention.fused_attention_bwd,
-        tc=flash_attention.fused_attention_bwd_tc),
-    _op("matmul_attention_bwd", "attention.cuh", attention.matmul_attention_bwd,
+    _op("embed_fwd", "embed.cuh", "x>B,T,C idx:B,T:ids wte:V,C wpe:T,C", embed.embed_fwd,
+        fast=rows_fast.embed_fwd_fast),
+    _op("embed_bwd", "embed.cuh", "dwte+V,C dwpe+T,C dx:B,T,C idx:B,T:ids order:B,T:order", embed.embed_bwd,
+        fast=embed_fast.embed_bwd_fast),
+    _op("layernorm_fwd", "layernorm.cuh", "out>B,T,C mean>B,T rstd>B,T x:B,T,C w:C b:C", layernorm.layernorm_fwd,
+        fast=layernorm_fast.layernorm_fwd_fast),
+    _op("layernorm_bwd", "layernorm.cuh", "dx+B,T,C dw+C db+C dout:B,T,C x:B,T,C w:C mean:B,T rstd:B,T:rstd | "
+        "accumulate=True", layernorm.layernorm_bwd, fast=layernorm_fast.layernorm_bwd_fast),
+    _op("residual_layernorm_fwd", "layernorm.cuh", "x>B,T,C out>B,T,C mean>B,T rstd>B,T resid:B,T,C branch:B,T,C "
+        "w:C b:C", layernorm.residual_layernorm_fwd, fast=layernorm_fast.residual_layernorm_fwd_fast),
+    _op("matmul_fwd", "matmul.cuh", "out>B,T,4*C inp:B,T,C weight:4*C,C bias:4*C", matmul.matmul_fwd,
+        fast=matmul_fast.matmul_fwd_fast, tc=matmul_tc.matmul_fwd_tc),
+    _op("matmul_bwd", "matmul.cuh", "dinp>B,T,C dweight+4*C,C dbias+4*C dout:B,T,4*C inp:B,T,C weight:4*C,C",
+        matmul.matmul_bwd, fast=matmul_fast.matmul_bwd_fast, tc=matmul_tc.matmul_bwd_tc),
+    _op("matmul_layernorm_bwd", "layernorm.cuh", "dx+B,T,C dw+C db+C dweight+4*C,C dbias+4*C dout:B,T,4*C "
+        "inp:B,T,C weight:4*C,C x:B,T,C w:C mean:B,T rstd:B,T:rstd | dinp~B,T,C accumulate=True",
+        layernorm.matmul_layernorm_bwd, fast=layernorm_fast.matmul_layernorm_bwd_fast,
+        tc=matmul_layernorm_tc.matmul_layernorm_bwd_tc),
+    _op("split_heads_fwd", "attention.cuh", f"q>{H} k>{H} v>{H} qkv:B,T,3*C n_head=NH", attention.split_heads_fwd,
+        fast=heads_fast.split_heads_fwd_fast),
+    _op("split_heads_bwd", "attention.cuh", f"dqkv>B,T,3*C dq:{H} dk:{H} dv:{H}", attention.split_heads_bwd,
+        fast=heads_fast.split_heads_bwd_fast),
+    _op("attn_scores_fwd", "attention.cuh", f"scores>{S} q:{H} k:{H}", attention.attn_scores_fwd),
+    _op("attn_scores_bwd", "attention.cuh", f"dq>{H} dk>{H} dscores:{S} q:{H} k:{H}", attention.attn_scores_bwd),
+    _op("causal_mask_fwd", "attention.cuh", f"out>{S} scores:{S}", attention.causal_mask_fwd),
+    _op("causal_mask_bwd", "attention.cuh", f"dscores>{S} dout:{S}", attention.causal_mask_bwd),
+    _op("causal_scores_fwd", "attention.cuh", f"masked>{S} q:{H} k:{H}", attention.causal_scores_fwd,
+        fast=matmul_fast.causal_scores_fwd_fast, tc=matmul_tc.causal_scores_fwd_tc),
+    _op("causal_scores_bwd", "attention.cuh", f"dq>{H} dk>{H} dscores:{S}:causal q:{H} k:{H}",
+        attention.causal_scores_bwd, fast=matmul_fast.causal_scores_bwd_fast, tc=matmul_tc.causal_scores_bwd_tc),
+    _op("softmax_fwd", "attention.cuh", f"probs>{S} x:{S}:masked | causal=True", attention.softmax_fwd,
+        fast=rows_fast.softmax_fwd_fast),
+    _op("softmax_bwd", "attention.cuh", f"dx>{S} dprobs:{S} probs:{S}:probs | causal=True", attention.softmax_bwd,
+        fast=rows_fast.softmax_bwd_fast),
+    _op("attn_values_fwd", "attention.cuh", f"out>{H} probs:{S}:probs v:{H}", attention.attn_values_fwd,
+        fast=matmul_fast.attn_values_fwd_fast, tc=matmul_tc.attn_values_fwd_tc),
+    _op("attn_values_bwd", "attention.cuh", f"dprobs>{S}:lower dv>{H} dout:{H} probs:{S}:probs v:{H}",
+        attention.attn_values_bwd, fast=matmul_fast.attn_values_bwd_fast, tc=matmul_tc.attn_values_bwd_tc),
+    _op("fused_attention_fwd", "attention.cuh", "y>B,T,C lse>B,NH,T qkv:B,T,3*C n_head=NH",
+        attention.fused_attention_fwd, tc=flash_attention.fused_attention_fwd_tc),
+    _op("fused_attention_bwd", "attention.cuh", "dqkv>B,T,3*C dy:B,T,C qkv:B,T,3*C y:B,T,C:attn_y "
+        "lse:B,NH,T:attn_lse n_head=NH", attention.fused_attention_bwd, tc=flash_attention.fused_attention_bwd_tc),
+    _op("matmul_attention_bwd", "attention.cuh", "dqkv>B,T,3*C dweight+C,C dbias+C dout:B,T,C y:B,T,C:attn_y "
+        "weight:C,C qkv:B,T,3*C lse:B,NH,T:attn_lse n_head=NH | dy>B,T,C", attention.matmul_attention_bwd,
         tc=matmul_attention_tc.matmul_attention_bwd_tc),
-    _op("merge_heads_fwd", "attention.cuh", attention.merge_heads_fwd, fast=heads_fast.merge_heads_fwd_fast),
-    _op("merge_heads_bwd", "attention.cuh", attention.merge_heads_bwd, fast=heads_fast.merge_heads_bwd_fast),
-    _op("gelu_fwd", "pointwise.cuh", pointwise.gelu_fwd, fast=pointwise_fast.gelu_fwd_fast),
-    _op("gelu_bwd", "pointwise.cuh", pointwise.gelu_bwd, fast=pointwise_fast.gelu_bwd_fast),
-    _op("residual_fwd", "pointwise.cuh", pointwise.residual_fwd),
-    _op("residual_bwd", "pointwise.cuh", pointwise.residual_bwd),
-    _op("crossentropy_fwd", "crossentropy.cuh", crossentropy.crossentropy_fwd, fast=rows_fast.crossentropy_fwd_fast),
-    _op("crossentropy_bwd", "crossentropy.cuh", crossentropy.crossentropy_bwd, fast=rows_fast.crossentropy_bwd_fast),
-    _op("embed_decode", "decode.cuh", decode.embed_decode),
-    _op("kv_store", "decode.cuh", decode.kv_store),
-    _op("attention_decode", "decode.cuh", decode.attention_decode),
-    _op("sample", "sampling.cuh", sampling.sample),
-    _op("global_norm", "adamw.cuh", global_norm),
-    _op("adamw", "adamw.cuh", adamw),
+    _op("merge_heads_fwd", "attention.cuh", f"y>B,T,C heads:{H}", attention.merge_heads_fwd,
+        fast=heads_fast.merge_heads_fwd_fast),
+    _op("merge_heads_bwd", "attention.cuh", f"dheads>{H} dy:B,T,C n_head=NH", attention.merge_heads_bwd,
+        fast=heads_fast.merge_heads_bwd_fast),
+    _op("gelu_fwd", "pointwise.cuh", "out>B,T,4*C x:B,T,4*C", pointwise.gelu_fwd, 1e-6,
+        fast=pointwise_fast.gelu_fwd_fast),
+    _op("gelu_bwd", "pointwise.cuh", "dx>B,T,4*C dout:B,T,4*C x:B,T,4*C", pointwise.gelu_bwd, 1e-6,
+        fast=pointwise_fast.gelu_bwd_fast),
+    _op("residual_fwd", "pointwise.cuh", "out>B,T,C a:B,T,C b:B,T,C", pointwise.residual_fwd, 1e-6),
+    _op("residual_bwd", "pointwise.cuh", "da>B,T,C db>B,T,C dout:B,T,C", pointwise.residual_bwd, 1e-6),
+    _op("crossentropy_fwd", "crossentropy.cuh", "losses>B,T probs>B,T,V logits:B,T,V targets:B,T:ids",
+        crossentropy.crossentropy_fwd, fast=rows_fast.crossentropy_fwd_fast),
+    _op("crossentropy_bwd", "crossentropy.cuh", "dlogits>B,T,V probs:B,T,V:softmax targets:B,T:ids dlosses:B,T",
+        crossentropy.crossentropy_bwd, 1e-6, fast=rows_fast.crossentropy_bwd_fast),
+    _op("embed_decode", "decode.cuh", "x>B,1,C tokens:B,1:ids wte:V,C wpe:T,C pos:1:pos", decode.embed_decode, 1e-6),
+    _op("kv_store", "decode.cuh", "cache+B,NH,M,D src:B,NH,T,D", decode.kv_store, 1e-6),
+    _op("attention_decode", "decode.cuh", "y>B,1,C k_cache+B,NH,M,D v_cache+B,NH,M,D qkv:B,1,3*C pos:1:pos",
+        decode.attention_decode),
+    _op("sample", "sampling.cuh", "tokens>B:i32 logits:B,V u:B:unit temperature=0.8 top_k=V//2 top_p=0.9",
+        sampling.sample, 0.0),
+    _op("global_norm", "adamw.cuh", "sumsq>1:f64 g:B,T,C", global_norm),
+    _op("adamw", "adamw.cuh", "params+B,T,C grads+B,T,C m+B,T,C v+B,T,C:positive | lr=1e-3 beta1=0.9 beta2=0.95 "
+        "eps=1e-8 weight_decay=0.1 step=3 decay_mask:B,T,C:mask sumsq:1:sumsq max_norm=1.0", adamw),
 )}
 
 

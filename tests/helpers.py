@@ -103,3 +103,63 @@ class FakeEngine(virtual.Engine):
     def __init__(self, signatures, sm_count=132, arch="sm_90a", max_shared=227 * 1024):
         super().__init__(dataclasses.replace(virtual.H200, arch=arch, sm_count=sm_count, max_shared=max_shared),
                          signatures)
+
+
+# ---------------------------------------------------------------------------------------------- an op's arguments
+def op_sizes(B, T, C, NH, V) -> dict:
+    """The sizes an op's argument shapes are written in (microgpt.ops.Arg): D = d_k, M = a cache's length."""
+    return dict(B=B, T=T, C=C, NH=NH, D=C // NH, V=V, M=T + 3)
+
+
+def _causal(a, above):
+    a = a.copy()
+    a[..., np.triu(np.ones(a.shape[-2:], bool), k=1)] = above
+    return a
+
+
+def op_case(op, sizes: dict, rng) -> dict:
+    """Host values of every argument of `op` (a microgpt.ops.Op) at `sizes`, drawn by each Arg's kind: inputs
+    random (consistent where the op needs it: the embedding's order, attention's y and lse from its qkv), outputs
+    None (the caller poisons them), added-into outputs their random start."""
+    from microgpt import reference as R
+    from microgpt import reference_ops
+    from microgpt.kernels import token_order
+
+    vals = {}
+    for a in op.args:
+        if a.role == "value":
+            vals[a.name] = eval(a.shape[0], {}, sizes)
+            continue
+        shape = a.size(sizes)
+        if a.role in ("out", "scratch"):
+            vals[a.name] = None
+        elif a.kind == "ids":
+            vals[a.name] = rng.integers(0, sizes["V"], size=shape).astype(np.int32)
+        elif a.kind == "pos":
+            vals[a.name] = np.array([sizes["T"] - 1], np.int32)
+        elif a.kind == "unit":
+            vals[a.name] = rng.random(shape)
+        elif a.kind == "mask":
+            vals[a.name] = rng.integers(0, 2, size=shape).astype(np.uint8)
+        elif a.kind == "sumsq":
+            vals[a.name] = np.array([4.0])
+        else:
+            x = rng.standard_normal(shape).astype(np.float32)
+            masked = lambda: _causal(x, R.MASK_VALUE)  # noqa: E731
+            make = {"rstd": lambda: np.abs(x) + 0.5, "positive": lambda: np.abs(x), "causal": lambda: _causal(x, 0.0),
+                    "masked": masked, "probs": lambda: R.softmax_fwd(masked()),
+                    "softmax": lambda: R.softmax_fwd(x)}.get(a.kind, lambda: x)
+            vals[a.name] = make().astype(a.dtype)
+    if "order" in vals:
+        vals["order"] = token_order(vals["idx"])
+    if "lse" in vals and vals["lse"] is not None:  # y and lse of the forward of qkv
+        y, lse = np.empty(vals["y"].shape, np.float64), np.empty(vals["lse"].shape, np.float64)
+        reference_ops.fused_attention_fwd(y, lse, vals["qkv"].astype(np.float64), vals["n_head"])
+        vals["y"], vals["lse"] = y.astype(np.float32), lse.astype(np.float32)
+    return vals
+
+
+def op_call(op, vals: dict) -> tuple[list, dict]:
+    """(positional, keyword) arguments of op's launchers from vals (name -> array or value)."""
+    args = [vals[a.name] for a in op.args if not a.keyword]
+    return args, {a.name: vals[a.name] for a in op.args if a.keyword}

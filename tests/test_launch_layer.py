@@ -19,7 +19,7 @@ from microgpt import ops as registry
 from microgpt.kernels import runtime
 from microgpt.kernels.layernorm_fast import BWD_BLOCKS, bwd_launch, bwd_rows_per_block
 
-from helpers import FakeArray, FakeEngine
+from helpers import FakeArray, FakeEngine, op_call, op_sizes
 
 ROOT_CUDA = K.cuda_source_dir()
 
@@ -40,59 +40,19 @@ def i32(*shape):
     return FakeArray(shape, np.int32)
 
 
-hs = (B, NH, T, d_k)
-att = (B, NH, T, T)
-# op -> the arguments of one call; every op of the registry must be here (checked below)
-CALLS = {
-    "embed_fwd": lambda: ((f32(B, T, C), i32(B, T), f32(V, C), f32(T, C)), {"check_token_ids": False}),
-    "embed_bwd": lambda: ((f32(V, C), f32(T, C), f32(B, T, C), i32(B, T), i32(B, T)), {"check_token_ids": False}),
-    "layernorm_fwd": lambda: ((f32(B, T, C), f32(B, T), f32(B, T), f32(B, T, C), f32(C), f32(C)), {}),
-    "layernorm_bwd": lambda: ((f32(B, T, C), f32(C), f32(C), f32(B, T, C), f32(B, T, C), f32(C), f32(B, T),
-                               f32(B, T)), {"accumulate": True}),
-    "residual_layernorm_fwd": lambda: ((f32(B, T, C), f32(B, T, C), f32(B, T), f32(B, T), f32(B, T, C),
-                                        f32(B, T, C), f32(C), f32(C)), {}),
-    "matmul_fwd": lambda: ((f32(B, T, 4 * C), f32(B, T, C), f32(4 * C, C), f32(4 * C)), {}),
-    "matmul_bwd": lambda: ((f32(B, T, C), f32(C, C), f32(C), f32(B, T, C), f32(B, T, C), f32(C, C)), {}),
-    # rows of 2 C and K = 4 C: the split operands' 128 x 128 tiles, so on sm_90a tc fuses the layernorm's backward
-    # into the dX product
-    "matmul_layernorm_bwd": lambda: ((f32(B, T, 2 * C), f32(2 * C), f32(2 * C), f32(4 * C, 2 * C), f32(4 * C),
-                                      f32(B, T, 4 * C), f32(B, T, 2 * C), f32(4 * C, 2 * C), f32(B, T, 2 * C),
-                                      f32(2 * C), f32(B, T), f32(B, T)),
-                                     {"dinp": f32(B, T, 2 * C), "accumulate": True}),
-    "split_heads_fwd": lambda: ((f32(*hs), f32(*hs), f32(*hs), f32(B, T, 3 * C), NH), {}),
-    "split_heads_bwd": lambda: ((f32(B, T, 3 * C), f32(*hs), f32(*hs), f32(*hs)), {}),
-    "attn_scores_fwd": lambda: ((f32(*att), f32(*hs), f32(*hs)), {}),
-    "attn_scores_bwd": lambda: ((f32(*hs), f32(*hs), f32(*att), f32(*hs), f32(*hs)), {}),
-    "causal_mask_fwd": lambda: ((f32(*att), f32(*att)), {}),
-    "causal_mask_bwd": lambda: ((f32(*att), f32(*att)), {}),
-    "causal_scores_fwd": lambda: ((f32(*att), f32(*hs), f32(*hs)), {}),
-    "causal_scores_bwd": lambda: ((f32(*hs), f32(*hs), f32(*att), f32(*hs), f32(*hs)), {}),
-    "softmax_fwd": lambda: ((f32(*att), f32(*att)), {}),
-    "softmax_bwd": lambda: ((f32(*att), f32(*att), f32(*att)), {}),
-    "attn_values_fwd": lambda: ((f32(*hs), f32(*att), f32(*hs)), {}),
-    "attn_values_bwd": lambda: ((f32(*att), f32(*hs), f32(*hs), f32(*att), f32(*hs)), {}),
-    "fused_attention_fwd": lambda: ((f32(B, T, C), f32(B, NH, T), f32(B, T, 3 * C), NH), {}),
-    "fused_attention_bwd": lambda: ((f32(B, T, 3 * C), f32(B, T, C), f32(B, T, 3 * C), f32(B, T, C), f32(B, NH, T),
-                                     NH), {}),
-    "matmul_attention_bwd": lambda: ((f32(B, T, 3 * C), f32(C, C), f32(C), f32(B, T, C), f32(B, T, C), f32(C, C),
-                                      f32(B, T, 3 * C), f32(B, NH, T), NH), {"dy": f32(B, T, C)}),
-    "merge_heads_fwd": lambda: ((f32(B, T, C), f32(*hs)), {}),
-    "merge_heads_bwd": lambda: ((f32(*hs), f32(B, T, C), NH), {}),
-    "gelu_fwd": lambda: ((f32(B, T, 4 * C), f32(B, T, 4 * C)), {}),
-    "gelu_bwd": lambda: ((f32(B, T, 4 * C), f32(B, T, 4 * C), f32(B, T, 4 * C)), {}),
-    "residual_fwd": lambda: ((f32(B, T, C), f32(B, T, C), f32(B, T, C)), {}),
-    "residual_bwd": lambda: ((f32(B, T, C), f32(B, T, C), f32(B, T, C)), {}),
-    "crossentropy_fwd": lambda: ((f32(B, T), f32(B, T, V), f32(B, T, V), i32(B, T)), {"check_token_ids": False}),
-    "crossentropy_bwd": lambda: ((f32(B, T, V), f32(B, T, V), i32(B, T), f32(B, T)), {"check_token_ids": False}),
-    "embed_decode": lambda: ((f32(B, 1, C), i32(B, 1), f32(V, C), f32(T, C), i32(1)), {"check_token_ids": False}),
-    "kv_store": lambda: ((f32(B, NH, T, d_k), f32(B, NH, T - 3, d_k)), {}),
-    "attention_decode": lambda: ((f32(B, 1, C), f32(B, NH, T, d_k), f32(B, NH, T, d_k), f32(B, 1, 3 * C), i32(1)), {}),
-    "sample": lambda: ((i32(B), f32(B, V), FakeArray((B,), np.float64), 0.8), {"top_k": 40, "top_p": 0.9}),
-    "global_norm": lambda: ((FakeArray((1,), np.float64), f32(1000)), {}),
-    "adamw": lambda: ((f32(1000), f32(1000), f32(1000), f32(1000)),
-                      dict(lr=1e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, step=1,
-                           decay_mask=FakeArray((1000,), np.uint8), sumsq=FakeArray((1,), np.float64), max_norm=1.0)),
-}
+SIZES = op_sizes(B, T, C, NH, V)
+
+
+def _fake_call(op):
+    """One call of op at SIZES, from its arguments in microgpt.ops: FakeArrays, ids zeros (in the vocabulary)."""
+    vals = {a.name: eval(a.shape[0], {}, SIZES) if a.role == "value" else FakeArray(a.size(SIZES), a.dtype)
+            for a in op.args}
+    args, kw = op_call(op, vals)
+    return tuple(args), kw | ({"check_token_ids": False} if op.name == "embed_bwd" else {})
+
+
+# op -> the arguments of one call, as microgpt.ops declares them
+CALLS = {name: (lambda op=op: _fake_call(op)) for name, op in O.OPS.items()}
 FORMAT_TYPES = {"P": int, "i": int, "I": int, "q": int, "f": float, "d": float}
 
 
@@ -152,6 +112,9 @@ def _run_every_launcher():
                                 f32(B, 1, T), 1, stream=plan)
         # the attention's output projection into it at d_k 64 and K = C = 256: tc's product summing delta
         ops.matmul_attention_bwd(*_matmul_attention_bwd_args(B, T, 256, 4), dy=f32(B, T, 256), stream=plan)
+        # a layernorm of rows of 2 C under a product of K = 4 C: tc's dX product fused with the layernorm backward
+        args, dinp = _matmul_layernorm_bwd_args(B * T, 2 * C, 4 * C)
+        ops.matmul_layernorm_bwd(*args, dinp=dinp, accumulate=True, stream=plan)
         W = 4100  # rows wider than a block of the fast layernorm backward spans
         ops.layernorm_bwd(f32(3, W), f32(W), f32(W), f32(3, W), f32(3, W), f32(W), f32(3), f32(3), stream=plan)
     # a linear layer's forward and dX product reading its weight split once, by the batch split first in the plan

@@ -29,7 +29,8 @@ def add_column_sums(out_ptr: int, x_ptr: int, N: int, C: int, stream) -> None:
     partials = scratch(n_chunks * C, stream)
     vec = 4 if C % 4 == 0 and x_ptr % 16 == 0 else 1  # a lane's columns: one 16-byte load a row where it can
     launch("k_colsum_partial", [int(partials.gpudata), x_ptr, N, C, rows_per_chunk, int(vec == 4)],
-           (math.ceil(C / (32 * vec)), n_chunks, 1), stream, why=f"column sums of {n_chunks} chunks of {rows_per_chunk} rows")
+           (math.ceil(C / (32 * vec)), n_chunks, 1), stream,
+           why=f"column sums of {n_chunks} chunks of {rows_per_chunk} rows")
     reduce_chunks(out_ptr, int(partials.gpudata), n_chunks, C, stream)
 
 
