@@ -10,6 +10,8 @@ import pytest
 
 from microgpt import kernels as K
 from microgpt.kernels import runtime
+from microgpt import ops as O
+from microgpt import reference_ops
 
 from helpers import GPU_REASON, TOOLS, FakeEngine, run_tool as run
 
@@ -170,3 +172,15 @@ def test_a_filter_that_matches_nothing_builds_nothing(build):
     cases, plan, made = build(_profile_kernels().name_filter("no such kernel"))
     assert cases == [] and plan == [] and made.arrays == 0
     assert _profile_kernels().name_filter("") is None  # no --filter: every case
+
+
+def test_an_op_without_a_written_case_gets_one_from_its_declaration(build, monkeypatch):
+    """A new op of microgpt.ops is profiled as declared: its launchers' cases built from op.args, its bytes every
+    array once, without an edit of tools/kernel_cases.py."""
+    gelu = O.OPS["gelu_fwd"]
+    monkeypatch.setattr(reference_ops, "gelu2_fwd", gelu.reference, raising=False)
+    new = O.Op("gelu2_fwd", gelu.header, gelu.kernels, gelu.args, gelu.tolerance)
+    monkeypatch.setitem(O.OPS, "gelu2_fwd", new)
+    cases, plan, _ = build(lambda name: "gelu" in name)
+    assert [c for c in cases if "gelu2" in c[0]] == [("k_gelu2_fwd", 2 * 4 * 2 * 512 * 4 * 64, 0, 2)]
+    assert [name for name, *_ in plan].count("k_gelu_fwd") == 2  # its case and the written one of gelu_fwd

@@ -8,6 +8,7 @@ it is, so that a case's inputs do not depend on which other cases are built.
 from __future__ import annotations
 
 import functools
+import math
 import zlib
 from dataclasses import dataclass
 from typing import Callable
@@ -132,3 +133,43 @@ class Builder:
         def rotate():
             state["i"] = (state["i"] + 1) % len(inputs)
         self.cases.append(Case(kernel, run, int(nbytes), int(flops), rotate, len(inputs)))
+
+    def declared(self, shape: Shape) -> None:
+        """A case from its declaration in microgpt.ops (op.args) for every launcher of every op that the cases added
+        so far do not cover, named as own() names them: its inputs drawn by kind, `sets` of them; its bytes every
+        array read or written once (added-into ones both), its FLOPs not counted. A new op is profiled at once."""
+        sizes = dict(B=shape.B, T=shape.T, C=shape.C, NH=shape.NH, D=shape.d_k, V=shape.V, M=shape.T)
+        built = {c.kernel for c in self.cases}
+        for op, spec in O.OPS.items():
+            for name, fn in self.own(op):
+                if name in built:
+                    continue
+                r, arrays = self.draws(name), [a for a in spec.args if a.role != "value"]
+                values = {a.name: eval(a.shape[0], {}, sizes) for a in spec.args if a.role == "value"}
+                sets = [{a.name: _drawn(self, r, a, a.size(sizes), sizes) for a in arrays} for _ in range(self.sets)]
+                for s in sets:  # the embedding backward's order: its ids' positions sorted by token
+                    if "order" in s:
+                        s["order"] = self.ga.to_gpu(K.token_order(s["idx"].get()))
+                nbytes = sum(math.prod(a.size(sizes)) * np.dtype(a.dtype).itemsize * (2 if a.role == "inout" else 1)
+                             for a in arrays if a.role != "scratch")
+
+                def launch(stream, *arrays_of_set, spec=spec, fn=fn, values=values, names=[a.name for a in arrays]):
+                    args = [dict(zip(names, arrays_of_set), **values)[a.name] for a in spec.args if not a.keyword]
+                    kw = {a.name: dict(zip(names, arrays_of_set), **values)[a.name] for a in spec.args if a.keyword}
+                    fn(*args, **kw, stream=stream)
+                self.add(name, launch, nbytes, 0, [tuple(s[a.name] for a in arrays) for s in sets])
+
+
+def _drawn(builder, r: Draws, arg, shape, sizes):
+    """A device array for arg (a microgpt.ops.Arg) of its kind: outputs empty, ids in the vocabulary, the rest
+    random."""
+    if arg.role in ("out", "scratch"):
+        return builder.empty(*shape, dtype=np.dtype(arg.dtype))
+    if arg.kind == "ids":
+        return r.ints(sizes["V"], *shape)
+    if arg.kind == "pos":
+        return builder.ga.to_gpu(np.array([sizes["T"] - 1], np.int32))
+    if arg.dtype != "float32":
+        return builder.ga.to_gpu((r.rng.random(shape) * (2 if arg.kind == "mask" else 1)).astype(arg.dtype))
+    x = r.normal(*shape)
+    return builder.ga.to_gpu(np.abs(x) + 0.5 if arg.kind in ("rstd", "positive") else x)
