@@ -138,8 +138,8 @@ def test_gpu_test_files_are_named_alike():
 
 
 def test_the_kernel_checklist_names_the_files_it_asks_for():
-    text = (ROOT / "docs" / "adding-a-kernel.md").read_text()
+    text = (ROOT / "docs" / "adding-an-op.md").read_text()
     for path in re.findall(r"`((?:cuda|microgpt|tests|tools)/[\w/.]+\.(?:py|cuh|cu))`", text):
-        assert (ROOT / path).exists(), f"docs/adding-a-kernel.md names {path}, which does not exist"
+        assert (ROOT / path).exists(), f"docs/adding-an-op.md names {path}, which does not exist"
     for test in re.findall(r"`(tests/test_\w+\.py)`", text):
         assert (ROOT / test).exists(), test

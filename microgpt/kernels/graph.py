@@ -15,33 +15,32 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 
 from .runtime import SYNC_EVERY_LAUNCH, KernelError, Plan, release_at_exit, replay
 
 _CAPTURE_THREAD_LOCAL = 1  # CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: other threads' CUDA calls are not disturbed
-_driver = None
 
 
 class GraphUnavailable(RuntimeError):
     """This process cannot capture the plan (no driver library, no stream handle, a capture error)."""
 
 
+@functools.cache
 def _lib():
-    global _driver
-    if _driver is None:
-        name = ctypes.util.find_library("cuda") or "libcuda.so.1"
-        try:
-            lib = ctypes.CDLL(name)
-        except OSError as e:
-            raise GraphUnavailable(f"the CUDA driver library is not loadable ({e})") from None
-        p, P = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)
-        for fn, args in (("cuStreamBeginCapture_v2", [p, ctypes.c_int]), ("cuStreamEndCapture", [p, P]),
-                         ("cuGraphInstantiateWithFlags", [P, p, ctypes.c_ulonglong]), ("cuGraphLaunch", [p, p]),
-                         ("cuGraphExecDestroy", [p]), ("cuGraphDestroy", [p]),
-                         ("cuGetErrorName", [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)])):
-            getattr(lib, fn).argtypes, getattr(lib, fn).restype = args, ctypes.c_int
-        _driver = lib
-    return _driver
+    """The CUDA driver library with the graph calls' prototypes, loaded once."""
+    name = ctypes.util.find_library("cuda") or "libcuda.so.1"
+    try:
+        lib = ctypes.CDLL(name)
+    except OSError as e:
+        raise GraphUnavailable(f"the CUDA driver library is not loadable ({e})") from None
+    p, P = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)
+    for fn, args in (("cuStreamBeginCapture_v2", [p, ctypes.c_int]), ("cuStreamEndCapture", [p, P]),
+                     ("cuGraphInstantiateWithFlags", [P, p, ctypes.c_ulonglong]), ("cuGraphLaunch", [p, p]),
+                     ("cuGraphExecDestroy", [p]), ("cuGraphDestroy", [p]),
+                     ("cuGetErrorName", [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)])):
+        getattr(lib, fn).argtypes, getattr(lib, fn).restype = args, ctypes.c_int
+    return lib
 
 
 def _check(rc: int, what: str, error=KernelError) -> None:
