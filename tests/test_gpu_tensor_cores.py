@@ -119,7 +119,7 @@ def test_odd_shapes(ga, rng, M, N, K_, batch, ta, tb, wgmma):
     A = a_h.astype(np.float64).swapaxes(-1, -2) if ta else a_h.astype(np.float64)
     Bm = b_h.astype(np.float64).swapaxes(-1, -2) if tb else b_h.astype(np.float64)
     outs = {}
-    for name, sgemm in (("fast", K.sgemm), ("tc", functools.partial(K.sgemm_tc, wgmma=wgmma))):
+    for name, sgemm in (("fast", K.sgemm), ("tc", functools.partial(K.sgemm, units="tc", wgmma=wgmma))):
         c = poisoned(ga, batch, M, N)
         sgemm(c, a, b, trans_a=ta, trans_b=tb)
         outs[name] = c.get()
@@ -194,7 +194,7 @@ def test_bias_alpha_beta_and_strided_batches(ga, rng, wgmma):
     b_h = rng.standard_normal((batch, K_, N)).astype(np.float32)
     bias_h, c0 = rng.standard_normal(N).astype(np.float32), rng.standard_normal((batch, M, N)).astype(np.float32)
     c = ga.to_gpu(c0)
-    K.sgemm_tc(c, ga.to_gpu(a_h), ga.to_gpu(b_h), alpha=0.5, beta=-2.0, bias=ga.to_gpu(bias_h), wgmma=wgmma)
+    K.sgemm(c, ga.to_gpu(a_h), ga.to_gpu(b_h), alpha=0.5, beta=-2.0, bias=ga.to_gpu(bias_h), wgmma=wgmma, units="tc")
     ref = 0.5 * (a_h.astype(np.float64) @ b_h) + bias_h + -2.0 * c0
     assert record("tensor cores (tc) vs float64", "alpha, bias, beta", rel_err(c.get(), ref)) < 1e-6
 
@@ -218,14 +218,14 @@ def test_split_operands_give_the_wgmma_kernels_bits(ga, rng, M, N, K_, tb):
     b = ga.to_gpu(rng.standard_normal((N, K_) if tb else (K_, N)).astype(np.float32))
     bias, c0 = ga.to_gpu(rng.standard_normal(N).astype(np.float32)), rng.standard_normal((M, N)).astype(np.float32)
     plan = K.Plan()
-    K.sgemm_tc(poisoned(ga, M, N), a, b, trans_b=tb, bias=bias, stream=plan)
+    K.sgemm(poisoned(ga, M, N), a, b, trans_b=tb, bias=bias, stream=plan, units="tc")
     assert [name for name, *_ in plan] == ["k_tf32_split", "k_tf32_split" if tb else "k_tf32_split_t",
                                            "k_gemm_wg_split"], plan
     for kw in (dict(), dict(alpha=0.5, beta=-2.0, bias=bias)):
         outs = []
         for split in (None, False):
             c = ga.to_gpu(c0) if "beta" in kw else poisoned(ga, M, N)
-            K.sgemm_tc(c, a, b, trans_b=tb, split=split, **kw)
+            K.sgemm(c, a, b, trans_b=tb, split=split, **kw, units="tc")
             outs.append(c.get())
         assert np.isfinite(outs[0]).all()
         np.testing.assert_array_equal(outs[0], outs[1])
@@ -283,7 +283,7 @@ def test_products_reading_weights_split_once_give_the_same_bits(ga, rng, M, OUT,
         plan = K.Plan()
         with splits[0].reading(plan), splits[1].reading(plan):
             TC.matmul_fwd(out, inp, w, bias, stream=plan)
-            K.sgemm_tc(dinp, dout, w, stream=plan)  # the dX product: dinp = dout @ W
+            K.sgemm(dinp, dout, w, stream=plan, units="tc")  # the dX product: dinp = dout @ W
         K.replay(plan, None, "products")
         return [name for name, *_ in plan], out.get(), dinp.get(), [len(s) for s in splits]
 

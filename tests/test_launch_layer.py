@@ -121,17 +121,17 @@ def _run_every_launcher():
     w = f32(4 * C, 4 * C)  # K = 4 C: long enough for the wgmma kernel
     with K.weight_splits([w], False).reading(plan), K.weight_splits([w], True).reading(plan):
         O.select("tc").matmul_fwd(f32(B, T, 4 * C), f32(B, T, 4 * C), w, f32(4 * C), stream=plan)
-        K.sgemm_tc(f32(B * T, 4 * C), f32(B * T, 4 * C), w, stream=plan)
+        K.sgemm(f32(B * T, 4 * C), f32(B * T, 4 * C), w, stream=plan, units="tc")
     for ta in (False, True):
         for tb in (False, True):
             for N in (4 * C, d_k):  # K = 4 C: long enough for the tensor cores (matmul_tc.TC_MIN_K)
                 a = f32(4 * C, B * T) if ta else f32(B * T, 4 * C)
                 b = f32(N, 4 * C) if tb else f32(4 * C, N)
                 K.sgemm(f32(B * T, N), a, b, trans_a=ta, trans_b=tb, stream=plan)
-                K.sgemm_tc(f32(B * T, N), a, b, trans_a=ta, trans_b=tb, stream=plan)
+                K.sgemm(f32(B * T, N), a, b, trans_a=ta, trans_b=tb, stream=plan, units="tc")
                 # the wgmma kernel itself where the default takes split operands (split-K's slices,
                 # batched products and causal ones run on it)
-                K.sgemm_tc(f32(B * T, N), a, b, trans_a=ta, trans_b=tb, split=False, stream=plan)
+                K.sgemm(f32(B * T, N), a, b, trans_a=ta, trans_b=tb, split=False, stream=plan, units="tc")
     return plan
 
 
@@ -437,9 +437,9 @@ def test_the_wgmma_weight_gradient_takes_the_bias_gradient_in_its_pass_over_dout
     db, names, plan = launches(8192, 768, 768)
     assert names[:3] == ["k_gemm_tc_nn", "k_gemm_tc_tn", "k_splitk_reduce"] and names[-1].startswith("k_colsum")
     assert plan[1][3][-1] == 0 and plan[2][3][-2:] == [0, 0]  # the products and the reduce sum no rows
-    for gemm in (K.gemm, K.gemm_tc):  # row sums of an A stored M x K would need threads to exchange them
+    for units in ("simt", "tc"):  # row sums of an A stored M x K would need threads to exchange them
         with pytest.raises(ValueError, match="sums: the row sums of op"):
-            gemm(K.Gemm.dense(300, 200, 256), 1, 1, 1, sums=1)
+            K.gemm.gemm(K.Gemm.dense(300, 200, 256, units=units), 1, 1, 1, sums=1)
 
 
 @pytest.mark.parametrize("arch,tc,wg", [("sm_75", False, False), ("sm_80", True, False), ("sm_89", True, False),
@@ -448,10 +448,10 @@ def test_the_tensor_core_paths_follow_the_architecture(fake, arch, tc, wg):
     fake.arch = arch
     assert K.tensor_cores() == tc and K.warpgroup_mma() == wg
     plan = K.Plan()
-    K.sgemm_tc(f32(300, 200), f32(300, 256), f32(256, 200), split=False, stream=plan)
-    K.sgemm_tc(f32(300, 200), f32(300, 255), f32(255, 200), stream=plan)  # K below WG_MIN_K: mma.sync there too
-    K.sgemm_tc(f32(100, 100), f32(100, 256), f32(256, 100), stream=plan)  # fewer outputs than WG_MIN_OUTPUTS: so too
-    K.sgemm_tc(f32(300, 200), f32(300, 256), f32(256, 200), stream=plan)  # on sm_90a: from split operands
+    K.sgemm(f32(300, 200), f32(300, 256), f32(256, 200), split=False, stream=plan, units="tc")
+    K.sgemm(f32(300, 200), f32(300, 255), f32(255, 200), stream=plan, units="tc")  # K below WG_MIN_K: mma.sync there too
+    K.sgemm(f32(100, 100), f32(100, 256), f32(256, 100), stream=plan, units="tc")  # fewer outputs than WG_MIN_OUTPUTS: so too
+    K.sgemm(f32(300, 200), f32(300, 256), f32(256, 200), stream=plan, units="tc")  # on sm_90a: from split operands
     kernel, _, _, _, shared, block = plan[0]
     assert kernel == ("k_gemm_wg_nn" if wg else "k_gemm_tc_nn" if tc else "k_sgemm_nn"), kernel
     assert [p[0] for p in plan[1:3]] == 2 * ["k_gemm_tc_nn" if tc else "k_sgemm_nn"], plan
@@ -475,10 +475,10 @@ def test_split_operands_share_the_plans_workspace(fake):
     assert (sizes["TC_SPLIT_ROWS"], sizes["TC_SPLIT_K"]) == (128, 32)
     a1, b1, c1, bias1 = f32(1000, 300), f32(300, 333), f32(1000, 333), f32(333)
     plan = K.Plan()
-    K.sgemm_tc(c1, a1, b1, bias=bias1, alpha=0.5, beta=2.0, stream=plan)
-    K.sgemm_tc(f32(300, 200), f32(300, 256), f32(200, 256), trans_b=True, bias=f32(200), stream=plan)  # fits: the same
+    K.sgemm(c1, a1, b1, bias=bias1, alpha=0.5, beta=2.0, stream=plan, units="tc")
+    K.sgemm(f32(300, 200), f32(300, 256), f32(200, 256), trans_b=True, bias=f32(200), stream=plan, units="tc")  # fits: the same
     # larger: a workspace of its own
-    K.sgemm_tc(f32(2000, 400), f32(2000, 512), f32(512, 400), bias=f32(400), stream=plan)
+    K.sgemm(f32(2000, 400), f32(2000, 512), f32(512, 400), bias=f32(400), stream=plan, units="tc")
     names = [p[0] for p in plan]
     assert names == ["k_tf32_split", "k_tf32_split_t", "k_gemm_wg_split", "k_tf32_split", "k_tf32_split",
                      "k_gemm_wg_split", "k_tf32_split", "k_tf32_split_t", "k_gemm_wg_split"], names
@@ -493,9 +493,9 @@ def test_split_operands_share_the_plans_workspace(fake):
     assert plan[6][3][0] != ws and plan[6][3][0] == plan.workspace.gpudata
     assert plan.workspace.size == 2 * (2048 * 512 + 512 * 512)
     plan = K.Plan()
-    K.sgemm_tc(f32(3, 300, 200), f32(3, 300, 256), f32(3, 256, 200), stream=plan)  # a batch
-    K.sgemm_tc(f32(300, 200), f32(256, 300), f32(256, 200), trans_a=True, stream=plan)  # A transposed
-    K.sgemm_tc(f32(4099, 130), f32(4099, 772), f32(772, 130), stream=plan)  # plain, few tiles: split over K
+    K.sgemm(f32(3, 300, 200), f32(3, 300, 256), f32(3, 256, 200), stream=plan, units="tc")  # a batch
+    K.sgemm(f32(300, 200), f32(256, 300), f32(256, 200), trans_a=True, stream=plan, units="tc")  # A transposed
+    K.sgemm(f32(4099, 130), f32(4099, 772), f32(772, 130), stream=plan, units="tc")  # plain, few tiles: split over K
     K.matmul_fwd_tc(f32(2, 300, 200), f32(2, 300, 256), f32(200, 256), f32(200), stream=plan)  # a linear layer: split
     assert [p[0] for p in plan] == ["k_gemm_wg_nn", "k_gemm_wg_tn", "k_gemm_wg_nn", "k_splitk_reduce",
                                     "k_tf32_split", "k_tf32_split", "k_gemm_wg_split"], plan
@@ -541,8 +541,8 @@ def test_weights_split_once_go_first_in_the_plan_and_replace_the_products_own_sp
     with fwd.reading(plan), bwd.reading(plan):
         O.select("tc").matmul_fwd(f32(600, 300), inp1, w1, f32(300), stream=plan)   # out = inp @ w1^T: w1 as it is
         # dinp = dout @ w2: w2 transposed (a bias: not split-K)
-        K.sgemm_tc(f32(600, 333), dout2, w2, bias=f32(333), stream=plan)
-        K.sgemm_tc(f32(600, 333), dout2, w2, bias=f32(333), stream=plan)   # again: the same split
+        K.sgemm(f32(600, 333), dout2, w2, bias=f32(333), stream=plan, units="tc")
+        K.sgemm(f32(600, 333), dout2, w2, bias=f32(333), stream=plan, units="tc")   # again: the same split
         # no candidate: its own
         O.select("tc").matmul_fwd(f32(600, 200), f32(600, 512), f32(200, 512), f32(200), stream=plan)
     names = [p[0] for p in plan]
@@ -735,13 +735,13 @@ def test_the_layernorm_forward_is_staged_where_its_rows_allow(fake, arch, C, mis
 
 
 def test_empty_products_launch_nothing_and_oversized_grids_are_refused(fake):
-    for sgemm in (K.sgemm, K.sgemm_tc):  # empty arrays are refused by name before anything
+    for units in ("simt", "tc"):  # empty arrays are refused by name before anything
         with pytest.raises(ValueError, match="a must not be empty"):
-            sgemm(f32(0, 200), f32(0, 256), f32(256, 200))
+            K.sgemm(f32(0, 200), f32(0, 256), f32(256, 200), units=units)
     plan = K.Plan()  # an empty Gemm given to gemm directly: no zero-sized grid
-    for gemm in (K.gemm, K.gemm_tc):
-        gemm(K.Gemm.dense(0, 200, 256), 1, 1, 1, stream=plan)
-        gemm(K.Gemm.dense(300, 0, 256), 1, 1, 1, stream=plan)
+    for units in ("simt", "tc"):
+        K.gemm.gemm(K.Gemm.dense(0, 200, 256, units=units), 1, 1, 1, stream=plan)
+        K.gemm.gemm(K.Gemm.dense(300, 0, 256, units=units), 1, 1, 1, stream=plan)
     assert len(plan) == 0
     with pytest.raises(ValueError, match="batch = 70000"):
         K.sgemm(f32(70000, 2, 2), f32(70000, 2, 2), f32(70000, 2, 2))

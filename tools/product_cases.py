@@ -137,7 +137,7 @@ def add_product_cases(builder: Builder, shape: Shape) -> None:
         case = f"k_splitk_reduce ({layer} dW)"
         if not (("tc" in variants or "fast" in variants) and want(case)):
             continue
-        g = K.matmul_fast.Gemm.dense(OUT, IN, N, trans_a=True, beta=1.0)
+        g = K.Gemm.dense(OUT, IN, N, trans_a=True, beta=1.0)
         splits = max(2, g.splits(K.runtime.engine().sm_count, 1 if "tc" in variants else 2))
         r, MN = draws_for(case), OUT * IN
         c_out, sums = r.randn(OUT, IN), r.randn(OUT)
@@ -173,6 +173,6 @@ def add_product_cases(builder: Builder, shape: Shape) -> None:
             b_op, c_out = (r.randn(width, H) if tb else r.randn(H, width)), empty(N, width)
             for path, wgmma, split in chosen:
                 add(f"sgemm_tc{path} ({layout})",
-                    lambda s, a_op=a_op, b_op=b_op, c_out=c_out, ta=ta, tb=tb, wgmma=wgmma, split=split: K.sgemm_tc(
-                        c_out, a_op, b_op, trans_a=ta, trans_b=tb, stream=s, wgmma=wgmma, split=split),
+                    lambda s, a_op=a_op, b_op=b_op, c_out=c_out, ta=ta, tb=tb, wgmma=wgmma, split=split: K.sgemm(
+                        c_out, a_op, b_op, trans_a=ta, trans_b=tb, stream=s, wgmma=wgmma, split=split, units="tc"),
                     F * (N * H + H * width + N * width), 2 * N * H * width)

@@ -13,7 +13,8 @@ matmul_fast, rows_fast, layernorm_fast, pointwise_fast, heads_fast and embed_fas
 matmul_tc for the tc variant's tensor-core products, tf32_split for the split passes that feed them,
 matmul_layernorm_tc for a product fused with the layernorm backward after it, flash_attention for its fused
 attention, matmul_attention_tc for the product before its backward, fused with its delta).
-Beside them: source (what nvcc compiles, and the argument formats read from it), runtime (compile once,
+Beside them: gemm (every matrix product described once, a Gemm, and planned and launched by one function, gemm(),
+for every variant), source (what nvcc compiles, and the argument formats read from it), runtime (compile once,
 the primary context, launch, record and replay, KernelError), graph (a recorded plan as one CUDA graph: a
 model's passes run as Pass) and checks (the argument checks). Which launcher each op runs in each variant is
 microgpt.ops's table.
@@ -45,17 +46,17 @@ from .layernorm_fast import (layernorm_bwd_fast, layernorm_fwd_fast, matmul_laye
 from .matmul import matmul_bwd, matmul_fwd
 from .matmul_attention_tc import matmul_attention_bwd_tc
 from .matmul_layernorm_tc import matmul_layernorm_bwd_tc
-from .matmul_fast import (GEMM_TILE, Causal, Gemm, MatrixProducts, attn_scores_bwd_fast, attn_scores_fwd_fast,
-                          attn_values_bwd_fast, attn_values_fwd_fast, causal_scores_bwd_fast, causal_scores_fwd_fast,
-                          gemm, matmul_bwd_fast, matmul_fwd_fast, sgemm)
-from .matmul_tc import (attn_values_bwd_tc, attn_values_fwd_tc, causal_scores_bwd_tc, causal_scores_fwd_tc, gemm_tc,
-                        matmul_bwd_tc, matmul_fwd_tc, sgemm_tc, tensor_cores, warpgroup_mma, weight_splits)
+from .gemm import (Gemm, MatrixProducts, attn_values_bwd_fast, attn_values_bwd_tc, attn_values_fwd_fast,
+                   attn_values_fwd_tc, causal_scores_bwd_fast, causal_scores_bwd_tc, causal_scores_fwd_fast,
+                   causal_scores_fwd_tc, matmul_bwd_fast, matmul_bwd_tc, matmul_fwd_fast, matmul_fwd_tc, sgemm)
+from .matmul_fast import GEMM_TILE, Causal
+from .matmul_tc import tensor_cores, warpgroup_mma
 from .pointwise import gelu_bwd, gelu_fwd, residual_bwd, residual_fwd
 from .pointwise_fast import gelu_bwd_fast, gelu_fwd_fast
 from .rows_fast import (crossentropy_bwd_fast, crossentropy_fwd_fast, embed_fwd_fast, softmax_bwd_fast,
                         softmax_fwd_fast)
 from .sampling import sample
-from .tf32_split import SplitArena, SplitOperands, split_floats
+from .tf32_split import SplitArena, SplitOperands, split_floats, weight_splits
 from .source import (NVCC_OPTIONS, TRANSLATION_UNIT, cuda_source_dir, full_source, int_constants, kernel_headers,
                      kernel_names, kernel_signatures, preprocessed)
 from ..reference import MASK_VALUE

@@ -5,13 +5,14 @@ kernel of the tc backward that stayed under 80% of the copy bandwidth (k_flash_b
 does not apply, the tc variant's matmul_bwd, then its fused_attention_bwd."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from . import flash_attention
 from .attention import matmul_attention_bwd_args, matmul_then_attention_bwd
 from .flash_attention import fused_attention_bwd_tc
-from .matmul_fast import Gemm
-from .matmul_tc import gemm_tc, matmul_bwd_tc, split_into_workspace, split_operands, tc_kernel
+from .gemm import Gemm, gemm, matmul_bwd_tc
+from .matmul_tc import split_operands, tc_kernel
 from .runtime import launch, noting
 from .source import int_constant
 
@@ -31,12 +32,12 @@ def fuses(g: Gemm, B: int, T: int, n_head: int) -> bool:
 
 
 def matmul_attention_bwd_tc(dqkv, dweight, dbias, dout, y, weight, qkv, lse, n_head, *, dy, stream=None):
-    """As matmul_attention_bwd: where fuses(), dout @ weight split into TF32 hi and lo (split_into_workspace) and
-    k_gemm_wg_split_delta, which writes dy and the delta of the rows past the pass kernel's query tiles; then the
-    rest of flash attention's backward (flash_attention.backward) and the dW product (its bias gradient summed by
-    the wgmma kernel) as in matmul_bwd. Otherwise the two ops one after the other."""
+    """As matmul_attention_bwd: where fuses(), the dX product dout @ weight from split operands with
+    k_gemm_wg_split_delta as its epilogue, which writes dy and the delta of the rows past the pass kernel's query
+    tiles; then the rest of flash attention's backward (flash_attention.backward) and the dW product (its bias
+    gradient summed by the wgmma kernel) as in matmul_bwd. Otherwise the two ops one after the other."""
     B, T, C, d_k, p = matmul_attention_bwd_args(dqkv, dweight, dbias, dout, y, weight, qkv, lse, n_head, dy)
-    g = Gemm.dense(B * T, C, C)
+    g = Gemm.dense(B * T, C, C, units="tc")
     if not fuses(g, B, T, n_head):
         with noting(stream, "unfused: flash attention does not run, d_k is not 32, 64 or 128, or the product is not "
                             "one the wgmma kernel takes from split operands"):
@@ -44,12 +45,13 @@ def matmul_attention_bwd_tc(dqkv, dweight, dbias, dout, y, weight, qkv, lse, n_h
         return
 
     def product_and_delta(p_delta, p_sync):
-        ws, a_split, b_split, K_pad, grid = split_into_workspace(g, p["dout"], p["weight"], stream)
-        launch("k_gemm_wg_split_delta", [p["dy"], p_delta, p_sync, a_split, b_split, p["y"], B * T, C, K_pad, T, d_k],
-               grid, stream, shared=int_constant("TC_SPLIT_SMEM_BYTES"), block=int_constant("TC_WG_THREADS"),
-               why="fused: the dX product making dy sums flash attention's delta in its epilogue")
-        del ws  # held until the product that reads it is queued
+        def delta_epilogue(a_split, b_split, K_pad, grid):
+            launch("k_gemm_wg_split_delta", [p["dy"], p_delta, p_sync, a_split, b_split, p["y"], B * T, C, K_pad, T,
+                                             d_k], grid, stream, shared=int_constant("TC_SPLIT_SMEM_BYTES"),
+                   block=int_constant("TC_WG_THREADS"),
+                   why="fused: the dX product making dy sums flash attention's delta in its epilogue")
+        gemm(dataclasses.replace(g, epilogue=delta_epilogue), 0, p["dout"], p["weight"], stream=stream)
 
     flash_attention.backward(dqkv, dy, qkv, y, lse, n_head, stream, delta_rows=product_and_delta)
-    gemm_tc(Gemm.dense(C, C, B * T, trans_a=True, beta=1.0), p["dweight"], p["dout"], p["y"], stream=stream,
-            sums=p["dbias"])
+    gemm(Gemm.dense(C, C, B * T, trans_a=True, beta=1.0, units="tc"), p["dweight"], p["dout"], p["y"], stream=stream,
+         sums=p["dbias"])

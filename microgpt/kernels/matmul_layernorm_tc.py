@@ -5,12 +5,13 @@ layernorm backward's own pass. Where the kernel does not apply, the tc variant's
 layernorm_bwd (through dinp)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
+from .gemm import Gemm, gemm, matmul_bwd_tc
 from .layernorm import matmul_layernorm_bwd_args, matmul_then_layernorm_bwd
 from .layernorm_fast import layernorm_bwd_fast
-from .matmul_fast import Gemm
-from .matmul_tc import gemm_tc, matmul_bwd_tc, split_into_workspace, split_operands, tc_kernel
+from .matmul_tc import split_operands, tc_kernel
 from .runtime import counters, engine, launch, noting, scratch
 from .source import int_constant
 
@@ -37,27 +38,28 @@ def fuses(g: Gemm) -> bool:
 def matmul_layernorm_bwd_tc(dx, dw, db, dweight, dbias, dout, inp, weight, x, w, mean, rstd, *, dinp,
                             accumulate=False, stream=None):
     """As matmul_layernorm_bwd: the dW product (its bias gradient summed by the wgmma kernel) as in matmul_bwd; then,
-    where fuses(), dout @ weight split into TF32 hi and lo (split_into_workspace) and k_gemm_wg_split_ln_bwd, whose
+    where fuses(), the dX product dout @ weight from split operands with k_gemm_wg_split_ln_bwd as its epilogue, whose
     blocks' column sums of dw and db the last block of each column tile adds in row-tile order; dinp is not written.
     Otherwise the two ops one after the other."""
     N, C, OUT, acc, p = matmul_layernorm_bwd_args(dx, dw, db, dweight, dbias, dout, inp, weight, x, w, mean, rstd,
                                                   dinp, accumulate)
-    g = Gemm.dense(N, C, OUT)
+    g = Gemm.dense(N, C, OUT, units="tc")
     if not fuses(g):
         with noting(stream, "unfused: the dX product is not one the wgmma kernel takes from split operands, or "
                             f"rows of C = {C} span more than {max_row_tiles()} tiles"):
             unfused(dx, dw, db, dweight, dbias, dout, inp, weight, x, w, mean, rstd, dinp=dinp,
                     accumulate=accumulate, stream=stream)
         return
-    gemm_tc(Gemm.dense(OUT, C, N, trans_a=True, beta=1.0), p["dweight"], p["dout"], p["inp"], stream=stream,
-            sums=p["dbias"])
-    ws, a_split, b_split, K_pad, grid = split_into_workspace(g, p["dout"], p["weight"], stream)
-    tiles, row_tiles = grid
-    partials, row_sums = scratch(2 * row_tiles * C, stream), scratch(2 * N * tiles, stream)
-    done = counters(2 * row_tiles + tiles + 1, stream)  # rows arrived and done, column tiles done, the ticket
-    launch("k_gemm_wg_split_ln_bwd",
-           [p["dx"], p["dw"], p["db"], int(partials.gpudata), int(row_sums.gpudata), int(done.gpudata), a_split,
-            b_split, p["x"], p["w"], p["mean"], p["rstd"], N, C, K_pad, acc],
-           grid, stream, shared=int_constant("TC_SPLIT_SMEM_BYTES"), block=int_constant("TC_WG_THREADS"),
-           why="fused: the dX product's tiles go straight into the layernorm backward (dinp never written)")
-    del ws  # held until the product that reads it is queued
+    gemm(Gemm.dense(OUT, C, N, trans_a=True, beta=1.0, units="tc"), p["dweight"], p["dout"], p["inp"], stream=stream,
+         sums=p["dbias"])
+
+    def layernorm_epilogue(a_split, b_split, K_pad, grid):
+        tiles, row_tiles = grid
+        partials, row_sums = scratch(2 * row_tiles * C, stream), scratch(2 * N * tiles, stream)
+        done = counters(2 * row_tiles + tiles + 1, stream)  # rows arrived and done, column tiles done, the ticket
+        launch("k_gemm_wg_split_ln_bwd",
+               [p["dx"], p["dw"], p["db"], int(partials.gpudata), int(row_sums.gpudata), int(done.gpudata), a_split,
+                b_split, p["x"], p["w"], p["mean"], p["rstd"], N, C, K_pad, acc],
+               grid, stream, shared=int_constant("TC_SPLIT_SMEM_BYTES"), block=int_constant("TC_WG_THREADS"),
+               why="fused: the dX product's tiles go straight into the layernorm backward (dinp never written)")
+    gemm(dataclasses.replace(g, epilogue=layernorm_epilogue), 0, p["dout"], p["weight"], stream=stream)

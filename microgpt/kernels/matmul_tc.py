@@ -1,23 +1,19 @@
-"""Launchers of cuda/matmul_tc.cuh: the model's matrix products on the tensor cores at FP32 accuracy (3xTF32).
+"""Launchers of cuda/matmul_tc.cuh: one launch of a product (microgpt.kernels.gemm plans it) on the tensor cores at
+FP32 accuracy (3xTF32), and the choice of its kernel.
 
-The same products as matmul_fast (MatrixProducts over a gemm), through the same Gemm description, causal
-tile skipping and deterministic split-K; only the unsplit launch differs, and, on sm_90a, where a linear
-layer's bias gradient is summed: in its dW product, by the wgmma kernel from the dout it reads (split-K's reduce
-adding the slices' sums), not by a column-sum pass of its own. On sm_90a a single product of A stored M x K (the
-linear layers' forwards and dX products) runs from operands split into TF32 hi and lo by a pass before it
-(split_product), the same bits faster. Where the device has no TF32 tensor cores (before sm_80), and for
-products with K < TC_MIN_K, the launch is the SIMT SGEMM's: the variant runs everywhere, and never less
-accurately than 1.5x the SIMT kernel.
+tc_kernel chooses: the wgmma kernel on sm_90a for products long and large enough, mma.sync elsewhere from sm_80,
+and None (the SIMT SGEMM) before sm_80 or for K < TC_MIN_K, so that the tc variant runs everywhere and never less
+accurately than 1.5x the SIMT kernel. On sm_90a a single product of A stored M x K runs from operands split into
+TF32 hi and lo by a pass before it (split_operands, split_launch), the same bits faster; the wgmma kernel sums a
+linear layer's bias gradient from the dout its dW product reads.
 """
 from __future__ import annotations
 
-import functools
 import math
 
-from .matmul_fast import Causal, Gemm, MatrixProducts, gemm, sgemm, sgemm_product
-from .runtime import BLOCK, engine, launch, noting, sm_version, workspace
+from .matmul_fast import Causal
+from .runtime import BLOCK, engine, launch, sm_version
 from .source import int_constant
-from .tf32_split import SplitOperands, find_split, split_padding, tf32_split
 
 # Below this K the split's rounding and the tensor cores' truncating sum within a slice outweigh the FP32
 # sum's rounding, and their error can pass 1.5x the SIMT kernel's (dev/NOTES.md: mma.sync's ratio is 3.3 at
@@ -42,7 +38,7 @@ def warpgroup_mma() -> bool:
     return engine().arch == "sm_90a"
 
 
-def tc_kernel(g: Gemm, wgmma: bool | None = None) -> tuple[str, int, int] | None:
+def tc_kernel(g, wgmma: bool | None = None) -> tuple[str, int, int] | None:
     """The kernel that runs g on this device, its shared memory and its threads a block; None where the SIMT
     SGEMM runs it (no tensor cores, or K too short for them to be as accurate). On sm_90a the wgmma one for
     products of at least WG_MIN_K and WG_MIN_OUTPUTS (wgmma=False asks for the mma.sync one, which tests and
@@ -57,7 +53,7 @@ def tc_kernel(g: Gemm, wgmma: bool | None = None) -> tuple[str, int, int] | None
     return f"k_gemm_tc_{ops}", int_constant("TC_SMEM_BYTES"), BLOCK
 
 
-def tc_reason(g: Gemm, kernel: tuple[str, int, int] | None) -> str:
+def tc_reason(g, kernel: tuple[str, int, int] | None) -> str:
     """Why tc_kernel chose `kernel` for g."""
     if kernel is None:
         return (f"SIMT: K = {g.K} < TC_MIN_K = {TC_MIN_K}, too short for 3xTF32 to keep the SIMT error"
@@ -69,8 +65,8 @@ def tc_reason(g: Gemm, kernel: tuple[str, int, int] | None) -> str:
     return f"3xTF32 mma.sync ({small if warpgroup_mma() else 'no wgmma before sm_90a'})"
 
 
-def split_operands(g: Gemm, kernel: tuple[str, int, int] | None) -> bool:
-    """Whether g, where tc_kernel chose the wgmma kernel, runs from split operands instead (split_product): one
+def split_operands(g, kernel: tuple[str, int, int] | None) -> bool:
+    """Whether g, where tc_kernel chose the wgmma kernel, runs from split operands instead (split_launch): one
     product (no batch, no causal skipping) of A stored M x K, on the 128 x 128 tile. The dW products (A
     transposed; the wgmma kernel's producer sums their bias gradients) and attention's batches keep the wgmma
     kernel."""
@@ -78,79 +74,17 @@ def split_operands(g: Gemm, kernel: tuple[str, int, int] | None) -> bool:
             and g.causal == Causal.NONE and g.tile_n == 128 and math.ceil(g.N / 128) * 4 <= 65535)  # split_t's grid
 
 
-def split_into_workspace(g: Gemm, a: int, b: int, stream):
-    """op(A) and op(B)^T of g split into TF32 hi and lo (tf32_split; B stored K x N transposed on the way) in the
-    plan's workspace, or op(B)^T's found split already (a weight, tf32_split.SplitOperands.reading): (the workspace,
-    which the caller holds until its product is queued, a_split, b_split, K_pad, the grid of 128 x 128 tiles)."""
-    (M_pad, K_pad), (N_pad, _) = split_padding(g.M, g.K), split_padding(g.N, g.K)
-    a_n, b_n = M_pad * K_pad, N_pad * K_pad  # floats of each operand's hi (and of its lo)
-    b_split = find_split(stream, b, g.N, g.K, g.ldb, not g.trans_b)
-    ws = workspace(2 * (a_n + (b_n if b_split is None else 0)), stream)
-    a_split = int(ws.gpudata)
-    tf32_split(a_split, a_split + 4 * a_n, a, g.M, g.K, g.lda, K_pad, stream, why="A into TF32 hi and lo")
-    if b_split is None:
-        b_split = a_split + 8 * a_n
-        tf32_split(b_split, b_split + 4 * b_n, b, g.N, g.K, g.ldb, K_pad, stream, transposed=not g.trans_b,
-                   why="B into TF32 hi and lo")
-    rows = int_constant("TC_SPLIT_ROWS")
-    return ws, a_split, b_split, K_pad, (N_pad // rows, M_pad // rows)
-
-
-def weight_splits(weights, transposed: bool, new=None) -> SplitOperands:
-    """The weights (device arrays, each OUT x IN as a linear layer's) as the products from split operands may read
-    them once split (tf32_split.SplitOperands): as the forward does (out = inp @ W^T) or, transposed, as the dX
-    product does (dinp = dout @ W). Only those the products recorded inside reading(plan) find are split."""
-    return SplitOperands([(int(w.gpudata), w.shape[1], w.shape[0], w.shape[1], True) if transposed else
-                          (int(w.gpudata), w.shape[0], w.shape[1], w.shape[1], False) for w in weights], new)
-
-
-def split_product(g: Gemm, c: int, a: int, b: int, bias: int, stream) -> None:
-    """g from split operands (split_into_workspace), by k_gemm_wg_split, which only copies them: the wgmma
-    kernel's bits."""
-    ws, a_split, b_split, K_pad, grid = split_into_workspace(g, a, b, stream)  # noqa: F841 (held until queued)
+def split_launch(g, c: int, a_split: int, b_split: int, bias: int, K_pad: int, grid, stream) -> None:
+    """g (a gemm.Gemm) from its operands split into TF32 hi and lo (gemm.split_into_workspace), by k_gemm_wg_split,
+    which only copies them: the wgmma kernel's bits."""
     launch("k_gemm_wg_split", [c, a_split, b_split, bias, g.M, g.N, K_pad, g.ldc, float(g.alpha), float(g.beta)],
-           grid, stream, why="3xTF32 wgmma from split operands (one product of A stored M x K, sm_90a)", shared=int_constant("TC_SPLIT_SMEM_BYTES"), block=int_constant("TC_WG_THREADS"))
+           grid, stream, why="3xTF32 wgmma from split operands (one product of A stored M x K, sm_90a)",
+           shared=int_constant("TC_SPLIT_SMEM_BYTES"), block=int_constant("TC_WG_THREADS"))
 
 
-def tc_product(g: Gemm, c: int, a: int, b: int, bias: int, stream, wgmma: bool | None = None, sums: int = 0,
-               split: bool | None = None) -> None:
-    """One unsplit launch of g on the kernel tc_kernel chooses, from split operands where split_operands allows
-    (split=False: never, to measure or check the wgmma kernel); the tile and grid are the SGEMM's. sums: where the
-    wgmma kernel adds op(A)'s row sums (A transposed; gemm_tc gives them to no other kernel)."""
-    kernel = tc_kernel(g, wgmma)
-    if sums and (kernel is None or not kernel[0].startswith("k_gemm_wg") or not g.trans_a):
-        raise ValueError(f"sums: only the wgmma kernel with A transposed takes row sums, not {kernel} for {g}")
-    if kernel is None:
-        with noting(stream, tc_reason(g, kernel)):
-            sgemm_product(g, c, a, b, bias, stream)
-        return
-    if split is not False and split_operands(g, kernel):
-        split_product(g, c, a, b, bias, stream)
-        return
+def tc_launch(g, kernel: tuple[str, int, int], c: int, a: int, b: int, bias: int, sums: int, stream) -> None:
+    """One unsplit launch of g on `kernel` (tc_kernel's choice); sums: where the wgmma kernel adds op(A)'s row sums,
+    or 0; the tile and grid are the SGEMM's."""
     name, shared, threads = kernel
     launch(name, g.args(c, a, b, bias, sums), g.grid, stream, shared=shared, block=threads,
            why=tc_reason(g, kernel) + (", the bias gradient summed from the dout it reads" if sums else ""))
-
-
-def gemm_tc(g: Gemm, c: int, a: int, b: int, bias: int = 0, stream=None, *, sums: int = 0,
-            wgmma: bool | None = None, split: bool | None = None) -> None:
-    """As matmul_fast.gemm, on the tensor cores (wgmma: as tc_kernel; split: as tc_product). The wgmma kernels hold
-    one block per SM, which split-K counts, and the wgmma kernel sums a transposed A's rows as it splits them (a
-    dW product's bias gradient: no pass over dout of its own); its split-K slices' sums stay on the wgmma kernel,
-    as K / splits >= WG_MIN_K."""
-    kernel = tc_kernel(g, wgmma)
-    wg = kernel is not None and kernel[0].startswith("k_gemm_wg")
-    gemm(g, c, a, b, bias, stream, sums=sums, product=functools.partial(tc_product, wgmma=wgmma, split=split),
-         per_sm=1 if wg else 2, product_sums=wg)
-
-
-def sgemm_tc(c, a, b, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, bias=None, stream=None, wgmma=None,
-             split=None):
-    """As matmul_fast.sgemm, on the tensor cores: c = alpha * op(a) @ op(b) + bias + beta * c (wgmma: as
-    tc_kernel; split: as tc_product)."""
-    sgemm(c, a, b, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta, bias=bias, stream=stream,
-          gemm=functools.partial(gemm_tc, wgmma=wgmma, split=split))
-
-
-(matmul_fwd_tc, matmul_bwd_tc, causal_scores_fwd_tc, causal_scores_bwd_tc, attn_values_fwd_tc,
- attn_values_bwd_tc) = MatrixProducts(gemm_tc).launchers("tc", __name__)

@@ -1,5 +1,5 @@
 """Launchers of cuda/tf32_split.cuh: FP32 operands split into the TF32 hi and lo that the tensor cores' products
-from split operands read (matmul_tc.split_product, matmul_layernorm_tc).
+from split operands read (gemm.split_into_workspace, matmul_tc.split_launch, the fused epilogues).
 
     tf32_split(hi, lo, src, rows, K, ld, K_pad, stream)   # one operand, before the product that reads it
     splits = SplitOperands([(w, rows, K, ld, transposed), ...])   # the operands that may be split once
@@ -119,6 +119,14 @@ class SplitOperands:
             plan.op = "weight splits"
             self.split(plan)
             plan.insert(0, plan.pop())
+
+
+def weight_splits(weights, transposed: bool, new=None) -> SplitOperands:
+    """The weights (device arrays, each OUT x IN as a linear layer's) as the products from split operands may read
+    them once split: as the forward does (out = inp @ W^T) or, transposed, as the dX product does (dinp = dout @ W).
+    Only those the products recorded inside reading(plan) find are split."""
+    return SplitOperands([(int(w.gpudata), w.shape[1], w.shape[0], w.shape[1], True) if transposed else
+                          (int(w.gpudata), w.shape[0], w.shape[1], w.shape[1], False) for w in weights], new)
 
 
 class SplitArena:
