@@ -23,7 +23,6 @@ import numpy as np
 
 from . import checkpoint, info, kernels, ops
 from .kernels import virtual
-from ._version import __version__
 from .config import PRESETS, GPTConfig
 from .convert import convert
 from .data import BatchSampler, builtin_corpus, cached_tokens, load_tokens, split

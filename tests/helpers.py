@@ -6,7 +6,6 @@ import dataclasses
 import os
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import numpy as np
 
