@@ -25,6 +25,7 @@ import torch
 from pycuda.compiler import SourceModule
 
 from microgpt import kernels as K
+from microgpt import ops as O
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -279,7 +280,7 @@ def attend(flash, q, k, v, d_o):
 
 def check(flash) -> bool:
     gen = torch.Generator(device="cuda").manual_seed(0)
-    fast = K.select("fast")
+    fast = O.select("fast")
     ok = True
     print(f"{'B NH T d_k':<18}" + "".join(f"{n:>20}" for n in ("O", "dQ", "dK", "dV")) + "   (flash / fast)")
     for B, NH, T, d_k in CHECKS:
@@ -315,7 +316,7 @@ def bench(flash) -> bool:
     both), and whether two runs at the shape give the same bits (False where they do not)."""
     stream = K.engine().cuda.Stream()
     torch.backends.cuda.matmul.allow_tf32 = False
-    tc = K.select("tc")
+    tc = O.select("tc")
     three, ok = isinstance(flash, Flash3), True
     print(f"{'T':>6}{'flash fwd':>11}{'fwd+bwd':>9}{'SDPA fwd':>10}{'fwd+bwd':>9}{'tc fwd+bwd':>12}" +
           (f"{'delta':>8}{'bwd':>8}{'bits':>6}" if three else "") + "   (ms)")

@@ -15,6 +15,7 @@ beside the SIMT kernel's and cuBLAS's, milliseconds, TFLOP/s, and the ratio to c
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 from pathlib import Path
@@ -87,8 +88,7 @@ def build(defines: dict) -> tuple:
 
 
 def build_wg(defines: dict):
-    """The wgmma kernels built with these settings: a product function for matmul_fast.gemm (split-K as the
-    tc variant runs it)."""
+    """The wgmma kernels built with these settings: one unsplit launch of a product (a kernels.Gemm)."""
     threads = K.int_constants()["TC_WG_THREADS"]
     bufs, raw = defines.get("WG_BUFS", 2), defines.get("WG_RAW", 3)
     smem = bufs * 4 * 128 * 32 * 4 + raw * 2 * 128 * 32 * 4 + 2 * bufs * 8
@@ -119,7 +119,7 @@ def wg_settings(names, stream) -> None:
             c = torch.full((batch, M, N), float("nan"), device="cuda")
 
             def ours(s, c=c, product=product):
-                K.gemm(g, c.data_ptr(), a.data_ptr(), b.data_ptr(), stream=s, product=product, per_sm=1)
+                product(g, c.data_ptr(), a.data_ptr(), b.data_ptr(), 0, s)  # one launch, unsplit
             ours(stream)
             stream.synchronize()
             err, t = rel_err(c, ref), cuda_median_ms(ours, 20, 3, stream)
@@ -143,7 +143,7 @@ def wg_short_k(trials: int = 40) -> None:
                 K.sgemm(simt, a, b)
                 for path in worst:
                     c = torch.full((M, N), float("nan"), device="cuda")
-                    K.sgemm_tc(c, a, b, wgmma=path)
+                    K.sgemm(c, a, b, units="tc", wgmma=path)
                     worst[path] = max(worst[path], rel_err(c, ref) / rel_err(simt, ref))
             print(f"  {M} x {N}, K = {Kd}: wgmma {worst[True]:.2f}, mma.sync {worst[False]:.2f}", flush=True)
 
@@ -204,13 +204,13 @@ def wgmma(stream) -> None:
         b = torch.randn(batch, *((N, Kd) if tb else (Kd, N)), device="cuda", generator=gen)
         opa, opb = (a.transpose(1, 2) if ta else a), (b.transpose(1, 2) if tb else b)
         ref = opa.double() @ opb.double()
-        g = K.Gemm.dense(M, N, Kd, trans_a=ta, trans_b=tb, batch=batch)
+        g = K.Gemm.dense(M, N, Kd, trans_a=ta, trans_b=tb, batch=batch, units="tc")
         res = {}
         for path in (True, False):
             c = torch.full((batch, M, N), float("nan"), device="cuda")
 
             def ours(s, c=c, path=path):
-                K.gemm_tc(g, c.data_ptr(), a.data_ptr(), b.data_ptr(), stream=s, wgmma=path)
+                K.gemm.gemm(dataclasses.replace(g, wgmma=path), c.data_ptr(), a.data_ptr(), b.data_ptr(), stream=s)
             ours(stream)
             stream.synchronize()
             res[path] = rel_err(c, ref), cuda_median_ms(ours, 20, 3, stream)
@@ -258,7 +258,7 @@ def main(names) -> int:
         K.sgemm(simt if batch > 1 else simt[0], a if batch > 1 else a[0], b if batch > 1 else b[0],
                 trans_a=ta, trans_b=tb)
         err_simt = rel_err(simt, ref)
-        t_simt = cuda_median_ms(lambda s: K.gemm(g, simt.data_ptr(), a.data_ptr(), b.data_ptr(), stream=s),
+        t_simt = cuda_median_ms(lambda s: K.gemm.gemm(g, simt.data_ptr(), a.data_ptr(), b.data_ptr(), stream=s),
                                 iters, 3, stream)
         torch.backends.cuda.matmul.allow_tf32 = False
         err_cublas = rel_err(opa @ opb, ref)

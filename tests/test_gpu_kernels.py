@@ -718,7 +718,7 @@ def test_attention_fast_variants_match_the_reference_kernels(K, dev, shape, rng,
 @pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
 @pytest.mark.parametrize("units", ["simt", "tc"])
 def test_sgemm(K, dev, M, N, K_, batch, ta, tb, units):
-    sgemm = functools.partial(K.sgemm, units=units)
+    sgemm, name = functools.partial(K.sgemm, units=units), "sgemm" if units == "simt" else "sgemm_tc"
     a_h, a = dev.randn(batch, *((K_, M) if ta else (M, K_)))
     b_h, b = dev.randn(batch, *((N, K_) if tb else (K_, N)))
     bias_h, bias = dev.randn(N)
@@ -726,10 +726,10 @@ def test_sgemm(K, dev, M, N, K_, batch, ta, tb, units):
     sgemm(c, a, b, trans_a=ta, trans_b=tb, alpha=0.5, beta=1.0, bias=bias)
     A = a_h.astype(np.float64).swapaxes(-1, -2) if ta else a_h.astype(np.float64)
     Bm = b_h.astype(np.float64).swapaxes(-1, -2) if tb else b_h.astype(np.float64)
-    close(f"{sgemm.__name__}", c.get(), 0.5 * (A @ Bm) + bias_h + c0, REDUCTION)
+    close(name, c.get(), 0.5 * (A @ Bm) + bias_h + c0, REDUCTION)
     out = dev.poisoned(batch, M, N)  # beta 0: c is never read, so NaN there does not leak
     sgemm(out, a, b, trans_a=ta, trans_b=tb)
-    close(f"{sgemm.__name__}", out.get(), A @ Bm, REDUCTION)
+    close(name, out.get(), A @ Bm, REDUCTION)
 
 
 # ---------------------------------------------------------------------------------------------- pointwise

@@ -8,6 +8,7 @@ import pytest
 
 from microgpt import kernels
 from microgpt import ops as O
+from microgpt.reference import MASK_VALUE
 
 from helpers import op_call, op_case, op_sizes, record, rel_err
 
@@ -50,10 +51,12 @@ def test_the_launcher_computes_the_reference(ga, rng, op, variant, sizes):
         if a.role not in ("out", "inout"):
             continue
         got, want = dev[a.name].get(), ref[a.name]
-        if a.kind == "lower":  # written 0 above the diagonal by the fast kernels, in full by the reference
-            keep = np.tril(np.ones(want.shape[-2:], bool))
-            got, want = got[..., keep], want[..., keep]
         name = f"{op}[{variant}].{a.name}"
+        if a.kind in ("lower", "masked"):  # compared on and below the diagonal; above it, masked scores must be
+            keep = np.tril(np.ones(want.shape[-2:], bool))  # MASK_VALUE exactly ("lower": left to the kernel)
+            if a.kind == "masked":
+                assert np.all(got[..., ~keep] == MASK_VALUE), f"{name}: not MASK_VALUE above the diagonal"
+            got, want = got[..., keep], want[..., keep]
         if a.dtype == "int32" or spec.tolerance == 0:
             np.testing.assert_array_equal(got, want, err_msg=name)
             continue

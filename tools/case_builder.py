@@ -86,9 +86,15 @@ class Builder:
     def __init__(self, seed: int, sets: int, variants, wanted: Callable[[str], bool] | None):
         self.ga = K.engine().ga  # compiles the module and makes the primary context current before any allocation
         self.seed, self.sets, self.variants = seed, sets, variants
-        self.want = wanted or (lambda name: True)
+        self._wanted = wanted or (lambda name: True)
+        self.written = set()  # the names of every case the written code asked for, wanted or not (declared())
         self.cases: list[Case] = []
         self.bufs = {}
+
+    def want(self, name: str) -> bool:
+        """Whether the case called name is wanted; the name is noted as one the written cases cover."""
+        self.written.add(name)
+        return self._wanted(name)
 
     def draws(self, key: str) -> Draws:
         return Draws(self.ga, self.seed, key)
@@ -110,6 +116,7 @@ class Builder:
     def own(self, op, label="", with_reference=True, also=()):
         """(case name, launcher) of op in each variant that has a launcher of its own, the wanted ones; `also`:
         suffixes of further cases a loop adds beside each, which make it wanted too."""
+        self.written.add(f"k_{op}")  # the op is covered by written cases, whichever of them are wanted
         reference, seen, out = O.launcher(op, "reference"), set(), []
         for var in self.variants:
             fn = O.launcher(op, var)
@@ -135,15 +142,17 @@ class Builder:
         self.cases.append(Case(kernel, run, int(nbytes), int(flops), rotate, len(inputs)))
 
     def declared(self, shape: Shape) -> None:
-        """A case from its declaration in microgpt.ops (op.args) for every launcher of every op that the cases added
-        so far do not cover, named as own() names them: its inputs drawn by kind, `sets` of them; its bytes every
-        array read or written once (added-into ones both), its FLOPs not counted. A new op is profiled at once."""
+        """A case from its declaration in microgpt.ops (op.args) for every launcher of every op that no written case
+        covers (none asked for under its name or its launchers' names, wanted or not), named as own() names them: its
+        inputs drawn by kind, `sets` of them; its bytes every array read or written once (added-into ones both), its
+        FLOPs not counted. A new op is profiled at once."""
         sizes = dict(B=shape.B, T=shape.T, C=shape.C, NH=shape.NH, D=shape.d_k, V=shape.V, M=shape.T)
-        built = {c.kernel for c in self.cases}
+        bases = {name.split(" (")[0] for name in self.written}
         for op, spec in O.OPS.items():
+            names = {f"k_{op}"} | {fn.__name__ for v, fn in spec.kernels.items() if v != "reference"}
+            if names & bases:
+                continue
             for name, fn in self.own(op):
-                if name in built:
-                    continue
                 r, arrays = self.draws(name), [a for a in spec.args if a.role != "value"]
                 values = {a.name: eval(a.shape[0], {}, sizes) for a in spec.args if a.role == "value"}
                 sets = [{a.name: _drawn(self, r, a, a.size(sizes), sizes) for a in arrays} for _ in range(self.sets)]
