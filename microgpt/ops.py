@@ -97,14 +97,15 @@ class Op:
     kernels: dict[str, Callable]  # variant -> launcher; "reference" always
     args: tuple[Arg, ...]        # its launchers' arguments, as the tests and the plans' checks make them
     tolerance: float = 1e-5      # a kernel's worst relative error against the float64 reference, on those
+    flops: str = "0"             # the work of one call in the case's sizes (profile cases; multiply-add = 2)
     reference: Callable = field(init=False)  # reference_ops.<name>
 
     def __post_init__(self):
         object.__setattr__(self, "reference", getattr(ref, self.name))
 
 
-def _op(name, header, args, reference, tolerance=1e-5, **faster):
-    return Op(name, header, {"reference": reference, **faster}, parse_args(args), tolerance)
+def _op(name, header, args, reference, tolerance=1e-5, flops="0", **faster):
+    return Op(name, header, {"reference": reference, **faster}, parse_args(args), tolerance, flops)
 
 
 H = "B,NH,T,D"  # one array a head
@@ -159,16 +160,16 @@ OPS: dict[str, Op] = {op.name: op for op in (
         fast=heads_fast.merge_heads_fwd_fast),
     _op("merge_heads_bwd", "attention.cuh", f"dheads>{H} dy:B,T,C n_head=NH", attention.merge_heads_bwd,
         fast=heads_fast.merge_heads_bwd_fast),
-    _op("gelu_fwd", "pointwise.cuh", "out>B,T,4*C x:B,T,4*C", pointwise.gelu_fwd, 1e-6,
+    _op("gelu_fwd", "pointwise.cuh", "out>B,T,4*C x:B,T,4*C", pointwise.gelu_fwd, 1e-6, "40*B*T*C",
         fast=pointwise_fast.gelu_fwd_fast),
-    _op("gelu_bwd", "pointwise.cuh", "dx>B,T,4*C dout:B,T,4*C x:B,T,4*C", pointwise.gelu_bwd, 1e-6,
+    _op("gelu_bwd", "pointwise.cuh", "dx>B,T,4*C dout:B,T,4*C x:B,T,4*C", pointwise.gelu_bwd, 1e-6, "64*B*T*C",
         fast=pointwise_fast.gelu_bwd_fast),
-    _op("residual_fwd", "pointwise.cuh", "out>B,T,C a:B,T,C b:B,T,C", pointwise.residual_fwd, 1e-6),
+    _op("residual_fwd", "pointwise.cuh", "out>B,T,C a:B,T,C b:B,T,C", pointwise.residual_fwd, 1e-6, "B*T*C"),
     _op("residual_bwd", "pointwise.cuh", "da>B,T,C db>B,T,C dout:B,T,C", pointwise.residual_bwd, 1e-6),
     _op("crossentropy_fwd", "crossentropy.cuh", "losses>B,T probs>B,T,V logits:B,T,V targets:B,T:ids",
-        crossentropy.crossentropy_fwd, fast=rows_fast.crossentropy_fwd_fast),
+        crossentropy.crossentropy_fwd, 1e-5, "4*B*T*V", fast=rows_fast.crossentropy_fwd_fast),
     _op("crossentropy_bwd", "crossentropy.cuh", "dlogits>B,T,V probs:B,T,V:softmax targets:B,T:ids dlosses:B,T",
-        crossentropy.crossentropy_bwd, 1e-6, fast=rows_fast.crossentropy_bwd_fast),
+        crossentropy.crossentropy_bwd, 1e-6, "2*B*T*V", fast=rows_fast.crossentropy_bwd_fast),
     _op("embed_decode", "decode.cuh", "x>B,1,C tokens:B,1:ids wte:V,C wpe:T,C pos:1:pos", decode.embed_decode, 1e-6),
     _op("kv_store", "decode.cuh", "cache+B,NH,M,D src:B,NH,T,D", decode.kv_store, 1e-6),
     _op("attention_decode", "decode.cuh", "y>B,1,C k_cache+B,NH,M,D v_cache+B,NH,M,D qkv:B,1,3*C pos:1:pos",

@@ -145,7 +145,7 @@ class Builder:
         """A case from its declaration in microgpt.ops (op.args) for every launcher of every op that no written case
         covers (none asked for under its name or its launchers' names, wanted or not), named as own() names them: its
         inputs drawn by kind, `sets` of them; its bytes every array read or written once (added-into ones both), its
-        FLOPs not counted. A new op is profiled at once."""
+        FLOPs as the op declares them (op.flops). A new op is profiled at once."""
         sizes = dict(B=shape.B, T=shape.T, C=shape.C, NH=shape.NH, D=shape.d_k, V=shape.V, M=shape.T)
         bases = {name.split(" (")[0] for name in self.written}
         for op, spec in O.OPS.items():
@@ -166,7 +166,8 @@ class Builder:
                     args = [dict(zip(names, arrays_of_set), **values)[a.name] for a in spec.args if not a.keyword]
                     kw = {a.name: dict(zip(names, arrays_of_set), **values)[a.name] for a in spec.args if a.keyword}
                     fn(*args, **kw, stream=stream)
-                self.add(name, launch, nbytes, 0, [tuple(s[a.name] for a in arrays) for s in sets])
+                flops = eval(spec.flops, {}, sizes)  # noqa: S307 (an expression of the op table)
+                self.add(name, launch, nbytes, flops, [tuple(s[a.name] for a in arrays) for s in sets])
 
 
 def _drawn(builder, r: Draws, arg, shape, sizes):

@@ -152,16 +152,6 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
     def head_grads(r):  # dq, dk, dv
         return tuple(r.randn(B, NH, T, d_k) for _ in range(3))
 
-    @drawn
-    def head_grad_sets(r):  # each set's dq, dk, dv
-        return [tuple(r.randn(B, NH, T, d_k) for _ in range(3)) for _ in range(sets)]
-
-    for case, fwd in own("split_heads_fwd"):
-        add(case, lambda s, qkv, q, k, v, fwd=fwd: fwd(q, k, v, qkv, NH, stream=s), F * 6 * N * C, 0,
-            with_outputs(qkvs(), outputs=[(B, NH, T, d_k)] * 3))
-    for case, bwd in own("split_heads_bwd"):
-        add(case, lambda s, dq, dk, dv, dqkv, bwd=bwd: bwd(dqkv, dq, dk, dv, stream=s), F * 6 * N * C, 0,
-            with_outputs(head_grad_sets(), outputs=[(B, T, 3 * C)]))
 
     att = BH * T * T
     causal = BH * T * (T + 1) // 2  # the entries on and below the diagonals
@@ -285,51 +275,7 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
                 lambda s, qkv_w=qkv_w, y_w=y_w, lse_w=lse_w, nh=nh, dqkv_w=dqkv_w: K.fused_attention_bwd_tc(
                     dqkv_w, y_w, qkv_w, y_w, lse_w, nh, stream=s),
                 F * (8 * N * cw + B * nh * T), 10 * B * nh * T * (T + 1) // 2 * width)
-    for case, fwd in own("merge_heads_fwd"):
-        add(case, lambda s, heads, y, fwd=fwd: fwd(y, heads, stream=s), F * 2 * N * C, 0,
-            with_outputs([(dq,) for dq, _, _ in head_grad_sets()], outputs=[(B, T, C)]))
-    for case, bwd in own("merge_heads_bwd"):
-        add(case, lambda s, y, heads, bwd=bwd: bwd(heads, y, NH, stream=s), F * 2 * N * C, 0,
-            with_outputs(ln_douts(), outputs=[(B, NH, T, d_k)]))
 
-    @drawn
-    def hs(r):
-        return [(r.randn(B, T, 4 * C),) for _ in range(sets)]
-
-    @drawn
-    def dhs(r):  # the GELU backward's output gradients
-        return [(r.randn(B, T, 4 * C),) for _ in range(sets)]
-
-    for case, fwd in own("gelu_fwd"):
-        add(case, lambda s, h, h_out, fwd=fwd: fwd(h_out, h, stream=s), F * 8 * N * C, 10 * 4 * N * C,
-            with_outputs(hs(), outputs=[(B, T, 4 * C)]))
-    for case, bwd in own("gelu_bwd"):
-        add(case, lambda s, h, d, h_out, bwd=bwd: bwd(h_out, d, h, stream=s), F * 12 * N * C, 16 * 4 * N * C,
-            with_outputs(hs(), dhs(), outputs=[(B, T, 4 * C)]))
-    if want("k_residual_fwd"):
-        res, x = buf("res", B, T, C), buf("x", B, T, C)
-        add("k_residual_fwd", lambda s, xi: K.residual_fwd(res, xi, x, stream=s), F * 3 * N * C, N * C, xs())
-    if want("k_residual_bwd"):
-        res, dx = buf("res", B, T, C), buf("dx", B, T, C)
-        add("k_residual_bwd", lambda s, xi: K.residual_bwd(res, dx, xi, stream=s), F * 3 * N * C, 0, xs())
-
-    @drawn
-    def logits(r):  # and their targets
-        return [(r.randn(B, T, V, scale=2.0), r.ints(V, B, T)) for _ in range(sets)]
-
-    for case, fwd in own("crossentropy_fwd"):
-        add(case, lambda s, lg, tg, losses, lprobs, fwd=fwd: fwd(losses, lprobs, lg, tg, check_token_ids=False,
-                                                                 stream=s),
-            F * (2 * N * V + 2 * N), 4 * N * V, with_outputs(logits(), outputs=[(B, T), (B, T, V)]))
-
-    @functools.cache
-    def dlosses():  # the mean's
-        return ga.to_gpu(np.full((B, T), 1.0 / N, np.float32))
-
-    for case, bwd in own("crossentropy_bwd"):
-        add(case, lambda s, lg, tg, dlogits, bwd=bwd, dl=dlosses(): bwd(dlogits, lg, tg, dl, check_token_ids=False,
-                                                                        stream=s),
-            F * (2 * N * V + 2 * N), 2 * N * V, with_outputs(logits(), outputs=[(B, T, V)]))
 
     # sampling: one new position a sequence, against caches of T positions (the new one the last)
     @drawn
