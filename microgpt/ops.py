@@ -46,7 +46,7 @@ VARIANTS = {v.name: v for v in (
             False, "fast", fused_attention=True),
 )}
 # The fastest variant within the accuracy bar: its products' worst relative error against float64 is below
-# the SIMT SGEMM's on every shape measured (docs/performance.md); before sm_80 it runs fast's SGEMM.
+# the SIMT SGEMM's on every shape measured (README, "Precision"); before sm_80 it runs fast's SGEMM.
 DEFAULT_VARIANT = "tc"
 
 
@@ -92,6 +92,8 @@ def parse_args(spec: str) -> tuple[Arg, ...]:
 
 @dataclass(frozen=True)
 class Op:
+    """One op: what its launchers compute (reference), where their reference kernels are (header), its launcher in
+    each variant that has one of its own, and what its tests and profile cases make of it (args, tolerance, flops)."""
     name: str
     header: str                  # cuda/<header> holds its reference kernels
     kernels: dict[str, Callable]  # variant -> launcher; "reference" always
