@@ -210,7 +210,7 @@ def wgmma(stream) -> None:
             c = torch.full((batch, M, N), float("nan"), device="cuda")
 
             def ours(s, c=c, path=path):
-                K.gemm.gemm(dataclasses.replace(g, wgmma=path), c.data_ptr(), a.data_ptr(), b.data_ptr(), stream=s)
+                K.gemm(dataclasses.replace(g, wgmma=path), c.data_ptr(), a.data_ptr(), b.data_ptr(), stream=s)
             ours(stream)
             stream.synchronize()
             res[path] = rel_err(c, ref), cuda_median_ms(ours, 20, 3, stream)
@@ -258,7 +258,7 @@ def main(names) -> int:
         K.sgemm(simt if batch > 1 else simt[0], a if batch > 1 else a[0], b if batch > 1 else b[0],
                 trans_a=ta, trans_b=tb)
         err_simt = rel_err(simt, ref)
-        t_simt = cuda_median_ms(lambda s: K.gemm.gemm(g, simt.data_ptr(), a.data_ptr(), b.data_ptr(), stream=s),
+        t_simt = cuda_median_ms(lambda s: K.gemm(g, simt.data_ptr(), a.data_ptr(), b.data_ptr(), stream=s),
                                 iters, 3, stream)
         torch.backends.cuda.matmul.allow_tf32 = False
         err_cublas = rel_err(opa @ opb, ref)

@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from . import reference_ops as ref
-from .kernels import (attention, crossentropy, decode, embed, embed_fast, flash_attention, gemm, heads_fast,
+from .kernels import (attention, crossentropy, decode, embed, embed_fast, flash_attention, heads_fast,
                       layernorm, layernorm_fast, matmul, matmul_attention_tc, matmul_layernorm_tc, pointwise,
                       pointwise_fast, rows_fast, sampling)
+from .kernels import products
 from .kernels.adamw import adamw, global_norm
 from .kernels.runtime import Plan
 
@@ -124,9 +125,9 @@ OPS: dict[str, Op] = {op.name: op for op in (
     _op("residual_layernorm_fwd", "layernorm.cuh", "x>B,T,C out>B,T,C mean>B,T rstd>B,T resid:B,T,C branch:B,T,C "
         "w:C b:C", layernorm.residual_layernorm_fwd, fast=layernorm_fast.residual_layernorm_fwd_fast),
     _op("matmul_fwd", "matmul.cuh", "out>B,T,4*C inp:B,T,C weight:4*C,C bias:4*C", matmul.matmul_fwd,
-        fast=gemm.matmul_fwd_fast, tc=gemm.matmul_fwd_tc),
+        fast=products.matmul_fwd_fast, tc=products.matmul_fwd_tc),
     _op("matmul_bwd", "matmul.cuh", "dinp>B,T,C dweight+4*C,C dbias+4*C dout:B,T,4*C inp:B,T,C weight:4*C,C",
-        matmul.matmul_bwd, fast=gemm.matmul_bwd_fast, tc=gemm.matmul_bwd_tc),
+        matmul.matmul_bwd, fast=products.matmul_bwd_fast, tc=products.matmul_bwd_tc),
     _op("matmul_layernorm_bwd", "layernorm.cuh", "dx+B,T,C dw+C db+C dweight+4*C,C dbias+4*C dout:B,T,4*C "
         "inp:B,T,C weight:4*C,C x:B,T,C w:C mean:B,T rstd:B,T:rstd | dinp~B,T,C accumulate=True",
         layernorm.matmul_layernorm_bwd, fast=layernorm_fast.matmul_layernorm_bwd_fast,
@@ -140,17 +141,17 @@ OPS: dict[str, Op] = {op.name: op for op in (
     _op("causal_mask_fwd", "attention.cuh", f"out>{S}:masked scores:{S}", attention.causal_mask_fwd),
     _op("causal_mask_bwd", "attention.cuh", f"dscores>{S} dout:{S}", attention.causal_mask_bwd),
     _op("causal_scores_fwd", "attention.cuh", f"masked>{S}:masked q:{H} k:{H}", attention.causal_scores_fwd,
-        fast=gemm.causal_scores_fwd_fast, tc=gemm.causal_scores_fwd_tc),
+        fast=products.causal_scores_fwd_fast, tc=products.causal_scores_fwd_tc),
     _op("causal_scores_bwd", "attention.cuh", f"dq>{H} dk>{H} dscores:{S}:causal q:{H} k:{H}",
-        attention.causal_scores_bwd, fast=gemm.causal_scores_bwd_fast, tc=gemm.causal_scores_bwd_tc),
+        attention.causal_scores_bwd, fast=products.causal_scores_bwd_fast, tc=products.causal_scores_bwd_tc),
     _op("softmax_fwd", "attention.cuh", f"probs>{S} x:{S}:masked | causal=True", attention.softmax_fwd,
         fast=rows_fast.softmax_fwd_fast),
     _op("softmax_bwd", "attention.cuh", f"dx>{S} dprobs:{S} probs:{S}:probs | causal=True", attention.softmax_bwd,
         fast=rows_fast.softmax_bwd_fast),
     _op("attn_values_fwd", "attention.cuh", f"out>{H} probs:{S}:probs v:{H}", attention.attn_values_fwd,
-        fast=gemm.attn_values_fwd_fast, tc=gemm.attn_values_fwd_tc),
+        fast=products.attn_values_fwd_fast, tc=products.attn_values_fwd_tc),
     _op("attn_values_bwd", "attention.cuh", f"dprobs>{S}:lower dv>{H} dout:{H} probs:{S}:probs v:{H}",
-        attention.attn_values_bwd, fast=gemm.attn_values_bwd_fast, tc=gemm.attn_values_bwd_tc),
+        attention.attn_values_bwd, fast=products.attn_values_bwd_fast, tc=products.attn_values_bwd_tc),
     _op("fused_attention_fwd", "attention.cuh", "y>B,T,C lse>B,NH,T qkv:B,T,3*C n_head=NH",
         attention.fused_attention_fwd, tc=flash_attention.fused_attention_fwd_tc),
     _op("fused_attention_bwd", "attention.cuh", "dqkv>B,T,3*C dy:B,T,C qkv:B,T,3*C y:B,T,C:attn_y "

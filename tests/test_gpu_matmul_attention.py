@@ -57,7 +57,7 @@ def test_the_kernel_writes_the_products_dy_and_the_float64_delta_of_its_rows(ga,
     delta = poisoned(ga, B, NH, T)
     sync = ga.to_gpu(np.full(B * NH * tiles + 1, -1, np.int32))
     g = K.Gemm.dense(N, C, C, units="tc")
-    ws, a_split, b_split, K_pad, grid = K.gemm.split_into_workspace(g, int(dout.gpudata), int(w.gpudata), None)
+    ws, a_split, b_split, K_pad, grid = K.products.split_into_workspace(g, int(dout.gpudata), int(w.gpudata), None)
     launch("k_gemm_wg_split_delta", [int(dy.gpudata), int(delta.gpudata), int(sync.gpudata), a_split, b_split,
                                      int(y.gpudata), N, C, K_pad, T, d_k], grid, None,
            shared=int_constant("TC_SPLIT_SMEM_BYTES"), block=int_constant("TC_WG_THREADS"))

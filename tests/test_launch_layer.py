@@ -439,7 +439,7 @@ def test_the_wgmma_weight_gradient_takes_the_bias_gradient_in_its_pass_over_dout
     assert plan[1][3][-1] == 0 and plan[2][3][-2:] == [0, 0]  # the products and the reduce sum no rows
     for units in ("simt", "tc"):  # row sums of an A stored M x K would need threads to exchange them
         with pytest.raises(ValueError, match="sums: the row sums of op"):
-            K.gemm.gemm(K.Gemm.dense(300, 200, 256, units=units), 1, 1, 1, sums=1)
+            K.gemm(K.Gemm.dense(300, 200, 256, units=units), 1, 1, 1, sums=1)
 
 
 @pytest.mark.parametrize("arch,tc,wg", [("sm_75", False, False), ("sm_80", True, False), ("sm_89", True, False),
@@ -740,8 +740,8 @@ def test_empty_products_launch_nothing_and_oversized_grids_are_refused(fake):
             K.sgemm(f32(0, 200), f32(0, 256), f32(256, 200), units=units)
     plan = K.Plan()  # an empty Gemm given to gemm directly: no zero-sized grid
     for units in ("simt", "tc"):
-        K.gemm.gemm(K.Gemm.dense(0, 200, 256, units=units), 1, 1, 1, stream=plan)
-        K.gemm.gemm(K.Gemm.dense(300, 0, 256, units=units), 1, 1, 1, stream=plan)
+        K.gemm(K.Gemm.dense(0, 200, 256, units=units), 1, 1, 1, stream=plan)
+        K.gemm(K.Gemm.dense(300, 0, 256, units=units), 1, 1, 1, stream=plan)
     assert len(plan) == 0
     with pytest.raises(ValueError, match="batch = 70000"):
         K.sgemm(f32(70000, 2, 2), f32(70000, 2, 2), f32(70000, 2, 2))

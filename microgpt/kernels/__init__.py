@@ -13,7 +13,7 @@ matmul_fast, rows_fast, layernorm_fast, pointwise_fast, heads_fast and embed_fas
 matmul_tc for the tc variant's tensor-core products, tf32_split for the split passes that feed them,
 matmul_layernorm_tc for a product fused with the layernorm backward after it, flash_attention for its fused
 attention, matmul_attention_tc for the product before its backward, fused with its delta).
-Beside them: gemm (every matrix product described once, a Gemm, and planned and launched by one function, gemm(),
+Beside them: products (every matrix product described once, a Gemm, and planned and launched by one function, gemm(),
 for every variant), source (what nvcc compiles, and the argument formats read from it), runtime (compile once,
 the primary context, launch, record and replay, KernelError), graph (a recorded plan as one CUDA graph: a
 model's passes run as Pass) and checks (the argument checks). Which launcher each op runs in each variant is
@@ -23,6 +23,8 @@ Every launcher takes its arguments in the kernel's order (outputs first), checks
 TypeError/ValueError naming the argument before anything is launched. Without `stream` a call is
 synchronous; with a stream it is queued on it.
 """
+import importlib
+
 from .adamw import NORM_GRID, adamw, global_norm
 from .attention import (attn_scores_bwd, attn_scores_fwd, attn_values_bwd, attn_values_fwd, causal_mask_bwd,
                         causal_mask_fwd, causal_scores_bwd, causal_scores_fwd, fused_attention_bwd, fused_attention_fwd,
@@ -46,9 +48,10 @@ from .layernorm_fast import (layernorm_bwd_fast, layernorm_fwd_fast, matmul_laye
 from .matmul import matmul_bwd, matmul_fwd
 from .matmul_attention_tc import matmul_attention_bwd_tc
 from .matmul_layernorm_tc import matmul_layernorm_bwd_tc
-from .gemm import (Gemm, MatrixProducts, attn_values_bwd_fast, attn_values_bwd_tc, attn_values_fwd_fast,
+from .products import (Gemm, MatrixProducts, attn_values_bwd_fast, attn_values_bwd_tc, attn_values_fwd_fast,
                    attn_values_fwd_tc, causal_scores_bwd_fast, causal_scores_bwd_tc, causal_scores_fwd_fast,
-                   causal_scores_fwd_tc, matmul_bwd_fast, matmul_bwd_tc, matmul_fwd_fast, matmul_fwd_tc, sgemm)
+                   causal_scores_fwd_tc, gemm, gemm_tc, matmul_bwd_fast, matmul_bwd_tc, matmul_fwd_fast, matmul_fwd_tc,
+                   sgemm, sgemm_tc)
 from .matmul_fast import GEMM_TILE, Causal
 from .matmul_tc import tensor_cores, warpgroup_mma
 from .pointwise import gelu_bwd, gelu_fwd, residual_bwd, residual_fwd
@@ -63,3 +66,13 @@ from ..reference import MASK_VALUE
 
 # the names these had before the enum
 CAUSAL_OUT_LOWER, CAUSAL_A_LOWER, CAUSAL_A_UPPER = Causal.OUT_LOWER, Causal.A_LOWER, Causal.A_UPPER
+
+# the names the variants' switch had here before the op table (microgpt.ops), which imports this package: looked
+# up there when first asked for, so that kernels.select(variant) and kernels.VARIANTS still work
+_OP_TABLE_NAMES = ("DEFAULT_VARIANT", "OPS", "VARIANTS", "Kernels", "Variant", "launcher", "resolve", "select")
+
+
+def __getattr__(name):
+    if name in _OP_TABLE_NAMES:
+        return getattr(importlib.import_module("microgpt.ops"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,7 +10,7 @@ import math
 
 from .checks import flag, ptr, rows, shape_of
 from .layernorm import layernorm_fwd_args, matmul_then_layernorm_bwd
-from .gemm import matmul_bwd_fast
+from .products import matmul_bwd_fast
 from .rows_fast import WARP
 from .runtime import blocks, counters, engine, launch, scratch, sm_version
 from .source import int_constants

@@ -11,7 +11,7 @@ import math
 from . import flash_attention
 from .attention import matmul_attention_bwd_args, matmul_then_attention_bwd
 from .flash_attention import fused_attention_bwd_tc
-from .gemm import Gemm, gemm, matmul_bwd_tc
+from .products import Gemm, gemm, matmul_bwd_tc
 from .matmul_tc import split_operands, tc_kernel
 from .runtime import launch, noting
 from .source import int_constant

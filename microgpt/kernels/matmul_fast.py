@@ -1,4 +1,4 @@
-"""Launchers of cuda/matmul_fast.cuh: the tiled SIMT SGEMM, one launch of a product (microgpt.kernels.gemm plans it),
+"""Launchers of cuda/matmul_fast.cuh: the tiled SIMT SGEMM, one launch of a product (microgpt.kernels.products plans it),
 and split-K's reduction.
 
 A 128 x 128 tile (128 x 64 where N fits in it: attention's d_k), causal tile skipping for attention; split-K,
@@ -23,7 +23,7 @@ class Causal(enum.IntEnum):
 
 
 def sgemm_launch(g, c: int, a: int, b: int, bias: int, stream) -> None:
-    """One unsplit launch of g (a gemm.Gemm) on the SIMT SGEMM."""
+    """One unsplit launch of g (a products.Gemm) on the SIMT SGEMM."""
     launch(g.kernel, g.args(c, a, b, bias), g.grid, stream, why=f"SIMT SGEMM, 128 x {g.tile_n} tiles" + (
         f", {g.causal.name} tiles skipped" if g.causal else ""))
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from .gemm import Gemm, gemm, matmul_bwd_tc
+from .products import Gemm, gemm, matmul_bwd_tc
 from .layernorm import matmul_layernorm_bwd_args, matmul_then_layernorm_bwd
 from .layernorm_fast import layernorm_bwd_fast
 from .matmul_tc import split_operands, tc_kernel

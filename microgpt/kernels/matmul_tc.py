@@ -1,4 +1,4 @@
-"""Launchers of cuda/matmul_tc.cuh: one launch of a product (microgpt.kernels.gemm plans it) on the tensor cores at
+"""Launchers of cuda/matmul_tc.cuh: one launch of a product (microgpt.kernels.products plans it) on the tensor cores at
 FP32 accuracy (3xTF32), and the choice of its kernel.
 
 tc_kernel chooses: the wgmma kernel on sm_90a for products long and large enough, mma.sync elsewhere from sm_80,
@@ -75,7 +75,7 @@ def split_operands(g, kernel: tuple[str, int, int] | None) -> bool:
 
 
 def split_launch(g, c: int, a_split: int, b_split: int, bias: int, K_pad: int, grid, stream) -> None:
-    """g (a gemm.Gemm) from its operands split into TF32 hi and lo (gemm.split_into_workspace), by k_gemm_wg_split,
+    """g (a products.Gemm) from its operands split into TF32 hi and lo (products.split_into_workspace), by k_gemm_wg_split,
     which only copies them: the wgmma kernel's bits."""
     launch("k_gemm_wg_split", [c, a_split, b_split, bias, g.M, g.N, K_pad, g.ldc, float(g.alpha), float(g.beta)],
            grid, stream, why="3xTF32 wgmma from split operands (one product of A stored M x K, sm_90a)",

@@ -210,6 +210,16 @@ def sgemm(c, a, b, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, bias=No
     gemm(g, ptr("c", c, lead + (M, N)), ptr("a", a, sa), ptr("b", b, sb), opt_ptr("bias", bias, (N,)), stream)
 
 
+def gemm_tc(g: Gemm, *args, **kw) -> None:
+    """gemm() of g on the tensor cores: the name it had before the units were part of the description."""
+    gemm(dataclasses.replace(g, units="tc"), *args, **kw)
+
+
+def sgemm_tc(c, a, b, **kw) -> None:
+    """sgemm() on the tensor cores (units="tc"): the name it had before."""
+    sgemm(c, a, b, units="tc", **kw)
+
+
 def _attn_dims(name, a):
     B, NH, T, d_k = head_dims(name, a)
     return B, NH, T, d_k, float(attn_scale(d_k, "float32"))  # 1.0f / sqrtf(d_k), as the literal kernel
