@@ -83,7 +83,11 @@ class NumpyBackend:
         keys and values for decode(); returns the last position's logits (B, V), or with `choose` (a
         sampling.Choice) the next tokens (B,) it chooses from them."""
         last, _ = self.forward(idx, None, logits="last")
-        self._cache = model.kv_cache(self.config, idx.shape[0], self._new)
+        B = idx.shape[0]
+        if self._cache is None or self._cache.k[0].shape[0] != B:  # the cache and a decode step's buffers, per B
+            self._cache = model.kv_cache(self.config, B, self._new)
+            self._cache.step = model.decode_activations(self.config, self._cache, np.zeros((B, 1), np.int32),
+                                                        np.zeros(1, np.int32), self._new)
         model.fill_cache(self.ops, self.config, self._a, self._cache, None)
         self._a = None  # what backward would need is not kept: sampling trains nothing
         return last[:, -1] if choose is None else choose(last[:, -1])
@@ -92,11 +96,11 @@ class NumpyBackend:
         """tokens: checked int32 (B,), at position pos (< block_size) after the prefilled or decoded ones.
         One position through every layer, its query against the cached keys and values 0..pos; returns its
         logits (B, V), or with `choose` the next tokens (B,)."""
-        a = model.decode_activations(self.config, self._cache, np.asarray(tokens, np.int32)[:, None],
-                                     np.array([pos], np.int32), self._new)
+        a = self._cache.step
+        a.idx[:, 0], a.pos[0] = tokens, pos
         model.forward(self.ops, self.P, self.config, a)
         self.positions += len(tokens)
-        logits = a.logits[:, 0]
+        logits = a.logits[:, 0].copy()
         return logits if choose is None else choose(logits)
 
     # -- optimiser ----------------------------------------------------------------------------------

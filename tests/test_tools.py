@@ -2,6 +2,8 @@
 kernel cases they time are built on a stand-in engine."""
 import hashlib
 import importlib
+import json
+import os
 import shutil
 from types import SimpleNamespace
 
@@ -16,7 +18,7 @@ from microgpt import reference_ops
 from helpers import GPU_REASON, TOOLS, FakeEngine, run_tool as run
 
 GPU_TOOLS = ["profile_kernels.py", "bench_attention.py", "bench_train.py", "ncu_kernel.py", "sanitize_kernels.py",
-             "bench_generate.py", "profile_step.py", "profile_decode.py"]
+             "bench_generate.py", "profile_step.py", "profile_decode.py", "bench_compare.py"]
 
 
 @pytest.mark.parametrize("script", GPU_TOOLS)
@@ -184,3 +186,21 @@ def test_an_op_without_a_written_case_gets_one_from_its_declaration(build, monke
     cases, plan, _ = build(lambda name: "gelu" in name)
     assert [c for c in cases if "gelu2" in c[0]] == [("k_gelu2_fwd", 2 * 4 * 2 * 512 * 4 * 64, 0, 2)]
     assert [name for name, *_ in plan].count("k_gelu_fwd") == 2  # its case and the written one of gelu_fwd
+
+
+def test_bench_compare_matches_the_rows_of_two_trees_and_skips_what_cannot_run():
+    """This tree against itself: every bench_generate --quick row found on both sides, a positive ratio; the GPU
+    benchmarks skipped with their one-line reason where there is no GPU; a --base that is no tree refused."""
+    root = os.path.dirname(TOOLS)
+    res = run("bench_compare.py", "--base", root, "--bench", "generate", "train", "--quick", "--json")
+    assert res.returncode == 0, res.stderr
+    rows = json.loads(res.stdout)["rows"]
+    generate = [r for r in rows if r["bench"] == "generate"]
+    assert [r["row"] for r in generate] == ["quick B=1 prompt=4", "quick B=2 prompt=4"]
+    assert all(r["before"] > 0 and r["after"] > 0 and r["ratio"] > 0 for r in generate)
+    train = [r for r in rows if r["bench"] == "train"]
+    if GPU_REASON is not None:
+        assert train == [dict(bench="train", row=None, skipped=train[0]["skipped"])]
+        assert "no CUDA GPU" in train[0]["skipped"]
+    bad = run("bench_compare.py", "--base", os.path.join(root, "nowhere"))
+    assert bad.returncode == 2 and "--base" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

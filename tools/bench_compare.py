@@ -1,0 +1,109 @@
+"""Speed before and after a change, measured in one run: the benchmarks of another tree of this repository (the
+base) and of this one, one after the other on the same machine, matched row by row.
+
+    git archive <base-commit> | (mkdir -p ../base && tar -x -C ../base)
+    (cd ../base && python setup.py -q build_ext --inplace)       # the base's own host module
+    python tools/bench_compare.py --base ../base                 # bench_train, bench_attention, bench_generate
+    python tools/bench_compare.py --base ../base --bench generate --quick --json
+
+Each benchmark runs as a fresh process of the tree's own tools/<bench>.py, that tree first on the import path; the
+two trees take turns, --repeat times, and the fastest time of each is kept. The figure compared is microgpt's own
+time of each row (a training step, the attention forward and forward+backward, a generate call); "after / before"
+below 1 is faster, and a row within --tolerance of 1 is marked "same". A benchmark that cannot run (no GPU) is
+skipped with its reason.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent.parent
+
+
+def figures(bench: str, result: dict) -> dict:
+    """row name -> seconds (or ms) of microgpt's own time, from a benchmark's JSON."""
+    if bench == "train":
+        return {f"step {v}": r["step_ms"] for v, r in result["variants"].items()}
+    if bench == "attention":
+        return {f"T={r['T']} {r['who']} {part}": r[key] for r in result["rows"] if r["who"].startswith("microgpt")
+                for part, key in (("fwd", "fwd_ms"), ("fwd+bwd", "fwd_bwd_ms"))}
+    return {f"{r['preset']} B={r['B']} prompt={r['prompt']}": r["microgpt_s"] for r in result["rows"]}
+
+
+def run(tree: Path, bench: str, extra: list[str]) -> tuple[dict | None, str]:
+    """(figures, "") of tree's tools/bench_<bench>.py --json, or (None, why it did not run)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    res = subprocess.run([sys.executable, str(tree / "tools" / f"bench_{bench}.py"), "--json", *extra],
+                         capture_output=True, text=True, env=env, cwd=tree)
+    if res.returncode != 0:
+        said = (res.stderr + res.stdout).strip().splitlines()
+        return None, said[-1] if said else f"exit status {res.returncode}"
+    return figures(bench, json.loads(res.stdout)), ""
+
+
+def compare(base: Path, benches: list[str], extra: list[str], repeat: int) -> list[dict]:
+    rows = []
+    for bench in benches:
+        best = {"before": {}, "after": {}}
+        why = ""
+        for _ in range(repeat):
+            for side, tree in (("before", base), ("after", HERE)):
+                got, why = run(tree, bench, extra)
+                if got is None:
+                    break
+                for name, t in got.items():
+                    best[side][name] = min(t, best[side].get(name, t))
+            if why:
+                break
+        if why:
+            rows.append(dict(bench=bench, row=None, skipped=why))
+            continue
+        for name, before in best["before"].items():
+            after = best["after"].get(name)
+            rows.append(dict(bench=bench, row=name, before=before, after=after,
+                             ratio=after / before if after is not None and before else None))
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base", required=True, help="the other tree: a checkout or an export of this repository")
+    ap.add_argument("--bench", nargs="+", choices=["train", "attention", "generate"],
+                    default=["train", "attention", "generate"])
+    ap.add_argument("--repeat", type=int, default=1, help="turns each tree takes; the fastest time is kept")
+    ap.add_argument("--tolerance", type=float, default=0.03, help="|after / before - 1| marked same (default 3%%)")
+    ap.add_argument("--quick", action="store_true", help="each benchmark's --quick")
+    ap.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    args = ap.parse_args(argv)
+    base = Path(args.base).resolve()
+    if not (base / "tools").is_dir():
+        print(f"bench_compare: --base {args.base}: no tools/ there (a tree of this repository?)", file=sys.stderr)
+        return 2
+    if args.repeat < 1:
+        print(f"bench_compare: --repeat must be >= 1, got {args.repeat}", file=sys.stderr)
+        return 2
+    rows = compare(base, args.bench, ["--quick"] if args.quick else [], args.repeat)
+    if args.json:
+        print(json.dumps(dict(base=str(base), after=str(HERE), tolerance=args.tolerance, rows=rows)))
+        return 0
+    print(f"before: {base}\nafter:  {HERE}")
+    for r in rows:
+        if r["row"] is None:
+            print(f"{r['bench']:<10} skipped: {r['skipped']}")
+            continue
+        mark = "" if r["ratio"] is None else "same" if abs(r["ratio"] - 1) <= args.tolerance else \
+            "faster" if r["ratio"] < 1 else "SLOWER"
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
+        print(f"{r['bench']:<10} {r['row']:<44} {r['before']:>10.4g} {r['after'] or float('nan'):>10.4g} "
+              f"{ratio:>7}  {mark}")
+    print("after / before: microgpt's time after the change over before it (below 1: faster)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
