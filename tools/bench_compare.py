@@ -22,6 +22,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent
+# microgpt is compared with itself: the benchmarks' peers (PyTorch, transformers) are skipped where they can be
+NO_PEER = {"train": ["--no-torch"], "attention": [], "generate": ["--no-peer"]}
 
 
 def figures(bench: str, result: dict) -> dict:
@@ -37,7 +39,7 @@ def figures(bench: str, result: dict) -> dict:
 def run(tree: Path, bench: str, extra: list[str]) -> tuple[dict | None, str]:
     """(figures, "") of tree's tools/bench_<bench>.py --json, or (None, why it did not run)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-    res = subprocess.run([sys.executable, str(tree / "tools" / f"bench_{bench}.py"), "--json", *extra],
+    res = subprocess.run([sys.executable, str(tree / "tools" / f"bench_{bench}.py"), "--json", *NO_PEER[bench], *extra],
                          capture_output=True, text=True, env=env, cwd=tree)
     if res.returncode != 0:
         said = (res.stderr + res.stdout).strip().splitlines()
