@@ -47,7 +47,7 @@ VARIANTS = {v.name: v for v in (
             False, "fast", fused_attention=True),
 )}
 # The fastest variant within the accuracy bar: its products' worst relative error against float64 is below
-# the SIMT SGEMM's on every shape measured (README, "Precision"); before sm_80 it runs fast's SGEMM.
+# the SIMT SGEMM's on every shape measured (docs/performance.md, Precision); before sm_80 fast's SGEMM.
 DEFAULT_VARIANT = "tc"
 
 
