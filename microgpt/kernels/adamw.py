@@ -8,7 +8,7 @@ import numpy as np
 from .checks import opt_ptr, ptr, shape_of
 from .runtime import blocks, launch, persistent_alloc, zero
 
-NORM_GRID = 1024  # blocks of the norm reduction, fixed (its order of additions), resident at once on an H200
+NORM_GRID = 1024  # blocks of the norm reduction: fixed, as its order of additions is
 
 
 def global_norm(sumsq, g, *, accumulate=False, stream=None):

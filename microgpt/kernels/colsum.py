@@ -10,9 +10,8 @@ REDUCE_BLOCK = 64  # threads a block of k_colsum_reduce: a column each, spread o
 
 
 def chunks(N: int) -> tuple[int, int]:
-    """(rows per chunk, number of chunks) of a column sum over N rows: 32 chunks (of 256 rows at B*T = 8192), so
-    that mlp.fc's 24 column groups make 768 blocks, one wave on an H200 (64 chunks made a wave and a half:
-    cuda/colsum.cuh). A function of N alone, so the order of every sum is too."""
+    """(rows per chunk, number of chunks) of a column sum over N rows: 32 chunks (docs/kernels.md, "Column sums").
+    A function of N alone, so the order of every sum is too."""
     rows_per_chunk = max(8, math.ceil(N / 32))
     return rows_per_chunk, math.ceil(N / rows_per_chunk)
 

@@ -16,14 +16,9 @@ from .runtime import blocks, engine, launch, noting, scratch
 from .source import int_constants
 
 MAX_D_K = 128
-# Below this the product of the scores is too short for 3xTF32 to keep within 1.5x the SIMT pipeline's error (as
-# matmul_tc.TC_MIN_K for the products): at d_k 5 and T = 77, dQ came out at 1.52x on the H200 (2026-12-01); at d_k
-# 16 and T = 129, 1.56x at one seed in twelve, d_k 17 1.46x, d_k 20 to 24 at most 1.32x, 28 and up 1.11x
-# (`.devrun`-style sweep of 12 seeds a shape, the same day; the GPU suite had failed at d_k 16 by 4.03e-7 / 2.50e-7)
+# The shortest heads and sequences flash attention keeps within 1.5x the SIMT pipeline's error: its products over
+# d_k (the scores) and over T (dQ, dK) are too short for 3xTF32 below them (docs/kernels.md, "Flash attention")
 MIN_D_K = 20
-# and the products over keys (dQ) and queries (dK) are as short as T: at T = 7, d_k 32, dQ came out at 1.83x the
-# fast pipeline's error, at T = 16 dK at 1.53x (the same date), so shorter sequences take the SIMT kernels too, from
-# the same bound as the products' (matmul_tc.TC_MIN_K)
 MIN_T = 128
 GRID_YZ = 65535  # CUDA's limit on a grid's y and z: heads and batch rows, in these kernels' grids
 

@@ -99,8 +99,8 @@ class Graph:
 class Pass:
     """A recorded plan run as one CUDA graph, captured at its first launch: a model's forward, backward or decode
     step. Where this process cannot capture one (`unavailable` says why), the plan is replayed launch by launch:
-    the same launches in the same order, so the same bits, only with the GPU's gap between launches (about a
-    microsecond each, 8% of a 25 MB pass on the H200) and Python's time to queue each."""
+    the same launches in the same order, so the same bits, only with the GPU's gap between launches and Python's
+    time to queue each."""
 
     def __init__(self, plan: Plan, phase: str):
         self.plan, self.phase = plan, phase

@@ -15,10 +15,9 @@ from .rows_fast import WARP
 from .runtime import blocks, counters, engine, launch, scratch, sm_version
 from .source import int_constants
 
-# The blocks a backward's grid aims at: at most four of C = 768's (192 threads, 64 registers: five fit) on each
-# of the H200's 132 SMs, so one wave; a partial row of 2 * C floats each (C = 768: 3 MB written and read again,
-# where 8192 rows are 75 MB). A constant, not the device's SM count: which rows a block adds, and so every bit of
-# dw and db, must not depend on the GPU.
+# The blocks a backward's grid aims at (one wave where four fit an SM of 132), each writing a partial row of 2 * C
+# floats. A constant, not the device's SM count: which rows a block adds, and so every bit of dw and db, must not
+# depend on the GPU (docs/kernels.md, "Layernorm").
 BWD_BLOCKS = 512
 
 

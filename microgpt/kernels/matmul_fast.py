@@ -1,5 +1,5 @@
-"""Launchers of cuda/matmul_fast.cuh: the tiled SIMT SGEMM, one launch of a product (microgpt.kernels.products plans it),
-and split-K's reduction.
+"""Launchers of cuda/matmul_fast.cuh: the tiled SIMT SGEMM, one launch of a product (microgpt.kernels.products
+plans it), and split-K's reduction.
 
 A 128 x 128 tile (128 x 64 where N fits in it: attention's d_k), causal tile skipping for attention; split-K,
 deterministic, where a single product has too few tiles to fill the GPU (the weight gradients), its slices added

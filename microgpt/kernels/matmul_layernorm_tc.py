@@ -1,8 +1,7 @@
 """Launchers of cuda/matmul_layernorm_tc.cuh: a linear layer's backward into the layernorm that made its input, on
-the tensor cores, with the dX product's tiles going straight into the layernorm's backward (sm_90a). The layernorm
-output's gradient is never stored or read back: 50 MB a layernorm at andrea-120m's B = 8, T = 1024, and the
-layernorm backward's own pass. Where the kernel does not apply, the tc variant's matmul_bwd, then the fast
-layernorm_bwd (through dinp)."""
+the tensor cores, with the dX product's tiles going straight into the layernorm's backward (sm_90a): the layernorm
+output's gradient is never stored or read back, and the layernorm backward has no pass of its own. Where the
+kernel does not apply, the tc variant's matmul_bwd, then the fast layernorm_bwd (through dinp)."""
 from __future__ import annotations
 
 import dataclasses

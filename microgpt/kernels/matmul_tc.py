@@ -15,16 +15,11 @@ from .matmul_fast import Causal
 from .runtime import BLOCK, engine, launch, sm_version
 from .source import int_constant
 
-# Below this K the split's rounding and the tensor cores' truncating sum within a slice outweigh the FP32
-# sum's rounding, and their error can pass 1.5x the SIMT kernel's (dev/NOTES.md: mma.sync's ratio is 3.3 at
-# K = 1, 1.3 at 16, 1.0 at 32; shapes of a few outputs at K = 32 failed the bar on the wgmma and mma.sync
-# kernels alike): such products run on SIMT (attention's scores, K = d_k, take the same time either way).
+# Below this K the split's rounding and the tensor cores' truncating sums outweigh the FP32 sum's rounding, and
+# the error can pass 1.5x the SIMT kernel's: such products run on SIMT (docs/kernels.md, "The products' bounds").
 TC_MIN_K = 128
-# The wgmma kernel sums four k8 steps (32 of K) in the tensor cores before each FP32 add, the mma.sync one
-# one. Over 40 fresh inputs (H200, 2026-11-30, dev/matmul_tc.py --wg-short-k) its worst error over the SIMT
-# kernel's was 1.28 at K = 128 and 0.91 at 256 for 64 x 130 outputs, but 1.6 to 2.4 up to K = 512 for 5 x 3
-# (mma.sync: 1.08 at most): on few outputs the longer tensor-core sums show. So the wgmma kernel takes the
-# products of at least WG_MIN_K of K and WG_MIN_OUTPUTS outputs (a 128 x 128 tile's), mma.sync the rest.
+# The wgmma kernel sums 32 of K in the tensor cores before each FP32 add (mma.sync: 8), which shows on short, small
+# products: it takes those of at least WG_MIN_K of K and WG_MIN_OUTPUTS outputs (a 128 x 128 tile's), mma.sync the rest.
 WG_MIN_K = 256
 WG_MIN_OUTPUTS = 128 * 128
 
@@ -75,8 +70,8 @@ def split_operands(g, kernel: tuple[str, int, int] | None) -> bool:
 
 
 def split_launch(g, c: int, a_split: int, b_split: int, bias: int, K_pad: int, grid, stream) -> None:
-    """g (a products.Gemm) from its operands split into TF32 hi and lo (products.split_into_workspace), by k_gemm_wg_split,
-    which only copies them: the wgmma kernel's bits."""
+    """g (a products.Gemm) from its operands split into TF32 hi and lo (products.split_into_workspace), by
+    k_gemm_wg_split, which only copies them: the wgmma kernel's bits."""
     launch("k_gemm_wg_split", [c, a_split, b_split, bias, g.M, g.N, K_pad, g.ldc, float(g.alpha), float(g.beta)],
            grid, stream, why="3xTF32 wgmma from split operands (one product of A stored M x K, sm_90a)",
            shared=int_constant("TC_SPLIT_SMEM_BYTES"), block=int_constant("TC_WG_THREADS"))

@@ -54,12 +54,12 @@ class SplitOperands:
     that may be taken from here, (src, rows, K, ld, transposed) as tf32_split takes them, src a device pointer.
 
     While products are recorded into a plan inside reading(plan), a product of split operands whose B is a
-    candidate (find) reads it from here instead of launching a split pass of its own; on leaving, the plan's first launch splits every operand
-    found here so far (by this plan's products or an earlier plan's), and no other candidate. So the plan must not
-    write a candidate before its products read it: the split runs ahead of every launch of the plan (the model's
-    forward and backward plans write no weights). Each is held hi then lo, rows_pad x K_pad each (split_padding), as
-    a product's workspace would hold it, allocated by `new(n)` (n float32s; the engine's memory by default) when
-    first found. The caller keeps this object as long as the plans that read it."""
+    candidate (find) reads it from here instead of launching a split pass of its own; on leaving, the plan's first
+    launch splits every operand found here so far (by this plan's products or an earlier plan's), and no other
+    candidate. So the plan must not write a candidate before its products read it: the split runs ahead of every
+    launch of the plan (the model's forward and backward plans write no weights). Each is held hi then lo, rows_pad
+    x K_pad each (split_padding), as a product's workspace would hold it, allocated by `new(n)` (n float32s; the
+    engine's memory by default) when first found. The caller keeps this object as long as the plans that read it."""
 
     def __init__(self, candidates, new=None):
         self.candidates = {(int(src), rows, K, ld, bool(transposed)) for src, rows, K, ld, transposed in candidates}
@@ -132,8 +132,8 @@ def weight_splits(weights, transposed: bool, new=None) -> SplitOperands:
 class SplitArena:
     """One allocation for sets of split operands that are never read at once (the model's forward and backward
     weights, each split at the start of its own pass, the passes in order on one stream): each set lays its splits
-    out from the arena's start, so it is the largest set's size, not their sum (0.73 GB less at andrea-120m). Made by
-    new(floats) when first taken from, so a device whose products split nothing ahead allocates none."""
+    out from the arena's start, so it is the largest set's size, not their sum. Made by new(floats) when first taken
+    from, so a device whose products split nothing ahead allocates none."""
 
     def __init__(self, floats: int, new=None):
         self.floats, self.new, self.buf = floats, new or (lambda n: engine().ga.empty(n, np.float32)), None
