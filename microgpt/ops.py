@@ -65,7 +65,16 @@ class Arg:
     keyword: bool = False
 
     def size(self, sizes: dict) -> tuple[int, ...]:
-        return tuple(int(eval(e, {}, sizes)) for e in self.shape)  # noqa: S307 (expressions of this table)
+        return tuple(int(_eval(e, sizes)) for e in self.shape)
+
+    def value(self, sizes: dict):
+        """A value argument's value at these sizes."""
+        return _eval(self.shape[0], sizes)
+
+
+def _eval(expr: str, sizes: dict):
+    """An expression of this table (`4*C`, `V//2`, `True`) at a case's sizes."""
+    return eval(expr, {}, sizes)  # noqa: S307 (the expressions are this module's own)
 
 
 _ROLES = {":": "in", ">": "out", "+": "inout", "~": "scratch", "=": "value"}
@@ -105,6 +114,10 @@ class Op:
 
     def __post_init__(self):
         object.__setattr__(self, "reference", getattr(ref, self.name))
+
+    def work(self, sizes: dict) -> int:
+        """The FLOPs of one call at these sizes."""
+        return int(_eval(self.flops, sizes))
 
 
 def _op(name, header, args, reference, tolerance=1e-5, flops="0", **faster):

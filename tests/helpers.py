@@ -127,7 +127,7 @@ def op_case(op, sizes: dict, rng) -> dict:
     vals = {}
     for a in op.args:
         if a.role == "value":
-            vals[a.name] = eval(a.shape[0], {}, sizes)
+            vals[a.name] = a.value(sizes)
             continue
         shape = a.size(sizes)
         if a.role in ("out", "scratch"):

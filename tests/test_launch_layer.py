@@ -45,7 +45,7 @@ SIZES = op_sizes(B, T, C, NH, V)
 
 def _fake_call(op):
     """One call of op at SIZES, from its arguments in microgpt.ops: FakeArrays, ids zeros (in the vocabulary)."""
-    vals = {a.name: eval(a.shape[0], {}, SIZES) if a.role == "value" else FakeArray(a.size(SIZES), a.dtype)
+    vals = {a.name: a.value(SIZES) if a.role == "value" else FakeArray(a.size(SIZES), a.dtype)
             for a in op.args}
     args, kw = op_call(op, vals)
     return tuple(args), kw | ({"check_token_ids": False} if op.name == "embed_bwd" else {})

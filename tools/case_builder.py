@@ -154,7 +154,7 @@ class Builder:
                 continue
             for name, fn in self.own(op):
                 r, arrays = self.draws(name), [a for a in spec.args if a.role != "value"]
-                values = {a.name: eval(a.shape[0], {}, sizes) for a in spec.args if a.role == "value"}
+                values = {a.name: a.value(sizes) for a in spec.args if a.role == "value"}
                 sets = [{a.name: _drawn(self, r, a, a.size(sizes), sizes) for a in arrays} for _ in range(self.sets)]
                 for s in sets:  # the embedding backward's order: its ids' positions sorted by token
                     if "order" in s:
@@ -166,8 +166,7 @@ class Builder:
                     args = [dict(zip(names, arrays_of_set), **values)[a.name] for a in spec.args if not a.keyword]
                     kw = {a.name: dict(zip(names, arrays_of_set), **values)[a.name] for a in spec.args if a.keyword}
                     fn(*args, **kw, stream=stream)
-                flops = eval(spec.flops, {}, sizes)  # noqa: S307 (an expression of the op table)
-                self.add(name, launch, nbytes, flops, [tuple(s[a.name] for a in arrays) for s in sets])
+                self.add(name, launch, nbytes, spec.work(sizes), [tuple(s[a.name] for a in arrays) for s in sets])
 
 
 def _drawn(builder, r: Draws, arg, shape, sizes):

@@ -87,7 +87,7 @@ class Engine:
     plans of two engines given the same calls are equal), copies and memsets do nothing."""
 
     def __init__(self, device: Device, signatures=None):
-        self.device_info, self.arch, self.sm_count = device, device.arch, device.sm_count
+        self.arch, self.sm_count = device.arch, device.sm_count
         self.max_shared, self.regs = device.max_shared, device.regs
         self.signatures = kernel_signatures() if signatures is None else signatures
         self.sm_limits = runtime.SmLimits(device.sm_threads, device.sm_registers, device.sm_shared)
