@@ -200,6 +200,12 @@ class Plan(list):
         super().__init__()
         self.keep, self.workspace, self.splits, self.op, self.notes = [], None, [], "", []
 
+    def record(self, name: str, fn, grid: tuple, args: list, shared: int, block: int, why: str) -> None:
+        """Appends one launch, noting the op being recorded and why (the reasons noted around it, then its own)."""
+        entry = Launch((name, fn, grid, args, shared, block))
+        entry.op, entry.why = self.op, "; ".join(n for n in self.notes + [why] if n)
+        self.append(entry)
+
     def __str__(self) -> str:
         """A line a launch: op (and whose launcher, where not the reference's), kernel, grid, threads a block,
         dynamic shared memory, and why this kernel."""
@@ -245,9 +251,7 @@ def launch(name: str, args: list, grid, stream=None, shared: int = 0, block: int
     grid = tuple(grid) if isinstance(grid, tuple) else (grid, 1)
     fn = e.function(name, shared)
     if isinstance(stream, Plan):
-        entry = Launch((name, fn, grid, args, shared, block))
-        entry.op, entry.why = stream.op, "; ".join(n for n in stream.notes + [why] if n)
-        stream.append(entry)
+        stream.record(name, fn, grid, args, shared, block, why)
         return
     try:
         fn.prepared_async_call(grid, (block, 1, 1), stream, *args, shared_size=shared)
@@ -305,9 +309,7 @@ def zero(ptr: int, n_words: int, stream=None, why: str = "") -> None:
     an entry named "memset", which replay runs in its place)."""
     e = engine()
     if isinstance(stream, Plan):
-        entry = Launch(("memset", _MEMSET, (1, 1), [ptr, n_words], 0, 1))
-        entry.op, entry.why = stream.op, why
-        stream.append(entry)
+        stream.record("memset", _MEMSET, (1, 1), [ptr, n_words], 0, 1, why)
     elif stream is None:
         e.cuda.memset_d32(ptr, 0, n_words)
     else:
