@@ -17,7 +17,9 @@ The sidecar, at `path + ".json"`, holds what the binary cannot say. Its fields: 
 ("microgpt-andrea-checkpoint"), version (2), config (GPTConfig.to_dict()), n_params, step (the header's),
 dtype "float32", byteorder "little", extra (JSON values the caller keeps with the checkpoint, e.g. a
 BatchSampler's state), sha256 and size of the binary (`sha256sum model.ckpt` prints the same digest),
-and previous: the sidecar of the binary this save replaced (without its own previous), or null.
+previous: the sidecar of the binary this save replaced (without its own previous), or null, and checksum:
+the sha256 of the sidecar's other fields but previous, as canonical JSON, so that an edited config is refused.
+A checkpoint holds finite numbers only: save() and read() refuse NaN and inf (NonFiniteError).
 
 A save never loses a run, and a reader never sees half of one. Both files are written to temporary files
 beside their targets and flushed to disk; then the sidecar is renamed into place (the commit: from here
@@ -26,8 +28,8 @@ A kill at any instant leaves a pair that loads: before the first rename the old 
 the old binary with the new sidecar's `previous`, after the second the new pair. read() takes whichever
 of the sidecar and its `previous` the binary's sha256 matches, reading again if a save moved both files
 meanwhile, and refuses a binary that matches neither (a flipped byte), naming the file. Temporary files
-of a process that died mid-save are removed by the next save to the same path. Version 1 sidecars (no
-sha256) still load, checked by size and step only.
+of a process that died mid-save are removed by the next save to the same path. Older sidecars still load:
+version 2 without the checksum, version 1 (no sha256) checked by size and step only.
 """
 from __future__ import annotations
 
@@ -46,15 +48,37 @@ import numpy as np
 from . import _host
 from ._host import CheckpointError
 from .config import GPTConfig
-from .params import num_params
+from .params import num_params, param_table
 
 FORMAT = "microgpt-andrea-checkpoint"
-VERSION = 2
+VERSION = 3
 FILE_DTYPE = np.dtype("<f4")
 READ_ATTEMPTS = 4  # a reader racing saves reads again; more than a few misses in a row is a corrupt file
 
-__all__ = ["Checkpoint", "CheckpointError", "FORMAT", "VERSION", "save", "read", "read_meta", "sidecar_path",
+__all__ = ["Checkpoint", "CheckpointError", "NonFiniteError", "FORMAT", "VERSION", "save", "read", "read_meta", "sidecar_path",
            "replace_file"]
+
+
+class NonFiniteError(ValueError):
+    """Weights or Adam moments holding NaN or inf, which no checkpoint may hold."""
+
+
+def check_finite(config: GPTConfig, vectors: dict, where: str) -> None:
+    """Raises NonFiniteError naming the first parameter of vectors (label -> flat array in param_table's
+    order) that holds a NaN or an inf."""
+    for label, a in vectors.items():
+        if np.isfinite(a).all():
+            continue
+        first = int(np.flatnonzero(~np.isfinite(a))[0])
+        name = next(s.name for s in param_table(config) if s.offset <= first < s.offset + s.size)
+        raise NonFiniteError(f"{where}: {label} hold non-finite values (NaN or inf), the first in {name}")
+
+
+def checksum(meta: dict) -> str:
+    """The sha256 of a sidecar's fields but checksum and previous, as canonical JSON."""
+    fields = {k: v for k, v in meta.items() if k not in ("checksum", "previous")}
+    fields["config"] = fields["config"].to_dict() if isinstance(fields["config"], GPTConfig) else fields["config"]
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 class Checkpoint(NamedTuple):
@@ -104,6 +128,8 @@ def save(path, config: GPTConfig, step: int, weights, m, v, extra: dict | None =
         raise TypeError(f"step must be an int, got {type(step).__name__}")
     header = _host.pack_header(int(step), n)
     vectors = [_file_vector(label, a, n) for label, a in (("weights", weights), ("m", m), ("v", v))]
+    check_finite(config, {label: vec.view(FILE_DTYPE) for label, vec in zip(("weights", "m", "v"), vectors)},
+                 f"checkpoint {name!r} not written")
     if extra is None:
         extra = {}
     if not isinstance(extra, dict):
@@ -118,8 +144,9 @@ def save(path, config: GPTConfig, step: int, weights, m, v, extra: dict | None =
         digest.update(vec)
     meta = {"format": FORMAT, "version": VERSION, "config": config.to_dict(), "n_params": n,
             "step": int(step), "dtype": "float32", "byteorder": "little", "extra": extra,
-            "sha256": digest.hexdigest(), "size": _host.checkpoint_bytes(n), "previous": _committed(name)}
+            "sha256": digest.hexdigest(), "size": _host.checkpoint_bytes(n)}
     try:
+        meta |= {"checksum": checksum(meta), "previous": _committed(name)}
         sidecar_text = json.dumps(meta, indent=2, allow_nan=False) + "\n"
     except (TypeError, ValueError) as e:
         raise TypeError(f"extra must hold only JSON values (dicts, lists, str, finite numbers): {e}") from None
@@ -337,6 +364,9 @@ def _checked(meta, where) -> dict:
     digest = meta.get("sha256")
     if meta.get("version", 1) >= 2 and not (isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest)):
         raise CheckpointError(f"sidecar {where!r} has no valid sha256 of its binary")
+    if meta.get("version", 1) >= 3 and meta.get("checksum") != checksum(meta):
+        raise CheckpointError(f"sidecar {where!r} does not match its checksum: it was edited (its config, step "
+                              f"or extra changed) or is corrupt")
     return dict(meta, config=config, extra=extra)
 
 
@@ -387,6 +417,10 @@ def read(path, expect_config: GPTConfig | None = None) -> Checkpoint:
         _remember(name, chosen, ident)  # a save that follows knows what it replaces without reading it again
     native = np.dtype(np.float32)
     weights, m, v = (a.astype(native, copy=False) for a in vectors)
+    try:
+        check_finite(config, {"weights": weights, "m": m, "v": v}, f"checkpoint {name!r}")
+    except NonFiniteError as e:
+        raise CheckpointError(str(e)) from None
     return Checkpoint(config, step, weights, m, v, chosen["extra"])
 
 

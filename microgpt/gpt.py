@@ -199,7 +199,8 @@ class GPT:
         return self._named("grads")
 
     def load_state_dict(self, state: dict) -> None:
-        """Loads every weight; refuses, loading nothing, a dict with a missing, extra or misshaped tensor."""
+        """Loads every weight; refuses, loading nothing, a dict with a missing, extra, misshaped or non-finite
+        tensor."""
         if not isinstance(state, dict):
             raise TypeError(f"state must be a dict of name -> array, got {type(state).__name__}")
         expected = {s.name: s.shape for s in self.table}
@@ -220,6 +221,8 @@ class GPT:
                 raise TypeError(f"state_dict[{name!r}] must be a float array, got dtype {value.dtype}")
             if value.shape != shape:
                 raise ValueError(f"state_dict[{name!r}] has shape {value.shape}, expected {shape}")
+            if not np.isfinite(value).all():
+                raise ValueError(f"state_dict[{name!r}] holds non-finite values (NaN or inf)")
             named[name][...] = value
         self.backend.push("params", flat)
 

@@ -57,8 +57,14 @@ def hf_name(name: str) -> tuple[str, bool]:
 
 def config_from_hf(hf: dict, where: str = CONFIG_FILE) -> GPTConfig:
     """microgpt's GPTConfig of a GPT-2 config.json; ValueError naming the field microgpt cannot compute."""
+    if not isinstance(hf, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(hf).__name__}")
+
     def field(name, default=None):
         return hf.get(name, default)
+    for name in ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size"):
+        if type(field(name)) is not int:
+            raise ValueError(f"{where}: {name} must be an integer, got {field(name)!r}")
     if field("model_type") != "gpt2":
         raise ValueError(f"{where}: model_type must be 'gpt2', got {field('model_type')!r}")
     checks = [
@@ -101,10 +107,10 @@ def read_hf(path) -> tuple[GPTConfig, dict]:
         if not os.path.isfile(f):
             raise FileNotFoundError(f"{path}: no {os.path.basename(f)} (a Hugging Face save_pretrained directory "
                                     f"holds {CONFIG_FILE} and {WEIGHTS_FILE})")
-    with open(cfg_file, encoding="utf-8") as fh:
+    with open(cfg_file, "rb") as fh:
         try:
-            hf = json.load(fh)
-        except json.JSONDecodeError as e:
+            hf = json.loads(fh.read())
+        except (ValueError, UnicodeDecodeError) as e:
             raise ValueError(f"{cfg_file}: not JSON ({e})") from None
     config = config_from_hf(hf, cfg_file)
     try:
@@ -128,6 +134,8 @@ def read_hf(path) -> tuple[GPTConfig, dict]:
             raise ValueError(f"{weights_file}: {name} has shape {a.T.shape if transposed else a.shape}, expected "
                              f"{spec.shape[::-1] if transposed else spec.shape} for this config")
         state[spec.name] = np.ascontiguousarray(a, dtype=np.float32)
+        if not np.isfinite(state[spec.name]).all():
+            raise ValueError(f"{weights_file}: {name} holds non-finite values (NaN or inf)")
     if tensors:
         raise ValueError(f"{weights_file}: tensors microgpt's GPT-2 has no place for: {', '.join(sorted(tensors))}")
     if head is not None and not np.array_equal(np.asarray(head, np.float32), state["wte"]):

@@ -198,7 +198,56 @@ SIDECAR_REFUSALS = {
                                "says n_params=5"),
     "sidecar with a negative step": (sidecar_edit(lambda m: json.dumps(m | {"step": -2})), CheckpointError,
                                      "invalid step -2"),
+    "sidecar config edited, same n_params": (sidecar_edit(lambda m: json.dumps(
+        m | {"config": m["config"] | {"n_head": 4}})), CheckpointError, "does not match its checksum"),
+    "sidecar extra edited": (sidecar_edit(lambda m: json.dumps(m | {"extra": {"T": 4}})), CheckpointError,
+                             "does not match its checksum"),
+    "sidecar checksum removed": (sidecar_edit(lambda m: json.dumps({k: v for k, v in m.items() if k != "checksum"})),
+                                 CheckpointError, "does not match its checksum"),
 }
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("vector", ["params", "m", "v"])
+def test_save_refuses_non_finite_values_and_keeps_the_checkpoint_in_place(tmp_path, bad, vector):
+    path = tmp_path / "run.ckpt"
+    model = trained()
+    model.save(path)
+    before = path.read_bytes()
+    spoiled = model.backend.pull(vector).copy()
+    at = param_table(CFG)[3]
+    spoiled[at.offset + 1] = bad
+    model.backend.push(vector, spoiled)
+    label = {"params": "weights"}.get(vector, vector)
+    with pytest.raises(checkpoint.NonFiniteError, match=rf"{label} hold non-finite values .* in {at.name}"):
+        model.save(path)
+    assert path.read_bytes() == before and GPT.load(path).step_count == model.step_count
+
+
+def test_read_refuses_a_checkpoint_holding_nan_even_with_matching_checksums(tmp_path):
+    path = tmp_path / "nan.ckpt"
+    trained().save(path)
+    data = bytearray(path.read_bytes())
+    data[8 + 4 * 5: 8 + 4 * 6] = struct.pack("<f", float("nan"))  # weight 5: in wte
+    path.write_bytes(bytes(data))
+    side = tmp_path / "nan.ckpt.json"
+    meta = json.loads(side.read_text())
+    meta["sha256"] = __import__("hashlib").sha256(bytes(data)).hexdigest()
+    meta["checksum"] = checkpoint.checksum(meta)
+    side.write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="weights hold non-finite values .* in wte"):
+        GPT.load(path)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_load_state_dict_refuses_non_finite_weights_and_loads_nothing(bad):
+    model = trained()
+    before = snapshot(model)
+    state = model.state_dict()
+    state["h.1.mlp.fc.w"][2, 3] = bad
+    with pytest.raises(ValueError, match=r"state_dict\['h.1.mlp.fc.w'\] holds non-finite values"):
+        model.load_state_dict(state)
+    assert_bit_equal(snapshot(model), before)
 
 
 @pytest.mark.parametrize("case", list(SIDECAR_REFUSALS))

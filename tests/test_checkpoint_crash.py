@@ -122,7 +122,7 @@ def test_the_sidecar_records_the_sha256_of_the_binary(tmp_path):
     save(path, 5)
     meta = json.loads((tmp_path / "run.ckpt.json").read_text())
     assert meta["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()  # what sha256sum prints
-    assert meta["size"] == path.stat().st_size and meta["version"] == 2
+    assert meta["size"] == path.stat().st_size and meta["version"] == 3
 
 
 def test_a_reader_beside_a_saving_process_never_sees_half_a_save(tmp_path):
@@ -158,8 +158,8 @@ def test_a_version_1_checkpoint_still_loads(tmp_path):
     side.write_text(json.dumps({k: v for k, v in meta.items() if k not in ("sha256", "size", "previous")}
                                | {"version": 1}))
     assert assert_whole(path, {3}) == 3
-    save(path, 4)  # and the next save writes version 2 over it
-    assert json.loads(side.read_text())["version"] == 2 and assert_whole(path, {4}) == 4
+    save(path, 4)  # and the next save writes the current version over it
+    assert json.loads(side.read_text())["version"] == checkpoint.VERSION and assert_whole(path, {4}) == 4
 
 
 @pytest.mark.parametrize("missing", ["binary", "both"])
