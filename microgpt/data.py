@@ -29,8 +29,28 @@ def builtin_corpus() -> str:
     return "\n\n".join(topics[k] for k in sorted(topics))
 
 
+class NotText(ValueError):
+    """A data file that is not UTF-8 text; the message names the file and the offset of the first bad byte."""
+
+
+def read_text(path) -> str:
+    """The text of a UTF-8 file. Refuses (NotText) bytes that are not UTF-8 and NUL bytes, which no text
+    holds but UTF-16 is full of, naming the offset of the first."""
+    data = Path(path).read_bytes()
+    nul = data.find(b"\0")
+    try:
+        text = data[:nul if nul >= 0 else len(data)].decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise NotText(f"{path} is not UTF-8 text: byte 0x{data[e.start]:02x} at offset {e.start} "
+                      f"({e.reason})") from None
+    if nul >= 0:
+        raise NotText(f"{path} is not UTF-8 text: a NUL byte at offset {nul} (UTF-16? convert it with "
+                      f"iconv -f UTF-16 -t UTF-8)")
+    return text
+
+
 def load_tokens(path: str | None = None, tokenizer=None) -> np.ndarray:
-    """The tokens of a UTF-8 text file (bytes that are not UTF-8 read as U+FFFD), or of builtin_corpus(), by
+    """The tokens of a UTF-8 text file (read_text: anything else is refused), or of builtin_corpus(), by
     the byte tokenizer or another with its interface; a BPETokenizer with GPT-2's pre-tokenizer (piecewise)
     encodes the text in pieces in parallel, cut where its pre-tokenizer cuts anyway, so the tokens are those
     of the whole."""
@@ -59,16 +79,19 @@ def cached_tokens(path, tokenizer, progress: bool = False) -> np.ndarray:
     tag = "bytes" if record is None else record["sha256"][:16]
     dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32
     st = p.stat()
-    meta = {"format": TOKEN_FILE, "version": 2, "text_size": st.st_size, "text_mtime_ns": st.st_mtime_ns,
+    meta = {"format": TOKEN_FILE, "version": 3, "text_size": st.st_size, "text_mtime_ns": st.st_mtime_ns,
             "tokenizer": tag, "dtype": np.dtype(dtype).name}
     tokens_path, sidecar = p.with_name(f"{p.name}.{tag}.tokens"), p.with_name(f"{p.name}.{tag}.tokens.json")
     try:
         saved = json.loads(sidecar.read_text())
-        if {k: saved.get(k) for k in meta} == meta and tokens_path.stat().st_size == saved["count"] * \
-                np.dtype(dtype).itemsize:
-            return _mapped(tokens_path, dtype, saved["count"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass  # none yet, or another text or tokenizer's: made again
+        count = saved["count"]
+        if {k: saved.get(k) for k in meta} == meta and type(count) is int and \
+                tokens_path.stat().st_size == count * np.dtype(dtype).itemsize:
+            tokens = _mapped(tokens_path, dtype, count)
+            if not count or int(tokens.max()) < tokenizer.vocab_size:
+                return tokens
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass  # none yet, another text or tokenizer's, or damaged: made again
     tokens = encode_file(p, tokenizer, progress)
     try:
         replace_file(tokens_path, tokens.astype(dtype).tobytes())
@@ -85,7 +108,7 @@ def _mapped(path, dtype, count) -> np.ndarray:
 def encode_file(path, tokenizer, progress: bool = False) -> np.ndarray:
     """The tokens of a UTF-8 text file, by pieces (text_pieces) in batches where the tokenizer encodes in
     parallel, with a progress bar over the text's characters if asked."""
-    text = Path(path).read_text(encoding="utf-8", errors="replace")
+    text = read_text(path)
     if not getattr(tokenizer, "piecewise", False):  # only GPT-2's pre-tokenizer is known to cut there
         return tokenizer.encode(text)
     pieces, out = text_pieces(text), []

@@ -131,6 +131,8 @@ def recorded_tokenizer(record: dict | None, given=None, where: str = "the run", 
     """The tokenizer a checkpoint records (BPETokenizer.record(): found again by path, known unchanged by
     sha256), or `given` (a path), which must be that one; bytes where none is recorded (and a given one is
     refused where a run on bytes resumes). ValueError or FileNotFoundError say which and why."""
+    if record is not None and not isinstance(record, dict):
+        raise ValueError(f"{where}: the recorded tokenizer must be an object, got {record!r}")
     if given is not None:
         tokenizer = BPETokenizer(given)
         if record is not None and record.get("sha256") != tokenizer.sha256:

@@ -174,6 +174,8 @@ def test_convert_carries_the_tokenizer_and_sample_refuses_a_vocabulary_it_cannot
     assert "vocab_size 50 is not the byte tokenizer's 257: give the tokenizer it was trained with" in err
     assert main(["tokenizer", "train", "--data", corpus, "--out", str(tmp_path / "no" / "such" / "t.json")]) == 2
     assert "the folder" in capsys.readouterr().err
-    (tmp_path / "latin1.txt").write_bytes("café crème ".encode("latin-1") * 200)  # not UTF-8: read as U+FFFD
+    (tmp_path / "latin1.txt").write_bytes("café crème ".encode("latin-1") * 200)  # not UTF-8: refused
     assert main(["tokenizer", "train", "--vocab-size", "270", "--data", str(tmp_path / "latin1.txt"),
-                 "--out", str(tmp_path / "l.json"), "--no-progress"]) == 0
+                 "--out", str(tmp_path / "l.json"), "--no-progress"]) == 2
+    assert "latin1.txt is not UTF-8 text: byte 0xe9 at offset 3" in capsys.readouterr().err
+    assert not (tmp_path / "l.json").exists()

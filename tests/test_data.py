@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from microgpt import ByteTokenizer
-from microgpt.data import BatchSampler, builtin_corpus, load_tokens, split
+from microgpt.data import BatchSampler, NotText, builtin_corpus, load_tokens, split
 
 MASK = 2 ** 64 - 1
 
@@ -89,8 +89,20 @@ def test_load_tokens_from_a_file(tmp_path):
     path.write_text("héllo ☃\nworld\n", encoding="utf-8")
     tokens = load_tokens(str(path))
     assert ByteTokenizer().decode(tokens) == "héllo ☃\nworld\n"
-    path.write_bytes(b"ok \xff bad byte")
-    assert ByteTokenizer().decode(load_tokens(path)) == "ok \ufffd bad byte"
+
+
+@pytest.mark.parametrize("data, offset, what", [
+    (b"ok \xff bad byte", 3, "byte 0xff at offset 3"),
+    ("h\u00e9llo".encode("utf-16"), 0, "byte 0xff at offset 0"),          # with its byte-order mark
+    ("hello".encode("utf-16-le"), 1, "a NUL byte at offset 1"),           # ASCII as UTF-16: valid UTF-8 but NULs
+    (bytes(range(256)) * 4, 0, "a NUL byte at offset 0"),
+    (b"caf\xc3", 3, "byte 0xc3 at offset 3"),                              # cut inside a character
+])
+def test_load_tokens_refuses_what_is_not_utf8_text_naming_the_offset(tmp_path, data, offset, what):
+    path = tmp_path / "corpus.bin"
+    path.write_bytes(data)
+    with pytest.raises(NotText, match=f"corpus.bin is not UTF-8 text: {what}"):
+        load_tokens(path)
 
 
 def test_load_tokens_refuses_a_missing_file(tmp_path):
