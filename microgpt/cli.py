@@ -7,44 +7,32 @@
     microgpt info
 
 A user error is one line, `microgpt: error: ...`, naming the flag and the value typed, with exit status 2,
-and it is found before the first step. Ctrl-C during training finishes the step in flight, saves, says
-where, and exits with status 130.
+and it is found before the first step. Ctrl-C, SIGTERM or SIGHUP during training finishes the step in
+flight, saves, says where, and exits with 128 + the signal's number (130, 143, 129).
 """
 from __future__ import annotations
 
 import argparse
 import math
 import os
+import signal
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
 
-from . import checkpoint, info, kernels, ops
-from .kernels import virtual
+from . import checkpoint, info, ops
 from .config import PRESETS, GPTConfig
 from .convert import convert
-from .data import BatchSampler, builtin_corpus, cached_tokens, load_tokens, split
+from .data import NotText, builtin_corpus, read_text
 from .gpt import GPT
-from .runs import RunFolder, RunFolderError
-from .tokenizer import BPETokenizer, ByteTokenizer, recorded_tokenizer, train_bpe
-from .train import EXIT_INTERRUPTED, PeerFailed, train_loop
-
-# Without a GPU the command still runs, on a model small enough for numpy to train in seconds.
-CPU_SIZES = dict(n_layer=2, n_head=4, d_model=64, block_size=64)
-SIZE_FLAGS = ("n_layer", "n_head", "d_model", "block_size")
-EXIT_USAGE = 2
-DEFAULT_BATCH_SIZE = 8
-
-
-def flag(field: str) -> str:
-    """'n_head' -> '--n-head': a field as its flag, in messages and in the parser."""
-    return "--" + field.replace("_", "-")
-
-
-class UsageError(Exception):
-    """What the user typed cannot run; printed as one line, exit status 2."""
+from .kernels import virtual
+from .tokenizer import ByteTokenizer, train_bpe
+from .train import DEFAULT_BATCH_SIZE, SIZE_FLAGS, cmd_train
+from .usage import (EXIT_USAGE, PeerFailed, UsageError, cuda_available, flag, pick_backend, read_checkpoint,
+                    run_tokenizer)
 
 
 class Parser(argparse.ArgumentParser):
@@ -80,179 +68,7 @@ open_fraction = _number(float, 0.0, 1.0, low_open=True, high_open=True, what="a 
 unit = _number(float, 0.0, 1.0, low_open=True, what="a number in (0, 1]")
 
 
-def cuda_available() -> tuple[bool, str]:
-    """(True, device name) where PyCUDA and a CUDA device are there, else (False, the reason)."""
-    try:
-        return True, kernels.device_summary()
-    except Exception as e:  # no pycuda, no driver, no device: all mean the numpy backend
-        return False, str(e).splitlines()[0] if str(e) else type(e).__name__
-
-
-def pick_backend(requested: str, quiet: bool = False) -> str:
-    ok, why = (True, "") if requested == "numpy" else cuda_available()
-    if requested == "cuda" and not ok:
-        raise UsageError(f"--backend cuda: no usable CUDA GPU here ({why}); install PyCUDA with "
-                         f"pip install 'microgpt[cuda]' on a machine with a GPU, or use --backend numpy")
-    if requested != "auto":
-        return requested
-    if not ok and not quiet:
-        print(f"no GPU ({why}): training on the numpy backend, a small model on the CPU", file=sys.stderr)
-    return "cuda" if ok else "numpy"
-
-
-def config_from_args(args, backend: str, vocab_size: int) -> GPTConfig:
-    """The preset (andrea-12m; CPU_SIZES on the numpy backend without --preset), each size flag given
-    replacing one field of it."""
-    try:
-        base = GPTConfig.preset(args.preset or "andrea-12m", vocab_size=vocab_size)
-    except ValueError as e:
-        raise UsageError(f"--preset {args.preset}: {e} (the tokenizer's vocabulary is {vocab_size})") from None
-    fields = base.to_dict() | (CPU_SIZES if args.preset is None and backend == "numpy" else {})
-    fields |= {k: getattr(args, k) for k in SIZE_FLAGS if getattr(args, k) is not None}
-    try:
-        return GPTConfig.from_dict(fields)
-    except ValueError as e:
-        typed = " ".join(f"{flag(k)} {getattr(args, k)}" for k in SIZE_FLAGS if getattr(args, k))
-        raise UsageError(f"{typed or 'the model sizes'}: {e}") from None
-
-
-def run_batch_size(extra: dict):
-    sampler = extra.get("train_sampler")
-    return sampler.get("B") if isinstance(sampler, dict) else None
-
-
-def check_resume_flags(args, config: GPTConfig, T: int, extra: dict) -> None:
-    """--resume continues the checkpoint's model: a size flag or a --seq-len that differs is refused."""
-    changed = [f"{flag(k)} {getattr(args, k)} (the checkpoint's is {getattr(config, k)})"
-               for k in SIZE_FLAGS if getattr(args, k) is not None and getattr(args, k) != getattr(config, k)]
-    if args.preset is not None:
-        try:
-            same = GPTConfig.preset(args.preset, vocab_size=config.vocab_size) == config
-        except ValueError:  # a preset that fixes another vocabulary
-            same = False
-        if not same:
-            changed.append(f"--preset {args.preset} (the checkpoint's model is {config})")
-    if args.seq_len is not None and args.seq_len != T:
-        changed.append(f"--seq-len {args.seq_len} (the checkpoint's run uses {T})")
-    B, world = run_batch_size(extra), int(os.environ.get("WORLD_SIZE", 1))
-    if args.batch_size is not None and B is not None and world * args.batch_size != B:
-        changed.append(f"--batch-size {args.batch_size} (the checkpoint's run uses {B})")
-    if changed:
-        raise UsageError(f"--resume continues the checkpoint's run, which these would change: {'; '.join(changed)}")
-
-
-def training_tokens(args, tokenizer, T):
-    """(train, validation) tokens of --data, each long enough for a window of T+1."""
-    if args.data is not None:
-        p = Path(args.data)
-        if not p.exists():
-            raise UsageError(f"--data {args.data}: no such file")
-        if p.is_dir():
-            raise UsageError(f"--data {args.data} is a folder; expected a UTF-8 text file")
-    try:  # a file is tokenized once, into a token file beside it that later runs map
-        tokens = load_tokens(None, tokenizer) if args.data is None else \
-            cached_tokens(args.data, tokenizer, progress=not args.no_progress)
-    except OSError as e:
-        raise UsageError(f"--data {args.data}: {e.strerror or e}") from None
-    if len(tokens) == 0:
-        raise UsageError(f"--data {args.data} holds no text")
-    train_tokens, val_tokens = split(tokens, args.val_fraction)
-    if min(len(train_tokens), len(val_tokens)) < T + 1:
-        raise UsageError(f"--data {args.data or '(built-in corpus)'}: {len(tokens):,} tokens are too few: with "
-                         f"--val-fraction {args.val_fraction} the training part has {len(train_tokens):,} and the "
-                         f"validation part {len(val_tokens):,}, and each needs at least T+1 = {T + 1} for "
-                         f"sequences of T = {T}")
-    return train_tokens, val_tokens
-
-
-def read_checkpoint(path, flag=None):
-    """The whole checkpoint at path, checked; a file that is missing or not whole is a usage error."""
-    try:
-        return checkpoint.read(path)
-    except (OSError, checkpoint.CheckpointError) as e:
-        raise UsageError(f"{flag}: {e}" if flag else str(e)) from None
-
-
 # ---------------------------------------------------------------------------------------------- commands
-def open_tokenizer(path, flag="--tokenizer"):
-    try:
-        return BPETokenizer(path)
-    except (OSError, ValueError, ImportError) as e:
-        raise UsageError(f"{flag} {path}: {e}") from None
-
-
-def run_tokenizer(given, extra: dict, where: str, resume: bool):
-    """The tokenizer of a saved run (tokenizer.recorded_tokenizer), --tokenizer where given."""
-    try:
-        return recorded_tokenizer(extra.get("tokenizer"), given, where, resume)
-    except (OSError, ValueError, ImportError) as e:
-        raise UsageError(str(e)) from None
-
-
-def data_parallel(requested: str):
-    """Under torchrun (WORLD_SIZE set): (the backend, microgpt.distributed.DataParallel); else (backend, None)."""
-    if "WORLD_SIZE" not in os.environ:
-        return pick_backend(requested), None
-    try:
-        from .distributed import DataParallel, select_gpu  # torch: the [dist] extra, imported only here
-    except ImportError as e:
-        raise UsageError(f"WORLD_SIZE is set (torchrun) but torch.distributed is missing ({e}): pip install "
-                         f"'microgpt[dist]'") from None
-    select_gpu()
-    backend = pick_backend(requested, quiet=os.environ.get("RANK", "0") != "0")
-    return backend, DataParallel(backend)
-
-
-def cmd_train(args) -> int:
-    backend, dp = data_parallel(args.backend)
-    world = dp.world if dp else 1
-    run = RunFolder(args.out)
-    ckpt = run.checkpoint
-    if args.resume:
-        if not ckpt.is_file():
-            raise UsageError(f"--resume: no checkpoint at {ckpt}")
-        saved = read_checkpoint(ckpt, "--resume")
-        config, extra = saved.config, saved.extra
-        tokenizer = run_tokenizer(args.tokenizer, extra, f"--resume: {ckpt}", resume=True)
-        T = extra.get("T", config.block_size)
-        check_resume_flags(args, config, T, extra)
-    else:
-        tokenizer = open_tokenizer(args.tokenizer) if args.tokenizer is not None else ByteTokenizer()
-        config = config_from_args(args, backend, tokenizer.vocab_size)
-        saved, extra, T = None, {}, args.seq_len or config.block_size
-    if config.vocab_size < tokenizer.vocab_size:
-        raise UsageError(f"the model's vocab_size {config.vocab_size} is below the tokenizer's {tokenizer.vocab_size}")
-    if T > config.block_size:
-        raise UsageError(f"--seq-len {T} is above the model's block_size {config.block_size}")
-    B = args.batch_size or (run_batch_size(extra) or world * DEFAULT_BATCH_SIZE) // world  # per process
-    train_tokens, val_tokens = training_tokens(args, tokenizer, T)
-    train = BatchSampler(train_tokens, world * B, T, seed=args.seed)  # the global batch, dealt to the ranks
-    val = BatchSampler(val_tokens, world * B, T, seed=args.seed + 1)
-    if "train_sampler" in extra:
-        try:  # the resumed run draws the batches the first would have
-            train.state = extra["train_sampler"]
-        except (TypeError, ValueError) as e:
-            raise UsageError(f"--resume: the run's batches cannot continue on this data ({e}): resume with "
-                             f"the --data and --val-fraction the run started with") from None
-    lead = dp is None or dp.lead  # rank 0 alone writes the run and speaks
-    try:  # a file, a place that cannot be written, a folder in use: refused before any step
-        if lead:
-            run.open()
-    except RunFolderError as e:
-        raise UsageError(str(e)) from None
-    try:
-        model = GPT(config, backend=backend, seed=args.seed, variant=args.variant) if saved is None else \
-            GPT.from_checkpoint(saved, backend=backend, variant=args.variant)
-        if lead:
-            print((f"resumed {run.checkpoint} at step {model.step_count}\n" if saved else "") +
-                  f"training {model.num_params / 1e6:.2f}M parameters on {backend}: {config}, B={train.B}"
-                  f"{f' ({world} x {B})' if dp else ''}, T={T}, {len(train.tokens):,} train / {len(val.tokens):,} "
-                  f"val tokens")
-        return train_loop(model, run.checkpoint, train, val, args, tokenizer, resumed=saved is not None, dp=dp)
-    finally:
-        run.close()
-        if dp is not None:
-            dp.close()
 
 
 def cmd_sample(args) -> int:
@@ -271,9 +87,10 @@ def cmd_sample(args) -> int:
     model = GPT.from_checkpoint(saved, backend=pick_backend(args.backend, quiet=True), variant=args.variant)
     prompt = tokenizer.encode(prompt_text) if prompt_text else np.array([tokenizer.eot], np.int32)
     prompts = np.repeat(prompt[None], args.num_samples, axis=0)  # sampled together, one row each
+    shown = 0 if prompt_text else 1  # an empty prompt starts at <|endoftext|>, which is not shown
     stream = tokenizer.stream() if args.num_samples == 1 else None  # one sample streams as its tokens come
     if stream is not None:
-        sys.stdout.write(tokenizer.decode(prompt))
+        sys.stdout.write(tokenizer.decode(prompt[shown:]))
         sys.stdout.flush()
 
     def show(ids):
@@ -288,7 +105,7 @@ def cmd_sample(args) -> int:
     else:
         for i, row in enumerate(out):
             print(f"--- sample {i + 1} of {args.num_samples}")
-            print(tokenizer.decode(row))
+            print(tokenizer.decode(row[shown:]))
     n = args.max_new_tokens * args.num_samples
     print(f"microgpt: {n} tokens in {seconds:.2f} s ({n / max(seconds, 1e-9):,.0f} tokens/s)", file=sys.stderr)
     return 0
@@ -312,6 +129,11 @@ def cmd_convert(args) -> int:
 def cmd_tokenizer_train(args) -> int:
     if args.data is not None and not Path(args.data).is_file():
         raise UsageError(f"--data {args.data}: no such file")
+    try:
+        if args.data is not None:
+            read_text(args.data)
+    except NotText as e:
+        raise UsageError(f"--data {e}") from None
     if Path(args.out).is_dir():
         raise UsageError(f"--out {args.out} is a folder; expected the path of a tokenizer.json to write")
     try:  # without --data, the built-in corpus, as train takes it
@@ -377,6 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--ckpt-every", type=count, default=100, help="checkpoint every N steps (and at the end)")
     t.add_argument("--out", default="runs/microgpt", help="folder of the checkpoint (model.ckpt)")
     t.add_argument("--resume", action="store_true", help="continue from --out's checkpoint to --steps")
+    t.add_argument("--overwrite", action="store_true", help="start a new run in an --out that holds one, "
+                   "replacing its checkpoint at the first save (without it, train refuses)")
     t.add_argument("--stop-after", type=count, default=None,
                    help="stop after N steps of this run, checkpointing (the schedule still runs to --steps)")
     t.add_argument("--sample-tokens", type=count0, default=120)
@@ -430,18 +254,31 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    for stream in (sys.stdout, sys.stderr):  # a terminal that is not UTF-8 shows what it can, never a traceback
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     try:
-        args = build_parser().parse_args(argv)
-        return args.func(args)
+        with warnings.catch_warnings(), np.errstate(all="ignore"):  # a NaN is reported where it matters
+            warnings.simplefilter("ignore", RuntimeWarning)
+            args = build_parser().parse_args(argv)
+            return args.func(args)
     except UsageError as e:
         print(f"microgpt: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        signum = getattr(e, "signum", signal.SIGINT)
         print("\nmicrogpt: interrupted; the last checkpoint written stands", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return 128 + signum
     except PeerFailed as e:
         print(f"microgpt: error: {e}", file=sys.stderr)
         return 1
+    except MemoryError:
+        print("microgpt: error: out of memory: lower --batch-size, --seq-len or the model's sizes; the last "
+              "checkpoint written stands", file=sys.stderr)
+        return EXIT_USAGE
+    except BrokenPipeError:  # the reader went away (microgpt sample | head): stop quietly, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + getattr(signal, "SIGPIPE", 13)
 
 
 if __name__ == "__main__":

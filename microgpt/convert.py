@@ -40,6 +40,7 @@ def convert(src, dst) -> tuple[bool, GPTConfig, int]:
         if isinstance(record, dict) and os.path.isfile(str(record.get("path"))):
             shutil.copyfile(record["path"], os.path.join(dst, TOKENIZER_FILE))  # beside the weights, as HF keeps it
         return True, model.config, model.step_count
+    os.makedirs(os.path.dirname(os.path.abspath(dst)), exist_ok=True)  # as train makes its --out
     model.save(dst, extra=extra)
     return False, model.config, 0
 

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .train import PeerFailed
+from .usage import PeerFailed
 
 
 class DataParallel:

@@ -18,7 +18,7 @@ from .kernels import Plan, flash_attention, virtual
 from .ops import DEFAULT_VARIANT, VARIANTS, resolve
 
 def describe(cuda: tuple[bool, str], saved=None, path=None) -> str:
-    """The device (cuda: cli.cuda_available()'s answer), the compiled architecture, the kernels, the variants, and
+    """The device (cuda: usage.cuda_available()'s answer), the compiled architecture, the kernels, the variants, and
     the checkpoint `saved` read from path (or the presets)."""
     ok, why = cuda
     src = kernels.cuda_source_dir() / kernels.TRANSLATION_UNIT

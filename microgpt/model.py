@@ -14,6 +14,7 @@ and in microgpt.params only.
 """
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 from . import attention
@@ -61,6 +62,18 @@ def gradients(cfg: GPTConfig, B: int, T: int, new, attention_grads) -> SimpleNam
     d.resid, d.ln, d.act, d.fc, d.logits = (new(B, T, C), new(B, T, C), new(B, T, 4 * C), new(B, T, 4 * C),
                                             new(B, T, cfg.vocab_size))
     return d
+
+
+def footprint(cfg: GPTConfig, B: int, T: int, fused: bool) -> int:
+    """The numbers a training step's buffers hold at (B, T): activations and gradients, attention fused or not
+    (a lower bound of what a backend allocates beside the four flat vectors)."""
+    count = [0]
+
+    def new(*shape):
+        count[0] += math.prod(shape)
+    activations(cfg, B, T, new, attention.states(new, B, T, cfg.d_model, cfg.n_head, fused=fused))
+    gradients(cfg, B, T, new, lambda: attention.grad_buffers(new, B, T, cfg.d_model, cfg.n_head, fused=fused))
+    return count[0]
 
 
 def kv_cache(cfg: GPTConfig, B: int, new) -> SimpleNamespace:

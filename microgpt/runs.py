@@ -45,6 +45,10 @@ class RunFolder:
         self.close()
         return False
 
+    def holds_run(self) -> bool:
+        """Whether a run's checkpoint (or its sidecar) is here: what a new run would replace."""
+        return any(os.path.lexists(self.path / n) for n in (CHECKPOINT_NAME, CHECKPOINT_NAME + ".json"))
+
     def open(self) -> None:
         """Creates the folder if need be, checks that a file can be written in it, and takes its lock."""
         where = f"--out {os.fspath(self.path)}"
@@ -57,9 +61,17 @@ class RunFolder:
             os.unlink(probe)
         except OSError as e:
             raise RunFolderError(f"{where} cannot be written: {e.strerror or e}") from None
+        for name in (CHECKPOINT_NAME, CHECKPOINT_NAME + ".json", LOCK_NAME):
+            p = self.path / name
+            if os.path.lexists(p) and not p.is_file():
+                raise RunFolderError(f"{where}: {p} is {'a folder' if p.is_dir() else 'not a file'}; a run "
+                                     f"keeps a file there")
         if fcntl is None:
             return
-        fd = os.open(self.path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise RunFolderError(f"{where}: cannot open {LOCK_NAME}: {e.strerror or e}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:

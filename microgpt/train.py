@@ -1,24 +1,50 @@
 """The training loop, top to bottom: evaluate, then for each step a batch, forward, backward, AdamW with the
-scheduled learning rate; evaluate and checkpoint on schedule; stop on a NaN loss, after --stop-after steps,
-or at Ctrl-C (finishing the step in flight and saving first).
+scheduled learning rate; evaluate and checkpoint on schedule; stop on a non-finite loss or weights (keeping
+the last finite checkpoint), after --stop-after steps, or at Ctrl-C, SIGTERM or SIGHUP (finishing the step in
+flight and saving first).
 
-microgpt.cli checks every argument and builds the model and the samplers before this runs.
+cmd_train, below, is `microgpt train`: it checks every argument (microgpt.usage's one-line errors) and builds
+the model and the samplers before train_loop runs.
 """
 from __future__ import annotations
 
 import math
+import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
+from . import checkpoint, kernels
+from .config import GPTConfig
+from .data import BatchSampler, NotText, cached_tokens, load_tokens, split
+from .gpt import GPT
+from .model import footprint
+from .params import num_params
+from .runs import RunFolder, RunFolderError
+from .tokenizer import ByteTokenizer
+from .usage import UsageError, flag, open_tokenizer, pick_backend, read_checkpoint, run_tokenizer
+
+# Without a GPU the command still runs, on a model small enough for numpy to train in seconds.
+CPU_SIZES = dict(n_layer=2, n_head=4, d_model=64, block_size=64)
+SIZE_FLAGS = ("n_layer", "n_head", "d_model", "block_size")
+DEFAULT_BATCH_SIZE = 8
+
 EXIT_INTERRUPTED = 130  # what a shell reports for a process ended by SIGINT
+# The signals that end a run gracefully: Ctrl-C, a closed terminal, and what timeout, a batch scheduler or
+# docker stop send. Each exits with 128 + its number, as a shell reports a process it ended.
+STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
 
 
-class PeerFailed(RuntimeError):
-    """Another process of a data-parallel run stopped (microgpt.distributed): this one stops too, in one line."""
+class StopNow(KeyboardInterrupt):
+    """A second stop signal: the run ends at once, its last checkpoint standing; exit 128 + signum."""
+
+    def __init__(self, signum):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
 
 
 def lr_at(step: int, lr: float, warmup: int, total: int, min_lr_ratio: float) -> float:
@@ -30,25 +56,32 @@ def lr_at(step: int, lr: float, warmup: int, total: int, min_lr_ratio: float) ->
 
 
 class StopAtStepEnd:
-    """While active, a first Ctrl-C asks the loop to stop after the step in flight; a second one
-    interrupts at once (KeyboardInterrupt)."""
+    """While active, a first stop signal (STOP_SIGNALS) asks the loop to stop after the step in flight and
+    save; `signum` is the one received. A second one ends the run at once (StopNow)."""
 
     def __init__(self):
-        self.requested = False
+        self.signum = None
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
 
     def __enter__(self):
-        self._previous = signal.signal(signal.SIGINT, self._handle)
+        self._previous = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
         return self
 
     def __exit__(self, *exc):
-        signal.signal(signal.SIGINT, self._previous)
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
         return False
 
     def _handle(self, signum, frame):
         if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        print("\ninterrupted: finishing this step, then saving (Ctrl-C again to stop at once)", file=sys.stderr)
+            raise StopNow(signum)
+        self.signum = signum
+        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        print(f"\ninterrupted ({name}): finishing this step, then saving ({name} again to stop at once)",
+              file=sys.stderr)
 
 
 def train_loop(model, ckpt, train, val, args, tokenizer, resumed=False, dp=None) -> int:
@@ -67,7 +100,10 @@ def train_loop(model, ckpt, train, val, args, tokenizer, resumed=False, dp=None)
         nonlocal last_saved
         try:
             record = tokenizer.record()  # a BPE tokenizer's path and sha256, for sample and --resume
-            model.save(ckpt, extra={"train_sampler": train.state, "T": T} | ({"tokenizer": record} if record else {}))
+            model.save(ckpt, extra={"train_sampler": train.state, "T": T, "steps": args.steps} |
+                       ({"tokenizer": record} if record else {}))
+        except checkpoint.NonFiniteError:  # the step before went wrong (an inf gradient): not saved
+            return stopped(f"step {model.step_count}: the weights are no longer finite (NaN or inf)")
         except OSError as e:
             kept = f"{ckpt} (step {last_saved}) is intact" if last_saved is not None else "no checkpoint was written"
             print(f"microgpt: error: could not write the checkpoint at step {model.step_count}: "
@@ -75,6 +111,13 @@ def train_loop(model, ckpt, train, val, args, tokenizer, resumed=False, dp=None)
             return False
         last_saved = model.step_count
         return True
+
+    def stopped(why):
+        kept = f"the last good checkpoint is {ckpt} (step {last_saved})" if last_saved is not None \
+            else "no checkpoint was written"
+        if lead:
+            print(f"{why}; stopping ({kept})", file=sys.stderr)
+        return False
 
     val_batches = [val.next() for _ in range(args.eval_batches)]  # the same held-out batches every time
 
@@ -104,10 +147,7 @@ def train_loop(model, ckpt, train, val, args, tokenizer, resumed=False, dp=None)
                 loss, stopping = dp.agree(loss, stop.requested)
             if not math.isfinite(loss):
                 bar.close()
-                kept = f"the last good checkpoint is {ckpt} (step {last_saved})" if last_saved is not None \
-                    else "no checkpoint was written"
-                if lead:
-                    print(f"step {step + 1}: the loss is {loss}; stopping ({kept})", file=sys.stderr)
+                stopped(f"step {step + 1}: the loss is {loss}")
                 return 1
             model.backward()
             if dp is not None:
@@ -126,7 +166,7 @@ def train_loop(model, ckpt, train, val, args, tokenizer, resumed=False, dp=None)
             if stopping:
                 bar.close()
                 say(f"interrupted after step {done}: saved {ckpt}; continue with --resume")
-                return EXIT_INTERRUPTED
+                return 128 + (stop.signum or signal.SIGINT)  # a peer's signal stops this rank too
     bar.close()
     if last < args.steps:
         say(f"stopped after step {last} (--stop-after {args.stop_after}): saved {ckpt}; continue with --resume")
@@ -138,3 +178,173 @@ def train_loop(model, ckpt, train, val, args, tokenizer, resumed=False, dp=None)
     sample = model.generate(prompt, args.sample_tokens, temperature=0.8, top_k=40, seed=args.seed)
     print("sample:", tokenizer.decode(sample[0]))
     return 0
+
+
+# ---------------------------------------------------------------------------------------------- the command
+def config_from_args(args, backend: str, vocab_size: int) -> GPTConfig:
+    """The preset (andrea-12m; CPU_SIZES on the numpy backend without --preset), each size flag given
+    replacing one field of it."""
+    try:
+        base = GPTConfig.preset(args.preset or "andrea-12m", vocab_size=vocab_size)
+    except ValueError as e:
+        raise UsageError(f"--preset {args.preset}: {e} (the tokenizer's vocabulary is {vocab_size})") from None
+    fields = base.to_dict() | (CPU_SIZES if args.preset is None and backend == "numpy" else {})
+    fields |= {k: getattr(args, k) for k in SIZE_FLAGS if getattr(args, k) is not None}
+    try:
+        return GPTConfig.from_dict(fields)
+    except ValueError as e:
+        typed = " ".join(f"{flag(k)} {getattr(args, k)}" for k in SIZE_FLAGS if getattr(args, k))
+        raise UsageError(f"{typed or 'the model sizes'}: {e}") from None
+
+
+def run_batch_size(extra: dict):
+    sampler = extra.get("train_sampler")
+    B = sampler.get("B") if isinstance(sampler, dict) else None
+    return B if type(B) is int and B >= 1 else None
+
+
+def check_memory(config: GPTConfig, B: int, T: int, backend: str, flags: str) -> None:
+    """Refuses, before anything is allocated, a model and batch that cannot fit: the weights, gradients and
+    Adam moments, and one step's buffers (model.footprint), against the memory free on the device or host."""
+    fused = backend == "cuda"
+    need = 4 * (4 * num_params(config) + footprint(config, B, T, fused))
+    free = kernels.memory_free() if backend == "cuda" else host_memory_free()
+    if free is not None and need > free:
+        where = "on the GPU" if backend == "cuda" else "on this machine"
+        raise UsageError(f"{flags}: a {num_params(config) / 1e6:,.1f}M-parameter model at B={B}, T={T} needs "
+                         f"about {need / 2**30:,.1f} GiB, and {free / 2**30:,.1f} GiB is free {where}: lower "
+                         f"--batch-size, --seq-len or the model's sizes")
+
+
+def host_memory_free():
+    """Bytes of memory available to a new allocation (Linux's MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+
+
+def check_resume_flags(args, config: GPTConfig, T: int, extra: dict) -> None:
+    """--resume continues the checkpoint's model: a size flag or a --seq-len that differs is refused."""
+    changed = [f"{flag(k)} {getattr(args, k)} (the checkpoint's is {getattr(config, k)})"
+               for k in SIZE_FLAGS if getattr(args, k) is not None and getattr(args, k) != getattr(config, k)]
+    if args.preset is not None:
+        try:
+            same = GPTConfig.preset(args.preset, vocab_size=config.vocab_size) == config
+        except ValueError:  # a preset that fixes another vocabulary
+            same = False
+        if not same:
+            changed.append(f"--preset {args.preset} (the checkpoint's model is {config})")
+    if args.seq_len is not None and args.seq_len != T:
+        changed.append(f"--seq-len {args.seq_len} (the checkpoint's run uses {T})")
+    B, world = run_batch_size(extra), int(os.environ.get("WORLD_SIZE", 1))
+    if args.batch_size is not None and B is not None and world * args.batch_size != B:
+        changed.append(f"--batch-size {args.batch_size} (the checkpoint's run uses {B})")
+    if changed:
+        raise UsageError(f"--resume continues the checkpoint's run, which these would change: {'; '.join(changed)}")
+
+
+def training_tokens(args, tokenizer, T):
+    """(train, validation) tokens of --data, each long enough for a window of T+1."""
+    if args.data is not None:
+        p = Path(args.data)
+        if not p.exists():
+            raise UsageError(f"--data {args.data}: no such file")
+        if p.is_dir():
+            raise UsageError(f"--data {args.data} is a folder; expected a UTF-8 text file")
+    try:  # a file is tokenized once, into a token file beside it that later runs map
+        tokens = load_tokens(None, tokenizer) if args.data is None else \
+            cached_tokens(args.data, tokenizer, progress=not args.no_progress)
+    except OSError as e:
+        raise UsageError(f"--data {args.data}: {e.strerror or e}") from None
+    except NotText as e:
+        raise UsageError(f"--data {e}") from None
+    if len(tokens) == 0:
+        raise UsageError(f"--data {args.data} holds no text")
+    train_tokens, val_tokens = split(tokens, args.val_fraction)
+    if min(len(train_tokens), len(val_tokens)) < T + 1:
+        raise UsageError(f"--data {args.data or '(built-in corpus)'}: {len(tokens):,} tokens are too few: with "
+                         f"--val-fraction {args.val_fraction} the training part has {len(train_tokens):,} and the "
+                         f"validation part {len(val_tokens):,}, and each needs at least T+1 = {T + 1} for "
+                         f"sequences of T = {T}")
+    return train_tokens, val_tokens
+
+
+def data_parallel(requested: str):
+    """Under torchrun (WORLD_SIZE set): (the backend, microgpt.distributed.DataParallel); else (backend, None)."""
+    if "WORLD_SIZE" not in os.environ:
+        return pick_backend(requested), None
+    try:
+        from .distributed import DataParallel, select_gpu  # torch: the [dist] extra, imported only here
+    except ImportError as e:
+        raise UsageError(f"WORLD_SIZE is set (torchrun) but torch.distributed is missing ({e}): pip install "
+                         f"'microgpt[dist]'") from None
+    select_gpu()
+    backend = pick_backend(requested, quiet=os.environ.get("RANK", "0") != "0")
+    return backend, DataParallel(backend)
+
+
+def cmd_train(args) -> int:
+    run = RunFolder(args.out)
+    ckpt = run.checkpoint
+    if args.resume and args.overwrite:
+        raise UsageError("--resume continues the run at --out, --overwrite replaces it: give one of them")
+    if not args.resume and not args.overwrite and run.holds_run():
+        raise UsageError(f"--out {args.out} already holds a run ({ckpt}): continue it with --resume, or start "
+                         f"a new one over it with --overwrite")
+    backend, dp = data_parallel(args.backend)
+    world = dp.world if dp else 1
+    if args.resume:
+        if not ckpt.is_file():
+            raise UsageError(f"--resume: no checkpoint at {ckpt}")
+        saved = read_checkpoint(ckpt, "--resume")
+        config, extra = saved.config, saved.extra
+        tokenizer = run_tokenizer(args.tokenizer, extra, f"--resume: {ckpt}", resume=True)
+        T = extra.get("T", config.block_size)
+        if type(T) is not int or not 1 <= T <= config.block_size:
+            raise UsageError(f"--resume: {ckpt}'s sidecar records T={T!r}, not an integer in [1, block_size]")
+        check_resume_flags(args, config, T, extra)
+    else:
+        tokenizer = open_tokenizer(args.tokenizer) if args.tokenizer is not None else ByteTokenizer()
+        config = config_from_args(args, backend, tokenizer.vocab_size)
+        saved, extra, T = None, {}, args.seq_len or config.block_size
+    if config.vocab_size < tokenizer.vocab_size:
+        raise UsageError(f"the model's vocab_size {config.vocab_size} is below the tokenizer's {tokenizer.vocab_size}")
+    if T > config.block_size:
+        raise UsageError(f"--seq-len {T} is above the model's block_size {config.block_size}")
+    B = args.batch_size or (run_batch_size(extra) or world * DEFAULT_BATCH_SIZE) // world  # per process
+    check_memory(config, B, T, backend, " ".join(f"{flag(k)} {getattr(args, k)}" for k in
+                                                 ("batch_size", "seq_len", *SIZE_FLAGS) if getattr(args, k, None))
+                 or "the default sizes")
+    train_tokens, val_tokens = training_tokens(args, tokenizer, T)
+    train = BatchSampler(train_tokens, world * B, T, seed=args.seed)  # the global batch, dealt to the ranks
+    val = BatchSampler(val_tokens, world * B, T, seed=args.seed + 1)
+    if "train_sampler" in extra:
+        try:  # the resumed run draws the batches the first would have
+            train.state = extra["train_sampler"]
+        except (TypeError, ValueError) as e:
+            raise UsageError(f"--resume: the run's batches cannot continue on this data ({e}): resume with "
+                             f"the --data and --val-fraction the run started with") from None
+    lead = dp is None or dp.lead  # rank 0 alone writes the run and speaks
+    if lead and extra.get("steps", args.steps) != args.steps:
+        print(f"microgpt: note: the run was started for {extra['steps']} steps; with --steps {args.steps} "
+              f"the learning rate follows the schedule to step {args.steps} from here", file=sys.stderr)
+    try:  # a file, a place that cannot be written, a folder in use: refused before any step
+        if lead:
+            run.open()
+    except RunFolderError as e:
+        raise UsageError(str(e)) from None
+    try:
+        model = GPT(config, backend=backend, seed=args.seed, variant=args.variant) if saved is None else \
+            GPT.from_checkpoint(saved, backend=backend, variant=args.variant)
+        if lead:
+            print((f"resumed {run.checkpoint} at step {model.step_count}\n" if saved else "") +
+                  f"training {model.num_params / 1e6:.2f}M parameters on {backend}: {config}, B={train.B}"
+                  f"{f' ({world} x {B})' if dp else ''}, T={T}, {len(train.tokens):,} train / {len(val.tokens):,} "
+                  f"val tokens")
+        return train_loop(model, run.checkpoint, train, val, args, tokenizer, resumed=saved is not None, dp=dp)
+    finally:
+        run.close()
+        if dp is not None:
+            dp.close()

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from microgpt import GPT, GPTConfig, checkpoint
-from microgpt.cli import config_from_args, main
+from microgpt.cli import main
+from microgpt.train import config_from_args
 from microgpt.runs import RunFolder
 
 from helpers import GPU_REASON, SMALL_RUN as SMALL

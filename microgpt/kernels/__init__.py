@@ -41,7 +41,7 @@ from .flash_attention import fused_attention_bwd_tc, fused_attention_fwd_tc
 from .flash_attention import supported as flash_attention_supported
 from .heads_fast import merge_heads_bwd_fast, merge_heads_fwd_fast, split_heads_bwd_fast, split_heads_fwd_fast
 from .runtime import (BLOCK, SYNC_EVERY_LAUNCH, KernelError, Launch, Plan, blocks, device_summary, engine, launch,
-                     release_at_exit, replay, synchronize)
+                     memory_free, NoDevice, release_at_exit, replay, synchronize)
 from .layernorm import layernorm_bwd, layernorm_fwd, matmul_layernorm_bwd, residual_layernorm_fwd
 from .layernorm_fast import (layernorm_bwd_fast, layernorm_fwd_fast, matmul_layernorm_bwd_fast,
                              residual_layernorm_fwd_fast)

@@ -152,10 +152,32 @@ def _release_at_exit() -> None:
         pool.stop_holding()
 
 
+class NoDevice(RuntimeError):
+    """The cuda backend cannot start here. `reason` says what is missing (PyCUDA, a CUDA device, nvcc); the
+    message says that and how to get it."""
+
+    def __init__(self, reason: str, how: str):
+        super().__init__(f"the cuda backend cannot start: {reason}; {how}")
+        self.reason = reason
+
+
 def engine() -> _Engine:
+    """The compiled module on the device, made at the first call; NoDevice where it cannot be."""
     global _engine
     if _engine is None:
-        _engine = _Engine()
+        try:
+            _engine = _Engine()
+        except ImportError as e:
+            raise NoDevice(f"PyCUDA is not installed ({e})", "install it with pip install 'microgpt[cuda]' on a "
+                           "machine with an NVIDIA GPU and the CUDA toolkit (nvcc), or use the numpy backend "
+                           "(the CPU)") from e
+        except Exception as e:  # the driver's errors (no device, no driver) and nvcc's
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            if type(e).__name__ == "CompileError" or isinstance(e, OSError):
+                raise NoDevice(f"the kernels did not compile ({first})", "the CUDA toolkit's nvcc must be on "
+                               "PATH") from e
+            raise NoDevice(f"no usable CUDA GPU ({first})", "check the GPU with nvidia-smi, or use the numpy "
+                           "backend (the CPU)") from e
     return _engine
 
 
@@ -179,6 +201,11 @@ def device_summary() -> str:
     """'NVIDIA H200 (sm_90, 132 SMs)'; raises where PyCUDA or a CUDA device is missing."""
     e = engine()
     return f"{e.device.name()} ({e.arch}, {e.sm_count} SMs)"
+
+
+def memory_free() -> int:
+    """Bytes of device memory free now; raises where PyCUDA or a CUDA device is missing."""
+    return engine().cuda.mem_get_info()[0]
 
 
 # -------------------------------------------------------------------------------------------- plans
