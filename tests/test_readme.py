@@ -1,6 +1,7 @@
 """Every example of the README runs as written, on the CPU: its Python blocks, and each line of its shell
 blocks (the two setup commands aside: CI runs the second, and the first is that one plus a training run),
-in order, in one fresh folder holding a text file my.txt for the examples that name one."""
+in order, in one fresh folder holding a text file my.txt for the examples that name one. docs/usage.md's
+Python blocks run too, in order, as one program."""
 import os
 import re
 import shlex
@@ -10,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
 SETUP = ("python3 -m venv",)
 
 
-def blocks():
-    """(language, text) of each fenced block of the README, in order."""
-    return re.findall(r"^```(\w+)\n(.*?)^```", README.read_text(encoding="utf-8"), flags=re.M | re.S)
+def blocks(doc=README):
+    """(language, text) of each fenced block of a Markdown file, in order."""
+    return re.findall(r"^```(\w+)\n(.*?)^```", doc.read_text(encoding="utf-8"), flags=re.M | re.S)
 
 
 def examples():
@@ -51,3 +53,12 @@ def test_every_readme_example_runs_as_written_on_the_cpu(tmp_path):
         shown = example if kind == "python" else " ".join(example)
         assert res.returncode == 0 and "Traceback" not in res.stderr, f"{shown}\n{res.stdout}\n{res.stderr}"
     assert (tmp_path / "runs" / "b" / "model.ckpt").is_file() and (tmp_path / "hf-out" / "config.json").is_file()
+
+
+def test_the_python_examples_of_the_usage_doc_run_as_one_program(tmp_path):
+    pytest.importorskip("safetensors")
+    program = "\n".join(text for lang, text in blocks(ROOT / "docs" / "usage.md") if lang == "python")
+    assert "GPT.from_hf" in program
+    res = subprocess.run([sys.executable, "-c", program], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=300, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert res.returncode == 0, res.stderr
