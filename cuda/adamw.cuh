@@ -63,7 +63,7 @@ extern "C" __global__ void __launch_bounds__(256)
     if (!last_block) return;  // the whole block leaves together
     __threadfence();
     // Each thread adds partials threadIdx.x, + blockDim.x, ... in order, NORM_UNROLL of them loaded together: the
-    // launcher's 1024 blocks are one batch of loads a thread, not one thread's chain of 1024 dependent loads.
+    // launcher's 1024 blocks are one batch of loads per thread, not one thread's chain of 1024 dependent loads.
     const volatile double* part = partials;
     double total = 0.0;
     for (unsigned int b0 = threadIdx.x; b0 < gridDim.x; b0 += NORM_UNROLL * blockDim.x) {

@@ -1,9 +1,9 @@
 // Fast embedding backward: k_embed_bwd's contract and order of additions, element for element (so its bits).
 // Each warp covers a span of EB_COLS columns, four per lane: one 16-byte chunk where C % 4 == 0 and the arrays
 // are 16-byte aligned, else four floats 32 apart. One launch holds two parts, the token part's blocks first:
-// - dwte: a warp per (window of EB_WINDOW sorted slots of `order`, column span) adds each run of one token that
+// - dwte: one warp per (window of EB_WINDOW sorted slots of `order`, column span) adds each run of one token that
 //   starts in its window, in order from 0, into the token's row; a run belongs to one warp, so no atomics.
-// - dwpe: a warp per (position t < T, column span) sums dx[b, t] over b in order and adds that into dwpe[t].
+// - dwpe: one warp per (position t < T, column span) sums dx[b, t] over b in order and adds that into dwpe[t].
 #pragma once
 #include "rows_fast.cuh"  // load_vec, store_vec, rows_vec4
 

@@ -286,11 +286,9 @@ __device__ __forceinline__ long long fa_head(int T, int d_k, int ld) {
 __device__ __forceinline__ long long fa_row(int T) { return ((long long)blockIdx.z * gridDim.y + blockIdx.y) * T; }
 
 // ---------------------------------------------------------------------------------------------- forward
-// A block owns 16 * WARPS query rows of one head (fa_head), the longest rows first; an
-// online softmax in FP32 over the 64-key tiles up to the diagonal; lse[i] = max + log(sum) for the backward.
-// SPLIT: each tile of K and V lands raw in one stage, and the block splits it into hi and lo (split) before its
-// warps read it, while the next tile lands raw; else two raw stages, each fragment split as it is read. The same
-// products either way, so the same bits.
+// A block owns 16 * WARPS query rows of one head (fa_head), the longest rows first: an online softmax in FP32 over
+// the 64-key tiles up to the diagonal, and lse[i] = max + log(sum) for the backward. SPLIT: the block splits each
+// raw tile of K and V into hi and lo once, while the next lands; else each fragment is split as it is read.
 template <int D, int WARPS, bool SPLIT>
 __device__ void flash_fwd(float* o, float* lse, const float* q, const float* k, const float* v, int T, int d_k,
                           int ld_in, int ld_out) {
@@ -407,11 +405,9 @@ __device__ void flash_fwd(float* o, float* lse, const float* q, const float* k, 
 }
 
 // ---------------------------------------------------------------------------------------------- backward
-// delta = the row's sum of p dp, for the 64 query rows of tile blockIdx.x of one head (fa_head), and the
-// backward's counters of those tiles set to 0 (block (0, 0, 0): the ticket too), so that the backward needs nothing
-// of the scratch from an earlier launch. Launched for the first FA_DELTA_PASS_TILES query tiles only: they sum p dp
-// over their key tiles, p and dp as the backward kernel computes them (so ds is exactly 0 where p is 1: a one-key
-// row); the rest take k_flash_bwd_delta_rows.
+// delta = the row's sum of p dp (p and dp as the backward computes them, so ds = 0 exactly where p = 1), for the 64
+// query rows of tile blockIdx.x of one head; launched for the first FA_DELTA_PASS_TILES query tiles only. It also
+// zeroes those tiles' counters (block (0, 0, 0): the ticket too), so the backward needs no scratch from before.
 template <int D>
 __device__ void flash_bwd_delta(float* delta, int* sync, const float* q, const float* k, const float* v,
                                 const float* d_o, const float* lse, int T, int d_k, int ld_in, int ld_out) {
@@ -485,10 +481,8 @@ __device__ void flash_bwd_delta(float* delta, int* sync, const float* q, const f
 
 // delta of the query tiles past the first FA_DELTA_PASS_TILES: the row's sum of dO * O over d (p dp's value, in one
 // read of O), summed in FP64 and rounded once, and those tiles' counters set to 0. One warp per (b, t) row, all its
-// heads: a head takes P lanes (d_k / V rounded up to a power of two), each summing its 4 of d, then the P lanes by a
-// shuffle tree, a fixed order. On sm_90a, at d_k 32, 64 and 128, the model sums delta in the epilogue of the product
-// that makes dO instead (k_gemm_wg_split_delta). o and d_o: (B, T) rows ld_out floats apart, head h at h * d_k. Five
-// blocks per SM at 47 registers (sm_75, which holds 1024 threads per SM: four).
+// heads; a head's P lanes (d_k / V rounded up to a power of two) each sum 4 of d, then a shuffle tree adds them.
+// o and d_o: (B, T) rows ld_out floats apart, head h at h * d_k. Five blocks per SM (sm_75: four).
 constexpr int FA_DELTA_ROW_GROUPS = 2;  // groups of heads (32 / P each) whose loads all go out before their sums
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #define FA_DELTA_ROW_BLOCKS 4
@@ -773,12 +767,10 @@ __device__ void flash_bwd(float* dq, float* dk, float* dv, int* sync, const floa
 #endif
 }
 
-// The kernels for each padded width D: grid (ceil(T / (16 WARPS)), NH, B), 32 WARPS threads, FA_SMEM_*'s
-// floats of dynamic shared memory. q, k, v (and dq, dk, dv) are the heads' columns of one matrix of rows ld_in
-// apart, o and d_o of one of rows ld_out apart; lse and delta (B, NH, T); sync an int scratch of
-// B * NH * ceil(T / 64) + 1 (the delta kernel zeroes it).
-// The 8-warp forward of split tiles runs one block per SM, as its shared memory allows (up to 255 registers); the
-// 4-warp ones are left to ptxas.
+// The kernels for each padded width D: grid (ceil(T / (16 WARPS)), NH, B), 32 WARPS threads, FA_SMEM_*'s floats of
+// dynamic shared memory. q, k, v (dq, dk, dv) are heads' columns of one matrix of rows ld_in apart, o and d_o of one
+// of rows ld_out apart; lse and delta (B, NH, T); sync an int scratch of B * NH * ceil(T / 64) + 1 (zeroed by delta).
+// The 8-warp forward of split tiles runs one block per SM, as its shared memory allows (up to 255 registers).
 #define FA_FWD_BOUNDS_32 __launch_bounds__(32 * FA_FWD_WARPS(32))
 #define FA_FWD_BOUNDS_64 __launch_bounds__(32 * FA_FWD_WARPS(64), 1)
 #define FA_FWD_BOUNDS_128 __launch_bounds__(32 * FA_FWD_WARPS(128))

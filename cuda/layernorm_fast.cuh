@@ -151,7 +151,7 @@ extern "C" __global__ void __maxnreg__(LN_STAGED_REGS)
     k_layernorm_fwd_staged(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
                            int N, int C) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-    extern __shared__ float4 ln_staged_rows[];  // C floats a warp
+    extern __shared__ float4 ln_staged_rows[];  // C floats per warp
     const int lane = threadIdx.x % 32;
     if (warp_row() >= N) return;  // the whole warp leaves together
     const int n = (int)warp_row();
@@ -368,7 +368,7 @@ __device__ __forceinline__ void ln_bwd_cols_acc(float (&g)[4], const float (&old
         if (ACC) g[e] = __fadd_rn(old[e], g[e]);
 }
 
-// v (K floats a thread) becomes the block's sums of it: each warp's by the shuffle tree, then the warps' in warp
+// v (K floats per thread) becomes the block's sums of it: each warp's by the shuffle tree, then the warps' in warp
 // order, through slot (K floats for each of up to 32 warps). One barrier: callers alternate between two slots,
 // and a warp that writes this slot again has passed the next call's barrier, after every warp's reads of it.
 template <int K>
@@ -508,7 +508,7 @@ constexpr int LN_BWD_REDUCE_BATCH = 4;
 template <int VEC>
 __device__ __forceinline__ void ln_bwd_reduce_strip(float* dw, float* db, const float* partials, float* group_sums,
                                                     int blocks, int C, int strip) {
-    constexpr int UNITS = LN_BWD_REDUCE_COLS / VEC;  // a strip's loads a row: 4 of 16 bytes, or 16 floats
+    constexpr int UNITS = LN_BWD_REDUCE_COLS / VEC;  // a strip's loads per row: 4 of 16 bytes, or 16 floats
     static_assert(32 % UNITS == 0, "a warp holds whole groups");
     const int unit = threadIdx.x % UNITS, g = threadIdx.x / UNITS, G = blockDim.x / UNITS, C2 = 2 * C;
     const int c = strip * LN_BWD_REDUCE_COLS + unit * VEC;  // this thread's first column of the 2 * C

@@ -295,7 +295,7 @@ __device__ __forceinline__ void crossentropy_fwd_row(bool keep, float* losses, f
     const float4* lr4 = reinterpret_cast<const float4*>(lr + head);
     float* sx = smem + (4 - head) % 4;  // sx + head: smem + 4, or smem itself where head = 0
     float4* sx4 = reinterpret_cast<float4*>(sx + head);
-    // where the second pass's scalars and the loss read x: a generic pointer (a few columns a row, or every one
+    // where the second pass's scalars and the loss read x: a generic pointer (a few columns per row, or every one
     // where probs and logits differ in alignment); its float4s are read from either space by name
     const float* xr = keep ? sx : lr;
 
