@@ -5,24 +5,18 @@
 // Blocks of k_global_norm that have finished; the last one resets it for the next launch.
 __device__ unsigned int norm_blocks_done = 0;
 
-// The 16-byte loads a thread of k_global_norm has in flight: 64 bytes, 128 KB an SM at 8 blocks of 256.
+// The 16-byte loads each thread of k_global_norm has in flight: 64 bytes, 128 KB per SM at 8 blocks of 256.
 constexpr int NORM_UNROLL = 4;
 
 __device__ __forceinline__ float sumsq4(float4 v) {
     return fmaf(v.w, v.w, fmaf(v.z, v.z, fmaf(v.y, v.y, v.x * v.x)));
 }
 
-// Adds the sum of squares of g (n) into *sumsq (a double the caller zeroes first, or not, to
-// accumulate over several tensors). Deterministic: each thread adds, in double and in order, its share of
-// the scalars before g's first 16-byte boundary, its float4s (each one's four squares summed in float), and
-// its share of the scalars after the last whole float4; a shuffle tree and the warps in order give
-// partials[blockIdx.x]; the last block to finish adds the partials, each thread a strided subset in order,
-// then the same trees. Every order depends on the grid (the launcher's is fixed) and on g's offset from a
-// 16-byte boundary alone, so a run repeats bit for bit. Keep it at 32 registers or fewer (30 on sm_90a), so that
-// 8 blocks fit an SM and the launcher's 1024 are resident at once on an H200 (132 SMs): a float4 loop at 40
-// registers fitted 6 an SM (792 blocks) and ran in two waves. (A minimum of 8 blocks in __launch_bounds__ is out
-// of range on the 1024- and 1536-thread SMs.)
-// blockDim is a multiple of 32 (the launcher's 256): the float4s are dealt out a warp at a time.
+// Adds the sum of squares of g (n) into *sumsq, a double the caller zeroes first (or not, to accumulate over
+// several tensors). Deterministic: each thread adds its share in double and in order, a shuffle tree and the warps
+// in order give partials[blockIdx.x], and the last block to finish adds the partials the same way. The orders
+// depend only on the grid and on g's offset from 16 bytes. blockDim: a multiple of 32 (the launcher's 256).
+// At most 32 registers (30 on sm_90a), so that 8 blocks fit an SM and the launcher's grid is resident at once.
 extern "C" __global__ void __launch_bounds__(256)
     k_global_norm(double* sumsq, double* partials, const float* g, long long n) {
     __shared__ double warp_sums[32];
@@ -32,8 +26,8 @@ extern "C" __global__ void __launch_bounds__(256)
     const long long n4 = (n - head) / 4, tail = head + 4 * n4;  // tail: where the scalars after the float4s start
     double s = 0.0;
     if (t < head) s = g[t] * g[t];
-    // A warp's batch: NORM_UNROLL * 32 float4s side by side, each load 512 contiguous bytes, 512 bytes after the
-    // last (an immediate offset: one address a thread, so that all its loads fit in flight in 32 registers).
+    // A warp's batch: NORM_UNROLL * 32 float4s side by side, each load 512 contiguous bytes after the last (an
+    // immediate offset: one address per thread, so that all its loads fit in flight in 32 registers).
     const float4* p = reinterpret_cast<const float4*>(g + head) + t / 32 * (32 * NORM_UNROLL) + t % 32;
     const float4* end = reinterpret_cast<const float4*>(g + head) + n4;
     for (; p + 32 * (NORM_UNROLL - 1) < end; p += stride * NORM_UNROLL) {  // whole batches, loads unconditional
@@ -69,7 +63,7 @@ extern "C" __global__ void __launch_bounds__(256)
     if (!last_block) return;  // the whole block leaves together
     __threadfence();
     // Each thread adds partials threadIdx.x, + blockDim.x, ... in order, NORM_UNROLL of them loaded together: the
-    // launcher's 1024 blocks are one batch of loads a thread, not one thread's chain of 1024 dependent loads.
+    // launcher's 1024 blocks are one batch of loads per thread, not one thread's chain of 1024 dependent loads.
     const volatile double* part = partials;
     double total = 0.0;
     for (unsigned int b0 = threadIdx.x; b0 < gridDim.x; b0 += NORM_UNROLL * blockDim.x) {
@@ -92,11 +86,9 @@ extern "C" __global__ void __launch_bounds__(256)
     }
 }
 
-// One AdamW step on n parameters, one thread each. bias_correction1/2 are 1 - beta^t. Weight decay
-// applies where decay_mask[i] is nonzero (the 2-D tensors), or everywhere when it is NULL, so that one
-// launch covers the whole flat parameter vector. When sumsq is not
-// NULL the gradient is first clipped as torch.nn.utils.clip_grad_norm_(max_norm) does, and the clipped
-// value is written back, so the gradients read afterwards are torch's.
+// One AdamW step on n parameters, one thread each; bias_correction1/2 are 1 - beta^t. Weight decay applies where
+// decay_mask[i] is nonzero (the 2-D tensors), or everywhere when it is NULL. When sumsq is not NULL the gradient
+// is first clipped as torch.nn.utils.clip_grad_norm_(max_norm) does, and the clipped value written back.
 extern "C" __global__ void k_adamw(float* params, float* grads, float* m, float* v, long long n,
                                    float lr, float beta1, float beta2, float eps, float weight_decay,
                                    const unsigned char* decay_mask, float bias_correction1, float bias_correction2,

@@ -1,11 +1,8 @@
-// The attention pipeline, one stage a kernel:
+// The attention pipeline, one stage per kernel; BH = B * NH, and the kernels index heads by bh = b * NH + h:
 //   qkv (B, T, 3C) -> split into heads q, k, v (B, NH, T, d_k)
-//   scores[i][j] = dot(Q[i], K[j]) * (1.0f / sqrtf(d_k))      (B, NH, T, T)
-//   causal mask: scores[i][j] = -1e9 where j > i
-//   row softmax -> probabilities A
-//   out[i] = sum_j A[i][j] * V[j]                             (B, NH, T, d_k)
+//   scores[i][j] = dot(Q[i], K[j]) * (1.0f / sqrtf(d_k))    (B, NH, T, T), causal mask: -1e9 where j > i
+//   row softmax -> probabilities A; out[i] = sum_j A[i][j] * V[j]    (B, NH, T, d_k)
 //   heads concatenated -> (B, T, C), then W_O (a matmul).
-// BH = B * NH: the kernels index heads by bh = b * NH + h.
 #pragma once
 #include "common.cuh"
 
@@ -176,10 +173,9 @@ extern "C" __global__ void k_merge_heads_bwd(float* dheads, const float* dy, int
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// The same attention fused, as the tc variant's flash attention computes it, its readable reference: heads read
-// from qkv (B, T, 3C) and written to y (B, T, C) (no split or merge), one log-sum-exp a row kept for the
-// backward (lse (B, NH, T)) in place of the probabilities. One thread per query row (forward, dQ) or key row (dK,
-// dV); every score recomputed by the literal line.
+// The same attention fused, the readable reference of flash attention: heads read from qkv (B, T, 3C) and written
+// to y (B, T, C), one log-sum-exp per row (lse (B, NH, T)) kept for the backward in place of the probabilities.
+// One thread per query row (forward, dQ) or key row (dK, dV); every score recomputed by the literal line.
 
 // Q of head h of batch row b (K at + C, V at + 2C): row t of each t * 3C floats on
 __device__ __forceinline__ const float* qkv_head(const float* qkv, int b, int h, int T, int C, int d_k) {

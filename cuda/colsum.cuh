@@ -3,16 +3,12 @@
 #pragma once
 #include "common.cuh"
 
-// Rows a warp has in flight at once: the sum over them stays in row order, only the loads go ahead of it. 8 with
-// chunks of N / 32 rows: mlp.fc's bias gradient (8192 x 3072) at 82.5% of the copy bandwidth on the H200, where 4
-// with N / 64 (1536 blocks: a wave and a half) gave 79%, and N / 128 with 8, 72% (2026-12-01).
+// Rows each warp has in flight at once: the sum over them stays in row order, only the loads run ahead of it.
 constexpr int COLSUM_UNROLL = 8;
 
-// Deterministic column sums of x (N, C), in two passes. Pass 1: block (column group, row chunk blockIdx.y)
-// sums its rows; 8 warps take every 8th row, then warp 0 adds the 8 in order into partials[chunk][c]. Pass
-// 2: one thread per column adds the chunks in order into out[c] (+=). A lane owns VEC adjacent columns (4:
-// one 16-byte load a row, where the launcher found x 16-byte aligned and C % 4 == 0), each summed in the
-// same order as a lane of one column would: the same bits either way.
+// Pass 1 of the column sums of x (N, C): block (column group, row chunk blockIdx.y) sums its rows into
+// partials[chunk][c], its 8 warps taking every 8th row, then warp 0 adding the 8 in order. A lane owns VEC
+// adjacent columns (VEC = 4: x 16-byte aligned and C % 4 == 0), each summed in the same order either way.
 template <int VEC>
 __device__ __forceinline__ void colsum_partial(float* partials, const float* x, int N, int C, int rows_per_chunk) {
     __shared__ float part[8][32 * VEC];
@@ -63,10 +59,10 @@ extern "C" __global__ void k_colsum_partial(float* partials, const float* x, int
         colsum_partial<1>(partials, x, N, C, rows_per_chunk);
 }
 
-// The chunks of a column in order, COLSUM_BATCH loads in flight at a time.
+// Loads in flight at a time while adding a column's chunks.
 constexpr int COLSUM_BATCH = 16;
-// The sum of column c of the chunks' partial sums (chunks, C), in chunk order, COLSUM_BATCH loads in flight (from L2:
-// other blocks of the same launch may have written them, k_gemm_wg_split_ln_bwd's)
+// The sum of column c of the chunks' partial sums (chunks, C), in chunk order. Read from L2 (__ldcg): other
+// blocks of the same launch may have written them (k_gemm_wg_split_ln_bwd).
 __device__ __forceinline__ float colsum_chunks(const float* partials, int chunks, int C, long long c) {
     float s = 0.0f;
     int k = 0;
@@ -81,6 +77,7 @@ __device__ __forceinline__ float colsum_chunks(const float* partials, int chunks
     return s;
 }
 
+// Pass 2: one thread per column adds the chunks in order into out[c] (+=).
 extern "C" __global__ void k_colsum_reduce(float* out, const float* partials, int chunks, int C) {
     long long c = thread_index();
     if (c >= C) return;

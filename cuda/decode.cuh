@@ -25,21 +25,18 @@ extern "C" __global__ void k_kv_store(float* cache, const float* src, int BH, in
 }
 
 // The attention of the new position p = pos[0] of every sequence, split over the cached positions as flash
-// decoding splits them: one block a chunk of DECODE_CHUNK positions of one head, so that a long cache keeps
-// every SM busy even at B = 1 (12 heads), then k_attention_decode_merge adds the chunks of each head.
+// decoding splits them: one block per chunk of DECODE_CHUNK positions of one head, so that a long cache keeps
+// every SM busy even at B = 1, then k_attention_decode_merge adds the chunks of each head.
 enum DecodeLaunch : int {
-    DECODE_CHUNK = 64,  // cached positions a block of k_attention_decode (read by microgpt/kernels/decode.py)
+    DECODE_CHUNK = 64,  // cached positions per block of k_attention_decode (read by microgpt/kernels/decode.py)
 };
 #define DECODE_PARTIAL(d_k) ((d_k) + 2)  // a chunk's partial: its weighted values (d_k), its max, its sum
 
-// Grid (chunks, B * NH), blockIdx.y = b * NH + h; a block whose chunk starts past p does nothing.
-//   - the block holding p writes the new key and value (qkv (B, 1, 3C) holds q, k, v side by side, head h at
-//     columns h * d_k of each, as split_heads reads them) into the caches (B, NH, T_max, d_k) at row p;
-//   - scores[j] = dot(Q, K[j]) * (1.0f / sqrtf(d_k)) for the chunk's j <= p (no mask: every cached row is at or
-//     before p), a warp a row (its lanes over d, then a fixed shuffle tree);
-//   - partial = (sum_j e_j V[j], m, sum_j e_j), e_j = exp(scores[j] - m), m the chunk's largest score.
-// Dynamic shared memory: DECODE_CHUNK + d_k + blockDim.x floats (the scores, the query, the partial sums).
-// A p outside [0, T_max) writes nothing (the caller keeps it in range).
+// Grid (chunks, B * NH), blockIdx.y = b * NH + h; a block whose chunk starts past p does nothing. The block holding
+// p writes the new key and value from qkv (B, 1, 3C) into the caches (B, NH, T_max, d_k) at row p. Then, one warp
+// per row j <= p of the chunk (no mask needed), scores[j] = dot(Q, K[j]) * (1.0f / sqrtf(d_k)), and the chunk's
+// partial = (sum_j e_j V[j], m, sum_j e_j), e_j = exp(scores[j] - m), m its largest score. Dynamic shared memory:
+// DECODE_CHUNK + d_k + blockDim.x floats. A p outside [0, T_max) writes nothing (the caller keeps it in range).
 extern "C" __global__ void k_attention_decode(float* partial, float* k_cache, float* v_cache, const float* qkv,
                                               const int* pos, int NH, int d_k, int T_max) {
     extern __shared__ float decode_smem[];

@@ -1,36 +1,17 @@
-// Fast embedding backward: k_embed_bwd's contract and its order of additions, element for element (so its
-// bits), without its thread per (position, column) that mostly exits and, for each it keeps, walks its run with
-// a dependent gather (order, then idx, then dx) a step.
-//
-// Every warp covers a span of EB_COLS = 128 columns, each lane four of them: one 16-byte chunk where C % 4 == 0
-// and the arrays are aligned to 16 bytes, else four single floats 32 apart (a warp's loads of one are still one
-// 128-byte line). One launch of 1-D blocks holds two parts, the token part's blocks first (its runs may be long):
-//
-// - dwte: a warp per (window of EB_WINDOW = 32 sorted slots k of `order`, column span). The lanes read the
-//   window's positions order[k] and tokens idx[order[k]] at once; the warp owns the runs that start in the
-//   window (slot k with idx[order[k - 1]] != its token) and adds each run's rows in order into a running sum,
-//   from 0, then that sum into the token's row of dwte: k_embed_bwd's s = 0; s += dx[...] ...; dwte += s. A run
-//   that goes past the window is followed into the next ones (their positions asked for before the rows of the
-//   window before). EB_UNROLL rows a lane in flight with the dwte chunks of the runs that end among them, twice
-//   as many inside a run: every load of a batch before its first store. A token's run is one warp's (per span),
-//   so no two warps touch one element of dwte: no atomics. The sum of a run is a chain (a column's in one lane),
-//   so a run takes its warps about three round trips to memory every 32 positions (a frequent token of real text).
-// - dwpe: a warp per (position t < T, column span): the B rows dx[b, t] (EB_UNROLL in flight) summed over b in
-//   order from 0, then added into dwpe[t]: k_embed_bwd's sum. The rows of dwpe past T are not touched.
-//
-// Bytes at andrea-120m's batch (B=8, T=1024, C=768; tokens drawn at random): dx read twice, once by each part
-// (25.2 MB each; the second reading may partly come from the L2), the dwte rows of the U distinct tokens read and
-// written (2 * U * 3 KB: 32.2 MB at V = 8449, U about 5,245; 46.4 MB at V = 50257, U about 7,558), dwpe read and
-// written (6.3 MB), order and idx (under 0.2 MB): about 89 MB and 103 MB, where tools/kernel_cases.py counts
-// 81.8 MB (dx read once, a dwte row for every position).
+// Fast embedding backward: k_embed_bwd's contract and order of additions, element for element (so its bits).
+// Each warp covers a span of EB_COLS columns, four per lane: one 16-byte chunk where C % 4 == 0 and the arrays
+// are 16-byte aligned, else four floats 32 apart. One launch holds two parts, the token part's blocks first:
+// - dwte: one warp per (window of EB_WINDOW sorted slots of `order`, column span) adds each run of one token that
+//   starts in its window, in order from 0, into the token's row; a run belongs to one warp, so no atomics.
+// - dwpe: one warp per (position t < T, column span) sums dx[b, t] over b in order and adds that into dwpe[t].
 #pragma once
 #include "rows_fast.cuh"  // load_vec, store_vec, rows_vec4
 
 // Mirrored in microgpt/kernels/embed_fast.py (the grid).
 enum EmbedBwdLaunch : int {
-    EB_WINDOW = 32,  // sorted slots a warp of the token part owns (the runs that start among them)
-    EB_COLS = 128,   // columns a warp covers, four a lane
-    EB_UNROLL = 8,   // rows of dx a lane has in flight
+    EB_WINDOW = 32,  // sorted slots per warp of the token part (it owns the runs that start among them)
+    EB_COLS = 128,   // columns per warp, four per lane
+    EB_UNROLL = 8,   // rows of dx each lane has in flight
 };
 
 // The lane's four columns of the span from cs: one 16-byte chunk (VEC 4), or four floats 32 apart (VEC 1);
@@ -59,16 +40,15 @@ __device__ __forceinline__ void store_quad(float* row, const float (&v)[4], int 
     }
 }
 
-// Slots [lo, hi) of the window whose lane j holds slot j's position p and token tok (ends: the slots that end
-// their run), added in order into the running sums s; at the end of each run, s into the token's row of dwte,
-// and s back to 0. Batches of EB_UNROLL slots with the dwte chunks of the runs ending among them; inside a run
-// (no end among the next 2 * EB_UNROLL slots: a frequent token's) batches of twice as many slots, in the same
-// registers. lo and hi are the same in every lane (the shuffles need the whole warp).
+// Adds slots [lo, hi) of the window (lane j holds slot j's position p and token tok; bit j of ends: slot j ends
+// its run) in order into the running sums s, and at each run's end s into the token's row of dwte, then s = 0.
+// lo and hi must be the same in every lane (the shuffles need the whole warp).
 template <int VEC>
 __device__ __forceinline__ void add_slots(float* dwte, const float* dx, int p, int tok, unsigned ends, int lo,
                                           int hi, float (&s)[4], int C, int cs) {
     for (int j0 = lo; j0 < hi;) {
-        if (hi - j0 >= 2 * EB_UNROLL && ((ends >> j0) & ((1u << 2 * EB_UNROLL) - 1)) == 0) {  // j0 <= 16
+        // inside a run (no end among the next 2 * EB_UNROLL slots): twice as many loads per batch; j0 <= 16
+        if (hi - j0 >= 2 * EB_UNROLL && ((ends >> j0) & ((1u << 2 * EB_UNROLL) - 1)) == 0) {
             float v[2 * EB_UNROLL][4] = {};
 #pragma unroll
             for (int u = 0; u < 2 * EB_UNROLL; u++)
@@ -112,8 +92,8 @@ __device__ __forceinline__ void add_slots(float* dwte, const float* dx, int p, i
     }
 }
 
-// The runs that start among sorted slots [k0, k0 + 32), columns [cs, cs + 128). Token -1 stands for "no slot"
-// (before the first, after the last): every id is in [0, V).
+// The runs that start among sorted slots [k0, k0 + 32), columns [cs, cs + 128); a run that goes past the window
+// is followed into the next ones. Token -1 stands for "no slot" (before the first, after the last).
 template <int VEC>
 __device__ __forceinline__ void token_runs(float* dwte, const float* dx, const int* idx, const int* order,
                                            long long N, int C, long long k0, int cs) {
@@ -176,9 +156,9 @@ __device__ __forceinline__ void position_sums(float* dwpe, const float* dx, int 
     store_quad<VEC>(out, d, cs, C);
 }
 
-// Grid: ceil(ceil(N / EB_WINDOW) * S / W) blocks of the token part, then ceil(T * S / W) of the position part, S =
-// ceil(C / EB_COLS) column spans, W warps a block (N = B * T). Each part takes its 16-byte path where C % 4 == 0
-// and its two arrays are aligned to 16 bytes.
+// Grid: ceil(ceil(N / EB_WINDOW) * S / W) blocks of the token part, then ceil(T * S / W) of the position part;
+// S = ceil(C / EB_COLS) column spans, W warps per block, N = B * T. Each part takes its 16-byte path where
+// C % 4 == 0 and its two arrays are 16-byte aligned.
 extern "C" __global__ void __launch_bounds__(256, 2)
     k_embed_bwd_fast(float* dwte, float* dwpe, const float* dx, const int* idx, const int* order, int B, int T,
                      int C) {

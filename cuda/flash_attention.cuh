@@ -1,45 +1,23 @@
-// Flash attention on the tensor cores at FP32 accuracy (3xTF32): the tc variant's fused attention, no T x T
-// buffer. The forward (one kernel) streams the 64-key tiles of K and V through shared memory (two cp.async
-// stages) with an online softmax; it keeps O and one log-sum-exp a row. The backward recomputes the
-// probabilities from the log-sum-exp in three kernels: delta's two (a pass over P and dP for the first query
-// tiles, dO * O for the rest, which on sm_90a the dX product that makes dO sums in its epilogue instead where its
-// tiles hold whole heads: matmul_attention_tc.cuh; they also zero the backward's counters), and one of 5 products a
-// tile pair for dQ, dK and dV, where separate dQ and dK/dV kernels would take 7 (both recompute S and dP): a block
-// owns one tile of keys (two at d_k 64), keeps dK and dV in registers and adds each query tile's part of dQ in
-// global memory, in a fixed order of key tiles behind per-(head, query tile) counters; blocks take their work from
-// a ticket, so that the longest start first whatever order the hardware dispatches them in.
-// The prototypes and how each choice measured: dev/cuda/flash_attention_tc2.cu (the forward),
-// dev/cuda/flash_attention_tc3.cu (the backward), dev/NOTES.md.
-//
-// Every product is three TF32 mma.sync (lo*hi, hi*lo, hi*hi into a zeroed fragment; the operands split into
-// hi and lo as their fragments are read) added into a running sum kept in FP32 registers, 8 of d at a time:
-// the tensor cores' own accumulation does not round to nearest, and summed over long runs it would show.
-// Deterministic: every sum in a fixed order, no float atomics (an integer ticket and counters order the adds).
-//
-// Heads are read where the QKV projection leaves them and written where W_O reads them: head h of batch row b
-// is columns h * d_k .. + d_k of rows b * T .. + T of a matrix whose rows are ld floats apart (qkv and dqkv:
-// 3C, Q at column 0, K at C, V at 2C; y and dy: C), so no split or merge of heads runs before or after.
+// Flash attention on the tensor cores at FP32 accuracy (3xTF32, mma.sync): the tc variant's fused attention, no
+// T x T buffer. The forward streams 64-key tiles of K and V with an online softmax, keeping O and one log-sum-exp per
+// row; the backward recomputes the probabilities from it: delta (k_flash_bwd_delta_*, k_flash_bwd_delta_rows), then
+// one kernel for dQ, dK and dV. Deterministic: every sum in a fixed order, no float atomics. Heads are read where the
+// QKV projection leaves them and written where W_O reads them: head h of batch row b is columns h * d_k .. + d_k of
+// rows b * T .. + T of a matrix whose rows are ld floats apart (qkv and dqkv: 3C; y and dy: C).
 #pragma once
 #include "matmul_tc.cuh"  // tf32_split(_store), mma_tf32, mma_tf32_first, cp_async16, cp_async4, TC_AVAILABLE
 
 #define FA_KEYS 64  // rows of a streamed tile
 #define FA_DS_LD 72  // row stride of the backward's staged dS^T (64 queries x 64 keys), laid out as fa_at<64>
-// Floats of shared memory of each kernel (D: d_k padded to 32, 64 or 128; W: warps of 16 rows a block): the
-// resident rows (Q; Q and dO; K and V) and two stages of two streamed tiles, each row D + 8 floats apart (a
-// forward that splits its tiles once, SPLIT = 1: one stage of the raw K and V, and their hi and lo); for
-// the backward also two stages of the query tile's lse and delta, and the block's ticket (4 floats: a static
-// __shared__ int would take 1 KB, as matmul_tc.cuh's wgmma buffers align dynamic shared memory to 1024).
+// Floats of shared memory of each kernel (D: d_k padded to 32, 64 or 128; W: warps of 16 rows per block): resident
+// rows and two stages of two streamed tiles, rows D + 8 floats apart (SPLIT = 1: one raw stage, and its hi and lo);
+// the backward adds two stages of lse and delta, and its ticket (4 floats: a static __shared__ int would take 1 KB,
+// as matmul_tc.cuh's wgmma buffers align dynamic shared memory to 1024).
 #define FA_SMEM_FWD(D, W, SPLIT) (16 * (W) * ((D) + 8) + (4 + 2 * (SPLIT)) * FA_KEYS * ((D) + 8))
 #define FA_SMEM_DELTA(D, W) (2 * 16 * (W) * ((D) + 8) + 4 * FA_KEYS * ((D) + 8))
 #define FA_SMEM_BWD(D, W, SPLIT) (2 * 16 * (W) * ((D) + 8) + (4 + 2 * (SPLIT)) * FA_KEYS * ((D) + 8) + 4 * FA_KEYS + 4)
-// The forward of d_k 64 runs 8 warps a block; every other forward 4. It also splits K and V into hi and lo once a
-// tile, the block together, into
-// shared memory its warps read (FA_FWD_SPLIT): each warp split every fragment it read, the same 64 x 64 tiles 8
-// times over, 31% of its instructions. With the split tiles' shared memory it runs one block an SM (up to 255
-// registers) where two fitted: 0.376 ms against 0.422 at andrea-120m's shape, 1.282 / 4.681 against 1.377 / 4.941
-// at T = 2048 / 4096, the same bits (dev/cuda/flash_attention_split.cu, H200, 2026-12-01). d_k 32 splits as it
-// reads: its split tiles measured slower (4 warps: 0.245 ms against 0.233 at andrea-12m's 12 heads, T = 1024; 8
-// warps 0.275), and d_k 128's do not fit 227 KB beside 4 warps' Q.
+// The forward's warps per block, and whether it splits each tile of K and V into hi and lo once, the block together,
+// into shared memory its warps read (FA_FWD_SPLIT), rather than each warp splitting every fragment it reads.
 #define FA_FWD_WARPS_32 4
 #define FA_FWD_WARPS_64 8
 #define FA_FWD_WARPS_128 4
@@ -48,13 +26,9 @@
 #define FA_FWD_SPLIT_64 1
 #define FA_FWD_SPLIT_128 0
 #define FA_FWD_SPLIT(D) FA_FWD_SPLIT_##D
-// The backward's block takes FA_BWD_TILES(D) key tiles, 4 warps each, and with FA_BWD_SPLIT(D) splits each query
-// tile's Q and dO into hi and lo once, for all its warps (the hi over the raw stage, the lo beside it): at d_k 64,
-// 4 warps a block split the same Q and dO 8 times a step, and their split copies did not fit beside a second block
-// an SM. Two tiles' 8 warps one block an SM (185 KB), the same 8 warps an SM as before: forward + backward 1.584 ->
-// 1.403 ms at andrea-120m's shape, 21.80 -> 18.19 at T = 4096, the same bits (H200, 2026-12-01). d_k 128's would
-// not fit 227 KB; d_k 32's dS^T of a tile does not fit over one of Q and dO (not tried). The delta pass runs 4
-// warps (64 query rows) at every width.
+// The backward's block takes FA_BWD_TILES(D) key tiles, 4 warps each; with FA_BWD_SPLIT(D) it splits each query
+// tile's Q and dO into hi and lo once, for all its warps (hi over the raw stage, lo beside it). The delta pass runs
+// 4 warps (64 query rows) at every width.
 #define FA_BWD_TILES_32 1
 #define FA_BWD_TILES_64 2
 #define FA_BWD_TILES_128 1
@@ -242,7 +216,7 @@ __device__ __forceinline__ void fa_weigh(float (&out)[D / 8][4], const float (&w
     }
 }
 
-// out = the warp's 16 rows of the staged dS^T (at a: 64 keys a row, stride FA_DS_LD) times the block's K (at
+// out = the warp's 16 rows of the staged dS^T (at a: 64 keys per row, stride FA_DS_LD) times the block's K (at
 // ks, 64 keys), columns c0 + 8n + (0..7) of K. The A fragment is read as fa_rows_dot reads its A (keys 2t and
 // 2t + 1 of a k8 step as logical k t and t + 4, one float2), the B fragment as fa_weigh reads its M (rows 2t
 // and 2t + 1, the same relabelling), so both sides sum the same key for each k.
@@ -304,19 +278,17 @@ struct FlashSmem {
 };
 
 // The grid is (tiles, NH, B): head h = blockIdx.y of batch row b = blockIdx.z, at this offset in a matrix of rows
-// ld floats apart (no division: with b * NH + h in one index, the division cost the forward 132 bytes of
-// spills at its bound of 128); its rows of lse and delta (B, NH, T) at fa_row(T).
+// ld floats apart (no division, which with b * NH + h in one index made the forward spill); its rows of lse and
+// delta (B, NH, T) at fa_row(T).
 __device__ __forceinline__ long long fa_head(int T, int d_k, int ld) {
     return (long long)blockIdx.z * T * ld + (long long)blockIdx.y * d_k;
 }
 __device__ __forceinline__ long long fa_row(int T) { return ((long long)blockIdx.z * gridDim.y + blockIdx.y) * T; }
 
 // ---------------------------------------------------------------------------------------------- forward
-// A block owns 16 * WARPS query rows of one head (fa_head), the longest rows first; an
-// online softmax in FP32 over the 64-key tiles up to the diagonal; lse[i] = max + log(sum) for the backward.
-// SPLIT: each tile of K and V lands raw in one stage, and the block splits it into hi and lo (split) before its
-// warps read it, while the next tile lands raw; else two raw stages, each fragment split as it is read. The same
-// products either way, so the same bits.
+// A block owns 16 * WARPS query rows of one head (fa_head), the longest rows first: an online softmax in FP32 over
+// the 64-key tiles up to the diagonal, and lse[i] = max + log(sum) for the backward. SPLIT: the block splits each
+// raw tile of K and V into hi and lo once, while the next lands; else each fragment is split as it is read.
 template <int D, int WARPS, bool SPLIT>
 __device__ void flash_fwd(float* o, float* lse, const float* q, const float* k, const float* v, int T, int d_k,
                           int ld_in, int ld_out) {
@@ -433,11 +405,9 @@ __device__ void flash_fwd(float* o, float* lse, const float* q, const float* k, 
 }
 
 // ---------------------------------------------------------------------------------------------- backward
-// delta = the row's sum of p dp, for the 64 query rows of tile blockIdx.x of one head (fa_head), and the
-// backward's counters of those tiles set to 0 (block (0, 0, 0): the ticket too), so that the backward needs nothing
-// of the scratch from an earlier launch. Launched for the first FA_DELTA_PASS_TILES query tiles only: they sum p dp
-// over their key tiles, p and dp as the backward kernel computes them (so ds is exactly 0 where p is 1: a one-key
-// row); the rest take k_flash_bwd_delta_rows.
+// delta = the row's sum of p dp (p and dp as the backward computes them, so ds = 0 exactly where p = 1), for the 64
+// query rows of tile blockIdx.x of one head; launched for the first FA_DELTA_PASS_TILES query tiles only. It also
+// zeroes those tiles' counters (block (0, 0, 0): the ticket too), so the backward needs no scratch from before.
 template <int D>
 __device__ void flash_bwd_delta(float* delta, int* sync, const float* q, const float* k, const float* v,
                                 const float* d_o, const float* lse, int T, int d_k, int ld_in, int ld_out) {
@@ -445,7 +415,7 @@ __device__ void flash_bwd_delta(float* delta, int* sync, const float* q, const f
     using S = FlashSmem<D, FA_DELTA_WARPS>;
     constexpr int THREADS = 32 * FA_DELTA_WARPS;
     extern __shared__ __align__(16) float fa_smem[];
-    const int n = (T - 1) / FA_KEYS + 1;  // query tiles a head
+    const int n = (T - 1) / FA_KEYS + 1;  // query tiles per head
     if (threadIdx.x == 0) {
         sync[fa_row(n) + blockIdx.x] = 0;  // (b, h, query tile): the backward's counter[i] of head b NH + h
         if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) sync[n * gridDim.y * gridDim.z] = 0;
@@ -509,24 +479,11 @@ __device__ void flash_bwd_delta(float* delta, int* sync, const float* q, const f
 #endif
 }
 
-// delta of the query tiles past the first FA_DELTA_PASS_TILES: the row's sum of dO * O over d, the same value as
-// p dp's in one read of O (which carries the forward's rounding; an FP32 sum's own would add to it, so it is summed
-// in FP64), and those tiles' counters set to 0. A kernel of its own, not a branch of the pass kernel, whose 110 KB
-// of shared memory leave 8 warps an SM (the backward 1.218 -> 1.212 ms at andrea-120m's shape).
-//
-// A warp a (b, t) row, all its heads. A head takes P lanes, d_k / V rounded up to a power of two (at most 32); its
-// lane j holds 4 of d: d = 4 j .. 4 j + 3 in one 16-byte load of each array where the rows and heads are 16-byte
-// aligned (V = 4), else d = j, j + P, j + 2 P, j + 3 P (V = 1). The lane's products are summed in FP64 in that
-// order, then the head's P lanes by a shuffle tree: a fixed order (at V = 1 that of a warp a (row, head), bit for
-// bit). The loads of FA_DELTA_ROW_GROUPS groups of heads (32 / P heads a group) all go out before their sums: more
-// in flight took registers (fewer warps an SM), less left the memory idle. At andrea-120m's shape on the H200 74-76%
-// of the copy bandwidth, where a copy kernel of the same bytes reaches 87% and the probe's row4b, its widths fixed
-// at compile time, 77-80%; a warp a (row, head), as before, 86K warps of 512 bytes in flight each, 50%
-// (dev/cuda/delta_rows_bound.cu; in the step 24.9 -> 19.9 us a layer). On sm_90a, at d_k 32, 64 and 128, the
-// model's backward sums this delta in the epilogue of the product that makes dO instead (k_gemm_wg_split_delta,
-// matmul_attention_tc.cuh), with no pass over dO of its own. o and d_o: (B, T) rows ld_out floats apart,
-// head h at h * d_k. Five blocks an SM: 47 registers, no spills (sm_90a); sm_75 holds 1024 threads an SM, so four.
-constexpr int FA_DELTA_ROW_GROUPS = 2;
+// delta of the query tiles past the first FA_DELTA_PASS_TILES: the row's sum of dO * O over d (p dp's value, in one
+// read of O), summed in FP64 and rounded once, and those tiles' counters set to 0. One warp per (b, t) row, all its
+// heads; a head's P lanes (d_k / V rounded up to a power of two) each sum 4 of d, then a shuffle tree adds them.
+// o and d_o: (B, T) rows ld_out floats apart, head h at h * d_k. Five blocks per SM (sm_75: four).
+constexpr int FA_DELTA_ROW_GROUPS = 2;  // groups of heads (32 / P each) whose loads all go out before their sums
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #define FA_DELTA_ROW_BLOCKS 4
 #else
@@ -536,7 +493,7 @@ extern "C" __global__ void __launch_bounds__(256, FA_DELTA_ROW_BLOCKS)
     k_flash_bwd_delta_rows(float* delta, int* sync, const float* o, const float* d_o, int B, int NH, int T,
                            int d_k, int ld_out) {
     constexpr int T0 = FA_DELTA_PASS_TILES * FA_KEYS;
-    if (d_k > 4 * 32) __trap();  // 4 of d a lane (flash_attention.MAX_D_K is 128)
+    if (d_k > 4 * 32) __trap();  // 4 of d per lane (flash_attention.MAX_D_K is 128)
     const int rows = T - T0, w = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (w >= B * rows) return;  // the whole warp leaves together
     const bool vec = d_k % 4 == 0 && ld_out % 4 == 0 && fa_aligned(o, d_o, nullptr);
@@ -585,32 +542,12 @@ extern "C" __global__ void __launch_bounds__(256, FA_DELTA_ROW_BLOCKS)
     }
 }
 
-// dv = sum over queries of p^T do, dk = scale * sum of ds^T q, dq = scale * sum over keys of ds k, for the
-// KT = FA_BWD_TILES(D) key tiles KT m .. KT m + KT - 1 of head bh = b * NH + h, (m, bh) from the ticket: grid
-// (ceil(T / (64 KT)), NH, B), but a block's work is its ticket's, not its blockIdx's. A warp owns 16 keys; the
-// block computes S^T, dP^T and dS^T for each query tile its keys see, adds P^T dO and dS^T Q into dV and dK in
-// registers, and the query tile's part of dQ, dS K, into dQ in global memory (dS^T staged through shared memory
-// over the tile's Q and dO, which are no longer needed by then).
-//
-// dQ without float atomics, deterministic: query tile i's parts are added in a fixed order, key tile 0 first
-// (it writes, so dQ needs no zeroing), then 1, ..., i last (it applies the scale, once to the sum). A block adds
-// its key tiles' parts one after the other, as blocks of one tile each would (the same bits whatever KT). It
-// waits, before its add, until counter[i] says the block before it has added; it publishes its own add at its
-// next step's first barrier (all its threads' stores are done by then) with a release store. The block streams
-// its query tiles from the last down to its diagonal, so blocks m - 1 and m reach query tile i at the same step:
-// m waits once, at its first step, and then runs that far behind m - 1. The ticket, block major, starts every
-// head's block 0 (the longest) first and the shortest last (1.01x the ideal makespan in a list-scheduling
-// simulation at T = 1024 .. 4096, against 1.05x .. 1.21x head-major); and it keeps the protocol free of deadlock
-// whatever order the hardware dispatches blocks in: a block waits only on the block of the ticket `heads` before
-// its own, which has taken its ticket and so is resident, and which waits in turn only on an earlier ticket;
-// block 0 of a head never waits.
-//
-// S^T = K Q^T must be the forward's S = Q K^T bit for bit (p = 1 exactly on a one-key row, so that ds = 0
-// there): its three mmas run in the transposed order (fa_mma3<true>), the same terms with the same k into the
-// same partial sums; dP^T likewise, to match the delta kernel's dP = dO V^T. Q and dO split once (SPLIT) give
-// the same hi and lo as split at each read, so the same bits.
-// sync: B * NH * ceil(T / 64) counters, (b, h, query tile), then the ticket; all 0 at the start (the delta
-// kernel zeroes them; this kernel leaves them 0 as well).
+// dV = sum over queries of P^T dO, dK = scale * sum of dS^T Q, dQ = scale * sum over keys of dS K, for key tiles
+// KT m .. KT m + KT - 1 (KT = FA_BWD_TILES(D)) of head bh = b * NH + h, (m, bh) from the ticket, not blockIdx. A warp
+// owns 16 keys, keeps dK and dV in registers, and adds each query tile's part of dQ into global memory (dS^T staged
+// in shared memory over the tile's Q and dO) in a fixed order of key tiles, behind per-tile counters. S^T and dP^T
+// are the forward's S and the delta kernel's dP bit for bit (fa_mma3<true>), so ds = 0 exactly where p = 1.
+// sync: B * NH * ceil(T / 64) counters (b, h, query tile), then the ticket; all 0 at the start, and left 0.
 template <int D, int KT, bool SPLIT>
 __device__ void flash_bwd(float* dq, float* dk, float* dv, int* sync, const float* q, const float* k,
                           const float* v, const float* d_o, const float* lse, const float* delta, int T, int d_k,
@@ -620,7 +557,7 @@ __device__ void flash_bwd(float* dq, float* dk, float* dv, int* sync, const floa
     using S = FlashSmem<D, WARPS>;
     constexpr int THREADS = 32 * WARPS, ND = D / 8;
     // n8 tiles of dQ's part at a time: 32 columns, whose part and loaded sum (32 registers) fit beside dK and dV
-    // at d_k 64 (all 64 at once: 300-400 bytes spilled)
+    // at d_k 64 (all 64 at once spilled)
     constexpr int NQ = 4;
     static_assert(S::ROWS == KT * FA_KEYS, "a block's keys are KT tiles");
     static_assert(KT == 1 || S::TILE >= FA_KEYS * FA_DS_LD, "each key tile's dS^T fits over one of Q and dO");
@@ -634,7 +571,7 @@ __device__ void flash_bwd(float* dq, float* dk, float* dv, int* sync, const floa
     uint32_t* do_lo = q_lo + S::TILE;
     float* ls = qd + (4 + 2 * SPLIT) * S::TILE;  // stage s: lse at ls + 2 s FA_KEYS, delta after it
     int& ticket = *reinterpret_cast<int*>(ls + 4 * FA_KEYS);
-    // n from T, not gridDim.x: with gridDim.x, ptxas spilled 280-330 bytes at d_k 64
+    // n from T, not gridDim.x: with gridDim.x, ptxas spilled at d_k 64
     const int n = (T - 1) / FA_KEYS + 1, blocks = (n - 1) / KT + 1, heads = gridDim.y * gridDim.z;
     if (threadIdx.x == 0) {
         ticket = atomicAdd(sync + heads * n, 1);
@@ -643,8 +580,7 @@ __device__ void flash_bwd(float* dq, float* dk, float* dv, int* sync, const floa
     __syncthreads();
     // The head (bh = b * NH + h, NH = gridDim.y) and its offsets are recomputed from the ticket in shared memory
     // where they are used, after a barrier that no load of it moves across: held in registers through the loop
-    // (with the addresses the compiler derives from them) they cost 330 bytes of spills at d_k 64, with b and h
-    // read from shared memory 276, recomputed 8 (at 255 registers, for a few integer divisions a step)
+    // (with the addresses the compiler derives from them), they spilled.
     auto ticket_head = [&]() { return ticket % heads; };
     auto head = [&](int bh, int ld) {
         const int b = bh / gridDim.y;
@@ -755,7 +691,9 @@ __device__ void flash_bwd(float* dq, float* dk, float* dv, int* sync, const floa
         __syncthreads();  // dS^T is whole
 
         // dQ's rows q0 + 16 (warp % 4) + g (+ 8), columns D / KT of them (warp / 4), += dS^T K over the block's
-        // key tiles in order, after block m - 1's add: key tile 0 writes, key tile i scales
+        // key tiles in order, after block m - 1's add: key tile 0 writes, key tile i scales. Blocks stream query
+        // tiles from the last down, so block m waits once, then runs a step behind m - 1. No deadlock whatever the
+        // dispatch order: a block waits only on the ticket `heads` before its own, which is resident.
         const int rows = 16 * (warp % 4), row_a = q0 + rows + g, row_b = row_a + 8;
         const int tiles = min(KT, i - j0 + 1);  // the block's key tiles that see query tile i
         if (q0 + rows < T) {
@@ -764,7 +702,7 @@ __device__ void flash_bwd(float* dq, float* dk, float* dv, int* sync, const floa
             if (m > 0)
                 while (fa_load_acquire(counter(h, i)) != m) __nanosleep(100);
 #pragma unroll
-            for (int dc = 0; dc < D / KT; dc += 8 * NQ) {  // a constant count: the warp's bounds spilled 330 bytes
+            for (int dc = 0; dc < D / KT; dc += 8 * NQ) {  // a constant count: the warp's own bounds spilled
                 const int c0 = warp / 4 * (D / KT) + dc;
                 float x[NQ][4];  // the sum so far, loaded before the product, to land while it runs
                 if (m > 0)
@@ -829,16 +767,14 @@ __device__ void flash_bwd(float* dq, float* dk, float* dv, int* sync, const floa
 #endif
 }
 
-// The kernels for each padded width D: grid (ceil(T / (16 WARPS)), NH, B), 32 WARPS threads, FA_SMEM_*'s
-// floats of dynamic shared memory. q, k, v (and dq, dk, dv) are the heads' columns of one matrix of rows ld_in
-// apart, o and d_o of one of rows ld_out apart; lse and delta (B, NH, T); sync an int scratch of
-// B * NH * ceil(T / 64) + 1 (the delta kernel zeroes it).
-// The 8-warp forward of split tiles one block an SM, as its shared memory allows (255 registers; 28 bytes spilled,
-// three loads and two stores a tile); the 4-warp ones left to ptxas (168 at d_k 32 without spills)
+// The kernels for each padded width D: grid (ceil(T / (16 WARPS)), NH, B), 32 WARPS threads, FA_SMEM_*'s floats of
+// dynamic shared memory. q, k, v (dq, dk, dv) are heads' columns of one matrix of rows ld_in apart, o and d_o of one
+// of rows ld_out apart; lse and delta (B, NH, T); sync an int scratch of B * NH * ceil(T / 64) + 1 (zeroed by delta).
+// The 8-warp forward of split tiles runs one block per SM, as its shared memory allows (up to 255 registers).
 #define FA_FWD_BOUNDS_32 __launch_bounds__(32 * FA_FWD_WARPS(32))
 #define FA_FWD_BOUNDS_64 __launch_bounds__(32 * FA_FWD_WARPS(64), 1)
 #define FA_FWD_BOUNDS_128 __launch_bounds__(32 * FA_FWD_WARPS(128))
-// the backward's blocks of 8 warps one an SM (their shared memory), up to 255 registers as the 4-warp ones
+// the backward's blocks of 8 warps run one per SM (their shared memory), up to 255 registers as the 4-warp ones
 #define FA_BWD_BOUNDS_32 __launch_bounds__(32 * FA_BWD_WARPS(32))
 #define FA_BWD_BOUNDS_64 __launch_bounds__(32 * FA_BWD_WARPS(64), 1)
 #define FA_BWD_BOUNDS_128 __launch_bounds__(32 * FA_BWD_WARPS(128))

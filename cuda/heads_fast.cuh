@@ -1,21 +1,13 @@
-// Fast head split and merge: each is a set of (T, d_k) matrices copied between row strides, per head (b, h)
-// rows t of d_k floats, d_k apart on the heads side (B, NH, T, d_k) and 3C or C apart on the (B, T, 3C) /
-// (B, T, C) side. 16 bytes at a time where d_k % 4 == 0 and the arrays are aligned (one float at a time
-// otherwise). The split: a block copies tiles of one matrix's rows, MB_UNROLL rows a thread in flight, every load
-// before its stores; each thread finds its column once, where the reference kernels divide their 64-bit index by
-// d_k, T and NH for every element. The merge: a block a (B, T, C) row, a thread a chunk of it, evict-first both
-// ways. The copies are the reference kernels' bits: checked bit-identical on the H200, where at andrea-120m's
-// shapes (B=8, T=1024, 12 heads of 64) split_heads took 0.0677 -> 0.0413 ms forward and 0.1353 -> 0.0420
-// backward, merge_heads 0.0369 -> 0.0154 and 0.0483 -> 0.0152 (in the split's form).
-//
-// Grid of the split: (matrices, tiles of rows), blockIdx.x the matrix and blockIdx.y the tile, both looped over
-// (so any grid covers everything; the y dimension stops at 65535). At least four blocks an SM (64 registers).
+// Fast head split and merge. Each head (b, h) is a (T, d_k) matrix whose rows are d_k floats apart on the heads
+// side (B, NH, T, d_k) and 3C or C floats apart on the (B, T, 3C) or (B, T, C) side; the kernels copy rows
+// between the two strides, 16 bytes at a time where d_k % 4 == 0 and the arrays are 16-byte aligned (one float
+// at a time otherwise). The copies give the reference kernels' bits.
 #pragma once
 #include "rows_fast.cuh"  // load_vec, store_vec, all_aligned16, MB_UNROLL
 
-// The block's tiles of the matrix: w chunks of VEC floats a row, the block's threads side by side along the
-// rows, blockDim / w rows a pass (one row and a loop along it where w > blockDim), MB_UNROLL passes in flight.
-// Each thread finds its column once, not per element.
+// Copies the block's tiles of one matrix: rows of w chunks of VEC floats, blockDim / w rows per pass (one row,
+// looped along, where w > blockDim), MB_UNROLL passes in flight, every load before its store. Each thread
+// finds its column once, not per element.
 template <int VEC>
 __device__ __forceinline__ void copy_rows(float* dst, long long dst_stride, const float* src, long long src_stride,
                                           int rows, int w) {
@@ -47,8 +39,9 @@ __device__ __forceinline__ void copy_head(float* dst, long long dst_stride, cons
         copy_rows<1>(dst, dst_stride, src, src_stride, T, d_k);
 }
 
-// Grid: (3 * B * NH, min(ceil(T / rows_per_tile), 65535)); rows_per_tile = MB_UNROLL * max(1, 256 / w),
-// w = d_k / 4 (d_k % 4 == 0) or d_k. Matrix m = (which * B + b) * NH + h: q, k or v of head (b, h).
+// Grid: (3 * B * NH, min(ceil(T / rows_per_tile), 65535)), both dimensions looped over; rows_per_tile =
+// MB_UNROLL * max(1, 256 / w), w = d_k / 4 (d_k % 4 == 0) or d_k. Matrix m = (which * B + b) * NH + h: q, k or v
+// of head (b, h). At least four blocks per SM (64 registers).
 extern "C" __global__ void __launch_bounds__(256, 4)
     k_split_heads_fwd_fast(float* q, float* k, float* v, const float* qkv, int B, int T, int NH, int d_k) {
     const int C = NH * d_k, BH = B * NH;
@@ -75,18 +68,15 @@ extern "C" __global__ void __launch_bounds__(256, 4)
     }
 }
 
-// The merges walk the (B, T, C) side in order, a block a row bt = b * T + t (the blocks looping over the rows),
-// its threads along the row's chunks (16 bytes where d_k % 4 == 0 and the arrays are aligned, else a float),
-// each moving one chunk between y[bt][c] and heads[b][h][t][c - h d_k], loaded and stored evict-first: a pass
-// of 25 MB each way at andrea-120m's shapes, which the split's tiles of (T, d_k) took at 72-73% of the copy
-// bandwidth launched one by one and 80% in a CUDA graph, this form at 78-80% and 84-85% (H200, 2026-12-01,
-// dev/cuda/short_copy_bound.cu; a copy kernel of the same bytes: 81% and 87%).
+// The merges walk the (B, T, C) side in order: one block per row bt = b * T + t (blocks loop over rows), each
+// thread moving one chunk (16 bytes, or one float) between y[bt][c] and heads[b][h][t][c - h * d_k], loaded
+// and stored evict-first (ld.global.cs, st.global.cs).
 template <int VEC, bool TO_HEADS>
 __device__ __forceinline__ void merge_rows(float* dst, const float* src, int B, int T, int NH, int d_k) {
     const int w = d_k / VEC, row = NH * w;  // chunks of a head's row, of a (B, T, C) row
     const unsigned long long rows = (unsigned long long)B * T;
     for (unsigned long long bt = blockIdx.x; bt < rows; bt += gridDim.x) {
-        // b = bt / T by a 32-bit division where the rows allow it: a 64-bit one costs several times its instructions
+        // b = bt / T by a 32-bit division where the row count allows: a 64-bit division costs several times more
         const unsigned long long b = rows >> 32 ? bt / T : (unsigned)bt / (unsigned)T, t = bt - b * T;
         for (int j = threadIdx.x; j < row; j += blockDim.x) {
             const int h = j / w, i = j - h * w;
@@ -99,8 +89,8 @@ __device__ __forceinline__ void merge_rows(float* dst, const float* src, int B, 
     }
 }
 
-// Grid: min(B * T, 2^31 - 1) blocks (they loop over the rows) of the row's chunks (NH * d_k / 4 or NH * d_k) rounded up to a warp, at most
-// 1024 threads (longer rows loop).
+// Grid: min(B * T, 2^31 - 1) blocks, which loop over the rows. Block: the row's chunks (NH * d_k / 4 or
+// NH * d_k) rounded up to a multiple of 32, at most 1024 threads (longer rows loop).
 extern "C" __global__ void __launch_bounds__(1024)
     k_merge_heads_fwd_fast(float* y, const float* heads, int B, int T, int NH, int d_k) {
     if (d_k % 4 == 0 && all_aligned16(y, heads))

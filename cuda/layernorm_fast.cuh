@@ -1,15 +1,8 @@
 // Fast variants of the layernorms, each reduction in a fixed order, so results repeat bit for bit; tested
-// against the one-thread-per-row reference kernels and float64. The forwards take a warp per row (the grid of
-// 32 threads a row); the backward a block per row, each thread owning 4 columns (described where it starts).
-//
-// A forward row of up to ROW_REGS * 32 = 1024 columns in 16-byte chunks (C % 4 == 0, arrays aligned) is loaded
-// into registers at once and every statistic comes from the registers. Other rows (longer, or read one float at
-// a time: there 32 loads a lane in flight take more registers than the kernels have, and spill) take a loop over
-// the row, MB_UNROLL chunks a lane at a time, each batch loaded before any of it is stored; its later passes
-// read the row again from the caches. On the H200 at andrea-120m's shapes (B=8, T=1024, C=768) these bodies
-// took the forward from 0.0225 to 0.0167 ms (71% of the copy bandwidth) and the fused residual add and
-// layernorm from 0.0394 to 0.0303 (78%), against the first warp-per-row kernels that read one float at a time;
-// their errors against float64 stayed within 1.5x of those kernels'.
+// against the one-thread-per-row reference kernels and float64. The forwards take one warp per row: a row of up
+// to ROW_REGS * 32 = 1024 columns in 16-byte chunks is held in registers; other rows are looped over, MB_UNROLL
+// chunks per lane at a time, later passes reading the row again from the caches. The backward takes one block
+// per row, each thread owning 4 columns.
 #pragma once
 #include "rows_fast.cuh"
 
@@ -18,10 +11,7 @@ template <int VEC>
 __device__ __forceinline__ int batch_col(int c0, int u) { return c0 + u * 32 * VEC; }
 
 // out, mean and rstd of row n from its values v (the lane's chunks, 0 past C) and their lane sum. STREAM: out's
-// 16-byte chunks stored evict-first (st.global.cs), so that the rows still to be read keep L2: the plain forward
-// went from 73% to 80% of the copy bandwidth with it on the H200 (andrea-120m, 2026-12-01, one out buffer for every
-// launch timed, which L2 kept: 71-74% with each launch's own); the fused residual add
-// and layernorm, whose sum x is also written, measured no faster (79%), and keeps ordinary stores.
+// 16-byte chunks stored evict-first (st.global.cs), so that the rows still to be read keep their place in L2.
 template <int VEC, bool STREAM = false>
 __device__ __forceinline__ void layernorm_regs_out(float* o, float* mean, float* rstd, float (&v)[ROW_REGS / VEC][VEC],
                                                    float sum, const float* w, const float* b, long long n, int C) {
@@ -111,7 +101,7 @@ __device__ __forceinline__ void layernorm_fwd_row(float* o, float* mean, float* 
 #pragma unroll
         for (int k = 0; k < CHUNKS; k++) {
             int c = chunk_col<VEC>(k);
-            if (c < C) load_vec<VEC, true>(v[k], xr + c);  // evict-first: 71.3% -> 73.9% of the copy bandwidth
+            if (c < C) load_vec<VEC, true>(v[k], xr + c);  // evict-first: read once
         }
         float sum = 0.0f;
 #pragma unroll
@@ -132,7 +122,7 @@ __device__ __forceinline__ void layernorm_fwd_row(float* o, float* mean, float* 
     }
 }
 
-// No minimum of blocks asked: as it is it fits in 64 registers, four blocks an SM (asked for four, ptxas spilled).
+// No minimum of blocks asked: as it is, it fits in 64 registers, four blocks per SM (asking for four spills).
 extern "C" __global__ void __launch_bounds__(256)
     k_layernorm_fwd_fast(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
                          int N, int C) {
@@ -144,22 +134,13 @@ extern "C" __global__ void __launch_bounds__(256)
         layernorm_fwd_row<1>(out + n * C, mean, rstd, x + n * C, w, b, n, C);
 }
 
-// The forward staged through shared memory, for rows of 16-byte chunks up to ROW_REGS * 32 columns on GPUs with
-// cp.async (sm_80 and later; the launcher takes k_layernorm_fwd_fast elsewhere). Each lane copies its own chunks of
-// the row into the warp's row of shared memory and reads back only those, so no barrier is needed, and no register
-// holds the row in flight: the kernel fits 32 registers, 64 warps an SM, and andrea-120m's 8192 rows are in flight
-// in one wave, where k_layernorm_fwd_fast's 60 registers (the row in them from load to store) hold it to 32 warps
-// and two waves. On the H200 (dev/cuda/layernorm_staged.cu, 2026-12-01, in a CUDA graph against the 2 GB copy):
-// 82.4-84.1% where k_layernorm_fwd_fast gives 78.3-78.9% (x copied evict-first: 77.5% without; out stored plainly,
-// as the product after it reads it: 77.3-77.9% evict-first). The bulk copy engine (one copy a row on an mbarrier)
-// gave 74-76%; more rows a warp in flight, fewer warps, 63-70%.
-//
-// The same sums in the same order as layernorm_fwd_row<4>: out, mean and rstd are k_layernorm_fwd_fast's bits
-// (and so k_residual_layernorm_fwd_fast's). Its register path adds the zeros of its chunks past C to the lane's sum,
-// which only turns a sum of -0 into +0; so does the one `+ 0.0f` below.
+// The forward staged through shared memory by cp.async (sm_80 and later; the launcher takes k_layernorm_fwd_fast
+// elsewhere), for rows of 16-byte chunks up to LN_STAGED_MAX_C columns. Each lane copies its own chunks into the
+// warp's row of shared memory and reads back only those (no barrier); no register holds the row in flight, so more
+// warps fit an SM. The same sums in the same order as layernorm_fwd_row<4>: k_layernorm_fwd_fast's bits.
 enum LayernormStagedLaunch : int {
-    LN_STAGED_WARPS = 8,   // rows a block, a warp each
-    LN_STAGED_REGS = 32,   // registers a thread: 64 warps an SM where an SM holds 2048 threads (sm_80, sm_90)
+    LN_STAGED_WARPS = 8,   // rows per block, one warp each
+    LN_STAGED_REGS = 32,   // registers per thread: 64 warps per SM where an SM holds 2048 threads (sm_80, sm_90)
     LN_STAGED_MAX_C = 1024, // its longest rows: those of the register path, whose bits it gives
 };
 static_assert(LN_STAGED_MAX_C == ROW_REGS * 32, "the staged forward takes the register path's rows");
@@ -170,7 +151,7 @@ extern "C" __global__ void __maxnreg__(LN_STAGED_REGS)
     k_layernorm_fwd_staged(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
                            int N, int C) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-    extern __shared__ float4 ln_staged_rows[];  // C floats a warp
+    extern __shared__ float4 ln_staged_rows[];  // C floats per warp
     const int lane = threadIdx.x % 32;
     if (warp_row() >= N) return;  // the whole warp leaves together
     const int n = (int)warp_row();
@@ -191,7 +172,7 @@ extern "C" __global__ void __maxnreg__(LN_STAGED_REGS)
         const float4 v = *reinterpret_cast<const float4*>(row + c);
         sum += v.x, sum += v.y, sum += v.z, sum += v.w;
     }
-    if (chunk_col<4>(ROW_REGS / 4 - 1) >= C) sum += 0.0f;  // the register path's zero chunks
+    if (chunk_col<4>(ROW_REGS / 4 - 1) >= C) sum += 0.0f;  // as the register path's zeros past C: -0 becomes +0
     const float m = warp_sum(sum) / C;
     float var = 0.0f;
     for (int c = lane * 4; c < C; c += 128) {
@@ -233,7 +214,7 @@ __device__ __forceinline__ void residual_layernorm_row(float* xr, float* o, floa
         for (int k = 0; k < CHUNKS; k++) {
             int c = chunk_col<VEC>(k);
             if (c < C) {
-                load_vec<VEC, true>(v[k], rr + c);  // evict-first: 80.3% -> 81.3%
+                load_vec<VEC, true>(v[k], rr + c);  // evict-first: read once
                 load_vec<VEC, true>(u[k], br + c);
             }
         }
@@ -279,15 +260,14 @@ __device__ __forceinline__ void residual_layernorm_row(float* xr, float* o, floa
     }
 }
 
-// Read by microgpt/kernels/layernorm_fast.py: the fused residual add and layernorm's blocks of 4 warps (rows), 6 an
-// SM: 80.2-80.7% of the copy bandwidth in five runs where 3 blocks of 8 gave 78.8-79.9% (H200, andrea-120m,
-// 2026-12-01; the same 24 warps an SM, but a block's place is taken again as soon as its 4 rows are done).
+// Read by microgpt/kernels/layernorm_fast.py: the fused residual add and layernorm's blocks of 4 warps (rows), 6 per
+// SM: small blocks, so that a block's place is taken again as soon as its 4 rows are done.
 enum ResidualLayernormLaunch : int {
     RESID_LN_THREADS = 128,
 };
 
-// At most 80 registers (held to 64 for more warps, ptxas spills): 24 warps with a row of both inputs in flight
-// each are still more bytes in flight than the memory needs.
+// At most 80 registers (held to 64 for more warps, ptxas spills): 24 warps, each with a row of both inputs in
+// flight, are still more bytes in flight than the memory needs.
 extern "C" __global__ void __launch_bounds__(RESID_LN_THREADS, 6)
     k_residual_layernorm_fwd_fast(float* x, float* out, float* mean, float* rstd, const float* resid,
                                   const float* branch, const float* w, const float* b, int N, int C) {
@@ -300,28 +280,17 @@ extern "C" __global__ void __launch_bounds__(RESID_LN_THREADS, 6)
         residual_layernorm_row<1>(x + o, out + o, mean, rstd, resid + o, branch + o, w, b, n, C);
 }
 
-// The backward, llm.c's way: one pass over the rows gives dx and each block's partial row of dw and db; then the
-// last blocks to finish add the blocks' partial rows into dw and db (ln_bwd_finish), in the same launch.
-//
-// dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = dout * w, xhat = (x - mean) * rstd:
-// written, or added into where ACC (as k_layernorm_bwd: the residual stream's gradient, the same rounding as a
-// separate k_residual_fwd). Every rounding is spelled out (_rn: no contraction left to the compiler); dxhat is
-// rounded once and reused.
-//
-// A block spans a row, and thread t owns columns 4t .. 4t + 3 of every row the block takes, so its shares of dw
-// and db are its own to add, row after row, with no partial rows of a warp to keep (the warp-per-row kernel
-// before this one held 48 KB of them in shared memory a block at C = 768, and 128 registers a thread: two
-// blocks an SM, too few bytes in flight). Block b takes the rows [b * rows_per_block, (b + 1) * rows_per_block)
-// of N, in that order; its partial row, partials[b] (2, C: dw's C, then db's), is written once at the end. No
-// atomics: which rows a block adds, and in which order, is set by rows_per_block alone (the launcher's, a
-// function of N), so every run on every GPU gives the same bits. Arrays off a 16-byte boundary, or C % 4 != 0,
-// load the same 4 columns a thread one float at a time: the same additions in the same order, so dw, db and dx
-// are the same bits either way.
+// The backward, llm.c's way: one pass over the rows gives dx and each block's partial row of dw and db, then the
+// last blocks to finish add the partial rows into dw and db (ln_bwd_finish), in the same launch. dx = rstd *
+// (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = dout * w, xhat = (x - mean) * rstd: written, or added
+// into where ACC. Every rounding is spelled out (_rn: no contraction left to the compiler). Block b takes rows
+// [b * rows_per_block, (b + 1) * rows_per_block) in order, thread t owning columns 4t .. 4t + 3: the order of
+// every sum depends on rows_per_block alone (the launcher's, a function of N), not on the GPU.
 
 // Read by microgpt/kernels/layernorm_fast.py: which rows take which kernel, and the grids of their launches.
 enum LayernormBwdLaunch : int {
     LN_BWD_ROWS = 2,         // rows a block takes at once (one barrier for their sums), the next 2 rows' loads in
-                             // flight meanwhile: each thread's 8 floats of dout and of x, twice
+                             // flight meanwhile
     LN_BWD_THREADS = 1024,   // rows of up to 4 * this many columns take k_layernorm_bwd_fast
     LN_BWD_REDUCE_COLS = 16, // columns of the 2 * C that a finishing block adds at a time (a strip; a multiple of 4)
 };
@@ -399,7 +368,7 @@ __device__ __forceinline__ void ln_bwd_cols_acc(float (&g)[4], const float (&old
         if (ACC) g[e] = __fadd_rn(old[e], g[e]);
 }
 
-// v (K floats a thread) becomes the block's sums of it: each warp's by the shuffle tree, then the warps' in warp
+// v (K floats per thread) becomes the block's sums of it: each warp's by the shuffle tree, then the warps' in warp
 // order, through slot (K floats for each of up to 32 warps). One barrier: callers alternate between two slots,
 // and a warp that writes this slot again has passed the next call's barrier, after every warp's reads of it.
 template <int K>
@@ -427,14 +396,9 @@ __device__ __forceinline__ void block_sums(float (&v)[K], float (*slot)[K]) {
     }
 }
 
-// A block's rows LN_BWD_ROWS at a time, the next group's loads issued before this group's sums are reduced across
-// the block and its dx stored: with 4 rows at once and no loads ahead, the memory was busy in bursts (every block
-// loading, then every block storing) and the kernel ran at 59% of the copy bandwidth; 2 rows at once with the next
-// 2 in flight, 63-64% (H200, andrea-120m, 2026-12-01; 4 rows ahead spills within the 64 registers). Thread 0 asking L2
-// ahead for the block's next rows (Hopper's bulk prefetch) measured slower; fewer or more blocks, no faster. The
-// thread's shares of dw and db wait in shared memory between groups of rows (shares: its 16 bytes of each),
-// holding no registers through the barrier and the dx added into: held in registers, they made ptxas spill within
-// the 64.
+// A block's rows, LN_BWD_ROWS at a time, the next group's loads issued before this group's sums are reduced
+// across the block and its dx stored. The thread's shares of dw and db wait in shared memory between groups
+// (shares: its 16 bytes of each), so that no registers hold them through the barrier.
 template <int VEC, bool ACC>
 __device__ __forceinline__ void layernorm_bwd_rows(float* dx, float* partials, float (*sums)[32][2 * LN_BWD_ROWS],
                                                    float4* shares, const float* dout, const float* x,
@@ -535,22 +499,16 @@ __device__ __forceinline__ void ln_bwd_partial_row(float* partials, const float4
     }
 }
 
-// The reduction of the blocks' partial rows, by the last `reducers` blocks of the launch to finish their rows:
-// each takes a ticket as it finishes; those with one of the last `reducers` wait until every block has counted
-// (the rest leave), then add strips of LN_BWD_REDUCE_COLS columns of the 2 * C into dw and db (strip j by
-// reducer j % reducers). A launch more for it cost as much as the adds (H200, C = 768: a 7 us reduction launch
-// after 24 us of rows). Waiting is safe: at most `reducers` blocks wait, a quarter of the blocks the GPU holds at
-// once at most (the launcher's bound), so a block still to run always finds a place, even beside three more such
-// launches on other streams.
-//
-// A column's order is fixed by blockDim.x alone (a function of C), whichever block adds it: group g of the
-// reducer's threads adds the partial rows g, g + G, g + 2G, ... in order (LN_BWD_REDUCE_BATCH loads in flight),
-// then the G groups' sums are added in group order. 16-byte loads where the partial rows are (C even).
+// The partial rows are added up by the last `reducers` blocks to finish; they wait until every block has counted.
+// Safe: the launcher keeps `reducers` to a quarter of the blocks the GPU holds at once, so a block still to run
+// always finds a place, even beside three more such launches on other streams.
 constexpr int LN_BWD_REDUCE_BATCH = 4;
+// Strip `strip` of LN_BWD_REDUCE_COLS columns of the 2 * C, added into dw and db. A column's order depends on
+// blockDim.x alone: thread group g adds partial rows g, g + G, ... in order, then the G groups' sums in order.
 template <int VEC>
 __device__ __forceinline__ void ln_bwd_reduce_strip(float* dw, float* db, const float* partials, float* group_sums,
                                                     int blocks, int C, int strip) {
-    constexpr int UNITS = LN_BWD_REDUCE_COLS / VEC;  // a strip's loads a row: 4 of 16 bytes, or 16 floats
+    constexpr int UNITS = LN_BWD_REDUCE_COLS / VEC;  // a strip's loads per row: 4 of 16 bytes, or 16 floats
     static_assert(32 % UNITS == 0, "a warp holds whole groups");
     const int unit = threadIdx.x % UNITS, g = threadIdx.x / UNITS, G = blockDim.x / UNITS, C2 = 2 * C;
     const int c = strip * LN_BWD_REDUCE_COLS + unit * VEC;  // this thread's first column of the 2 * C
@@ -622,11 +580,10 @@ __device__ __forceinline__ void ln_bwd_finish(float* dw, float* db, const float*
     }
 }
 
-// dx of every row (accumulate != 0: added into), each block's partial row of dw and db (partials:
-// (gridDim.x, 2, C)), and their sums added into dw and db by the last `reducers` blocks (ln_bwd_finish). Rows of up
-// to 4 * LN_BWD_THREADS columns; blockDim.x = ceil(C / 4) rounded up to a warp, and 32 * blockDim.x bytes of
-// dynamic shared memory. At most 64 registers (the bound's 1024 threads), so that at C = 768 (192 threads) five
-// blocks fit an SM.
+// dx of every row (accumulate != 0: added into), each block's partial row of dw and db (partials: (gridDim.x, 2,
+// C)), and their sums added into dw and db by the last `reducers` blocks (ln_bwd_finish). Rows of up to
+// 4 * LN_BWD_THREADS columns; blockDim.x = ceil(C / 4) rounded up to a warp, and 32 * blockDim.x bytes of dynamic
+// shared memory. At most 64 registers (the bound's 1024 threads), so that at C = 768 five blocks fit an SM.
 extern "C" __global__ void __launch_bounds__(LN_BWD_THREADS, 1)
     k_layernorm_bwd_fast(float* dx, float* dw, float* db, float* partials, unsigned int* counters, const float* dout,
                          const float* x, const float* w, const float* mean, const float* rstd, int N, int C,
@@ -656,11 +613,9 @@ extern "C" __global__ void __launch_bounds__(LN_BWD_THREADS, 1)
     ln_bwd_finish(dw, db, partials, counters, reinterpret_cast<float*>(ln_bwd_shares), C, reducers);
 }
 
-// Rows too long for a block to span: a block of LN_BWD_THREADS threads takes them one at a time, thread t owning
-// columns 4t .. 4t + 3 of every 4 * blockDim.x. Its shares of dw and db are too many for registers: they live in
-// the block's partial row itself (global; each column only ever touched by its own thread, so added in row order
-// as in registers), read and written again for each row from the caches. A pass over the row for its sums, a
-// pass (the row again, from the caches) for dx.
+// Rows too long for a block to span, one at a time: thread t owns columns 4t .. 4t + 3 of every 4 * blockDim.x.
+// Its shares of dw and db live in the block's partial row itself (each column touched only by its own thread, so
+// added in row order), read and written again for each row. One pass over the row for its sums, one for dx.
 template <int VEC, bool ACC>
 __device__ __forceinline__ void layernorm_bwd_wide_rows(float* dx, float* partials, float (*sums)[32][2],
                                                         const float* dout, const float* x, const float* w,
@@ -714,7 +669,7 @@ __device__ __forceinline__ void layernorm_bwd_wide_rows(float* dx, float* partia
 }
 
 // k_layernorm_bwd_fast for rows longer than 4 * LN_BWD_THREADS columns (the same arguments, partial rows and
-// reduction); blockDim.x = LN_BWD_THREADS, and 16 * LN_BWD_THREADS bytes of dynamic shared memory (the reduction's).
+// reduction); blockDim.x = LN_BWD_THREADS, and 16 * LN_BWD_THREADS bytes of dynamic shared memory.
 extern "C" __global__ void __launch_bounds__(LN_BWD_THREADS, 1)
     k_layernorm_bwd_fast_wide(float* dx, float* dw, float* db, float* partials, unsigned int* counters,
                               const float* dout, const float* x, const float* w, const float* mean, const float* rstd,

@@ -1,24 +1,9 @@
-// The attention's output projection's dX product and flash attention's delta, in one kernel (sm_90a):
-//
+// The attention output projection's dX product and flash attention's delta, in one kernel (sm_90a):
 //   dO = dY @ W_O                            (M x C, M = B * T: the attention output's gradient, written)
 //   delta[b][h][t] = sum over d of dO * O   (O = y, the attention's output: head h is columns h d_k .. + d_k)
-//
-// for the rows past flash attention's first FA_DELTA_PASS_TILES query tiles, whose counters it also zeroes: what
-// k_flash_bwd_delta_rows does as a pass of its own, reading dO back beside O (44 MB a layer at andrea-120m's B = 8,
-// T = 1024; at 74-76% of the copy bandwidth, under the 80% the memory-bound kernels are held to). Here dO is summed
-// from the product's registers, as it is stored, and only O is read. The product is k_gemm_wg_split's
-// (wg_split_tile: the same dO bits); a 128-column tile holds whole heads where d_k divides 128 (the launcher's
-// condition: d_k 32, 64 or 128), so a row's head is summed inside one warp, no exchange between blocks. Its
-// epilogue stages O's tile through the stages' shared memory in 16-byte rows (tile_copy, as the fused layernorm
-// backward does: reads in fragment order, 8 bytes a thread, cost it 65 us at its shapes).
-//
-// The sum is FP64 over the head's d_k products (each exact in FP64), rounded once to FP32, as the rows kernel's:
-// in its own fixed order (a thread's columns in order, then the quad's 4 threads by a shuffle tree), so the same
-// bits every run, and the rows kernel's value but for the order of an FP64 sum's roundings.
-//
-// On the H200 at andrea-120m's attn.proj backward (tools/profile_kernels.py, the op's splits, dX, delta, flash
-// backward and dW): 1.345 ms against 1.349 with the rows kernel (2026-12-02). O's tile, read after the products
-// with no product to overlap it (one block an SM), costs about what the pass did; what is gone is the pass itself.
+// for the rows past flash attention's first FA_DELTA_PASS_TILES query tiles, whose counters it also zeroes. dO is
+// summed from the product's registers as it is stored, and only O is read. Each sum is FP64 over the head's d_k
+// products, rounded once to FP32, in a fixed order (a thread's columns, then the quad's shuffle tree).
 #pragma once
 #include "flash_attention.cuh"      // FA_KEYS, FA_DELTA_PASS_TILES
 #include "matmul_layernorm_tc.cuh"  // tile_copy, consumers_sync, LN_TILE_LD
@@ -62,13 +47,11 @@ __device__ __forceinline__ void wg_delta_epilogue(const float (&d)[64], const fl
     }
 }
 
-// d_o (M x N, rows N floats apart) = dY @ W_O from split operands (a_split: dY, M_pad x K_pad; b_split: W_O^T's
-// rows, N_pad x K_pad; each hi then lo, as k_gemm_wg_split), and for the rows of each batch row b (M = B T rows)
-// at t >= FA_DELTA_PASS_TILES * FA_KEYS: delta (B, N / d_k, T) = the rows' sums of d_o * o over each head's d_k
-// columns (o: M x N, rows N floats apart), and sync's counters of those query tiles (B, N / d_k, ceil(T / 64)) set
-// to 0. The first query tiles' delta, their counters and the ticket are k_flash_bwd_delta_d*'s. d_k: 32, 64 or 128
-// (traps otherwise). A grid of (ceil(N / 128), ceil(M / 128)) blocks of TC_WG_THREADS, TC_SPLIT_SMEM_BYTES of
-// dynamic shared memory, as k_gemm_wg_split.
+// d_o (M x N) = dY @ W_O from split operands (a_split: dY, M_pad x K_pad; b_split: W_O^T's rows, N_pad x K_pad), and
+// for the rows at t >= FA_DELTA_PASS_TILES * FA_KEYS of each batch row: delta (B, N / d_k, T) = the sums of d_o * o
+// (o: M x N) over each head's d_k columns, and sync's counters of those query tiles (B, N / d_k, ceil(T / 64)) set to
+// 0; the first query tiles' are k_flash_bwd_delta_d*'s. d_k: 32, 64 or 128 (traps otherwise). Grid and dynamic
+// shared memory as k_gemm_wg_split: (ceil(N / 128), ceil(M / 128)) blocks of TC_WG_THREADS, TC_SPLIT_SMEM_BYTES.
 extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
     k_gemm_wg_split_delta(float* d_o, float* delta, int* sync, const uint32_t* a_split, const uint32_t* b_split,
                           const float* o, int M, int N, int K_pad, int T, int d_k) {
@@ -88,7 +71,7 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
         wg_delta_epilogue<64>(acc, split_smem, delta, sync, M, N, T, m0, n0);
     else
         wg_delta_epilogue<128>(acc, split_smem, delta, sync, M, N, T, m0, n0);
-    // after the sums: stored first, its 64 addresses took registers that the sums then spilled for
+    // stored after the sums: stored before them, its 64 addresses held registers and the sums spilled
     wg_store(d_o, acc, m0 + (threadIdx.x / 128 - 1) * 64, n0, M, N, N, nullptr, 1.0f, 0.0f, CAUSAL_NONE, 0.0f);
 #else
     __trap();  // the launcher chooses this kernel on sm_90a only

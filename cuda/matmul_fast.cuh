@@ -1,19 +1,9 @@
-// Fast variants of the matrix kernels: one tiled SGEMM serves every matrix product of the model (the
-// linear layers forward and backward, and the attention products); the bias gradients come from the
-// deterministic column sums of colsum.cuh. Tested against the reference kernels in matmul.cuh and
-// attention.cuh.
-//
+// Fast variants of the matrix kernels: one tiled SGEMM serves every matrix product of the model (the linear layers
+// forward and backward, and the attention products); the bias gradients come from colsum.cuh. Every product kernel:
 //   C[z] (M x N, ldc) = alpha * op(A[z]) @ op(B[z]) + bias[n] + beta * C[z]     for z < gridDim.z
-//   op(A) is M x K: A stored M x K (lda) or, transposed, K x M; op(B) is K x N: B stored K x N (ldb) or,
-//   transposed, N x K. C is read only when beta != 0, so it may hold anything (NaN) before.
-//   Every product kernel takes one more argument, a_sums: the wgmma kernels' (matmul_tc.cuh) row sums of a
-//   transposed A, a linear layer's bias gradient taken in its dW product; this SGEMM ignores it (always 0).
-//
-// Each block computes a 128 x 128 tile of C with 256 threads, 8 x 8 outputs a thread, stepping K by 8:
-// the A and B tiles go through shared memory (double-buffered, the next tile's loads in flight in
-// registers while the current one is multiplied), stored k-major so that each thread reads its 8 A and
-// 8 B values as float4s.
-//
+//   op(A) is M x K (A stored M x K, lda, or transposed, K x M); op(B) is K x N (B stored K x N, ldb, or N x K).
+// C is read only when beta != 0, so it may hold anything (NaN) before. The last argument, a_sums, is used only by
+// the wgmma kernels (matmul_tc.cuh: the row sums of a transposed A, a bias gradient); this SGEMM ignores it.
 #pragma once
 #include "common.cuh"
 
@@ -76,9 +66,9 @@ __device__ __forceinline__ void gemm_store(float* C, float sum, int m, int n, in
     C[o] = v;
 }
 
-// A tile of C is BM x BN (BN 128, or 64 for the narrow products of attention, N = d_k); 16 x 16 threads,
-// each computing rows {ty*4 + i, 64 + ty*4 + i} and columns {c*64 + tx*4 + j}: its shared-memory reads
-// are then consecutive float4s across the warp, free of bank conflicts.
+// One block computes a BM x BN tile of C (BN 128, or 64 for attention's narrow products, N = d_k) with 16 x 16
+// threads, stepping K by BK through double-buffered shared-memory tiles stored k-major. Thread (tx, ty) computes
+// rows {ty*4 + i, 64 + ty*4 + i} and columns {c*64 + tx*4 + j}: consecutive float4 reads across the warp.
 template <bool TA, bool TB, int BN>
 __device__ __forceinline__ void sgemm_tile(float* C, const float* A, const float* B, const float* bias,
                                            int M, int N, int K, int lda, int ldb, int ldc,
@@ -196,11 +186,9 @@ SGEMM_KERNEL(k_sgemm_tt, true, true, 128)
 SGEMM_KERNEL(k_sgemm_tt_n64, true, true, 64)
 #undef SGEMM_KERNEL
 
-// Split-K, for products whose M x N has too few tiles to fill the GPU (the weight gradients): each split
-// wrote its partial product; C = beta * C + the partials added in split order, so it is deterministic.
-// Where sums is given, the splits of a wgmma dW product also wrote their row sums of op(A) (the bias gradient,
-// matmul_tc.cuh), [splits][M] after the partial products: the M threads past MN add them into sums in split
-// order too, so that the bias gradient takes no launch of its own.
+// Split-K's reduction, for products whose M x N has too few tiles to fill the GPU (the weight gradients): C = beta *
+// C + the splits' partial products added in split order. Where sums is given, threads MN .. MN + M - 1 also add the
+// splits' row sums of op(A) ([splits][M] after the partials: a wgmma dW product's bias gradient) into sums.
 extern "C" __global__ void k_splitk_reduce(float* C, const float* partials, int splits, long long MN, float beta,
                                            float* sums, int M) {
     long long i = thread_index();

@@ -1,32 +1,9 @@
 // A linear layer's dX product and the backward of the layernorm that made its input, in one kernel (sm_90a):
-//
 //   dout = dY @ W                           (M x C: the layernorm output's gradient, never stored)
 //   dx  (+)= rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)),   dxhat = dout * w, xhat = (x - mean) * rstd
 //   dw += sum over rows of dout * xhat,   db += sum over rows of dout
-//
-// Apart, the product writes dout and k_layernorm_bwd_fast reads it back beside x: 50 MB a layernorm at
-// andrea-120m's B = 8, T = 1024, and a memory-bound pass of its own. Here the product's tiles go straight into the
-// layernorm's arithmetic. The product is k_gemm_wg_split's (wg_split_tile: the same acc bits); its epilogue needs
-// the whole row's two sums, which the row's ceil(C / 128) column tiles (consecutive blocks: the grid is
-// (ceil(C / 128), ceil(M / 128))) exchange through global memory: each writes its 128 columns' share of each row's
-// sums, counts itself in, waits for the others, and adds the shares in tile order, so every tile of a row sees
-// the same sums, and every run the same bits. A block takes its tile from a ticket it draws as it starts (not its
-// blockIdx: CUDA does not promise that blocks start in their order), so when a block waits, every tile before its
-// own has started, and only its row's later tiles, fewer than LN_MAX_ROW_TILES, may still need an SM: the launcher
-// keeps a row's tiles to a few (C <= 1024) on a GPU of many more SMs (one block an SM). Where fewer SMs than a row's
-// tiles are free to this launch at once (an MPS share of a few SMs; a persistent kernel of another stream holding the
-// rest), its waits would not end: the engine runs its passes on one stream.
-//
-// dw and db: each block's column sums over its 128 rows, in a fixed order (the warps' shuffle trees, then the 8
-// warps in order), make partials (2, gridDim.y, C): dw's rows, then db's; the last block of each column tile to
-// finish adds its columns' partial rows into dw and db, in row order, whichever block that is (a count per column
-// tile): no launch of its own (as a pass, 0.8 MB in 3 us, it reached 4% of the copy bandwidth).
-//
-// On the H200 at andrea-120m's qkv and mlp.fc backward it takes the time of the product and the layernorm's pass
-// apart (tools/profile_kernels.py: 0.82 and 1.05 ms either way): the epilogue, which no product overlaps (one
-// block an SM), costs what the pass did. Its reads first came in fragment order, 8 bytes a thread: 65 us slower;
-// staged as 16-byte rows, 12 us; with the row's shares read at once, even. Prefetching x and dx into L2 from the
-// producer during the products changed nothing.
+// The product is k_gemm_wg_split's; a row's column tiles exchange their shares of the row's two sums through global
+// memory and add them in tile order (the same bits every run); the last block of each column tile adds dw and db.
 #pragma once
 #include <type_traits>
 
@@ -48,7 +25,7 @@ constexpr int LN_SMEM_FLOATS = 2 * 128 * LN_TILE_LD + 128 + 8 * 128 * 2;
 static_assert(LN_SMEM_FLOATS * 4 <= WG_SPLIT_STAGES * 4 * WG_SPLIT * 4, "the epilogue fits the stages");
 
 // The tile (m0, n0) of the M x C matrix a, zero outside it, copied by the 256 consumer threads into t (rows of
-// LN_TILE_LD floats), or t copied back into a (STORE): a warp a row's 128 floats, rows tid / 32 + 8q, 16 bytes a
+// LN_TILE_LD floats), or t back into a (STORE): one warp per row's 128 floats, rows tid / 32 + 8q, 16 bytes per
 // thread where a's rows allow (VEC4: C % 4 == 0 and a 16-byte aligned), LN_COPY_BATCH loads in flight at a time.
 template <bool STORE, bool VEC4>
 __device__ __forceinline__ void tile_copy(float* t, std::conditional_t<STORE, float*, const float*> a, int M, int C,
@@ -186,6 +163,8 @@ __device__ __forceinline__ void wg_ln_bwd_epilogue(const float (&g)[64], float* 
     // ------------------------------------------------ the rows' two sums, over every column tile of the row
     unsigned int* arrived = counters + tile_y;
     unsigned int* done = counters + gridDim.y + tile_y;
+    // Waits for the row's other column tiles: safe while the GPU holds all of a row's tiles at once (one block per
+    // SM, at most LN_MAX_ROW_TILES, each drawn in start order); with fewer SMs free to this launch it never ends.
     if (tid == 0) {
         __threadfence();  // after the barrier: every thread's shares (fenced each) before the count, as grid.sync
         atomicAdd(arrived, 1u);
@@ -248,12 +227,11 @@ __device__ __forceinline__ void wg_ln_bwd_epilogue(const float (&g)[64], float* 
     }
 }
 
-// dx (M x C) of the layernorm whose output's gradient is dY @ W, from the product's split operands (a_split: dY,
-// M_pad x K_pad; b_split: W^T's rows, C_pad x K_pad; each hi then lo, as k_gemm_wg_split), x (M x C) its input,
-// w its weight, mean and rstd its rows' statistics; dx written, or added into where accumulate; dw and db added
-// into. partials: (2, gridDim.y, C); row_sums: (M, gridDim.x) float2; counters: 2 * gridDim.y + gridDim.x + 1, zero.
-// A grid of (ceil(C / 128), ceil(M / 128)) blocks of TC_WG_THREADS, TC_SPLIT_SMEM_BYTES of dynamic shared memory;
-// the tile a block takes is the ticket it draws as it starts, in row-major order (x the column tile).
+// dx (M x C) of the layernorm whose output's gradient is dY @ W (a_split: dY, M_pad x K_pad; b_split: W^T's rows,
+// C_pad x K_pad), x its input, w its weight, mean and rstd its rows' statistics; dx written, or added into where
+// accumulate; dw and db added into. partials: (2, gridDim.y, C); row_sums: (M, gridDim.x) float2; counters: 2 *
+// gridDim.y + gridDim.x + 1, zero. Grid (ceil(C / 128), ceil(M / 128)) of TC_WG_THREADS, TC_SPLIT_SMEM_BYTES of
+// dynamic shared memory; a block's tile is the ticket it draws as it starts, in row-major order.
 extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
     k_gemm_wg_split_ln_bwd(float* dx, float* dw, float* db, float* partials, float2* row_sums, unsigned int* counters,
                            const uint32_t* a_split, const uint32_t* b_split, const float* x, const float* w,

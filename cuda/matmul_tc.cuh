@@ -1,28 +1,9 @@
-// The tensor-core variant of the matrix products: the same function as matmul_fast.cuh's SGEMM, same
-// arguments, at FP32 accuracy on the TF32 tensor cores (sm_80 and later).
-//
-//   C[z] (M x N, ldc) = alpha * op(A[z]) @ op(B[z]) + bias[n] + beta * C[z]     for z < gridDim.z
-//
-// and, on the wgmma kernels with A transposed (k_gemm_wg_t*) and a_sums given, the row sums of op(A): in a
-// linear layer's dW = dout^T @ inp they are the bias gradient, summed from the dout the product reads anyway
-//
-//   a_sums[m] += sum_k op(A)[m][k]   for one product (gridDim.z = 1)
-//   a_sums[z * M + m] = sum_k op(A[z])[m][k]   for each z of several: split-K's slices, k_splitk_reduce adds
-//
-// Error-compensated TF32 ("3xTF32"): each FP32 operand x is split into a TF32 high part and the rest,
-// x = hi + lo, and hi*hi + hi*lo + lo*hi go through the tensor cores (lo*lo lies below FP32's resolution).
-// The tensor cores' own accumulation is not round-to-nearest FP32 and its error grows with K, so each k8
-// step's three products go into a zeroed fragment that ordinary FP32 adds carry into the running sum: the
-// error stays flat in K and below the SIMT kernel's (dev/NOTES.md has the measurements).
-//
-// A block computes a 128 x BN tile of C with 8 warps, each 32 columns wide: for BN = 128, 2 along M x 4
-// along N, each warp 64 x 32 as 4 x 4 mma.m16n8k8 tiles; for BN = 64 (attention's d_k), 4 x 2, each 32 x 32.
-// The tiles of A and B are copied into shared memory as they lie in global memory (cp.async, TC_STAGES deep,
-// in dynamic shared memory, so no transposition is needed for any of the four layouts); the fragment loads
-// read them K-contiguous or M/N-contiguous, padded so that a warp's loads hit 32 distinct banks.
-// Within each k8 step the mma's logical k = t and t + 4 are read from the adjacent physical columns 2t and
-// 2t + 1, for A and B alike (a relabelling of the sum's terms), so that a K-contiguous tile gives both
-// halves of a fragment in one 8-byte load.
+// The tensor-core variant of the matrix products (sm_80 and later): matmul_fast.cuh's SGEMM, same function and
+// arguments, at FP32 accuracy on the TF32 tensor cores by error-compensated TF32 ("3xTF32"): each operand x = hi +
+// lo, hi its TF32 part, and hi*hi + hi*lo + lo*hi go through the tensor cores, each short slice of K's products added
+// into an FP32 running sum. Where a_sums is given, the wgmma kernels with A transposed (k_gemm_wg_t*) also give the
+// row sums of op(A), a linear layer's bias gradient from the dout its dW product reads anyway:
+//   a_sums[m] += sum_k op(A)[m][k] (gridDim.z = 1);  a_sums[z * M + m] = sum_k op(A[z])[m][k] (split-K's slices)
 #pragma once
 #include <cstdint>
 
@@ -50,7 +31,7 @@
 #define TC_CHUNK 1
 #endif
 #ifndef TC_MIN_BLOCKS
-#define TC_MIN_BLOCKS 2  // blocks per SM the registers must allow: 128 registers a thread
+#define TC_MIN_BLOCKS 2  // blocks per SM the registers must allow: 128 registers per thread
 #endif
 // The wgmma path's stages: split buffers (of four 128 x 32 tiles: A hi, A lo, B hi, B lo) and raw stages (the
 // two 128 x 32 tiles as they lie in global memory).
@@ -64,12 +45,10 @@
 #ifndef WG_SPLIT_STAGES
 #define WG_SPLIT_STAGES 3
 #endif
-// Launch sizes, mirrored in microgpt/kernels/matmul_tc.py through source.int_constants: the dynamic shared
-// memory a block takes (the mma.sync kernels: TC_STAGES stages of two tiles, at most 128 x (TC_BK + 8) floats
-// each; the wgmma ones: the buffers, the stages and an mbarrier pair per buffer) and the wgmma kernels'
-// threads (three warpgroups).
-// The split operands' kernel (k_gemm_wg_split): its stages' shared memory, and the padding of the split operands
-// (rows to TC_SPLIT_ROWS, K to TC_SPLIT_K: whole tiles, so the copies check no bounds).
+// Launch sizes, mirrored in microgpt/kernels/matmul_tc.py through source.int_constants: each kernel's dynamic shared
+// memory (mma.sync: TC_STAGES stages of two tiles of up to 128 x (TC_BK + 8) floats; wgmma: buffers, raw stages and
+// an mbarrier pair per buffer; k_gemm_wg_split: its stages), the wgmma kernels' threads (three warpgroups), and the
+// split operands' padding (rows to TC_SPLIT_ROWS, K to TC_SPLIT_K: whole tiles, so the copies check no bounds).
 enum TcLaunch : int {
     TC_SMEM_BYTES = TC_STAGES * 2 * TC_BM * (TC_BK + 8) * 4,
     TC_WG_SMEM_BYTES = WG_BUFS * 4 * 128 * 32 * 4 + WG_RAW * 2 * 128 * 32 * 4 + 2 * WG_BUFS * 8,
@@ -211,6 +190,9 @@ struct TcTile {
     }
 };
 
+// The mma.sync kernel: a block computes a 128 x BN tile of C with 8 warps of 32 columns, the tiles of A and B copied
+// into shared memory as they lie in global memory (cp.async, TC_STAGES deep). Each k8 step's logical k = t and t + 4
+// are read from physical columns 2t and 2t + 1, so that a K-contiguous tile gives a fragment in one 8-byte load.
 template <bool TA, bool TB, int BN>
 __device__ __forceinline__ void gemm_tc_tile(float* C, const float* A, const float* B, const float* bias,
                                              int M, int N, int K, int lda, int ldb, int ldc, long long strideA,
@@ -218,7 +200,7 @@ __device__ __forceinline__ void gemm_tc_tile(float* C, const float* A, const flo
                                              Causal causal, float fill, float* /* a_sums: the launchers pass 0 */) {
 #if TC_AVAILABLE
     constexpr int BM = TC_BM, BK = TC_BK, S = TC_STAGES, CH = TC_CHUNK;
-    constexpr int WARPS_N = BN / 32, WARP_M = BM / (8 / WARPS_N), MI = WARP_M / 16;  // MI m16 tiles a warp
+    constexpr int WARPS_N = BN / 32, WARP_M = BM / (8 / WARPS_N), MI = WARP_M / 16;  // MI m16 tiles per warp
     using TileA = TcTile<!TA, BM>;  // A stored M x K is K-contiguous; transposed (K x M) it is M-contiguous
     using TileB = TcTile<TB, BN>;   // B stored N x K (transposed) is K-contiguous; K x N is N-contiguous
     static_assert(S * (TileA::FLOATS + TileB::FLOATS) * 4 <= TC_SMEM_BYTES, "TC_SMEM_BYTES holds the stages");
@@ -360,17 +342,11 @@ GEMM_TC_KERNEL(k_gemm_tc_tt_n64, true, true, 64)
 #undef GEMM_TC_KERNEL
 
 // ---------------------------------------------------------------------------------------------- wgmma (sm_90a)
-// The same product on Hopper's warpgroup MMA, whose operands come from shared memory and must be K-major for
-// TF32. A block of three warpgroups computes a 128 x BN tile of C (BN 128, or 64 for attention's products,
-// N = d_k), and each warpgroup has one job, so that the tensor cores do not wait for the split:
-//   - warpgroup 0 (the producer) copies each 32-wide slice of K as it lies in global memory (cp.async,
-//     WG_RAW stages), splits it into hi and lo, written K-major with the 128-byte swizzle the descriptors
-//     name, into one of WG_BUFS split buffers, and marks the buffer full (an mbarrier); where a_sums is
-//     given, the first column tile's producers also sum the raw A they split (each thread one m, below);
-//   - warpgroups 1 and 2 (the consumers) each multiply 64 rows of the tile by its BN columns: per slice
-//     12 wgmma.m64nBNk8 (4 k8 steps x lo*hi, hi*lo, hi*hi) into a fragment that FP32 adds carry into the
-//     running sum, then mark the buffer empty.
-// One block per SM (224 KB of shared memory); dev/NOTES.md has the measurements.
+// The same product on Hopper's warpgroup MMA (operands from shared memory, K-major for TF32). A block of three
+// warpgroups computes a 128 x BN tile of C, one job each, so that the tensor cores do not wait for the split:
+// warpgroup 0 (the producer) copies each 32-wide slice of K (WG_RAW stages), splits it into hi and lo, swizzled, in
+// one of WG_BUFS buffers and marks it full; warpgroups 1 and 2 (the consumers) each multiply 64 rows, add the
+// products into an FP32 running sum and mark the buffer empty. One block per SM (224 KB of shared memory).
 #define WG_BK 32
 #define WG_SPLIT (128 * WG_BK)  // floats of one split tile
 #define WG_PRODUCERS 128        // the threads of warpgroup 0
@@ -389,11 +365,9 @@ __device__ __forceinline__ float pairwise_sum(float (&v)[N]) {
     return v[0];
 }
 
-// A running FP32 sum that keeps each add's rounding error (Knuth's TwoSum) and adds them back at the end. A
-// plain running sum of the slices' sums over K = 8192 (256 adds) would be about 1.7x less accurate on random
-// inputs than colsum.cuh's chunked column sums it stands in for; compensated, it is about as accurate as the
-// slices' own trees allow. No multiplies (nothing to contract into an FMA), one fixed order: the same bits
-// every run.
+// A running FP32 sum that keeps each add's rounding error (Knuth's TwoSum) and adds them back at the end, so that a
+// long sum of the slices' sums is about as accurate as the slices' own trees allow. No multiplies (nothing to
+// contract into an FMA) and one fixed order: the same bits every run.
 struct CompensatedSum {
     float sum = 0.0f, err = 0.0f;
     __device__ __forceinline__ void add(float x) {
@@ -645,20 +619,14 @@ GEMM_WG_KERNEL(k_gemm_wg_tt_n64, true, true, 64)
 #undef GEMM_WG_KERNEL
 
 // ---------------------------------------------------------------------------------------------- split operands
-// The same product from operands split into hi and lo before the launch, by a pass of their own: every block of
-// the wgmma kernel splits its slices afresh (a slice of A once for each of the N / 128 column tiles, of B once for
-// each of the M / 128 row tiles), and its producer warpgroup was its bottleneck. Here the producer only copies:
-// 1.43-1.60x the wgmma kernel on the model's forward and dX products, 1.2-1.6x counting the split passes (H200,
-// 2026-12-01, dev/cuda/gemm_presplit.cu). The same tf32_split, the same wgmmas in the same order and the same
-// FP32 adds: the wgmma kernel's bits.
-//
-// A split operand is hi then lo, each rows_pad x K_pad K-major (rows_pad a multiple of TC_SPLIT_ROWS, K_pad of
-// TC_SPLIT_K), zero past the matrix: op(A) for A, op(B)^T for B (made by cuda/tf32_split.cuh's passes).
+// The same product from operands split into hi and lo beforehand by tf32_split.cuh's passes, so that the producer
+// only copies: the same tf32_split, wgmmas and FP32 adds in the same order, so the wgmma kernel's bits. A split
+// operand is hi then lo, each rows_pad x K_pad K-major (rows_pad a multiple of TC_SPLIT_ROWS, K_pad of TC_SPLIT_K),
+// zero past the matrix: op(A) for A, op(B)^T for B.
 
-// A split 128 x 32 slice (rows row0.. of a split operand, K_pad a row) copied by producer thread tid into a
-// 128B-swizzled tile, where the wgmma kernel's producer stores its split: chunk tid % 8 of rows tid / 8 + 16 i,
-// whose swizzle (r % 8) is the same for every i, so one address and constant offsets (an address held for each
-// copy took more registers than the kernel has)
+// A split 128 x 32 slice (rows row0.. of a split operand, K_pad floats per row) copied by producer thread tid into a
+// 128B-swizzled tile, as the wgmma kernel's producer stores it: chunk tid % 8 of rows tid / 8 + 16 i, whose swizzle
+// (r % 8) is the same for every i, so one address and constant offsets (an address per copy costs registers)
 __device__ __forceinline__ void copy_split_slice(float* tile, const uint32_t* src, long long row0, int K_pad, int k0,
                                                  int tid) {
     const int r = tid / 8, c4 = (tid % 8) * 4;

@@ -7,7 +7,7 @@
 // Read by microgpt/kernels/matvec.py: which products come here, and the grid and block of their launch.
 enum MatvecLaunch : int {
     MATVEC_ROWS = 8,       // products of at most this many rows take k_matvec
-    MATVEC_COLS = 4,       // output columns a block: each load of the input rows serves four weight rows
+    MATVEC_COLS = 4,       // output columns per block: each load of the input rows serves four weight rows
     MATVEC_THREADS = 256,  // the block's warps split K, so that a short N still fills the GPU (mlp.proj: 768
                            // columns of 3072 weights, 192 blocks)
 };
@@ -20,7 +20,7 @@ __device__ __forceinline__ float madd(float acc, float4 x, float4 w) {
 
 // One block, columns n0 .. n0 + MATVEC_COLS - 1 of every row: thread i sums k = i, i + 256, ... in order (in
 // units of Vec: float4 where K % 4 == 0 and the rows are 16-byte aligned), a fixed shuffle tree adds each
-// warp's lanes, and one thread a (row, column) adds the warps' sums in warp order.
+// warp's lanes, and one thread per (row, column) adds the warps' sums in warp order.
 template <int ROWS, typename Vec>
 __device__ void matvec_cols(float* out, const float* inp, const float* W, const float* bias, int M, int K, int N,
                             int n0) {
@@ -63,9 +63,9 @@ __device__ void matvec_cols(float* out, const float* inp, const float* W, const 
     }
 }
 
-// A block of MATVEC_THREADS a MATVEC_COLS columns (blockIdx.x); vec4: K % 4 == 0 and inp, W 16-byte aligned
-// (the launcher checks). Rows are templated up to the next power of two so that M = 1 keeps one accumulator
-// a column.
+// One block of MATVEC_THREADS per MATVEC_COLS columns (blockIdx.x); vec4: K % 4 == 0 and inp, W 16-byte aligned
+// (the launcher checks). Rows are templated up to the next power of two, so that M = 1 keeps one accumulator
+// per column.
 extern "C" __global__ void __launch_bounds__(MATVEC_THREADS)
 k_matvec(float* out, const float* inp, const float* W, const float* bias, int M, int K, int N, int vec4) {
     const int n0 = blockIdx.x * MATVEC_COLS;

@@ -1,15 +1,8 @@
-// microgpt_cuda.cu: the FP32 CUDA engine that trains the ANDREA GPT family.
-//
-// The one translation unit PyCUDA compiles (microgpt/kernels/runtime.py); the layers live in the headers it
-// includes, as llm.c keeps llmc/*.cuh, and each header has one launcher module of the same name in
-// microgpt/kernels/. Every operation has a forward and a backward kernel, k_<op>_fwd and k_<op>_bwd, all
-// extern "C" so that they are found by name. The reference kernels come first: readable, one thread per
-// output element where that is the natural reading. The fast variants follow, each tested against the
-// reference kernels it stands in for.
-//
-// Conventions: row-major float32; activations are written, weight gradients are added into (+=) so
-// that backward accumulates until the gradients are zeroed; B batch, T time, C = d_model, NH heads,
-// d_k = C / NH, V vocabulary, N = B * T rows.
+// microgpt_cuda.cu: the FP32 CUDA engine that trains the ANDREA GPT family, the one translation unit PyCUDA
+// compiles (microgpt/kernels/runtime.py). Each header it includes has a launcher module of the same name in
+// microgpt/kernels/; every operation has extern "C" kernels k_<op>_fwd and k_<op>_bwd, found by name.
+// Conventions: row-major float32; activations are written, weight gradients are added into (+=) until zeroed;
+// B batch, T time, C = d_model, NH heads, d_k = C / NH, V vocabulary, N = B * T rows. docs/kernels/ describes them.
 
 // the reference kernels
 #include "embed.cuh"

@@ -1,9 +1,6 @@
-// Fast GELU, forward and backward: each thread a share of 4 * MB_UNROLL elements, loaded 16 bytes at a time
-// where every pointer is aligned to it (a scalar path otherwise), all of a thread's loads issued before its
-// first store, and no per-element launch overhead of one thread an element. Each element is computed with
-// k_gelu_fwd's / k_gelu_bwd's expression, operation for operation, so the results are the reference
-// kernels' bits: checked bit-identical on the H200, where andrea-120m's MLP (B=8, T=1024, 4C = 3072) took
-// 0.0838 -> 0.0526 ms forward (90% of the copy bandwidth) and 0.0946 -> 0.0736 backward (96%).
+// Fast GELU, forward and backward: each thread handles 4 * MB_UNROLL elements, loaded 16 bytes at a time
+// where every pointer is 16-byte aligned (one float at a time otherwise), all its loads issued before its first
+// store. Each element uses k_gelu_fwd's / k_gelu_bwd's expression, so the results are the reference kernels' bits.
 #pragma once
 #include "pointwise.cuh"  // GELU_K
 #include "rows_fast.cuh"  // load_vec, store_vec, all_aligned16, MB_UNROLL
@@ -29,9 +26,9 @@ struct GeluBwd {
     __device__ float operator()(float d, float xi) const { return gelu_bwd_of(d, xi); }
 };
 
-// out[i] = op(a[i], b[i]) over chunks [0, chunks) of VEC floats: MB_UNROLL chunks a thread, a block's
-// threads side by side in each, every gridDim.x * blockDim.x * MB_UNROLL-th chunk. All of a thread's loads
-// come before its stores, so out may be a or b (each chunk is read and written by one thread).
+// out[i] = op(a[i], b[i]) over chunks [0, chunks) of VEC floats. Each thread takes MB_UNROLL chunks, blockDim.x
+// apart, then moves on by gridDim.x * blockDim.x * MB_UNROLL. All of a thread's loads come before its stores,
+// so out may be a or b (each chunk is read and written by one thread).
 template <int VEC, class Op>
 __device__ __forceinline__ void map_chunks(float* out, const float* a, const float* b, long long chunks, Op op) {
     const long long step = (long long)gridDim.x * blockDim.x * MB_UNROLL;
@@ -69,9 +66,9 @@ __device__ __forceinline__ void map_pointwise(float* out, const float* a, const 
     }
 }
 
-// Grid: ceil(n / (256 * 4 * MB_UNROLL)) blocks (a thread's 16 elements in 4 loads), not one thread an
-// element; any grid covers the work (a thread loops), a smaller one only runs slower. At least four blocks
-// an SM (64 registers; left alone, the backward takes 79).
+// Grid: ceil(n / (256 * 4 * MB_UNROLL)) blocks, each thread 16 elements in 4 loads; any grid covers the work
+// (threads loop), a smaller one only runs slower. At least four blocks per SM: at most 64 registers per thread,
+// where the backward would otherwise take 79.
 extern "C" __global__ void __launch_bounds__(256, 4)
     k_gelu_fwd_fast(float* out, const float* x, long long n) {
     map_pointwise(out, x, nullptr, n, GeluFwd{});

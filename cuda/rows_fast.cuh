@@ -1,8 +1,7 @@
-// Fast variants of the row-wise kernels: a warp per row (softmax, the embedding's positions) or a block per
+// Fast variants of the row-wise kernels: one warp per row (softmax, the embedding's forward) or one block per
 // row (the cross-entropy over the vocabulary), so that a warp reads a row in coalesced 128-byte lines and the
-// reductions run in registers. Each reduction has a fixed order, so results repeat bit for bit.
-// Tested against the one-thread-per-row reference kernels. The 16-byte loads and stores, and the alignment
-// tests that choose them, are shared with the other fast headers (layernorm_fast, pointwise_fast, heads_fast).
+// reductions run in registers, each in a fixed order (results repeat bit for bit). Also the helpers the other
+// fast headers share: the 16-byte loads and stores, the alignment tests that choose them, and MB_UNROLL.
 #pragma once
 #include "common.cuh"
 
@@ -13,7 +12,7 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-__device__ __forceinline__ double warp_sum(double v) {  // k_sample's sums, in double as the host rule's
+__device__ __forceinline__ double warp_sum(double v) {  // k_sample's sums, in double as the host's rule
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffff, v, off);
     return v;
 }
@@ -23,14 +22,12 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// the row of this warp in a 1-D launch of 32 threads a row
+// the row of this warp in a 1-D launch of 32 threads per row
 __device__ __forceinline__ long long warp_row() { return thread_index() / 32; }
 
-// The softmax rows: a warp per row, which it holds in registers (up to ROW_REGS * 32 columns; longer rows
-// are read again from the caches), loaded VEC floats at a time (4: one 16-byte load, where the rows are
-// aligned to it). Only a row's first n columns are read: n = cols, or with causal = 1 (square (T, T)
-// matrices masked above the diagonal, as causal_mask_fwd leaves them) n = i + 1 for row i, since
-// exp(MASK_VALUE - max) is 0 in FP32; the columns from n on are written 0, as the full softmax gives them.
+// Softmax rows: one warp per row, held in registers up to ROW_REGS * 32 columns (longer rows are read again).
+// With causal = 1 (square (T, T) matrices masked above the diagonal) row i reads only its first i + 1 columns,
+// since exp(MASK_VALUE - max) is 0 in FP32, and writes 0 to the rest, as the full softmax does.
 constexpr int ROW_REGS = 32;
 
 // ONCE: loaded evict-first (ld.global.cs), for what the kernel reads once and nothing reads soon after, so that
@@ -61,9 +58,8 @@ __device__ __forceinline__ void store_vec(float* p, const float (&v)[VEC]) {
     }
 }
 
-// The memory-bound fast kernels (these rows, layernorm_fast, pointwise_fast, heads_fast) keep MB_UNROLL
-// independent chunks (16-byte loads where aligned) a thread in flight, every load of a batch issued before
-// its first store: a store may alias a later load, so the compiler cannot hoist loads over stores for us.
+// The memory-bound fast kernels keep MB_UNROLL independent chunks per thread in flight, every load of a batch
+// issued before its first store (a store may alias a later load, so the compiler cannot hoist loads over it).
 // Mirrored in microgpt/kernels/rows_fast.py (unroll()): the grids of the kernels that loop over their work.
 enum MemoryBoundLaunch : int {
     MB_UNROLL = 4,
@@ -145,8 +141,8 @@ __device__ __forceinline__ bool aligned16(const void* a, const void* b, int cols
     return cols % 4 == 0 && ((unsigned long long)a | (unsigned long long)b) % 16 == 0;
 }
 
-// Three blocks an SM (80 registers, no spills, where it would take 96): more rows in flight for a kernel that
-// waits on memory. 256 threads a block, as every launcher (runtime.BLOCK).
+// Three blocks per SM (80 registers, no spills, where it would take 96): more rows in flight for a kernel that
+// waits on memory. 256 threads per block, as every launcher (runtime.BLOCK).
 extern "C" __global__ void __launch_bounds__(256, 3)
     k_softmax_fwd_fast(float* probs, const float* x, int rows, int cols, int causal) {
     long long r = warp_row();
@@ -216,11 +212,10 @@ extern "C" __global__ void k_softmax_bwd_fast(float* dx, const float* dprobs, co
         softmax_bwd_row_regs<1>(dxr, dp, p, n, cols);
 }
 
-// The cross-entropy forward makes two passes over a row (the row of V = 50257 logits is 200 KB, too long for
-// registers): one for its max and sum of exp together, an online softmax (the sum rescaled whenever the max
-// rises), one to write the probabilities, reading the row again from shared memory where it fits there
-// (CE_SMEM_MAX_FLOATS), else from global memory. A row starts where it starts (V odd: another offset from 16
-// bytes each row), so each pass runs a scalar head up to the first 16-byte boundary, float4s, and a scalar tail.
+// The cross-entropy forward makes two passes over a row: an online softmax for its max and sum of exp together,
+// then the probabilities, reading the row again from shared memory where it fits, else from global memory. Rows
+// of an odd V start at varying offsets from 16 bytes: each pass runs scalars up to a 16-byte boundary, float4s,
+// then a scalar tail.
 
 // (m, s): the max so far and the sum of exp(x - m) so far; x = -inf (a masked logit) adds nothing
 __device__ __forceinline__ void online_add(float& m, float& s, float x) {
@@ -257,18 +252,9 @@ __device__ __forceinline__ void load_chunks(float4 (&x)[MB_UNROLL], const float4
         if (i0 + u * (int)blockDim.x < nvec) x[u] = row[i0 + u * blockDim.x];
 }
 
-// The cross-entropy forward's variants, one constant each, to sweep on the GPU. The first pass keeps a row of up to
-// CE_SMEM_MAX_FLOATS - 3 floats (3: the shift that puts its first 16-byte chunk on a 16-byte boundary) in dynamic
-// shared memory, and the second pass reads it back from there: read again from global memory, part of the row
-// had left L2 under the probabilities streaming through it (ncu at (8192, 8449): 640 MB of DRAM traffic where
-// 554 MB is read and written once). 12032 floats is 47 KB: with the kernel's 1 KB of static shared memory (its
-// 256 bytes padded to the 1024-byte alignment matmul_tc's tiles give every kernel's dynamic shared memory), the
-// most a block takes without the opt-in (larger values work too: the launcher opts in). V = 8449 takes 33.8 KB,
-// six blocks an SM as the registers allow (with the 1 KB static and the 1 KB the SM reserves, 215 of 228 KB);
-// gpt2's V = 50257 (196 KB) stays in global memory, and 0 keeps every row there. The launcher
-// (microgpt/kernels/rows_fast.py) reads it and gives a launch the memory; the kernel takes the path its launch
-// was given memory for. CE_STREAM_STORES = 1 writes the probabilities evict-first (st.global.cs): nothing reads
-// them before the backward, and they need not push rows out of L2.
+// Rows of up to CE_SMEM_MAX_FLOATS - 3 floats (3: the shift that aligns the row's 16-byte chunks) are kept in
+// dynamic shared memory by the first pass for the second; 0 keeps every row in global memory. The launcher reads
+// it (microgpt/kernels/rows_fast.py). CE_STREAM_STORES = 1: probabilities stored evict-first (st.global.cs).
 enum CrossEntropyFwdLaunch : int {
     CE_SMEM_MAX_FLOATS = 12032,
     CE_STREAM_STORES = 1,
@@ -281,10 +267,9 @@ __device__ __forceinline__ unsigned dynamic_smem_bytes() {
     return bytes;
 }
 
-// The probabilities' stores: st.global.cs, or where CE_STREAM_STORES = 0 st.global with no cache operator (a
-// plain store's), written as __stcs is: a plain store through a generic pointer may alias the shared copy of the
-// row as far as the compiler knows, and took 48 registers (five blocks an SM) where these take 40. (__stwb's
-// st.global.wb is not that store: ptxas makes it STG.STRONG.SM.)
+// The probabilities' stores: st.global.cs, or where CE_STREAM_STORES = 0 a plain st.global, written in asm as
+// __stcs is: a C++ store through a generic pointer may alias the shared copy of the row as far as the compiler
+// knows, which costs registers.
 __device__ __forceinline__ void ce_store(float* p, float v) {
     if constexpr (CE_STREAM_STORES)
         __stcs(p, v);
@@ -299,15 +284,9 @@ __device__ __forceinline__ void ce_store(float4* p, float4 v) {
         asm("st.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
 }
 
-// One row; probs has the offsets of logits from 16 bytes, or vec = false. keep: the first pass also copies the
-// row into shared memory at smem, indexed by column as the logits are (so each column is the same value to both
-// passes, whichever thread and load width reads it), shifted so that its 16-byte chunks are aligned where the
-// logits' are; the second pass and the loss read that copy. Only where x is read from differs, so both paths give
-// the same bits. keep is a run-time flag, not a template parameter: ptxas gave the kernel holding both
-// instantiations 44 registers (five blocks an SM), this one path 40 (six), as before the shared-memory path.
-// The first pass takes a thread's MB_UNROLL float4s as one batch: their max first, the sum rescaled once a batch
-// (by exp(0) = 1 where the max held), then one expf a logit against the batch's new max. The second pass writes
-// exp(x - m) * (1 / s), one division a row.
+// One row (vec: probs has the same offset from 16 bytes as logits). keep: the first pass also copies the row into
+// shared memory at smem, aligned as the logits are, and the second pass and the loss read that copy; both paths
+// give the same bits. keep is a run-time flag rather than a template parameter, to save registers.
 __device__ __forceinline__ void crossentropy_fwd_row(bool keep, float* losses, float* pr, const float* lr,
                                                      float* smem, float* pair_m, float* pair_s, long long n,
                                                      const int* targets, int V) {
@@ -316,7 +295,7 @@ __device__ __forceinline__ void crossentropy_fwd_row(bool keep, float* losses, f
     const float4* lr4 = reinterpret_cast<const float4*>(lr + head);
     float* sx = smem + (4 - head) % 4;  // sx + head: smem + 4, or smem itself where head = 0
     float4* sx4 = reinterpret_cast<float4*>(sx + head);
-    // where the second pass's scalars and the loss read x: a generic pointer (a few columns a row, or every one
+    // where the second pass's scalars and the loss read x: a generic pointer (a few columns per row, or every one
     // where probs and logits differ in alignment); its float4s are read from either space by name
     const float* xr = keep ? sx : lr;
 
@@ -385,12 +364,9 @@ __device__ __forceinline__ void crossentropy_fwd_row(bool keep, float* losses, f
     }
 }
 
-// A block per position (row of logits (N, V)); the row kept in shared memory where its launch was given
-// 4 * (V + 3) bytes of it (CE_SMEM_MAX_FLOATS), else read twice from global memory (the row of V = 50257 logits
-// is 200 KB, too long to keep). Two expf (the online rescale) and a division a logit made the kernel bound by
-// instructions: 201 us at andrea-120m's (8192, 8449), 2.87 TB/s, where its floor is 130 us; with one expf a
-// logit, 166 us (77% of the copy bandwidth), its DRAM traffic 16% over the floor's from the second pass's reads.
-// 40 registers on sm_90a, six blocks an SM: forced to 32 (eight blocks) the first pass spills.
+// One block per position (row of logits (N, V)): the row kept in shared memory where the launch was given
+// 4 * (V + 3) bytes of it, else read twice from global memory. Each pass computes one expf per logit, and the
+// second multiplies by 1 / sum: one division per row.
 extern "C" __global__ void __launch_bounds__(256)
     k_crossentropy_fwd_fast(float* losses, float* probs, const float* logits, const int* targets, int N, int V) {
     extern __shared__ __align__(16) float ce_row[];
@@ -431,13 +407,9 @@ __device__ __forceinline__ void crossentropy_bwd_span(float* d, const float* p, 
     }
 }
 
-// Grid: (1, min(N, 65535)): blockIdx.y the row, blockIdx.x a share of the row's columns, both looped over (so
-// any grid covers everything). A row's target and dloss are read once, not once a logit, and no 64-bit
-// division is left per element. Rows of an odd V start unaligned, so each row finds its own 16-byte boundary:
-// a few scalar columns before it and after the last whole chunk. dlogits and probs rows align together where
-// the two arrays differ by a multiple of 16 bytes (as any two allocations do); elsewhere the rows go scalar.
-// Checked bit-identical to k_crossentropy_bwd on the H200: 0.2502 -> 0.1459 ms at andrea-120m's logits
-// (B=8, T=1024, V=8449).
+// Grid: (1, min(N, 65535)): blockIdx.y the row, blockIdx.x a share of its columns, both looped over. Each row
+// finds its own 16-byte boundary (rows of an odd V start unaligned); the 16-byte path needs dlogits and probs
+// to differ by a multiple of 16 bytes (as any two allocations do). Gives k_crossentropy_bwd's bits.
 extern "C" __global__ void __launch_bounds__(256)
     k_crossentropy_bwd_fast(float* dlogits, const float* probs, const int* targets, const float* dlosses, int N,
                             int V) {
@@ -460,7 +432,7 @@ extern "C" __global__ void __launch_bounds__(256)
     }
 }
 
-// x = wte[token] + wpe[t] for one position: the two rows, MB_UNROLL chunks of each a lane in flight.
+// x = wte[token] + wpe[t] for one position: MB_UNROLL chunks of each of the two rows in flight per lane.
 template <int VEC>
 __device__ __forceinline__ void embed_row(float* xr, const float* er, const float* pr, int C) {
     for (int c0 = threadIdx.x % 32 * VEC; c0 < C; c0 += 32 * VEC * MB_UNROLL) {
@@ -485,10 +457,8 @@ __device__ __forceinline__ void embed_row(float* xr, const float* er, const floa
     }
 }
 
-// A warp per position (row of x (B, T, C)), as the layernorms, instead of k_embed_fwd's thread per element
-// with two 64-bit divisions each: the token id and the position are found once a row. The same single
-// rounding of each sum as k_embed_fwd: checked bit-identical to it on the H200, 0.0332 -> 0.0139 ms at
-// andrea-120m's shapes (B=8, T=1024, C=768). Grid: ceil(B * T * 32 / 256) blocks (32 threads a row).
+// One warp per position (row of x (B, T, C)): the token id and the position are found once per row. The same
+// single rounding of each sum as k_embed_fwd, so its bits. Grid: ceil(B * T * 32 / 256) blocks (32 threads per row).
 extern "C" __global__ void __launch_bounds__(256)
     k_embed_fwd_fast(float* x, const int* idx, const float* wte, const float* wpe, int B, int T, int C) {
     long long bt = warp_row();

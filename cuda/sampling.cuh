@@ -1,26 +1,19 @@
 // Choosing the next token on the GPU: k_sample applies microgpt/sampling.py's choose() (greedy, temperature,
-// top-k, top-p, then the first token whose cumulative probability passes u * the total) to one row of float32
-// logits a block. Every step after reading a logit is in double, as the host's rule, and every rule is
-// order-free (a token is kept or dropped by comparisons of sums, never by where a sort put it), so the kernel
-// and the host choose the same token unless a draw or a token's mass lands within rounding (about 1e-15
-// relative) of a boundary. Deterministic: no atomics, every sum in a fixed order, so a run repeats bit for bit.
-//
-// Top-k and top-p are both thresholds on the logits (choose() too says "more likely" by comparing logits):
-// keep the tokens whose logit is above some t. They are found without sorting, by a radix search over an
-// order-preserving 32-bit key of each logit (order_key), four bits a pass, each pass reading the row again
-// (from L2: a row of 50257 logits is 200 KB).
+// top-k, top-p, then the first token whose cumulative probability passes u * the total) to one row of logits per
+// block. Every step after reading a logit is in double, as on the host, and every rule is order-free (decided by
+// comparisons of sums, never by a sort's order), so kernel and host choose the same token unless a draw lands
+// within rounding of a boundary. Top-k and top-p are thresholds on the logits, found without sorting by a radix
+// search over an order-preserving 32-bit key of each logit (order_key), four bits per pass.
 #pragma once
 #include "common.cuh"
 #include "rows_fast.cuh"  // warp_sum
 
-// One block a row, SAMPLE_THREADS threads: the rows are few (a batch of sequences, one new token each), so a
-// row's work is spread wide; at V = 50257 a thread has 99 tokens. 512, not 1024: a thread's 16 buckets are
-// 16 doubles in registers and the double exp wants more, 72 registers at the least (86 on sm_90a, no spills),
-// past the 64 a thread of a 1024-thread block may have (it spilled there). Read by
-// microgpt/kernels/sampling.py.
+// One block per row, SAMPLE_THREADS threads: the rows are few (one new token per sequence), so a row's work is
+// spread wide. 512, not 1024: a thread needs more than the 64 registers a 1024-thread block allows (its 16
+// buckets are doubles, as is the exp). Read by microgpt/kernels/sampling.py.
 enum SampleLaunch : int {
     SAMPLE_THREADS = 512,
-    SAMPLE_BUCKETS = 16,  // candidate thresholds a pass: 4 bits of the key
+    SAMPLE_BUCKETS = 16,  // candidate thresholds per pass: 4 bits of the key
 };
 constexpr int SAMPLE_WARPS = SAMPLE_THREADS / 32;
 constexpr int SAMPLE_BITS = 4;  // log2(SAMPLE_BUCKETS)
@@ -141,14 +134,11 @@ struct SearchWeight {
     }
 };
 
-// The largest key t with G(t) >= target, G(t) = the weight of the tokens whose key is above t; the tokens
-// kept are then those with key > t. With `relative`, target is a fraction of the whole weight, G(0).
-// G only falls as t rises, so the answer lies in an interval (lo, lo + 2^32] that each pass cuts 16-fold:
-// the 16 candidates lo + i * 2^s share out the keys in the interval (bucket i: keys in
-// (lo + i 2^s, lo + (i+1) 2^s]), G(candidate i) = the weight above the interval + buckets i..15, and the
-// largest candidate that reaches the target starts the next, narrower interval (s = 28, 24, ..., 0: at s = 0
-// a bucket is one key, and the candidate is the answer). The weight above the interval is carried from pass
-// to pass, so only the tokens inside it are weighed (an exp each, for top-p): fewer every pass.
+// The largest key t with G(t) >= target, G(t) = the weight of the tokens whose key is above t; the tokens kept
+// are then those with key > t. With `relative`, target is a fraction of the whole weight, G(0). G only falls as t
+// rises, so the answer lies in an interval (lo, lo + 2^32] that each pass cuts 16-fold: of the candidates
+// lo + i * 2^s, the largest that reaches the target starts the next interval (s = 28, 24, ..., 0). The weight
+// above the interval is carried from pass to pass, so only the tokens inside it are weighed.
 __device__ unsigned threshold_search(const float* row, int V, SearchWeight weight, double target, bool relative,
                                      SampleShared& sh) {
     unsigned lo = 0;
@@ -175,7 +165,8 @@ __device__ unsigned threshold_search(const float* row, int V, SearchWeight weigh
             for (int i = SAMPLE_BUCKETS - 1; i >= 0; i--) total += acc[i];
             target *= total;
         }
-        // G(candidate i) for i = 15 down to 0, summed from the top; the first to reach the target (or 0)
+        // G(candidate i) = the weight above the interval + buckets i..15, for i = 15 down to 0; bucket i holds the
+        // keys in (lo + i 2^s, lo + (i+1) 2^s]. The first candidate to reach the target (or 0) is picked.
         double g = above, new_above = above;
         unsigned pick = 0;
         bool found = false;
@@ -222,10 +213,9 @@ k_sample(int* tokens, const float* logits, const double* u, int V, double temper
         floor = max(floor, t);
     }
 
-    // the draw: the first token whose cumulative weight, in token-id order, passes u * the total. Each thread
-    // sums a contiguous chunk of ids in order; a scan of the chunks' sums says where each chunk starts; the
-    // threads whose chunk ends past the target walk it, and the smallest token found wins (a chunk after the
-    // crossing finds its first token of nonzero weight, which is never smaller than the crossing's).
+    // the draw: the first token whose cumulative weight, in token-id order, passes u * the total. Each thread sums
+    // a contiguous chunk of ids; a scan gives each chunk's start; the threads whose chunk ends past the target walk
+    // it, and the smallest token found wins (a later chunk's find is never smaller than the crossing's).
     const int chunk = (V + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
     const int begin = min(V, (int)threadIdx.x * chunk), end = min(V, begin + chunk);
     double mine = 0.0;

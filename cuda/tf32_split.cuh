@@ -1,21 +1,15 @@
-// The split passes: FP32 operands into the TF32 hi and lo that k_gemm_wg_split and k_gemm_wg_split_ln_bwd
-// (cuda/matmul_tc.cuh, cuda/matmul_layernorm_tc.cuh) only copy. A split operand is hi then lo, each rows_pad x K_pad
-// K-major (rows_pad a multiple of TC_SPLIT_ROWS, K_pad of TC_SPLIT_K), zero past the matrix: op(A) for A, op(B)^T
-// for B. Every pass splits each float by the same tf32_split, so any of them gives the bits of any other, and the
-// products the wgmma kernel's.
-//
-// - k_tf32_split, k_tf32_split_t: one operand, before the product that reads it (an activation; transposed, through
-//   shared memory: a weight as a dX product reads it).
-// - k_tf32_split_batch: many operands in one launch, 64 x 64 tiles of them, as a pass over the model's weights at the
-//   start of the forward (each as its forward product reads it) and of the backward (as its dX product does): one
-//   launch of about 1.5 GB at andrea-120m in place of 49 short ones, which the transposing splits were held to about
-//   49% of the copy bandwidth by (H200, 2026-12-01: launch-bound, 7-28 MB each).
+// The split passes: FP32 operands into the TF32 hi and lo that k_gemm_wg_split and k_gemm_wg_split_ln_bwd only
+// copy. A split operand is hi then lo, each rows_pad x K_pad K-major (rows_pad a multiple of TC_SPLIT_ROWS, K_pad
+// of TC_SPLIT_K), zero past the matrix: op(A) for A, op(B)^T for B. Every pass splits each float by the same
+// tf32_split, so any of them gives the bits of any other, and the products the wgmma kernel's. k_tf32_split and
+// k_tf32_split_t split one operand (transposed: a weight as a dX product reads it); k_tf32_split_batch splits many
+// in one launch (the model's weights at the start of the forward, and of the backward).
 #pragma once
 #include <cstdint>
 
 #include "matmul_tc.cuh"  // tf32_split, tf32_split_store; aligned16, load_quad (matmul_fast.cuh)
 
-// hi, lo (rows_pad x K_pad) from src (rows x K, ld): a thread a quad of K, zero past rows and K
+// hi, lo (rows_pad x K_pad) from src (rows x K, ld): one thread per quad of K, zero past rows and K
 extern "C" __global__ void k_tf32_split(uint32_t* hi, uint32_t* lo, const float* src, int rows, int K, int ld,
                                         int K_pad, long long quads) {
     const long long q = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -25,8 +19,8 @@ extern "C" __global__ void k_tf32_split(uint32_t* hi, uint32_t* lo, const float*
     tf32_split_store(hi + r * K_pad, lo + r * K_pad, k, load_quad(src, r, k, rows, K, ld, aligned16(src, ld)));
 }
 
-// The same from src stored transposed (K x rows, ld), through a 32 x 32 tile of shared memory (a warp a row of
-// it, 8 warps): blocks of 256 threads, a grid of (K_pad / 32, rows_pad / 32)
+// The same from src stored transposed (K x rows, ld), through a 32 x 32 tile of shared memory (8 warps, each
+// taking every 8th row of it): blocks of 256 threads, a grid of (K_pad / 32, rows_pad / 32)
 extern "C" __global__ void __launch_bounds__(256) k_tf32_split_t(uint32_t* hi, uint32_t* lo, const float* src,
                                                                  int rows, int K, int ld, int K_pad) {
     __shared__ float t[32][33];
@@ -43,9 +37,9 @@ extern "C" __global__ void __launch_bounds__(256) k_tf32_split_t(uint32_t* hi, u
     }
 }
 
-// A batch's table: a row of SPLIT_JOB_FIELDS 64-bit fields an operand, mirrored in microgpt/kernels/tf32_split.py.
-// Its tiles are SPLIT_TILE x SPLIT_TILE of the split operand (rows_pad x K_pad), row after row of them, numbered
-// from JOB_FIRST_TILE on; the jobs' tiles follow one another, so that the launch's blocks are the tiles of all.
+// A batch's table: a row of SPLIT_JOB_FIELDS 64-bit fields per operand, mirrored in microgpt/kernels/tf32_split.py.
+// An operand's SPLIT_TILE x SPLIT_TILE tiles (of rows_pad x K_pad, row after row) are numbered from JOB_FIRST_TILE
+// on; the jobs' tiles follow one another, so that the launch's blocks are the tiles of all.
 enum SplitJob : int {
     JOB_SRC = 0, JOB_HI = 1, JOB_LO = 2, JOB_ROWS = 3, JOB_K = 4, JOB_LD = 5, JOB_K_PAD = 6, JOB_TRANSPOSED = 7,
     JOB_FIRST_TILE = 8, JOB_TILES_K = 9,
@@ -54,10 +48,9 @@ enum SplitJob : int {
     SPLIT_THREADS = 256,
 };
 
-// Each job's operand split as k_tf32_split (src rows x K) or k_tf32_split_t (transposed: src stored K x rows) would,
-// padding and all: a block a 64 x 64 tile, each thread 4 quads, read 16 bytes at a time along src's rows and written
-// 16 bytes at a time along the operand's (through shared memory where transposed). jobs: n_jobs rows of the table,
-// in tile order; a grid of every job's tiles.
+// Each job's operand split as k_tf32_split (src rows x K) or k_tf32_split_t (src stored K x rows) would, padding and
+// all: one block per 64 x 64 tile, each thread 4 quads, 16-byte reads along src's rows and 16-byte writes along the
+// operand's (through shared memory where transposed). jobs: n_jobs rows of the table, in tile order.
 extern "C" __global__ void __launch_bounds__(SPLIT_THREADS) k_tf32_split_batch(const long long* jobs, int n_jobs) {
     __shared__ float t[SPLIT_TILE][SPLIT_TILE + 1];
     const int tile = blockIdx.x, tid = threadIdx.x;

@@ -10,7 +10,7 @@ REDUCE_BLOCK = 64  # threads a block of k_colsum_reduce: a column each, spread o
 
 
 def chunks(N: int) -> tuple[int, int]:
-    """(rows per chunk, number of chunks) of a column sum over N rows: 32 chunks (docs/kernels.md, "Column sums").
+    """(rows per chunk, number of chunks) of a column sum over N rows: 32 chunks (docs/kernels/colsum.md).
     A function of N alone, so the order of every sum is too."""
     rows_per_chunk = max(8, math.ceil(N / 32))
     return rows_per_chunk, math.ceil(N / rows_per_chunk)

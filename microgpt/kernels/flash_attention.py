@@ -17,7 +17,7 @@ from .source import int_constants
 
 MAX_D_K = 128
 # The shortest heads and sequences flash attention keeps within 1.5x the SIMT pipeline's error: its products over
-# d_k (the scores) and over T (dQ, dK) are too short for 3xTF32 below them (docs/kernels.md, "Flash attention")
+# d_k (the scores) and over T (dQ, dK) are too short for 3xTF32 below them (docs/kernels/flash_attention.md)
 MIN_D_K = 20
 MIN_T = 128
 GRID_YZ = 65535  # CUDA's limit on a grid's y and z: heads and batch rows, in these kernels' grids

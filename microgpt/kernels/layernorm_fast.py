@@ -17,7 +17,7 @@ from .source import int_constants
 
 # The blocks a backward's grid aims at (one wave where four fit an SM of 132), each writing a partial row of 2 * C
 # floats. A constant, not the device's SM count: which rows a block adds, and so every bit of dw and db, must not
-# depend on the GPU (docs/kernels.md, "Layernorm").
+# depend on the GPU (docs/kernels/layernorm.md).
 BWD_BLOCKS = 512
 
 

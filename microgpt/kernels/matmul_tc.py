@@ -16,7 +16,7 @@ from .runtime import BLOCK, engine, launch, sm_version
 from .source import int_constant
 
 # Below this K the split's rounding and the tensor cores' truncating sums outweigh the FP32 sum's rounding, and
-# the error can pass 1.5x the SIMT kernel's: such products run on SIMT (docs/kernels.md, "The products' bounds").
+# the error can pass 1.5x the SIMT kernel's: such products run on SIMT (docs/kernels/matmul_tc.md).
 TC_MIN_K = 128
 # The wgmma kernel sums 32 of K in the tensor cores before each FP32 add (mma.sync: 8), which shows on short, small
 # products: it takes those of at least WG_MIN_K of K and WG_MIN_OUTPUTS outputs (a 128 x 128 tile's), mma.sync the rest.
