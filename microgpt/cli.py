@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import checkpoint, info, kernels, ops
+from . import checkpoint, info, kernels, ops, runlog
 from .argtypes import count, count0, fraction, open_fraction, positive, rate, seed, unit
 from .kernels import virtual
 from .config import PRESETS, GPTConfig
@@ -210,7 +210,7 @@ def cmd_train(args) -> int:
     lead = dp is None or dp.lead  # rank 0 alone writes the run and speaks
     try:  # a file, a place that cannot be written, a folder in use: refused before any step
         if lead:
-            run.open()
+            run.open(saved.step if saved else None)  # a resumed run's log goes on from its checkpoint
     except RunFolderError as e:
         raise UsageError(str(e)) from None
     try:
@@ -221,7 +221,8 @@ def cmd_train(args) -> int:
                   f"training {model.num_params / 1e6:.2f}M parameters on {backend}: {config}, B={train.B}"
                   f"{f' ({world} x {B})' if dp else ''}, T={T}, {len(train.tokens):,} train / {len(val.tokens):,} "
                   f"val tokens")
-        return train_loop(model, run.checkpoint, train, val, args, tokenizer, resumed=saved is not None, dp=dp)
+        return train_loop(model, run.checkpoint, train, val, args, tokenizer, resumed=saved is not None, dp=dp,
+                          log=run.log)
     finally:
         run.close()
         if dp is not None:
@@ -355,6 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--sample-tokens", type=count0, default=120)
     t.add_argument("--seed", type=seed, default=0)
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument("--log-every", type=count, default=1, help=runlog.LOG_EVERY_HELP)
     t.set_defaults(func=cmd_train)
 
     sp = sub.add_parser("sample", help="sample text from a checkpoint")

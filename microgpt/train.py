@@ -14,6 +14,8 @@ import time
 import numpy as np
 from tqdm import tqdm
 
+from .runlog import StepLog
+
 EXIT_INTERRUPTED = 130  # what a shell reports for a process ended by SIGINT
 
 
@@ -51,20 +53,23 @@ class StopAtStepEnd:
         print("\ninterrupted: finishing this step, then saving (Ctrl-C again to stop at once)", file=sys.stderr)
 
 
-def train_loop(model, ckpt, train, val, args, tokenizer, resumed=False, dp=None) -> int:
+def train_loop(model, ckpt, train, val, args, tokenizer, resumed=False, dp=None, log=None) -> int:
     """Trains model from its step to args.steps (or args.stop_after steps of it) on batches of the samplers
     train and val, checkpointing at ckpt; returns the exit status: 0, 1 (a NaN loss, a failed save), or
     130 (Ctrl-C, after saving). dp (microgpt.distributed.DataParallel): this process trains its rows of each
-    global batch, the gradients averaged over the processes; rank 0 alone logs, evaluates and saves."""
+    global batch, the gradients averaged over the processes; rank 0 alone logs, evaluates and saves.
+    log: the run's open microgpt.runlog.RunLog, which gets a line every args.log_every steps and each evaluation."""
     T = train.T
     last_saved = model.step_count if resumed else None
     lead = dp is None or dp.lead  # the other ranks only train: no output, no evaluation, no checkpoint
     say = print if lead else (lambda *a, **k: None)  # noqa: E731
+    watch = StepLog(log if lead else None, model, T, train.B * T, args.log_every, dp.world if dp else 1)
 
     def save():
         if not lead:
             return True
         nonlocal last_saved
+        watch.sync()  # the log's lines reach the disk before the checkpoint of their step does
         try:
             record = tokenizer.record()  # a BPE tokenizer's path and sha256, for sample and --resume
             model.save(ckpt, extra={"train_sampler": train.state, "T": T} | ({"tokenizer": record} if record else {}))
@@ -90,7 +95,9 @@ def train_loop(model, ckpt, train, val, args, tokenizer, resumed=False, dp=None)
     last = args.steps if args.stop_after is None else min(args.steps, first + args.stop_after)
     tokens_per_step = train.B * T  # the global batch's, under dp too
     with StopAtStepEnd() as stop:
-        say(f"step {first:5d} | val loss {evaluate():.4f}")
+        val_loss = evaluate()
+        say(f"step {first:5d} | val loss {val_loss:.4f}")
+        watch.start(first, val_loss)
         bar = tqdm(range(first, last), desc="train", unit="step", dynamic_ncols=True, file=sys.stderr,
                    disable=args.no_progress or not lead, initial=first, total=args.steps)
         t0 = time.perf_counter()
@@ -116,9 +123,12 @@ def train_loop(model, ckpt, train, val, args, tokenizer, resumed=False, dp=None)
             done = step + 1
             tok_s = tokens_per_step * (done - first) / (time.perf_counter() - t0)
             bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}")
+            val_loss = None
             if lead and (done % args.eval_every == 0 or done == args.steps):
-                bar.write(f"step {done:5d} | train loss {loss:.4f} | val loss {evaluate():.4f} | "
+                val_loss = evaluate()
+                bar.write(f"step {done:5d} | train loss {loss:.4f} | val loss {val_loss:.4f} | "
                           f"lr {lr:.2e} | {tok_s:,.0f} tok/s")
+            watch.step(done, loss, lr, val_loss)
             if done % args.ckpt_every == 0 or done == last or stopping:
                 if not save():
                     bar.close()
