@@ -4,6 +4,7 @@
     microgpt train --steps 400 --resume   # continue runs/microgpt/model.ckpt to step 400
     microgpt sample runs/microgpt/model.ckpt --max-new-tokens 200 --prompt "The " --top-p 0.9 --seed 1
     microgpt convert runs/microgpt/model.ckpt hf-out/      # to a Hugging Face GPT-2 directory, and back
+    microgpt plot runs/a runs/b -o loss.png                # the runs' logs (log.jsonl) on one figure
     microgpt info
 
 A user error is one line, `microgpt: error: ...`, naming the flag and the value typed, with exit status 2,
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import checkpoint, info, kernels, ops, runlog
+from . import checkpoint, info, kernels, ops, plot, runlog
 from .argtypes import count, count0, fraction, open_fraction, positive, rate, seed, unit
 from .kernels import virtual
 from .config import PRESETS, GPTConfig
@@ -302,6 +303,14 @@ def cmd_tokenizer_train(args) -> int:
     return 0
 
 
+def cmd_plot(args) -> int:
+    try:
+        print(plot.plot_runs(args.runs, args.out, log_x=args.log_x, smooth=args.smooth))
+    except plot.PlotError as e:
+        raise UsageError(str(e)) from None
+    return 0
+
+
 def cmd_info(args) -> int:
     saved = read_checkpoint(args.checkpoint) if args.checkpoint else None  # the whole file, checked
     if not args.explain:
@@ -389,6 +398,8 @@ def build_parser() -> argparse.ArgumentParser:
     cv.add_argument("src", help="an ANDREA checkpoint, or a Hugging Face GPT-2 directory (save_pretrained)")
     cv.add_argument("dst", help="a directory (written as Hugging Face GPT-2), or a path ending in .ckpt (ANDREA)")
     cv.set_defaults(func=cmd_convert)
+
+    plot.add_parser(sub).set_defaults(func=cmd_plot)
 
     i = sub.add_parser("info", help="the device, the compiled architecture, the kernels, a checkpoint; --explain: "
                        "every launch of a step, with its kernel and why, planned without a GPU")
