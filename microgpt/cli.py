@@ -5,6 +5,7 @@
     microgpt sample runs/microgpt/model.ckpt --max-new-tokens 200 --prompt "The " --top-p 0.9 --seed 1
     microgpt convert runs/microgpt/model.ckpt hf-out/      # to a Hugging Face GPT-2 directory, and back
     microgpt plot runs/a runs/b -o loss.png                # the runs' logs (log.jsonl) on one figure
+    microgpt eval runs/microgpt/model.ckpt --data my.txt   # loss, perplexity and bits per byte on a text
     microgpt info
 
 A user error is one line, `microgpt: error: ...`, naming the flag and the value typed, with exit status 2,
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import checkpoint, info, kernels, ops, plot, runlog
+from . import checkpoint, evaluate, info, kernels, ops, plot, runlog
 from .argtypes import count, count0, fraction, open_fraction, positive, rate, seed, unit
 from .kernels import virtual
 from .config import PRESETS, GPTConfig
@@ -303,6 +304,20 @@ def cmd_tokenizer_train(args) -> int:
     return 0
 
 
+def cmd_eval(args) -> int:
+    saved = read_checkpoint(args.checkpoint)
+    tokenizer = run_tokenizer(args.tokenizer, saved.extra, args.checkpoint, resume=False)
+    try:  # the text and the windows checked before any model is made
+        text, T = evaluate.prepare(args, saved, tokenizer)
+    except evaluate.EvalError as e:
+        raise UsageError(str(e)) from None
+    backend = pick_backend(args.backend, quiet=True)
+    model = GPT.from_checkpoint(saved, backend=backend, variant=args.variant)
+    score = evaluate.score(model, tokenizer, text, T, args.batch_size, progress=not args.no_progress)
+    print(evaluate.report(score, args, saved.step, backend))
+    return 0
+
+
 def cmd_plot(args) -> int:
     try:
         print(plot.plot_runs(args.runs, args.out, log_x=args.log_x, smooth=args.smooth))
@@ -400,6 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
     cv.set_defaults(func=cmd_convert)
 
     plot.add_parser(sub).set_defaults(func=cmd_plot)
+    evaluate.add_parser(sub, variant).set_defaults(func=cmd_eval)
 
     i = sub.add_parser("info", help="the device, the compiled architecture, the kernels, a checkpoint; --explain: "
                        "every launch of a step, with its kernel and why, planned without a GPU")

@@ -83,9 +83,13 @@ def _mapped(path, dtype, count) -> np.ndarray:
 
 
 def encode_file(path, tokenizer, progress: bool = False) -> np.ndarray:
-    """The tokens of a UTF-8 text file, by pieces (text_pieces) in batches where the tokenizer encodes in
-    parallel, with a progress bar over the text's characters if asked."""
-    text = Path(path).read_text(encoding="utf-8", errors="replace")
+    """The tokens of a UTF-8 text file (bytes that are not UTF-8 read as U+FFFD), as encode_text makes them."""
+    return encode_text(Path(path).read_text(encoding="utf-8", errors="replace"), tokenizer, progress)
+
+
+def encode_text(text: str, tokenizer, progress: bool = False) -> np.ndarray:
+    """The tokens of text, by pieces (text_pieces) in batches where the tokenizer encodes in parallel, with a
+    progress bar over the text's characters if asked."""
     if not getattr(tokenizer, "piecewise", False):  # only GPT-2's pre-tokenizer is known to cut there
         return tokenizer.encode(text)
     pieces, out = text_pieces(text), []
