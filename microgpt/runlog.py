@@ -6,8 +6,8 @@ be compared and plotted later (microgpt plot) and a resumed run goes on with it.
     {"step": 50, "elapsed": 9.8, "train_loss": 2.41, ..., "val_loss": 2.47}   # a step that was evaluated
 
 step and elapsed (seconds since the run began, carried across resumes) are in every line; train_loss, lr,
-grad_norm (the global gradient norm before clipping) and tok_s (tokens/s since the line before, evaluation
-and checkpoint time included) in a training step's; val_loss where the step was evaluated; mfu on the GPU.
+grad_norm (the global gradient norm before clipping) and tok_s (tokens/s of the training since the line before,
+evaluations and checkpoints left out) in a training step's; val_loss where the step was evaluated; mfu on the GPU.
 
 Each line is one os.write on an O_APPEND descriptor, so a kill leaves whole lines (readers skip a torn last
 one, left by a power cut), and the lines reach the disk before each checkpoint does. A resumed run first drops
@@ -141,11 +141,22 @@ class StepLog:
         self.flops_per_s = None if peak is None else peak * world  # every process's GPU
         self.flops_per_token = flops_per_token(model.config, T)
         self.base = (log.last or {}).get("elapsed", 0.0) if log is not None else 0.0
+        self.paused = 0.0  # seconds of untimed calls since the line before
+
+    def untimed(self, fn):
+        """fn, the time of its calls left out of tok_s: evaluating and checkpointing are not training."""
+        def call(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.paused += time.perf_counter() - start
+        return call
 
     def start(self, step: int, val_loss: float) -> None:
         """The clock starts; a new run logs its first evaluation as step 0."""
         self.t0 = self.since_t = time.perf_counter()
-        self.since_step = step
+        self.since_step, self.paused = step, 0.0
         if step == 0:
             self._write({"step": 0, "elapsed": round(self.base, 3), "val_loss": _figure(val_loss)})
 
@@ -154,7 +165,7 @@ class StepLog:
         if self.log is None or (step % self.every and val_loss is None):
             return
         now = time.perf_counter()
-        tok_s = self.tokens_per_step * (step - self.since_step) / max(now - self.since_t, 1e-9)
+        tok_s = self.tokens_per_step * (step - self.since_step) / max(now - self.since_t - self.paused, 1e-9)
         record = {"step": step, "elapsed": round(self.base + now - self.t0, 3), "train_loss": _figure(loss),
                   "lr": _figure(lr), "grad_norm": _figure(self.model.last_grad_norm), "tok_s": round(tok_s, 1)}
         if self.flops_per_s is not None:
@@ -162,7 +173,7 @@ class StepLog:
         if val_loss is not None:
             record["val_loss"] = _figure(val_loss)
         self._write(record)
-        self.since_t, self.since_step = now, step
+        self.since_t, self.since_step, self.paused = now, step, 0.0
 
     def sync(self) -> None:
         """The lines so far to the disk, before a checkpoint is: a checkpoint never runs ahead of its log."""

@@ -87,6 +87,7 @@ def train_loop(model, ckpt, train, val, args, tokenizer, resumed=False, dp=None,
         if not lead:
             return math.nan
         return float(np.mean([model.forward(b[:, :-1], b[:, 1:], return_logits=False)[1] for b in val_batches]))
+    evaluate, save = watch.untimed(evaluate), watch.untimed(save)  # the log's tok_s is of training alone
 
     first = model.step_count
     if first >= args.steps:

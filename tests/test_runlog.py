@@ -113,6 +113,16 @@ def test_every_checkpoint_is_saved_after_its_steps_lines_reach_the_disk(tmp_path
     assert events == [("sync", 4), ("save", 4), ("sync", 8), ("save", 8), ("sync", 9), ("save", 9)]
 
 
+def test_tok_s_leaves_out_the_time_of_checkpoints_and_evaluations(tmp_path, corpus, capsys, monkeypatch):
+    save = GPT.save
+    monkeypatch.setattr(GPT, "save", lambda self, *a, **k: (time.sleep(0.5), save(self, *a, **k)))
+    train(tmp_path, corpus, capsys, "--steps", "4", "--ckpt-every", "1", "--eval-every", "1")
+    records = read_log(tmp_path / "run")
+    for before, r in zip(records[1:], records[2:]):
+        seconds = r["elapsed"] - before["elapsed"]  # a step, its evaluation and the checkpoint before it
+        assert seconds > 0.5 and r["tok_s"] > 3 * 4 * 32 / seconds, (before, r)
+
+
 def test_a_log_that_cannot_be_written_is_warned_of_once_and_training_goes_on(tmp_path, corpus, capsys, monkeypatch):
     def full(self, record):
         raise OSError(28, "No space left on device")
