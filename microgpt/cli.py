@@ -1,4 +1,4 @@
-"""The microgpt command: train, sample, convert, info.
+"""The microgpt command: train, sample, convert, plot, eval, info.
 
     microgpt train --steps 200            # GPU when there is one, else a small model on the CPU
     microgpt train --steps 400 --resume   # continue runs/microgpt/model.ckpt to step 400
@@ -380,7 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--sample-tokens", type=count0, default=120)
     t.add_argument("--seed", type=seed, default=0)
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
-    t.add_argument("--log-every", type=count, default=1, help=runlog.LOG_EVERY_HELP)
+    t.add_argument("--log-every", type=count, default=1, metavar="N", help=runlog.LOG_EVERY_HELP)
     t.set_defaults(func=cmd_train)
 
     sp = sub.add_parser("sample", help="sample text from a checkpoint")

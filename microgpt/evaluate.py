@@ -53,8 +53,8 @@ class Score:
 def add_parser(sub, variant: dict):
     """The `eval` subcommand's parser, on the command's subparsers; `variant`: the --variant flag's settings."""
     ev = sub.add_parser("eval", help="a checkpoint's loss, perplexity and bits per byte on a text file")
-    ev.add_argument("checkpoint")
-    ev.add_argument("--data", required=True, help=f"a UTF-8 text file: {WINDOWS}")
+    ev.add_argument("checkpoint", help="a checkpoint, such as train's --out/model.ckpt")
+    ev.add_argument("--data", required=True, metavar="FILE", help=f"a UTF-8 text file: {WINDOWS}")
     ev.add_argument("--backend", choices=["auto", "numpy", "cuda"], default="auto")
     ev.add_argument("--variant", **variant)
     ev.add_argument("--tokenizer", default=None, help="the tokenizer.json the model was trained with (default: "
