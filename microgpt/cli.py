@@ -1,9 +1,11 @@
-"""The microgpt command: train, sample, convert, info.
+"""The microgpt command: train, sample, convert, plot, eval, info.
 
     microgpt train --steps 200            # GPU when there is one, else a small model on the CPU
     microgpt train --steps 400 --resume   # continue runs/microgpt/model.ckpt to step 400
     microgpt sample runs/microgpt/model.ckpt --max-new-tokens 200 --prompt "The " --top-p 0.9 --seed 1
     microgpt convert runs/microgpt/model.ckpt hf-out/      # to a Hugging Face GPT-2 directory, and back
+    microgpt plot runs/a runs/b -o loss.png                # the runs' logs (log.jsonl) on one figure
+    microgpt eval runs/microgpt/model.ckpt --data my.txt   # loss, perplexity and bits per byte on a text
     microgpt info
 
 A user error is one line, `microgpt: error: ...`, naming the flag and the value typed, with exit status 2,
@@ -13,7 +15,6 @@ flight, saves, says where, and exits with 128 + the signal's number (130, 143, 1
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import signal
 import sys
@@ -23,7 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import checkpoint, info, ops
+from . import checkpoint, evaluate, info, ops, plot, runlog
+from .argtypes import count, count0, fraction, open_fraction, positive, rate, seed, unit
 from .config import PRESETS, GPTConfig
 from .convert import convert
 from .data import NotText, builtin_corpus, read_text
@@ -38,34 +40,6 @@ from .usage import (EXIT_USAGE, PeerFailed, UsageError, cuda_available, flag, pi
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # argparse would print the usage and exit; we want one line, from main()
         raise UsageError(message)
-
-
-# ---------------------------------------------------------------------------------------------- checks
-def _number(kind, low=None, high=None, low_open=False, high_open=False, what=None):
-    """An argparse type: a finite `kind` within [low, high] (an end excluded where *_open), its error
-    quoting the value typed."""
-    def parse(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, "
-                                             f"got {text!r}") from None
-        bad = not math.isfinite(value) or (low is not None and (value <= low if low_open else value < low)) \
-            or (high is not None and (value >= high if high_open else value > high))
-        if bad:
-            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
-        return value
-    return parse
-
-
-count = _number(int, 1, what="an integer >= 1")
-count0 = _number(int, 0, what="an integer >= 0")
-seed = _number(int, 0, 2 ** 63 - 1, what="an integer in [0, 2**63)")
-rate = _number(float, 0.0, what="a finite number >= 0")
-positive = _number(float, 0.0, low_open=True, what="a finite number > 0")
-fraction = _number(float, 0.0, 1.0, what="a number in [0, 1]")
-open_fraction = _number(float, 0.0, 1.0, low_open=True, high_open=True, what="a number in (0, 1)")
-unit = _number(float, 0.0, 1.0, low_open=True, what="a number in (0, 1]")
 
 
 # ---------------------------------------------------------------------------------------------- commands
@@ -150,6 +124,28 @@ def cmd_tokenizer_train(args) -> int:
     return 0
 
 
+def cmd_eval(args) -> int:
+    saved = read_checkpoint(args.checkpoint)
+    tokenizer = run_tokenizer(args.tokenizer, saved.extra, args.checkpoint, resume=False)
+    try:  # the text and the windows checked before any model is made
+        text, T = evaluate.prepare(args, saved, tokenizer)
+    except evaluate.EvalError as e:
+        raise UsageError(str(e)) from None
+    backend = pick_backend(args.backend, quiet=True)
+    model = GPT.from_checkpoint(saved, backend=backend, variant=args.variant)
+    score = evaluate.score(model, tokenizer, text, T, args.batch_size, progress=not args.no_progress)
+    print(evaluate.report(score, args, saved.step, backend))
+    return 0
+
+
+def cmd_plot(args) -> int:
+    try:
+        print(plot.plot_runs(args.runs, args.out, log_x=args.log_x, smooth=args.smooth))
+    except plot.PlotError as e:
+        raise UsageError(str(e)) from None
+    return 0
+
+
 def cmd_info(args) -> int:
     saved = read_checkpoint(args.checkpoint) if args.checkpoint else None  # the whole file, checked
     if not args.explain:
@@ -206,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--sample-tokens", type=count0, default=120)
     t.add_argument("--seed", type=seed, default=0)
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument("--log-every", type=count, default=1, metavar="N", help=runlog.LOG_EVERY_HELP)
     t.set_defaults(func=cmd_train)
 
     sp = sub.add_parser("sample", help="sample text from a checkpoint")
@@ -238,6 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
     cv.add_argument("src", help="an ANDREA checkpoint, or a Hugging Face GPT-2 directory (save_pretrained)")
     cv.add_argument("dst", help="a directory (written as Hugging Face GPT-2), or a path ending in .ckpt (ANDREA)")
     cv.set_defaults(func=cmd_convert)
+
+    plot.add_parser(sub).set_defaults(func=cmd_plot)
+    evaluate.add_parser(sub, variant).set_defaults(func=cmd_eval)
 
     i = sub.add_parser("info", help="the device, the compiled architecture, the kernels, a checkpoint; --explain: "
                        "every launch of a step, with its kernel and why, planned without a GPU")

@@ -106,9 +106,13 @@ def _mapped(path, dtype, count) -> np.ndarray:
 
 
 def encode_file(path, tokenizer, progress: bool = False) -> np.ndarray:
-    """The tokens of a UTF-8 text file, by pieces (text_pieces) in batches where the tokenizer encodes in
-    parallel, with a progress bar over the text's characters if asked."""
-    text = read_text(path)
+    """The tokens of a UTF-8 text file (read_text: anything else is refused), as encode_text makes them."""
+    return encode_text(read_text(path), tokenizer, progress)
+
+
+def encode_text(text: str, tokenizer, progress: bool = False) -> np.ndarray:
+    """The tokens of text, by pieces (text_pieces) in batches where the tokenizer encodes in parallel, with a
+    progress bar over the text's characters if asked."""
     if not getattr(tokenizer, "piecewise", False):  # only GPT-2's pre-tokenizer is known to cut there
         return tokenizer.encode(text)
     pieces, out = text_pieces(text), []

@@ -1,8 +1,8 @@
-"""The run folder a trainer writes its checkpoint into: checked before training starts, and held by one
-trainer at a time.
+"""The run folder a trainer writes its checkpoint and its log into: checked before training starts, and held
+by one trainer at a time.
 
     with RunFolder("runs/a") as run:     # refuses a file, a place that cannot be written, a folder in use
-        ...                              # run.checkpoint is runs/a/model.ckpt
+        ...                              # run.checkpoint is runs/a/model.ckpt, run.log runs/a/log.jsonl
 
 The hold is an advisory lock (flock) on runs/a/.lock: the kernel drops it when the process ends, however
 it ends, so a killed trainer never leaves the folder stuck. The lock file names its holder, so that a
@@ -17,6 +17,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from .runlog import LOG_NAME, RunLog
 
 try:
     import fcntl
@@ -35,6 +37,7 @@ class RunFolder:
     def __init__(self, path):
         self.path = Path(path)
         self.checkpoint = self.path / CHECKPOINT_NAME
+        self.log = RunLog(self.path / LOG_NAME)
         self._fd = None
 
     def __enter__(self) -> "RunFolder":
@@ -49,8 +52,9 @@ class RunFolder:
         """Whether a run's checkpoint (or its sidecar) is here: what a new run would replace."""
         return any(os.path.lexists(self.path / n) for n in (CHECKPOINT_NAME, CHECKPOINT_NAME + ".json"))
 
-    def open(self) -> None:
-        """Creates the folder if need be, checks that a file can be written in it, and takes its lock."""
+    def open(self, resumed_step: int | None = None) -> None:
+        """Creates the folder if need be, checks that a file can be written in it, takes its lock, and opens its
+        log (microgpt.runlog), kept through resumed_step, the step of the checkpoint a resumed run goes on from."""
         where = f"--out {os.fspath(self.path)}"
         if self.path.exists() and not self.path.is_dir():
             raise RunFolderError(f"{where} is a file, not a folder")
@@ -61,13 +65,20 @@ class RunFolder:
             os.unlink(probe)
         except OSError as e:
             raise RunFolderError(f"{where} cannot be written: {e.strerror or e}") from None
-        for name in (CHECKPOINT_NAME, CHECKPOINT_NAME + ".json", LOCK_NAME):
+        for name in (CHECKPOINT_NAME, CHECKPOINT_NAME + ".json", LOCK_NAME, LOG_NAME):
             p = self.path / name
             if os.path.lexists(p) and not p.is_file():
                 raise RunFolderError(f"{where}: {p} is {'a folder' if p.is_dir() else 'not a file'}; a run "
                                      f"keeps a file there")
-        if fcntl is None:
-            return
+        if fcntl is not None:
+            self._lock(where)
+        try:
+            self.log.open(resumed_step)
+        except OSError as e:
+            self.close()
+            raise RunFolderError(f"{where}: cannot write {LOG_NAME}: {e.strerror or e}") from None
+
+    def _lock(self, where: str) -> None:
         try:
             fd = os.open(self.path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
@@ -87,6 +98,7 @@ class RunFolder:
         self._fd = fd
 
     def close(self) -> None:
+        self.log.close()
         if self._fd is not None:
             os.close(self._fd)  # the lock goes with the descriptor
             self._fd = None

@@ -24,6 +24,7 @@ from .data import BatchSampler, NotText, cached_tokens, load_tokens, split
 from .gpt import GPT
 from .model import footprint
 from .params import num_params
+from .runlog import StepLog
 from .runs import RunFolder, RunFolderError
 from .tokenizer import ByteTokenizer
 from .usage import UsageError, flag, open_tokenizer, pick_backend, read_checkpoint, run_tokenizer
@@ -84,20 +85,23 @@ class StopAtStepEnd:
               file=sys.stderr)
 
 
-def train_loop(model, ckpt, train, val, args, tokenizer, resumed=False, dp=None) -> int:
+def train_loop(model, ckpt, train, val, args, tokenizer, resumed=False, dp=None, log=None) -> int:
     """Trains model from its step to args.steps (or args.stop_after steps of it) on batches of the samplers
     train and val, checkpointing at ckpt; returns the exit status: 0, 1 (a NaN loss, a failed save), or
     130 (Ctrl-C, after saving). dp (microgpt.distributed.DataParallel): this process trains its rows of each
-    global batch, the gradients averaged over the processes; rank 0 alone logs, evaluates and saves."""
+    global batch, the gradients averaged over the processes; rank 0 alone logs, evaluates and saves.
+    log: the run's open microgpt.runlog.RunLog, which gets a line every args.log_every steps and each evaluation."""
     T = train.T
     last_saved = model.step_count if resumed else None
     lead = dp is None or dp.lead  # the other ranks only train: no output, no evaluation, no checkpoint
     say = print if lead else (lambda *a, **k: None)  # noqa: E731
+    watch = StepLog(log if lead else None, model, T, train.B * T, args.log_every, dp.world if dp else 1)
 
     def save():
         if not lead:
             return True
         nonlocal last_saved
+        watch.sync()  # the log's lines reach the disk before the checkpoint of their step does
         try:
             record = tokenizer.record()  # a BPE tokenizer's path and sha256, for sample and --resume
             model.save(ckpt, extra={"train_sampler": train.state, "T": T, "steps": args.steps} |
@@ -125,6 +129,7 @@ def train_loop(model, ckpt, train, val, args, tokenizer, resumed=False, dp=None)
         if not lead:
             return math.nan
         return float(np.mean([model.forward(b[:, :-1], b[:, 1:], return_logits=False)[1] for b in val_batches]))
+    evaluate, save = watch.untimed(evaluate), watch.untimed(save)  # the log's tok_s is of training alone
 
     first = model.step_count
     if first >= args.steps:
@@ -133,7 +138,9 @@ def train_loop(model, ckpt, train, val, args, tokenizer, resumed=False, dp=None)
     last = args.steps if args.stop_after is None else min(args.steps, first + args.stop_after)
     tokens_per_step = train.B * T  # the global batch's, under dp too
     with StopAtStepEnd() as stop:
-        say(f"step {first:5d} | val loss {evaluate():.4f}")
+        val_loss = evaluate()
+        say(f"step {first:5d} | val loss {val_loss:.4f}")
+        watch.start(first, val_loss)
         bar = tqdm(range(first, last), desc="train", unit="step", dynamic_ncols=True, file=sys.stderr,
                    disable=args.no_progress or not lead, initial=first, total=args.steps)
         t0 = time.perf_counter()
@@ -156,9 +163,12 @@ def train_loop(model, ckpt, train, val, args, tokenizer, resumed=False, dp=None)
             done = step + 1
             tok_s = tokens_per_step * (done - first) / (time.perf_counter() - t0)
             bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}")
+            val_loss = None
             if lead and (done % args.eval_every == 0 or done == args.steps):
-                bar.write(f"step {done:5d} | train loss {loss:.4f} | val loss {evaluate():.4f} | "
+                val_loss = evaluate()
+                bar.write(f"step {done:5d} | train loss {loss:.4f} | val loss {val_loss:.4f} | "
                           f"lr {lr:.2e} | {tok_s:,.0f} tok/s")
+            watch.step(done, loss, lr, val_loss)
             if done % args.ckpt_every == 0 or done == last or stopping:
                 if not save():
                     bar.close()
@@ -332,7 +342,7 @@ def cmd_train(args) -> int:
               f"the learning rate follows the schedule to step {args.steps} from here", file=sys.stderr)
     try:  # a file, a place that cannot be written, a folder in use: refused before any step
         if lead:
-            run.open()
+            run.open(saved.step if saved else None)  # a resumed run's log goes on from its checkpoint
     except RunFolderError as e:
         raise UsageError(str(e)) from None
     try:
@@ -343,7 +353,8 @@ def cmd_train(args) -> int:
                   f"training {model.num_params / 1e6:.2f}M parameters on {backend}: {config}, B={train.B}"
                   f"{f' ({world} x {B})' if dp else ''}, T={T}, {len(train.tokens):,} train / {len(val.tokens):,} "
                   f"val tokens")
-        return train_loop(model, run.checkpoint, train, val, args, tokenizer, resumed=saved is not None, dp=dp)
+        return train_loop(model, run.checkpoint, train, val, args, tokenizer, resumed=saved is not None, dp=dp,
+                          log=run.log)
     finally:
         run.close()
         if dp is not None:

@@ -205,7 +205,7 @@ def test_a_full_disk_stops_the_run_in_one_line_and_keeps_the_last_checkpoint(tmp
     assert err[0] == (f"microgpt: error: could not write the checkpoint at step 4: No space left on device; "
                       f"{tmp_path / 'run' / 'model.ckpt'} (step 2) is intact")
     assert checkpoint.read(tmp_path / "run" / "model.ckpt").step == 2
-    assert sorted(os.listdir(tmp_path / "run")) == [".lock", "model.ckpt", "model.ckpt.json"]
+    assert sorted(os.listdir(tmp_path / "run")) == [".lock", "log.jsonl", "model.ckpt", "model.ckpt.json"]
 
 
 # ---------------------------------------------------------------------------------------------- the API

@@ -42,8 +42,8 @@ def test_the_readme_has_the_examples_this_test_runs():
 
 
 def test_every_readme_example_runs_as_written_on_the_cpu(tmp_path):
-    pytest.importorskip("tokenizers")
-    pytest.importorskip("safetensors")
+    for extra in ("tokenizers", "safetensors", "matplotlib"):
+        pytest.importorskip(extra)
     from pydoc_data.topics import topics
     (tmp_path / "my.txt").write_text("\n\n".join(topics[k] for k in sorted(topics))[:200_000], encoding="utf-8")
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONWARNINGS="error::RuntimeWarning")

@@ -32,10 +32,13 @@ class Device:
     sm_registers: int = 65536
     sm_shared: int = 233472
     regs: int = 64      # registers a thread, taken for every kernel (the layernorm backward's on sm_90a)
+    # FLOP/s of products at FP32 accuracy on the tensor cores (3xTF32: a third of the dense TF32 rate), the
+    # peak a training run's MFU is relative to (microgpt.runlog)
+    peak_flops: float = 0.0
 
 
-H200 = Device("NVIDIA H200 (described)", "sm_90a", 132, 227 * 1024)
-A100 = Device("NVIDIA A100 (described)", "sm_80", 108, 163 * 1024, sm_shared=167936)
+H200 = Device("NVIDIA H200 (described)", "sm_90a", 132, 227 * 1024, peak_flops=165e12)
+A100 = Device("NVIDIA A100 (described)", "sm_80", 108, 163 * 1024, sm_shared=167936, peak_flops=52e12)
 DEVICES = {"h200": H200, "a100": A100}
 
 
