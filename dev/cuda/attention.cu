@@ -197,8 +197,7 @@ int main(int argc, char** argv) {
             if (only && v != only) continue;
             char name[32];
             snprintf(name, sizeof(name), "forward %d", v);
-            if (v == 3 && !runs_here(name, flash, flash_needs))
-                continue;
+            if (v == 3 && !runs_here(name, flash, flash_needs)) continue;
             printf("%s\n", name);
             poison(check.y, rows * C), poison(check.lse, lse_ref.size());
             attention_forward(v, check);
@@ -212,8 +211,7 @@ int main(int argc, char** argv) {
             if (only && v != only) continue;
             char name[32];
             snprintf(name, sizeof(name), "backward %d", v);
-            if (v == 2 && !runs_here(name, flash, flash_needs))
-                continue;
+            if (v == 2 && !runs_here(name, flash, flash_needs)) continue;
             printf("%s\n", name);
             poison(check.dqkv, dqkv_ref.size());
             attention_backward(v, check);
