@@ -6,9 +6,9 @@
 //   dev/cuda/build/colsum 3                       # one of them
 //
 //   1  k_colsum_naive (here): a thread a column, its N rows in order
-//   2  k_colsum_partial, then k_colsum_reduce: blocks of 32 columns and N / 32 rows (one wave), 8 warps a block
-//      taking every 8th row, 8 rows a warp in flight; then a thread a column adds the 32 chunks in order. A lane
-//      one column a row
+//   2  k_colsum_partial, then k_colsum_reduce: blocks of 32 columns by N / 32 rows, 8 warps a block taking every
+//      8th row, 8 rows a warp in flight; then a thread a column adds the 32 chunks in order. A lane one column a
+//      row
 //   3  the same, a lane 4 columns a row in one 16-byte load (C % 4 == 0, x 16-byte aligned)
 #include "common.h"
 
