@@ -40,8 +40,8 @@
 #define FA_BWD_WARPS(D) (4 * FA_BWD_TILES(D))
 #define FA_DELTA_WARPS 4
 // Query tiles that see at most this many key tiles take delta from a pass over P and dP, as the fast variant
-// does (so p = 1 gives ds = 0 exactly); the rest from dO * O in FP64 (dev/NOTES.md: dO * O alone put dQ and dK
-// past the accuracy bar at T <= 77)
+// does (so p = 1 gives ds = 0 exactly); the rest from dO * O in FP64 (dO * O alone put dQ and dK past the
+// accuracy bar at T <= 77)
 #define FA_DELTA_PASS_TILES 2
 enum FlashLaunch : int {
     FA_KEYS_A_TILE = FA_KEYS,

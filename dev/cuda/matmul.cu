@@ -1,0 +1,162 @@
+// The linear layer's product, out = inp @ weight^T + bias (inp M x K, weight N x K, bias N: the NT layout of the
+// engine's GEMM), by the engine's kernels (cuda/matmul.cuh, matmul_fast.cuh, matmul_tc.cuh, tf32_split.cuh), each
+// checked against the CPU's float64 product at an odd shape, then timed at andrea-120m's mlp.fc forward.
+//
+//   make -C dev/cuda && dev/cuda/build/matmul    # every version
+//   dev/cuda/build/matmul 4                      # one of them
+//
+//   1  k_matmul_fwd: a thread an output (the reference kernel)
+//   2  k_sgemm_nt: SIMT SGEMM, 128 x 128 tiles through shared memory, 8 x 8 outputs a thread
+//   3  k_gemm_tc_nt: 3xTF32 on mma.sync (sm_80): each operand split into TF32 hi + lo as its fragment is read,
+//      lo*hi + hi*lo + hi*hi of each k8 step into a zeroed fragment, then added into an FP32 running sum
+//   4  k_gemm_wg_nt: 3xTF32 on wgmma (sm_90a): a producer warpgroup copies and splits each 32-wide slice of K
+//      into swizzled shared memory, two consumer warpgroups multiply it, 12 wgmma a slice, FP32 adds between
+//   5  k_tf32_split of both operands, then k_gemm_wg_split (sm_90a): version 4 from operands split before the
+//      product, so that its producer only copies; the same bits as 4. Timed with its two split passes.
+// Versions 3-5 are as accurate as FP32 (their error is printed beside the others'), not TF32's.
+#include "common.h"
+
+#include "../../cuda/matmul.cuh"
+#include "../../cuda/matmul_fast.cuh"
+#include "../../cuda/tf32_split.cuh"  // and matmul_tc.cuh
+
+// ---------------------------------------------------------------------------------------------- CPU reference
+void matmul_forward_cpu(double* out, const float* inp, const float* weight, const float* bias, int M, int N, int K) {
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            const float *a = inp + (size_t)m * K, *w = weight + (size_t)n * K;
+            double s = bias[n];
+            for (int k = 0; k < K; k++) s += (double)a[k] * w[k];
+            out[(size_t)m * N + n] = s;
+        }
+}
+
+// ---------------------------------------------------------------------------------------------- the versions
+// Version 5's operands: hi then lo, each rows_pad x K_pad K-major (whole 128 x 32 tiles), zero past the matrix.
+struct Splits {
+    uint32_t *a, *b;
+};
+int rows_pad(int rows) { return ceil_div(rows, (int)TC_SPLIT_ROWS) * TC_SPLIT_ROWS; }
+int k_pad(int K) { return ceil_div(K, (int)TC_SPLIT_K) * TC_SPLIT_K; }
+
+void matmul_forward1(float* out, const float* inp, const float* weight, const float* bias, int M, int N, int K,
+                     Splits) {
+    k_matmul_fwd<<<(unsigned)ceil_div((long long)M * N, 256LL), 256>>>(out, inp, weight, bias, M, K, N);
+}
+
+// the GEMM kernels' common arguments (GEMM_KERNEL in matmul_fast.cuh): C = A @ B^T + bias, no batch, no causal
+// skipping, on a grid of 128 x 128 tiles
+template <class Kernel>
+void gemm_nt(Kernel* kernel, int threads, int shared, float* out, const float* inp, const float* weight,
+             const float* bias, int M, int N, int K) {
+    const dim3 grid(ceil_div(N, 128), ceil_div(M, 128));
+    kernel<<<grid, threads, shared>>>(out, inp, weight, bias, M, N, K, K, K, N, 0, 0, 0, 1.0f, 0.0f, CAUSAL_NONE,
+                                      0.0f, nullptr);
+}
+
+void matmul_forward2(float* out, const float* inp, const float* weight, const float* bias, int M, int N, int K,
+                     Splits) {
+    gemm_nt(k_sgemm_nt, GEMM_THREADS, 0, out, inp, weight, bias, M, N, K);
+}
+
+void matmul_forward3(float* out, const float* inp, const float* weight, const float* bias, int M, int N, int K,
+                     Splits) {
+    gemm_nt(k_gemm_tc_nt, TC_THREADS, TC_SMEM_BYTES, out, inp, weight, bias, M, N, K);
+}
+
+void matmul_forward4(float* out, const float* inp, const float* weight, const float* bias, int M, int N, int K,
+                     Splits) {
+    gemm_nt(k_gemm_wg_nt, TC_WG_THREADS, TC_WG_SMEM_BYTES, out, inp, weight, bias, M, N, K);
+}
+
+// rows x K at src (ld = K) into hi and lo at split, a thread a quad of K
+void split_operand(uint32_t* split, const float* src, int rows, int K) {
+    const long long plane = (long long)rows_pad(rows) * k_pad(K), quads = plane / 4;
+    k_tf32_split<<<(unsigned)ceil_div(quads, 256LL), 256>>>(split, split + plane, src, rows, K, K, k_pad(K), quads);
+}
+
+void matmul_product5(float* out, const float* bias, int M, int N, int K, Splits s) {
+    const dim3 grid(ceil_div(N, 128), ceil_div(M, 128));
+    k_gemm_wg_split<<<grid, TC_WG_THREADS, TC_SPLIT_SMEM_BYTES>>>(out, s.a, s.b, bias, M, N, k_pad(K), N, 1.0f, 0.0f);
+}
+
+void matmul_forward5(float* out, const float* inp, const float* weight, const float* bias, int M, int N, int K,
+                     Splits s) {
+    split_operand(s.a, inp, M, K);
+    split_operand(s.b, weight, N, K);  // op(B)^T = weight, N x K as it lies
+    matmul_product5(out, bias, M, N, K, s);
+}
+
+void matmul_forward(int version, float* out, const float* inp, const float* weight, const float* bias, int M, int N,
+                    int K, Splits s) {
+    switch (version) {
+        case 1: matmul_forward1(out, inp, weight, bias, M, N, K, s); break;
+        case 2: matmul_forward2(out, inp, weight, bias, M, N, K, s); break;
+        case 3: matmul_forward3(out, inp, weight, bias, M, N, K, s); break;
+        case 4: matmul_forward4(out, inp, weight, bias, M, N, K, s); break;
+        case 5: matmul_forward5(out, inp, weight, bias, M, N, K, s); break;
+    }
+    cudaCheck(cudaGetLastError());
+}
+
+// ---------------------------------------------------------------------------------------------- main
+struct Problem {
+    int M, N, K;
+    float *inp, *weight, *bias, *out;
+    Splits s;
+    Problem(int M_, int N_, int K_) : M(M_), N(N_), K(K_) {
+        inp = to_device(make_random_float((size_t)M * K));
+        weight = to_device(make_random_float((size_t)N * K));
+        bias = to_device(make_random_float(N));
+        out = device_nan((size_t)M * N);
+        cudaCheck(cudaMalloc(&s.a, 2 * sizeof(uint32_t) * rows_pad(M) * k_pad(K)));
+        cudaCheck(cudaMalloc(&s.b, 2 * sizeof(uint32_t) * rows_pad(N) * k_pad(K)));
+    }
+    void run(int version) { matmul_forward(version, out, inp, weight, bias, M, N, K, s); }
+};
+
+int main(int argc, char** argv) {
+    const Gpu gpu = setup_main();
+    const int only = version_arg(argc, argv, 1);
+    if (gpu.arch >= 800) allow_shared(k_gemm_tc_nt, TC_SMEM_BYTES);
+    if (gpu.wgmma) {
+        allow_shared(k_gemm_wg_nt, TC_WG_SMEM_BYTES);
+        allow_shared(k_gemm_wg_split, TC_SPLIT_SMEM_BYTES);
+    }
+
+    // checked at a shape of partial tiles, timed at mlp.fc's forward (B * T = 8192, C = 768, 4 C = 3072)
+    Problem check(1000, 700, 768), bench(8192, 3072, 768);
+    std::vector<float> h_inp((size_t)check.M * check.K), h_weight((size_t)check.N * check.K), h_bias(check.N);
+    cudaCheck(cudaMemcpy(h_inp.data(), check.inp, h_inp.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(h_weight.data(), check.weight, h_weight.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(h_bias.data(), check.bias, h_bias.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    std::vector<double> out_ref((size_t)check.M * check.N);
+    matmul_forward_cpu(out_ref.data(), h_inp.data(), h_weight.data(), h_bias.data(), check.M, check.N, check.K);
+
+    printf("\nchecked at %d x %d x %d, timed at %d x %d x %d (M x N x K)\n", check.M, check.N, check.K, bench.M,
+           bench.N, bench.K);
+    for (int v = 1; v <= 5; v++) {
+        if (only && v != only) continue;
+        char name[32];
+        snprintf(name, sizeof(name), "version %d", v);
+        if (v == 3 && !runs_here(name, gpu.arch >= 800, "sm_80 (mma.sync TF32)")) continue;
+        if (v >= 4 && !runs_here(name, gpu.wgmma, "the sm_90a build on compute capability 9.0 (wgmma)")) continue;
+        printf("%s\n", name);
+        poison(check.out, (size_t)check.M * check.N);
+        check.run(v);
+        validate_result(check.out, out_ref.data(), "out", out_ref.size(), 1e-4);
+        const int repeats = v == 1 ? 5 : 50;
+        const float ms = benchmark_kernel(repeats, [&] { bench.run(v); });
+        const double flops = 2.0 * bench.M * bench.N * bench.K;
+        printf("  time %.4f ms, %.1f TFLOP/s", ms, flops / ms / 1e9);
+        if (v == 5) {
+            const float product = benchmark_kernel(repeats, [&] {
+                matmul_product5(bench.out, bench.bias, bench.M, bench.N, bench.K, bench.s);
+            });
+            printf("; the product alone %.4f ms, %.1f TFLOP/s", product, flops / product / 1e9);
+        }
+        printf("\n");
+    }
+    printf("\nevery version run matches the CPU\n");
+    return 0;
+}
