@@ -33,8 +33,8 @@ from .gpt import GPT
 from .kernels import virtual
 from .tokenizer import ByteTokenizer, train_bpe
 from .train import DEFAULT_BATCH_SIZE, SIZE_FLAGS, cmd_train
-from .usage import (EXIT_USAGE, PeerFailed, UsageError, cuda_available, flag, pick_backend, read_checkpoint,
-                    run_tokenizer)
+from .usage import (EXIT_USAGE, PeerFailed, UsageError, check_memory, cuda_available, flag, pick_backend,
+                    read_checkpoint, run_tokenizer)
 
 
 class Parser(argparse.ArgumentParser):
@@ -58,7 +58,10 @@ def cmd_sample(args) -> int:
                          f"{tokenizer.vocab_size}: give the tokenizer it was trained with (--tokenizer)")
     if args.top_k is not None and args.top_k > saved.config.vocab_size:
         raise UsageError(f"--top-k {args.top_k} is above the model's vocab_size {saved.config.vocab_size}")
-    model = GPT.from_checkpoint(saved, backend=pick_backend(args.backend, quiet=True), variant=args.variant)
+    backend = pick_backend(args.backend, quiet=True)
+    check_memory(saved.config, backend, f"--num-samples {args.num_samples}", args.num_samples,
+                 saved.config.block_size, training=False)
+    model = GPT.from_checkpoint(saved, backend=backend, variant=args.variant)
     prompt = tokenizer.encode(prompt_text) if prompt_text else np.array([tokenizer.eot], np.int32)
     prompts = np.repeat(prompt[None], args.num_samples, axis=0)  # sampled together, one row each
     shown = 0 if prompt_text else 1  # an empty prompt starts at <|endoftext|>, which is not shown
@@ -132,6 +135,7 @@ def cmd_eval(args) -> int:
     except evaluate.EvalError as e:
         raise UsageError(str(e)) from None
     backend = pick_backend(args.backend, quiet=True)
+    check_memory(saved.config, backend, f"--batch-size {args.batch_size}", args.batch_size, T, training=False)
     model = GPT.from_checkpoint(saved, backend=backend, variant=args.variant)
     score = evaluate.score(model, tokenizer, text, T, args.batch_size, progress=not args.no_progress)
     print(evaluate.report(score, args, saved.step, backend))

@@ -64,15 +64,16 @@ def gradients(cfg: GPTConfig, B: int, T: int, new, attention_grads) -> SimpleNam
     return d
 
 
-def footprint(cfg: GPTConfig, B: int, T: int, fused: bool) -> int:
-    """The numbers a training step's buffers hold at (B, T): activations and gradients, attention fused or not
-    (a lower bound of what a backend allocates beside the four flat vectors)."""
+def footprint(cfg: GPTConfig, B: int, T: int, fused: bool, backward: bool = True) -> int:
+    """The numbers a forward's buffers (and with backward, its gradients') hold at (B, T), attention fused or not:
+    a lower bound of what a backend allocates beside its flat vectors."""
     count = [0]
 
     def new(*shape):
         count[0] += math.prod(shape)
     activations(cfg, B, T, new, attention.states(new, B, T, cfg.d_model, cfg.n_head, fused=fused))
-    gradients(cfg, B, T, new, lambda: attention.grad_buffers(new, B, T, cfg.d_model, cfg.n_head, fused=fused))
+    if backward:
+        gradients(cfg, B, T, new, lambda: attention.grad_buffers(new, B, T, cfg.d_model, cfg.n_head, fused=fused))
     return count[0]
 
 

@@ -18,16 +18,14 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from . import checkpoint, kernels
+from . import checkpoint
 from .config import GPTConfig
 from .data import BatchSampler, NotText, cached_tokens, load_tokens, split
 from .gpt import GPT
-from .model import footprint
-from .params import num_params
 from .runlog import StepLog
 from .runs import RunFolder, RunFolderError
 from .tokenizer import ByteTokenizer
-from .usage import UsageError, flag, open_tokenizer, pick_backend, read_checkpoint, run_tokenizer
+from .usage import UsageError, check_memory, flag, open_tokenizer, pick_backend, read_checkpoint, run_tokenizer
 
 # Without a GPU the command still runs, on a model small enough for numpy to train in seconds.
 CPU_SIZES = dict(n_layer=2, n_head=4, d_model=64, block_size=64)
@@ -213,28 +211,6 @@ def run_batch_size(extra: dict):
     return B if type(B) is int and B >= 1 else None
 
 
-def check_memory(config: GPTConfig, B: int, T: int, backend: str, flags: str) -> None:
-    """Refuses, before anything is allocated, a model and batch that cannot fit: the weights, gradients and
-    Adam moments, and one step's buffers (model.footprint), against the memory free on the device or host."""
-    fused = backend == "cuda"
-    need = 4 * (4 * num_params(config) + footprint(config, B, T, fused))
-    free = kernels.memory_free() if backend == "cuda" else host_memory_free()
-    if free is not None and need > free:
-        where = "on the GPU" if backend == "cuda" else "on this machine"
-        raise UsageError(f"{flags}: a {num_params(config) / 1e6:,.1f}M-parameter model at B={B}, T={T} needs "
-                         f"about {need / 2**30:,.1f} GiB, and {free / 2**30:,.1f} GiB is free {where}: lower "
-                         f"--batch-size, --seq-len or the model's sizes")
-
-
-def host_memory_free():
-    """Bytes of memory available to a new allocation (Linux's MemAvailable), or None where unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration, ValueError, IndexError):
-        return None
-
-
 def check_resume_flags(args, config: GPTConfig, T: int, extra: dict) -> None:
     """--resume continues the checkpoint's model: a size flag or a --seq-len that differs is refused."""
     changed = [f"{flag(k)} {getattr(args, k)} (the checkpoint's is {getattr(config, k)})"
@@ -261,8 +237,9 @@ def training_tokens(args, tokenizer, T):
         p = Path(args.data)
         if not p.exists():
             raise UsageError(f"--data {args.data}: no such file")
-        if p.is_dir():
-            raise UsageError(f"--data {args.data} is a folder; expected a UTF-8 text file")
+        if not p.is_file():
+            raise UsageError(f"--data {args.data} is {'a folder' if p.is_dir() else 'not a regular file'}; "
+                             f"expected a UTF-8 text file")
     try:  # a file is tokenized once, into a token file beside it that later runs map
         tokens = load_tokens(None, tokenizer) if args.data is None else \
             cached_tokens(args.data, tokenizer, progress=not args.no_progress)
@@ -324,9 +301,9 @@ def cmd_train(args) -> int:
     if T > config.block_size:
         raise UsageError(f"--seq-len {T} is above the model's block_size {config.block_size}")
     B = args.batch_size or (run_batch_size(extra) or world * DEFAULT_BATCH_SIZE) // world  # per process
-    check_memory(config, B, T, backend, " ".join(f"{flag(k)} {getattr(args, k)}" for k in
-                                                 ("batch_size", "seq_len", *SIZE_FLAGS) if getattr(args, k, None))
-                 or "the default sizes")
+    typed = " ".join(f"{flag(k)} {getattr(args, k)}" for k in ("batch_size", "seq_len", "eval_batches", *SIZE_FLAGS)
+                     if getattr(args, k, None))
+    check_memory(config, backend, typed, B, T, held=4 * args.eval_batches * world * B * (T + 1))  # + val batches
     train_tokens, val_tokens = training_tokens(args, tokenizer, T)
     train = BatchSampler(train_tokens, world * B, T, seed=args.seed)  # the global batch, dealt to the ranks
     val = BatchSampler(val_tokens, world * B, T, seed=args.seed + 1)

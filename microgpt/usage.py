@@ -6,6 +6,9 @@ from __future__ import annotations
 import sys
 
 from . import checkpoint, kernels
+from .config import GPTConfig
+from .model import footprint
+from .params import num_params
 from .tokenizer import BPETokenizer, recorded_tokenizer
 
 EXIT_USAGE = 2
@@ -42,6 +45,32 @@ def pick_backend(requested: str, quiet: bool = False) -> str:
     if not ok and not quiet:
         print(f"no GPU ({why}): training on the numpy backend, a small model on the CPU", file=sys.stderr)
     return "cuda" if ok else "numpy"
+
+
+def check_memory(config: GPTConfig, backend: str, flags: str, B: int, T: int, training: bool = True,
+                 held: int = 0) -> None:
+    """Refuses, before anything is allocated, what cannot fit in the memory free on the device or host: the
+    weights (and for training their gradients and Adam moments), one pass's buffers at (B, T) (model.footprint;
+    for sampling, the key-value cache too) and `held` bytes more. flags: what the user typed, for the message."""
+    vectors = 4 if training else 1
+    floats = vectors * num_params(config) + footprint(config, B, T, backend == "cuda", backward=training)
+    if not training:
+        floats += 2 * config.n_layer * B * config.block_size * config.d_model
+    need = 4 * floats + held
+    free = kernels.memory_free() if backend == "cuda" else host_memory_free()
+    if free is not None and need > free:
+        raise UsageError(f"{flags or 'the default sizes'}: a {num_params(config) / 1e6:,.1f}M-parameter model at "
+                         f"B={B}, T={T} needs about {need / 2**30:,.1f} GiB, and {free / 2**30:,.1f} GiB is free "
+                         f"{'on the GPU' if backend == 'cuda' else 'on this machine'}: lower the batch or the model's sizes")
+
+
+def host_memory_free():
+    """Bytes of memory available to a new allocation (Linux's MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
 
 
 def read_checkpoint(path, flag=None):

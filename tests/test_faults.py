@@ -90,6 +90,22 @@ def test_sizes_too_large_for_memory_are_refused_before_anything_is_allocated(tmp
     assert not (tmp_path / "run").exists()
 
 
+def test_eval_batches_too_many_for_memory_are_refused_before_any_is_drawn(tmp_path, corpus, capsys):
+    line = one_line_error(capsys, train(tmp_path, corpus, "--eval-batches", "1000000000"))
+    assert "--eval-batches 1000000000" in line and "GiB is free on this machine" in line
+
+
+@pytest.mark.parametrize("argv", [["sample", "{ckpt}", "--backend", "numpy", "--num-samples", "1000000000"],
+                                  ["eval", "{ckpt}", "--data", "{corpus}", "--backend", "numpy", "--batch-size",
+                                   "1000000000"]])
+def test_sample_and_eval_batches_too_large_for_memory_are_one_line(tmp_path, corpus, capsys, argv):
+    assert train(tmp_path, corpus) == 0
+    capsys.readouterr()
+    fill = dict(ckpt=str(tmp_path / "run" / "model.ckpt"), corpus=corpus)
+    line = one_line_error(capsys, main([a.format(**fill) for a in argv]))
+    assert f"{argv[-2]} 1000000000" in line and "GiB is free on this machine" in line
+
+
 @pytest.mark.parametrize("what", ["model.ckpt", ".lock", "model.ckpt.json"])
 def test_an_out_whose_run_files_are_folders_is_refused(tmp_path, corpus, capsys, what):
     (tmp_path / "run" / what).mkdir(parents=True)
