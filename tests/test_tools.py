@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from microgpt import GPTConfig
 from microgpt import kernels as K
 from microgpt.kernels import runtime
 from microgpt import ops as O
@@ -204,3 +205,41 @@ def test_bench_compare_matches_the_rows_of_two_trees_and_skips_what_cannot_run()
         assert "no CUDA GPU" in train[0]["skipped"]
     bad = run("bench_compare.py", "--base", os.path.join(root, "nowhere"))
     assert bad.returncode == 2 and "--base" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------------------------------------- MFU and ceilings
+def _tool(monkeypatch, name):
+    monkeypatch.syspath_prepend(TOOLS)
+    return importlib.import_module(name)
+
+
+@pytest.fixture
+def fake_engine(monkeypatch):
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH (the kernels' formats come from it)")
+    monkeypatch.setattr(runtime, "_engine", FakeEngine(K.kernel_signatures()))
+
+
+def test_the_ceiling_is_the_best_measured_product_rate(monkeypatch, fake_engine):
+    timing = _tool(monkeypatch, "timing")
+    gpt2, measured = GPTConfig.preset("gpt2-124m"), []
+
+    def measure(M, N, K_, trans_a, trans_b, stream):
+        measured.append((M, N, K_, trans_a, trans_b))
+        return (170.0 if M == N == K_ == 8192 else 150.0), ["k_gemm_wg_split"]
+    c = timing.product_ceiling([(gpt2, 8, 1024)], None, measure)
+    N, V, C = 8 * 1024, 50257, 768
+    assert measured == [(8192, 8192, 8192, False, True), (N, V, C, False, True), (N, C, V, False, False),
+                        (V, C, N, True, False), (N, 4 * C, C, False, True)]
+    assert c["measured"] and c["tflops"] == 170.0 and c["source"].startswith("measured") and "8192^3" in c["source"]
+    assert [r["tflops"] for r in c["shapes"]] == [170.0, 150.0, 150.0, 150.0, 150.0]
+
+
+def test_the_described_peak_stands_in_only_where_the_measurement_fails(monkeypatch, fake_engine):
+    timing = _tool(monkeypatch, "timing")
+
+    def measure(*shape):
+        raise MemoryError("out of memory")
+    c = timing.product_ceiling([(GPTConfig.preset("andrea-12m"), 4, 256)], None, measure)
+    assert not c["measured"] and c["tflops"] == 165.0  # microgpt.kernels.virtual's H200
+    assert c["source"].startswith("described, not measured") and "MemoryError: out of memory" in c["source"]
