@@ -72,6 +72,16 @@ def test_profile_step_quick():
         assert sum(row["ms"] for row in r["kernels"] if row["phase"] == phase) == pytest.approx(total)
         assert 0 < total < r["step_ms"]
     assert all(row["ms"] >= 0 and row["launches"] >= 1 for row in r["kernels"])
+    # the same time by op, each with its work and its share of the ceilings measured in the run
+    for phase, total in r["phases_ms"].items():
+        assert sum(row["ms"] for row in r["ops"] if row["phase"] == phase) == pytest.approx(total)
+    assert r["ceiling_shapes"] and r["ceiling_tflops"] > 1 and r["copy_gbs"] > 100 and 0 < r["mfu"] < 1
+    assert [row["ms"] for row in r["ops"]] == sorted((row["ms"] for row in r["ops"]), reverse=True)
+    for row in r["ops"]:
+        assert row["bytes"] > 0 and 0 < row["of_ceiling"] <= 1.5, row
+    bound = {row["op"].split(" (")[0]: row["bound"] for row in r["ops"]}
+    assert bound["matmul_fwd"] == "flops" and bound["layernorm_fwd"] == "bytes"
+    assert "of ceiling" in run("profile_step.py", "--quick").stdout  # the table
 
 
 def test_profile_decode_quick():

@@ -146,7 +146,7 @@ def test_bench_train_quick_runs_on_the_cpu_without_an_mfu():
     assert table.returncode == 0 and re.search(r"microgpt \(numpy\).* -\s+-$", table.stdout, re.M), table.stdout
 
 
-@pytest.mark.parametrize("script", ["bench_train.py"])
+@pytest.mark.parametrize("script", ["bench_train.py", "profile_step.py"])
 def test_the_help_says_how_the_ceiling_is_measured(script):
     text = " ".join(run(script, "--help").stdout.split())
     for words in ("3xTF32 ceiling measured in the same run", "sgemm(units='tc')", "8192^3", "best of 5",
@@ -276,6 +276,47 @@ def test_bench_compare_matches_the_rows_of_two_trees_and_skips_what_cannot_run()
 def _tool(monkeypatch, name):
     monkeypatch.syspath_prepend(TOOLS)
     return importlib.import_module(name)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH (the plans' formats come from it)")
+@pytest.mark.parametrize("variant", ["reference", "fast", "tc"])
+def test_profile_step_counts_each_ops_flops_and_bytes(monkeypatch, variant):
+    """Every op of the recorded plans has its work counted (microgpt.info.step_plans: the plans on a described
+    H200): the products' FLOPs are 6 a weight that multiplies a token, and 12 a causal (query, key) pair a layer
+    times d_model, whichever kernels run them; the declared FLOPs of the rest (GELU) at their arguments' sizes."""
+    from microgpt.info import step_plans
+    P = _tool(monkeypatch, "profile_step")
+    L, NH, C, B, T, V = 2, 4, 128, 2, 256, 97
+    with P.counting_work() as work:
+        plans = step_plans(GPTConfig(n_layer=L, n_head=NH, d_model=C, block_size=T, vocab_size=V), variant, B, T)
+    products = set(P.PRODUCT_FLOPS)
+    flops = {"products": 0, "gelu": 0}
+    for plan in plans.values():
+        counted = work[id(plan)]
+        assert set(counted) == {e.op for e in plan}, variant  # each op of the plan, and nothing else
+        assert all(nbytes > 0 for _, nbytes in counted.values()), counted
+        for op, (f, _) in counted.items():
+            name = op.split(" (")[0]
+            flops["products"] += f if name in products else 0
+            flops["gelu"] += f if name.startswith("gelu") else 0
+    weights = L * 12 * C * C + V * C  # the linear layers' and the tied lm_head's
+    assert flops["products"] == 6 * B * T * weights + L * 12 * B * T * (T + 1) // 2 * C
+    assert flops["gelu"] == L * (40 + 64) * B * T * C  # ops.OPS' declarations: gelu_fwd's and gelu_bwd's
+    assert ("weight splits" in work[id(plans["forward"])]) == (variant == "tc")
+
+
+def test_profile_step_rows_are_slowest_first_against_their_ceiling(monkeypatch):
+    P = _tool(monkeypatch, "profile_step")
+    rows = P.op_rows({("backward", "matmul_bwd (tc)"): [3, 2.0, 100e9, 1e8],  # 50 TFLOP/s
+                      ("forward", "gelu_fwd (fast)"): [1, 0.5, 1e6, 2e9],    # 4,000 GB/s
+                      ("forward", "weight splits"): [1, 0.0, 0, 0]}, step_ms=10.0, tflops=100.0, gbs=5000.0)
+    assert [r["op"] for r in rows] == ["matmul_bwd (tc)", "gelu_fwd (fast)", "weight splits"]
+    assert rows[0]["bound"] == "flops" and rows[0]["of_ceiling"] == pytest.approx(0.5)
+    assert rows[0]["tflops"] == pytest.approx(50.0) and rows[0]["share"] == pytest.approx(0.2)
+    assert rows[1]["bound"] == "bytes" and rows[1]["of_ceiling"] == pytest.approx(0.8)
+    assert rows[2]["of_ceiling"] is None and rows[2]["bound"] is None  # no time, no work: no share
+    no_ceiling = P.op_rows({("backward", "matmul_bwd (tc)"): [3, 2.0, 100e9, 1e8]}, 10.0, None, 5000.0)
+    assert no_ceiling[0]["bound"] == "bytes"  # without a FLOP ceiling only the bytes bound it
 
 
 @pytest.fixture
