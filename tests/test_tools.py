@@ -350,3 +350,14 @@ def test_the_described_peak_stands_in_only_where_the_measurement_fails(monkeypat
     assert not c["measured"] and c["tflops"] == 165.0  # microgpt.kernels.virtual's H200
     assert c["source"].startswith("described, not measured") and "MemoryError: out of memory" in c["source"]
 
+
+def test_bench_compare_matches_bench_trains_rows_with_an_older_trees(monkeypatch):
+    """A tree from before bench_train timed several presets reported the first one's variants alone: its rows are
+    named as the first preset's rows are now, and the other presets' rows are named after their preset."""
+    compare = _tool(monkeypatch, "bench_compare")
+    older = {"preset": "andrea-120m", "variants": {"tc": {"step_ms": 80.0}}}
+    newer = {"preset": "andrea-120m", "variants": {"tc": {"step_ms": 79.0}},
+             "rows": [{"preset": "andrea-120m", "variant": "tc", "step_ms": 79.0},
+                      {"preset": "gpt2-124m", "variant": "tc", "step_ms": 101.0}]}
+    assert compare.figures("train", older) == {"step tc": 80.0}
+    assert compare.figures("train", newer) == {"step tc": 79.0, "gpt2-124m step tc": 101.0}
