@@ -117,13 +117,22 @@ def flops_per_token(config, T: int) -> int:
     return from_weights + 12 * config.n_layer * T * config.d_model
 
 
+def described_peak(arch: str) -> float | None:
+    """The 3xTF32 tensor-core FLOP/s that microgpt.kernels.virtual describes for GPUs of arch; None for others."""
+    return next((d.peak_flops for d in virtual.DEVICES.values() if d.arch == arch and d.peak_flops), None)
+
+
 def peak_flops(model) -> float | None:
-    """The FLOP/s MFU is relative to: the 3xTF32 tensor-core peak that microgpt.kernels.virtual describes for the
-    GPU's architecture; None on the CPU or a GPU it does not describe."""
+    """The FLOP/s MFU is relative to: the described 3xTF32 peak of the GPU's architecture (described_peak); None on
+    the CPU or a GPU it does not describe."""
     if not isinstance(model.backend, CudaBackend):
         return None
-    arch = kernels.engine().arch
-    return next((d.peak_flops for d in virtual.DEVICES.values() if d.arch == arch and d.peak_flops), None)
+    return described_peak(kernels.engine().arch)
+
+
+def progress_postfix(loss: float, tok_s: float, mfu: float | None) -> dict:
+    """The training progress bar's figures: loss, tokens/s and, on the GPU (mfu not None), the MFU in percent."""
+    return {"loss": f"{loss:.3f}", "tok_s": f"{tok_s:,.0f}"} | ({} if mfu is None else {"mfu": f"{100 * mfu:.1f}%"})
 
 
 def _figure(x: float) -> float:
@@ -137,11 +146,15 @@ class StepLog:
 
     def __init__(self, log: RunLog | None, model, T: int, tokens_per_step: int, every: int, world: int = 1):
         self.log, self.model, self.tokens_per_step, self.every = log, model, tokens_per_step, every
-        peak = peak_flops(model) if log is not None else None
+        peak = peak_flops(model)
         self.flops_per_s = None if peak is None else peak * world  # every process's GPU
         self.flops_per_token = flops_per_token(model.config, T)
         self.base = (log.last or {}).get("elapsed", 0.0) if log is not None else 0.0
         self.paused = 0.0  # seconds of untimed calls since the line before
+
+    def mfu(self, tok_s: float) -> float | None:
+        """The model FLOPs a second at tok_s tokens/s over the GPUs' peak (peak_flops); None on the CPU."""
+        return None if self.flops_per_s is None else self.flops_per_token * tok_s / self.flops_per_s
 
     def untimed(self, fn):
         """fn, the time of its calls left out of tok_s: evaluating and checkpointing are not training."""
@@ -169,7 +182,7 @@ class StepLog:
         record = {"step": step, "elapsed": round(self.base + now - self.t0, 3), "train_loss": _figure(loss),
                   "lr": _figure(lr), "grad_norm": _figure(self.model.last_grad_norm), "tok_s": round(tok_s, 1)}
         if self.flops_per_s is not None:
-            record["mfu"] = _figure(self.flops_per_token * tok_s / self.flops_per_s)
+            record["mfu"] = _figure(self.mfu(tok_s))
         if val_loss is not None:
             record["val_loss"] = _figure(val_loss)
         self._write(record)

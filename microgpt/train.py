@@ -22,7 +22,7 @@ from . import checkpoint
 from .config import GPTConfig
 from .data import BatchSampler, NotText, cached_tokens, load_tokens, split
 from .gpt import GPT
-from .runlog import StepLog
+from .runlog import StepLog, progress_postfix
 from .runs import RunFolder, RunFolderError
 from .tokenizer import ByteTokenizer
 from .usage import UsageError, check_memory, flag, open_tokenizer, pick_backend, read_checkpoint, run_tokenizer
@@ -160,7 +160,7 @@ def train_loop(model, ckpt, train, val, args, tokenizer, resumed=False, dp=None,
             model.step(lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip)
             done = step + 1
             tok_s = tokens_per_step * (done - first) / (time.perf_counter() - t0)
-            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}")
+            bar.set_postfix(progress_postfix(loss, tok_s, watch.mfu(tok_s)))
             val_loss = None
             if lead and (done % args.eval_every == 0 or done == args.steps):
                 val_loss = evaluate()

@@ -44,11 +44,19 @@ def test_bench_attention_quick():
 
 
 def test_bench_train_quick():
+    """The step timed, and its MFU over the 3xTF32 ceiling measured in the run (the square product's and the
+    model's; at --quick's small shapes the square one is the best)."""
+    from microgpt import GPTConfig
+    from microgpt.runlog import flops_per_token
     res = run("bench_train.py", "--quick", "--json")
     assert res.returncode == 0, res.stdout + res.stderr
     r = json.loads(res.stdout)
-    assert r["microgpt_tokens_per_s"] > 0 and r["losses_finite"]
+    assert r["backend"] == "cuda" and r["microgpt_tokens_per_s"] > 0 and r["losses_finite"]
     assert (r["ratio_vs_torch"] is None) == (r["torch_tokens_per_s"] is None)
+    assert r["model_flops_per_step"] == flops_per_token(GPTConfig.preset("andrea-12m"), 256) * 4 * 256
+    assert r["ceiling"]["measured"] and len(r["ceiling"]["shapes"]) == 5, r["ceiling"]
+    assert r["ceiling_tflops"] == max(s["tflops"] for s in r["ceiling"]["shapes"]) > 1
+    assert 0 < r["mfu"] < 1 and r["mfu"] == pytest.approx(r["microgpt_tflops"] / r["ceiling_tflops"])
 
 
 def test_profile_step_quick():
@@ -64,6 +72,16 @@ def test_profile_step_quick():
         assert sum(row["ms"] for row in r["kernels"] if row["phase"] == phase) == pytest.approx(total)
         assert 0 < total < r["step_ms"]
     assert all(row["ms"] >= 0 and row["launches"] >= 1 for row in r["kernels"])
+    # the same time by op, each with its work and its share of the ceilings measured in the run
+    for phase, total in r["phases_ms"].items():
+        assert sum(row["ms"] for row in r["ops"] if row["phase"] == phase) == pytest.approx(total)
+    assert r["ceiling_shapes"] and r["ceiling_tflops"] > 1 and r["copy_gbs"] > 100 and 0 < r["mfu"] < 1
+    assert [row["ms"] for row in r["ops"]] == sorted((row["ms"] for row in r["ops"]), reverse=True)
+    for row in r["ops"]:
+        assert row["bytes"] > 0 and 0 < row["of_ceiling"] <= 1.5, row
+    bound = {row["op"].split(" (")[0]: row["bound"] for row in r["ops"]}
+    assert bound["matmul_fwd"] == "flops" and bound["layernorm_fwd"] == "bytes"
+    assert "of ceiling" in run("profile_step.py", "--quick").stdout  # the table
 
 
 def test_profile_decode_quick():

@@ -184,6 +184,29 @@ def test_the_model_flops_a_token_are_nanogpts_estimate():
     assert flops_per_token(GPTConfig.preset("gpt2-124m"), 1024) == 6 * 123_653_376 + 12 * 12 * 768 * 1024
 
 
+def test_the_model_flops_a_token_are_three_passes_of_its_products():
+    """Counted by hand: a token's forward products (2 FLOPs a multiply-add; the attention's over all T positions,
+    as nanoGPT counts it), three times for the forward and backward, and 6 a parameter outside them."""
+    L, NH, C, T, V = 2, 2, 16, 8, 11
+    config = GPTConfig(n_layer=L, n_head=NH, d_model=C, block_size=32, vocab_size=V)
+    block = 2 * (3 * C * C + C * C + 4 * C * C + 4 * C * C)  # qkv, attn.proj, mlp.fc, mlp.proj
+    attention = 2 * T * C + 2 * T * C                          # q . k over T keys, probs @ v
+    forward = L * (block + attention) + 2 * C * V              # and the tied lm_head
+    outside = L * (3 * C + C + 4 * C + C + 2 * 2 * C) + 2 * C  # biases, layernorms, the final layernorm
+    assert flops_per_token(config, T) == 3 * forward + 6 * outside
+
+
+def test_the_progress_bar_shows_the_mfu_on_the_gpu(monkeypatch):
+    assert runlog.progress_postfix(2.41318, 103456.4, 0.41873) == {"loss": "2.413", "tok_s": "103,456",
+                                                                    "mfu": "41.9%"}
+    assert runlog.progress_postfix(2.41318, 103456.4, None) == {"loss": "2.413", "tok_s": "103,456"}  # the CPU
+    model = GPT(GPTConfig(1, 2, 8, 4, 11))
+    assert StepLog(None, model, T=4, tokens_per_step=8, every=1).mfu(1000.0) is None
+    monkeypatch.setattr(runlog, "peak_flops", lambda model: 1e9)  # a GPU's: the bar's figure is the log's
+    watch = StepLog(None, model, T=4, tokens_per_step=8, every=1, world=2)
+    assert watch.mfu(1000.0) == pytest.approx(flops_per_token(model.config, 4) * 1000.0 / 2e9)
+
+
 def test_mfu_is_the_model_flops_per_second_over_the_peak(tmp_path, monkeypatch):
     model = GPT(GPTConfig(1, 2, 8, 4, 11))
     assert runlog.peak_flops(model) is None  # the CPU: no mfu
@@ -208,4 +231,4 @@ def test_the_progress_bar_shows_tok_s_and_a_resumed_run_counts_from_its_step(tmp
     assert main(["train", *bar, "--data", corpus, "--steps", "20", "--out", str(tmp_path), "--resume"]) == 0
     err = capsys.readouterr().err
     counts = [int(n) for n in re.findall(r"\| *(\d+)/20 \[", err)]
-    assert counts[0] == 12 and counts[-1] == 20 and "tok_s=" in err, err
+    assert counts[0] == 12 and counts[-1] == 20 and "tok_s=" in err and "mfu=" not in err, err  # no mfu: the CPU

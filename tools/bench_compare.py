@@ -28,8 +28,11 @@ NO_PEER = {"train": ["--no-torch"], "attention": [], "generate": ["--no-peer"]}
 
 def figures(bench: str, result: dict) -> dict:
     """row name -> seconds (or ms) of microgpt's own time, from a benchmark's JSON."""
-    if bench == "train":
+    if bench == "train" and "rows" not in result:  # a tree before several presets: the first one's variants
         return {f"step {v}": r["step_ms"] for v, r in result["variants"].items()}
+    if bench == "train":  # the first preset's rows named as before, so that they match such a tree's
+        return {(f"step {r['variant']}" if r["preset"] == result["preset"] else f"{r['preset']} step {r['variant']}"):
+                r["step_ms"] for r in result["rows"]}
     if bench == "attention":
         return {f"T={r['T']} {r['who']} {part}": r[key] for r in result["rows"] if r["who"].startswith("microgpt")
                 for part, key in (("fwd", "fwd_ms"), ("fwd+bwd", "fwd_bwd_ms"))}

@@ -1,20 +1,33 @@
-"""What the tools share: the one-line stop where there is no GPU, and median timings with CUDA events,
-of our launches (PyCUDA events on a stream) and of PyTorch's (torch events)."""
+"""What the tools share: the one-line stop where there is no GPU, median timings with CUDA events, of our
+launches (PyCUDA events on a stream) and of PyTorch's (torch events), and the GPU's ceilings measured with them:
+the copy bandwidth, and the 3xTF32 rate that MFU is relative to (product_ceiling)."""
 from __future__ import annotations
 
 import statistics
 import sys
+import textwrap
+
+import numpy as np
 
 from microgpt import kernels
+from microgpt.runlog import described_peak
+
+
+def gpu_or_none() -> tuple[str | None, str]:
+    """(the device's summary, ""), or (None, why) where PyCUDA or a GPU is missing."""
+    try:
+        return kernels.device_summary(), ""
+    except Exception as e:  # no pycuda, no driver, no device
+        return None, str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
 def gpu_or_exit(tool: str) -> str:
     """The device's summary; where PyCUDA or a GPU is missing, one line saying so and exit status 2."""
-    try:
-        return kernels.device_summary()
-    except Exception as e:  # no pycuda, no driver, no device
-        print(f"{tool}: no CUDA GPU here ({str(e).splitlines()[0] if str(e) else type(e).__name__})")
+    device, why = gpu_or_none()
+    if device is None:
+        print(f"{tool}: no CUDA GPU here ({why})")
         sys.exit(2)
+    return device
 
 
 # A kernel that keeps the GPU busy while the host queues the start event and the launches to time: without
@@ -49,6 +62,11 @@ def cuda_median_ms(launch, iters, warmup, stream, rotate=None, batch=1):
     does not flatter. batch > 1: each timing spans `batch` launches queued back to back, as a step queues
     its kernels, and counts their mean: one launch alone also counts the GPU's own gap between the start
     event and the kernel, a large share of a kernel of a few microseconds."""
+    return statistics.median(cuda_times_ms(launch, iters, warmup, stream, rotate, batch))
+
+
+def cuda_times_ms(launch, iters, warmup, stream, rotate=None, batch=1) -> list[float]:
+    """The `iters` timings that cuda_median_ms takes the median of, in order."""
     cuda = kernels.engine().cuda
     for _ in range(warmup):
         launch(stream)
@@ -63,7 +81,7 @@ def cuda_median_ms(launch, iters, warmup, stream, rotate=None, batch=1):
         end.record(stream)
         end.synchronize()
         times.append(end.time_since(start) / batch)
-    return statistics.median(times)
+    return times
 
 
 def torch_median_ms(fn, iters, warmup, batch=1):
@@ -83,3 +101,90 @@ def torch_median_ms(fn, iters, warmup, batch=1):
         e.synchronize()
         times.append(s.elapsed_time(e) / batch)
     return statistics.median(times)
+
+
+# ---------------------------------------------------------------------------------------------- ceilings
+def copy_bandwidth(stream, nbytes=2 << 30):
+    """Device-to-device copy, GB/s counting bytes read and written."""
+    cuda = kernels.engine().cuda
+    src, dst = cuda.mem_alloc(nbytes), cuda.mem_alloc(nbytes)
+    cuda.memset_d32(src, 0x3F800000, nbytes // 4)
+    ms = cuda_median_ms(lambda s: cuda.memcpy_dtod_async(dst, src, nbytes, s), 10, 3, stream)
+    return 2 * nbytes / ms / 1e6
+
+
+SQUARE = 8192  # the square product of the ceiling: large enough to fill any GPU's tensor cores
+CEILING_ITERS = 5
+CEILING_HELP = textwrap.fill(  # the tools' --help epilog
+    f"MFU is the model's FLOPs a second (microgpt.runlog.flops_per_token: nanoGPT's 6 a weight plus 12 * n_layer * "
+    f"T * d_model a token, the count the training log's mfu uses) over the 3xTF32 ceiling measured in the same run "
+    f"on this GPU: microgpt's own fastest FP32-accurate product, sgemm(units='tc') (3xTF32 on the tensor cores; the "
+    f"SIMT SGEMM before sm_80), on random operands (split into TF32 hi and lo beforehand, untimed, where the kernel "
+    f"reads them split, as the model's weights are), "
+    f"at {SQUARE}^3 and at each model's largest products (the lm_head's forward, dX and dW and mlp.fc's forward, "
+    f"B*T rows), each the best of {CEILING_ITERS} launches timed with CUDA events; the ceiling is the best rate of "
+    f"these. Only where that measurement cannot run, the 3xTF32 peak microgpt.kernels.virtual describes for the "
+    f"GPU, and the output says so.", 116)
+
+
+def ceiling_shapes(models) -> list[tuple[str, int, int, int, bool, bool]]:
+    """(label, M, N, K, trans_a, trans_b) of the products product_ceiling times: SQUARE^3 laid out as a linear layer's
+    forward, and for each (config, B, T) of models its largest: the lm_head's forward, dX and dW, and mlp.fc's
+    forward, at N = B*T rows (out = inp @ W^T, dinp = dout @ W, dW = dout^T @ inp)."""
+    shapes = [(f"{SQUARE}^3", SQUARE, SQUARE, SQUARE, False, True)]
+    for cfg, B, T in models:
+        N, C, V = B * T, cfg.d_model, cfg.vocab_size
+        shapes += [(f"lm_head fwd {N}x{V}x{C}", N, V, C, False, True),
+                   (f"lm_head dX {N}x{C}x{V}", N, C, V, False, False),
+                   (f"lm_head dW {V}x{C}x{N}", V, C, N, True, False),
+                   (f"mlp.fc fwd {N}x{4 * C}x{C}", N, 4 * C, C, False, True)]
+    return list(dict.fromkeys(shapes))
+
+
+def random_array(shape, rng, block=1 << 24):
+    """A float32 device array of shape: `block` standard normals drawn on the host, repeated to fill it (drawing
+    every one would take seconds at the lm_head's sizes)."""
+    e = kernels.engine()
+    n, out = int(np.prod(shape)), e.ga.empty(shape, np.float32)
+    src = e.ga.to_gpu(rng.standard_normal(min(n, block), dtype=np.float32))
+    for start in range(0, n, block):
+        e.cuda.memcpy_dtod(int(out.gpudata) + 4 * start, src.gpudata, 4 * min(block, n - start))
+    return out
+
+
+def product_tflops(M, N, K, trans_a, trans_b, stream, iters=CEILING_ITERS) -> tuple[float, list[str]]:
+    """TFLOP/s of the tc variant's product c = op(a) @ op(b) at M x N x K (the best of `iters` launches) on random
+    operands, its split into TF32 hi and lo done once beforehand and not timed; and the kernels it ran."""
+    rng = np.random.default_rng(0)
+    a, b = random_array((K, M) if trans_a else (M, K), rng), random_array((N, K) if trans_b else (K, N), rng)
+    c = kernels.engine().ga.empty((M, N), np.float32)
+    plan = kernels.Plan()  # holds the split operands' workspace while its product launches replay
+    kernels.sgemm(c, a, b, trans_a=trans_a, trans_b=trans_b, units="tc", stream=plan)
+    kernels.replay(plan, stream, "ceiling")
+    products = kernels.Plan()
+    products.extend(launch for launch in plan if not launch[0].startswith("k_tf32_split"))
+    times = cuda_times_ms(lambda s: kernels.replay(products, s, "ceiling"), iters, 2, stream)
+    return 2 * M * N * K / min(times) / 1e9, sorted({launch[0] for launch in products})
+
+
+def product_ceiling(models, stream, measure=product_tflops) -> dict:
+    """The 3xTF32 ceiling as CEILING_HELP says: {"tflops", "source", "measured": True/False, "shapes": each
+    shape's label and TFLOP/s}. Falls back to the described peak (None where there is none) only where the
+    measurement raises."""
+    rows = []
+    try:
+        for label, M, N, K, trans_a, trans_b in ceiling_shapes(models):
+            tflops, ran = measure(M, N, K, trans_a, trans_b, stream)
+            rows.append(dict(shape=label, tflops=tflops, kernels=ran))
+    except Exception as e:  # out of memory, a kernel that fails: no measured ceiling
+        why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
+        peak = described_peak(kernels.engine().arch)
+        source = (f"described, not measured: the {peak / 1e12:.0f} TFLOP/s peak microgpt.kernels.virtual gives "
+                  f"{kernels.engine().arch} (the measurement failed: {why})" if peak else
+                  f"none: the measurement failed ({why}) and microgpt.kernels.virtual describes no peak for "
+                  f"{kernels.engine().arch}")
+        return dict(tflops=peak / 1e12 if peak else None, source=source, measured=False, shapes=rows)
+    best = max(rows, key=lambda r: r["tflops"])
+    source = (f"measured: microgpt's tc product, best at {best['shape']} ({', '.join(best['kernels'])}), "
+              f"of {len(rows)} shapes")
+    return dict(tflops=best["tflops"], source=source, measured=True, shapes=rows)
