@@ -33,7 +33,7 @@ from microgpt.ops import VARIANTS
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernel_cases import Shape, build_cases, model_params  # noqa: E402
-from timing import cuda_median_ms, gpu_or_exit, torch_median_ms  # noqa: E402
+from timing import cuda_copy_gbs, cuda_median_ms, gpu_or_exit, torch_median_ms  # noqa: E402
 
 
 SHORT_MS = 0.25  # kernels faster than this are timed over a batch of launches (--batch)
@@ -72,15 +72,6 @@ def graph_ms(plans, batch, iters, stream):
         return cuda_median_ms(graph.launch, iters, 1, stream) / batch
     finally:
         graph.release()
-
-
-def copy_bandwidth(stream, nbytes=2 << 30):
-    """Device-to-device copy, GB/s counting bytes read and written."""
-    cuda = K.engine().cuda
-    src, dst = cuda.mem_alloc(nbytes), cuda.mem_alloc(nbytes)
-    cuda.memset_d32(src, 0x3F800000, nbytes // 4)
-    ms = cuda_median_ms(lambda s: cuda.memcpy_dtod_async(dst, src, nbytes, s), 10, 3, stream)
-    return 2 * nbytes / ms / 1e6
 
 
 def matmul_rate(n=8192, tf32=False):
@@ -278,7 +269,7 @@ def main() -> int:
     shape = Shape(args.B, args.T or cfg.block_size, cfg.d_model, cfg.n_head, cfg.vocab_size)
     variants = tuple(VARIANTS) if args.variant == "all" else (args.variant,)
     stream = K.engine().cuda.Stream()
-    bw = copy_bandwidth(stream)
+    bw = cuda_copy_gbs(stream)
     rate, rate_source = (None, "skipped (--no-torch)") if args.no_torch else matmul_rate()
     rate_tf32 = None if args.no_torch or rate is None else matmul_rate(tf32=True)[0]
     peers = {} if args.no_torch else torch_peers(shape)

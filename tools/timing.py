@@ -1,11 +1,17 @@
-"""What the tools share: the one-line stop where there is no GPU, and median timings with CUDA events,
-of our launches (PyCUDA events on a stream) and of PyTorch's (torch events)."""
+"""What the tools share: the one-line stop where there is no GPU, median timings with CUDA events, of our
+launches (PyCUDA events on a stream) and of PyTorch's (torch events), the copy bandwidth on the GPU and on
+the CPU, and the bytes a decode step must read, the two that bound a decode step's time from below."""
 from __future__ import annotations
 
 import statistics
 import sys
+import time
+
+import numpy as np
 
 from microgpt import kernels
+from microgpt.config import GPTConfig
+from microgpt.params import param_table
 
 
 def gpu_or_exit(tool: str) -> str:
@@ -83,3 +89,40 @@ def torch_median_ms(fn, iters, warmup, batch=1):
         e.synchronize()
         times.append(s.elapsed_time(e) / batch)
     return statistics.median(times)
+
+
+def cuda_copy_gbs(stream, nbytes=2 << 30) -> float:
+    """GB/s of a device-to-device copy of nbytes (the median of 10), counting bytes read and written."""
+    cuda = kernels.engine().cuda
+    src, dst = cuda.mem_alloc(nbytes), cuda.mem_alloc(nbytes)
+    cuda.memset_d32(src, 0x3F800000, nbytes // 4)
+    ms = cuda_median_ms(lambda s: cuda.memcpy_dtod_async(dst, src, nbytes, s), 10, 3, stream)
+    return 2 * nbytes / ms / 1e6
+
+
+def host_copy_gbs(nbytes=256 << 20, repeats=5) -> float:
+    """GB/s of np.copyto of nbytes in host memory (the best of `repeats`, the first touching the pages),
+    counting bytes read and written, as cuda_copy_gbs does."""
+    src, dst = np.ones(nbytes // 4, np.float32), np.zeros(nbytes // 4, np.float32)
+    best = np.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * nbytes / best / 1e9
+
+
+def decode_reads(cfg: GPTConfig, B: int, pos: int) -> dict[str, int]:
+    """Bytes (FP32) of weights and cache each op of a decode step at position pos reads, as model.forward calls
+    them: matmul_fwd the linear weights and biases and all of wte (the tied lm_head); attention_decode each
+    layer's keys and values 0..pos of B sequences; the layernorms their gains and biases; embed_decode wpe's row
+    pos (its B rows of wte are the lm_head's, counted there). Activations (a few vectors a sequence) are not
+    counted. Summed: what the step must read, every weight once, wpe one row, and the cache."""
+    C, L, n = cfg.d_model, cfg.n_layer, {}
+    for spec in param_table(cfg):
+        op = ("matmul_fwd" if spec.name == "wte" or ".attn." in spec.name or ".mlp." in spec.name else
+              "embed_decode" if spec.name == "wpe" else
+              "layernorm_fwd" if spec.name.startswith("h.0.ln1.") else "residual_layernorm_fwd")
+        n[op] = n.get(op, 0) + (C if spec.name == "wpe" else spec.size)
+    n["attention_decode"] = 2 * L * B * (pos + 1) * C
+    return {op: 4 * k for op, k in n.items()}
