@@ -120,7 +120,8 @@ def print_row(row, args, peer_note, copy_gbs, copy_how, first) -> None:
     """A line of the table; with the first row, the heading before it."""
     if first:
         print(f"sampling, greedy, {args.new} new tokens a row, backend {args.backend}"
-              f"{'; ' + row['note'] if row['note'] else ''}; peer: {peer_note}; {copy_how} {copy_gbs:,.1f} GB/s")
+              f"{'; ' + row['note'] if row['note'] else ''}; peer: {peer_note}; copy bandwidth "
+              f"{copy_gbs:,.1f} GB/s ({copy_how})")
         print(f"{'model':<14}{'B':>3}{'prompt':>8}{'microgpt tok/s':>16}{'peer tok/s':>12}{'ratio':>9}"
               f"{'decode tok/s':>14}{'MB/step':>10}{'limit tok/s':>13}{'% limit':>9}")
     peer = f"{row['peer_tok_s']:>12,.0f}{row['ratio']:>8.2f}x" if "ratio" in row else f"{'-':>12}{'-':>9}"
