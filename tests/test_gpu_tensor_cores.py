@@ -6,7 +6,6 @@ dW product, against the fast variant's column sums; and they repeat bit for bit.
 
 The errors are ||out - ref|| / ||ref|| in float64; conftest prints the worst of each at the end of the run.
 """
-import contextlib
 import functools
 
 import numpy as np

@@ -85,7 +85,8 @@ def test_profile_step_quick():
 
 
 def test_profile_decode_quick():
-    """A decode step's kernels each timed, the graph's GPU time, and k_sample for each way of choosing."""
+    """A decode step's ops and kernels each timed, the graph's GPU time against its reads' limit, and k_sample
+    for each way of choosing."""
     res = run("profile_decode.py", "--quick", "--json")
     assert res.returncode == 0, res.stdout + res.stderr
     (r,) = json.loads(res.stdout)["rows"]
@@ -94,6 +95,11 @@ def test_profile_decode_quick():
     assert sum(k["launches"] for k in r["kernels"]) == r["launches"]
     assert r["graph"] and 0 < r["graph_ms"] and r["step_ms"] > 0 and r["tokens_per_s"] > 0
     assert all(k["us"] > 0 for k in r["kernels"]) and len(r["sample"]) == 5 and all(c["us"] > 0 for c in r["sample"])
+    # by op: every launch once; the reads of the ops that read weights or the cache add up to the step's
+    assert sum(o["launches"] for o in r["ops"]) == r["launches"] and all(o["us"] > 0 for o in r["ops"])
+    assert sum(o["bytes"] for o in r["ops"] if o["bytes"]) == r["reads_bytes"]
+    assert any(o["op"].startswith("matmul_fwd") and o["gbs"] > 0 for o in r["ops"])
+    assert r["pct_of_limit"] == pytest.approx(100 * r["limit_ms"] / r["graph_ms"]) and r["pct_of_limit"] > 0
 
 
 def test_ncu_kernel_quick():

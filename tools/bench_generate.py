@@ -9,6 +9,18 @@ measured in the same run. Greedy decoding, so both do the same work whatever the
 
 Weights are random (seeded): the speed does not depend on them. Without transformers (or its CUDA) its column
 says so. A row whose prompt and new tokens pass block_size re-runs the window once the cache is full.
+
+Each row is also held to the memory-bandwidth limit of its decode steps (the tokens after the first); the
+JSON's names in brackets:
+  MB/step      (bytes_per_step) what a decode step must read, FP32: every weight once (wte once, though the
+               tied lm_head reads it too; of wpe the one row) and each layer's cached keys and values 0..pos of
+               B sequences, averaged over the row's decode steps; activations not counted (timing.decode_reads)
+  limit tok/s  (limit_tok_s) the copy bandwidth measured in the same run (copy_gbs: device to device on the
+               cuda backend, np.copyto on the CPU; bytes read and written) over bytes/step, times B
+  decode tok/s (decode_tok_s) B tokens a decode step: decode_steps steps in decode_s, from the first token's
+               arrival (the prompt's prefill and its choice) to the last decode step's, in the same generate
+               calls; steps that re-run the window past block_size are no decode steps and are not counted
+  % limit      (pct_of_limit) decode tok/s over limit tok/s
 """
 from __future__ import annotations
 
@@ -23,24 +35,42 @@ import numpy as np
 from microgpt import GPT, PRESETS, GPTConfig
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import gpu_or_exit  # noqa: E402
+from timing import cuda_copy_gbs, decode_reads, gpu_or_exit, host_copy_gbs  # noqa: E402
 
 QUICK = dict(config=GPTConfig(n_layer=2, n_head=2, d_model=32, block_size=64, vocab_size=257), B=[1, 2],
              prompt=[4], new=16)
 
 
+def decode_positions(cfg, prompt_len, new) -> list[int]:
+    """The positions of GPT.generate's decode steps for `new` tokens: the first token comes from the prefill of
+    the prompt's last block_size tokens, then one position a token until the cache is full (past that each
+    token re-runs the window)."""
+    start = min(prompt_len, cfg.block_size)
+    return list(range(start, min(start + new - 1, cfg.block_size)))
+
+
+def step_bytes(cfg, B, positions) -> float:
+    """The mean over `positions` of the bytes a decode step there must read (timing.decode_reads)."""
+    return sum(sum(decode_reads(cfg, B, pos).values()) for pos in positions) / len(positions)
+
+
 def time_microgpt(cfg, backend, B, prompt_len, new, variant=None, repeats=2):
-    """Seconds of one generate call (the best of `repeats`, after a short warm-up)."""
+    """Seconds of one generate call and of its decode steps (each the best of `repeats`, after a short
+    warm-up): the decode steps from the first token's arrival (on_token) to the last decode step's."""
     model = GPT(cfg, backend=backend, variant=variant)
     prompt = np.random.default_rng(0).integers(0, cfg.vocab_size, size=(B, prompt_len))
     model.generate(prompt, 2, temperature=0)  # compiles, plans, allocates
-    best = np.inf
+    steps = len(decode_positions(cfg, prompt_len, new))
+    best, best_decode = np.inf, np.inf
     for _ in range(repeats):
+        stamps = []
         t0 = time.perf_counter()
-        out = model.generate(prompt, new, temperature=0)
+        out = model.generate(prompt, new, temperature=0, on_token=lambda ids: stamps.append(time.perf_counter()))
         best = min(best, time.perf_counter() - t0)
+        if steps:  # stamps[k]: token k chosen; tokens 1..steps come from the decode steps
+            best_decode = min(best_decode, stamps[steps] - stamps[0])
     assert out.shape == (B, prompt_len + new)
-    return best, decode_note(model.backend)
+    return best, (best_decode if steps else None), decode_note(model.backend)
 
 
 def decode_note(backend) -> str:
@@ -86,6 +116,21 @@ def time_transformers(model, cfg, B, prompt_len, new, repeats=2):
     return best
 
 
+def print_row(row, args, peer_note, copy_gbs, copy_how, first) -> None:
+    """A line of the table; with the first row, the heading before it."""
+    if first:
+        print(f"sampling, greedy, {args.new} new tokens a row, backend {args.backend}"
+              f"{'; ' + row['note'] if row['note'] else ''}; peer: {peer_note}; copy bandwidth "
+              f"{copy_gbs:,.1f} GB/s ({copy_how})")
+        print(f"{'model':<14}{'B':>3}{'prompt':>8}{'microgpt tok/s':>16}{'peer tok/s':>12}{'ratio':>9}"
+              f"{'decode tok/s':>14}{'MB/step':>10}{'limit tok/s':>13}{'% limit':>9}")
+    peer = f"{row['peer_tok_s']:>12,.0f}{row['ratio']:>8.2f}x" if "ratio" in row else f"{'-':>12}{'-':>9}"
+    limit = (f"{row['decode_tok_s']:>14,.0f}{row['bytes_per_step'] / 1e6:>10,.2f}{row['limit_tok_s']:>13,.0f}"
+             f"{row['pct_of_limit']:>8.1f}%" if row["decode_steps"] else f"{'-':>14}{'-':>10}{'-':>13}{'-':>9}")
+    print(f"{row['preset']:<14}{row['B']:>3}{row['prompt']:>8}{row['microgpt_tok_s']:>16,.0f}{peer}{limit}"
+          + ("   (window re-run past block_size)" if row["windowed"] else ""), flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -111,30 +156,35 @@ def main(argv=None) -> int:
             QUICK["new"], True
     else:
         configs = {p: GPTConfig.preset(p) for p in args.preset}
+    if args.backend == "cuda":
+        from microgpt import kernels
+        copy_gbs, copy_how = cuda_copy_gbs(kernels.engine().cuda.Stream()), "device-to-device copy"
+    else:
+        copy_gbs, copy_how = host_copy_gbs(), "np.copyto on the CPU"
     rows = []
     for name, cfg in configs.items():
         peer, peer_note = (None, "skipped (--no-peer)") if args.no_peer else transformers_peer(cfg)
         for B in args.B:
             for prompt_len in args.prompt:
-                t, note = time_microgpt(cfg, args.backend, B, prompt_len, args.new, args.variant)
+                t, t_decode, note = time_microgpt(cfg, args.backend, B, prompt_len, args.new, args.variant)
+                positions = decode_positions(cfg, prompt_len, args.new)
                 row = dict(preset=name, B=B, prompt=prompt_len, new=args.new, microgpt_s=t, note=note,
-                           microgpt_tok_s=B * args.new / t, windowed=prompt_len + args.new > cfg.block_size)
+                           microgpt_tok_s=B * args.new / t, windowed=len(positions) < args.new - 1,
+                           decode_steps=len(positions), decode_s=t_decode, decode_tok_s=None, bytes_per_step=None,
+                           limit_tok_s=None, pct_of_limit=None)
+                if positions:
+                    nbytes = step_bytes(cfg, B, positions)
+                    row.update(decode_tok_s=B * len(positions) / t_decode, bytes_per_step=nbytes,
+                               limit_tok_s=copy_gbs * 1e9 / nbytes * B)
+                    row["pct_of_limit"] = 100 * row["decode_tok_s"] / row["limit_tok_s"]
                 if peer is not None:
                     tp = time_transformers(peer, cfg, B, prompt_len, args.new)
                     row.update(peer_s=tp, peer_tok_s=B * args.new / tp, ratio=tp / t)
                 rows.append(row)
                 if not args.json:
-                    peer_cols = (f"{row['peer_tok_s']:>12,.0f}{row['ratio']:>8.2f}x" if peer is not None
-                                 else f"{'-':>12}{'-':>9}")
-                    if len(rows) == 1:
-                        print(f"sampling, greedy, {args.new} new tokens a row, backend {args.backend}"
-                              f"{'; ' + note if note else ''}; peer: {peer_note}")
-                        print(f"{'model':<14}{'B':>3}{'prompt':>8}{'microgpt tok/s':>16}{'peer tok/s':>12}"
-                              f"{'ratio':>9}")
-                    print(f"{name:<14}{B:>3}{prompt_len:>8}{row['microgpt_tok_s']:>16,.0f}{peer_cols}"
-                          + ("   (window re-run past block_size)" if row["windowed"] else ""), flush=True)
+                    print_row(row, args, peer_note, copy_gbs, copy_how, len(rows) == 1)
     if args.json:
-        print(json.dumps(dict(backend=args.backend, new=args.new, rows=rows)))
+        print(json.dumps(dict(backend=args.backend, new=args.new, copy_gbs=copy_gbs, copy=copy_how, rows=rows)))
     elif rows and "ratio" in rows[0]:
         print("ratio: the peer's time over ours (above 1: ours is faster)")
     return 0

@@ -8,7 +8,6 @@ read and written); FLOPs count multiply-adds as two and each exp/tanh as one.
 from __future__ import annotations
 
 import functools
-import itertools
 from typing import Callable
 
 import numpy as np

@@ -1,14 +1,20 @@
 #!/usr/bin/env python3
 """Where a decode step's time goes (sampling with the key-value cache on the cuda backend): the step as
-GPT.generate runs it (its CUDA graph, k_sample, the ids back), the graph's GPU time alone, each kernel's share
-(its launches of one step, ten times over, as one graph: GPU time, no host in it), and k_sample's time for each
-way of choosing.
+GPT.generate runs it (its CUDA graph, k_sample, the ids back), the graph's GPU time alone against the least time
+its reads allow, each op's share and each kernel's (its launches of one step, ten times over, as one graph: GPU
+time, no host in it), and k_sample's time for each way of choosing.
 
     python tools/profile_decode.py                        # andrea-120m, B 1 and 8, a prompt of 16 tokens
     python tools/profile_decode.py --preset andrea-12m -B 1 --prompt 512
     python tools/profile_decode.py --quick --json         # a small model, one JSON object
 
 Weights are random (seeded): the time does not depend on them.
+
+An op's MB are the weights and cached keys and values it reads at the step's position (tools/timing.py
+decode_reads: matmul_fwd every linear weight and wte, attention_decode the cache 0..pos; activations not
+counted), its GB/s those over its time, %copy that over the copy bandwidth measured in the same run (device to
+device, bytes read and written). The step's limit: all its reads at that bandwidth. An op whose reads fit in L2
+(andrea-12m's weights, 45 MB) may read them from there ten times over, above the copy bandwidth.
 """
 from __future__ import annotations
 
@@ -25,7 +31,7 @@ from microgpt import kernels as K
 from microgpt.sampling import Choice
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import gpu_or_exit  # noqa: E402
+from timing import cuda_copy_gbs, decode_reads, gpu_or_exit  # noqa: E402
 
 QUICK = GPTConfig(n_layer=2, n_head=2, d_model=64, block_size=128, vocab_size=257)
 
@@ -41,7 +47,33 @@ def gpu_ms(cuda, stream, run, times):
     return start.time_till(end) / times
 
 
-def profile(cfg, B, prompt_len, steps):
+def grouped(plan, by) -> dict[str, list]:
+    """by(launch) -> its launches in `plan`, in the order each first launches. By op: Launch.op, the op of
+    microgpt.ops, its launcher in brackets where not the reference's ('matmul_fwd (tc)'); by kernel: its name."""
+    groups = {}
+    for entry in plan:
+        groups.setdefault(by(entry), []).append(entry)
+    return groups
+
+
+def launches_us(be, entries) -> float:
+    """Microseconds of GPU time of `entries` (launches of a plan), ten times over as one graph (replayed where
+    no graph can be captured), per time."""
+    sub = K.Plan()
+    sub.extend(list(entries) * 10)
+    try:
+        graph = K.Graph(sub, be.stream, "profile")
+    except K.GraphUnavailable:
+        graph = None
+    launch = (lambda: graph.launch(be.stream)) if graph else (lambda: K.replay(sub, be.stream, "profile"))
+    launch()
+    us = gpu_ms(be.cuda, be.stream, launch, 1) / 10 * 1e3
+    if graph is not None:
+        graph.release()
+    return us
+
+
+def profile(cfg, B, prompt_len, steps, copy_gbs):
     model = GPT(cfg, backend="cuda")
     be, cuda = model.backend, model.backend.cuda
     rng = np.random.default_rng(0)
@@ -59,20 +91,17 @@ def profile(cfg, B, prompt_len, steps):
     step_ms = (time.perf_counter() - t0) / steps * 1e3
     d = be._dec  # the decode state: its step's plan and graph (the tool looks inside the backend on purpose)
     graph_ms = gpu_ms(cuda, be.stream, lambda: d.step.launch(be.stream), steps)
-    kernels = []
-    for name in sorted({entry[0] for entry in d.step.plan}):
-        sub = K.Plan()
-        sub.extend([entry for entry in d.step.plan if entry[0] == name] * 10)
-        try:
-            graph = K.Graph(sub, be.stream, "profile")
-        except K.GraphUnavailable:
-            graph = None
-        launch = (lambda g=graph: g.launch(be.stream)) if graph else (lambda s=sub: K.replay(s, be.stream, "profile"))
-        launch()
-        kernels.append(dict(kernel=name, launches=len(sub) // 10, us=gpu_ms(cuda, be.stream, launch, 1) / 10 * 1e3))
-        if graph is not None:
-            graph.release()
+    kernels = [dict(kernel=name, launches=len(entries), us=launches_us(be, entries))
+               for name, entries in grouped(d.step.plan, lambda e: e[0]).items()]
     kernels.sort(key=lambda k: -k["us"])
+    reads = decode_reads(cfg, B, d.length - 1)  # the graph replays the last decode step: its position
+    ops = []
+    for op, entries in grouped(d.step.plan, lambda e: e.op).items():
+        nbytes, us = reads.get(op.split(" (")[0]), launches_us(be, entries)
+        gbs = nbytes / us / 1e3 if nbytes else None
+        ops.append(dict(op=op, launches=len(entries), us=us, bytes=nbytes, gbs=gbs,
+                        pct_copy=100 * gbs / copy_gbs if gbs else None))
+    ops.sort(key=lambda o: -o["us"])
     u = rng.random(B)
     logits = d.logits.reshape(B, cfg.vocab_size)
     choices = []
@@ -85,9 +114,11 @@ def profile(cfg, B, prompt_len, steps):
                           stream=be.stream)
         choices.append(dict(temperature=c.temperature, top_k=c.top_k, top_p=c.top_p,
                             us=gpu_ms(cuda, be.stream, sample, 20) * 1e3))
+    limit_ms = sum(reads.values()) / copy_gbs / 1e6
     return dict(B=B, prompt=prompt_len, launches=len(d.step.plan), step_ms=step_ms, tokens_per_s=B / step_ms * 1e3,
                 graph_ms=graph_ms, graph=d.step.graph is not None, graph_unavailable=d.step.unavailable,
-                kernels=kernels, sample=choices)
+                reads_bytes=sum(reads.values()), limit_ms=limit_ms, pct_of_limit=100 * limit_ms / graph_ms,
+                ops=ops, kernels=kernels, sample=choices)
 
 
 def main(argv=None) -> int:
@@ -106,9 +137,11 @@ def main(argv=None) -> int:
     cfg = QUICK if args.quick else GPTConfig.preset(args.preset)
     if args.quick:
         args.B, args.steps = [1], 20
-    rows = [profile(cfg, B, args.prompt, args.steps) for B in args.B]
+    copy_gbs = cuda_copy_gbs(K.engine().cuda.Stream())
+    rows = [profile(cfg, B, args.prompt, args.steps, copy_gbs) for B in args.B]
     if args.json:
-        print(json.dumps(dict(device=device, preset="quick" if args.quick else args.preset, rows=rows)))
+        print(json.dumps(dict(device=device, preset="quick" if args.quick else args.preset, copy_gbs=copy_gbs,
+                              rows=rows)))
         return 0
     for r in rows:
         how = "one CUDA graph" if r["graph"] else f"replayed ({r['graph_unavailable']})"
@@ -116,8 +149,16 @@ def main(argv=None) -> int:
               f"{r['launches']} launches a step, {how}")
         print(f"  step (generate's: graph, k_sample, ids back) {r['step_ms']:.3f} ms, {r['tokens_per_s']:,.0f} "
               f"tokens/s; the graph alone {r['graph_ms']:.3f} ms of GPU time")
+        print(f"  the step reads {r['reads_bytes'] / 1e6:,.2f} MB: {r['limit_ms']:.3f} ms at the copy bandwidth "
+              f"({copy_gbs:,.0f} GB/s), the graph at {r['pct_of_limit']:.1f}% of that limit")
+        print(f"  {'op':<32}{'launches':>9}{'us':>10}{'MB':>10}{'GB/s':>9}{'%copy':>7}")
+        for o in r["ops"]:
+            mb = (f"{o['bytes'] / 1e6:>10,.2f}{o['gbs']:>9,.0f}{o['pct_copy']:>6.0f}%" if o["bytes"]
+                  else f"{'-':>10}{'-':>9}{'-':>7}")
+            print(f"  {o['op']:<32}{o['launches']:>9}{o['us']:>10.1f}{mb}")
+        print(f"  {'kernel':<32}{'launches':>9}{'us':>10}")
         for k in r["kernels"]:
-            print(f"  {k['kernel']:<32}{k['launches']:>4} launches {k['us']:9.1f} us a step")
+            print(f"  {k['kernel']:<32}{k['launches']:>9}{k['us']:>10.1f}")
         for c in r["sample"]:
             print(f"  k_sample temperature {c['temperature']}, top_k {c['top_k']}, top_p {c['top_p']}: "
                   f"{c['us']:.1f} us")

@@ -33,7 +33,7 @@ from microgpt.ops import VARIANTS
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernel_cases import Shape, build_cases, model_params  # noqa: E402
-from timing import copy_bandwidth, cuda_median_ms, gpu_or_exit, torch_median_ms  # noqa: E402
+from timing import cuda_copy_gbs, cuda_median_ms, gpu_or_exit, torch_median_ms  # noqa: E402
 
 
 SHORT_MS = 0.25  # kernels faster than this are timed over a batch of launches (--batch)
@@ -269,7 +269,7 @@ def main() -> int:
     shape = Shape(args.B, args.T or cfg.block_size, cfg.d_model, cfg.n_head, cfg.vocab_size)
     variants = tuple(VARIANTS) if args.variant == "all" else (args.variant,)
     stream = K.engine().cuda.Stream()
-    bw = copy_bandwidth(stream)
+    bw = cuda_copy_gbs(stream)
     rate, rate_source = (None, "skipped (--no-torch)") if args.no_torch else matmul_rate()
     rate_tf32 = None if args.no_torch or rate is None else matmul_rate(tf32=True)[0]
     peers = {} if args.no_torch else torch_peers(shape)

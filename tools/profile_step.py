@@ -40,7 +40,7 @@ from microgpt.ops import DEFAULT_VARIANT, VARIANTS
 from microgpt.runlog import flops_per_token
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import CEILING_HELP, copy_bandwidth, gpu_or_exit, product_ceiling, spin  # noqa: E402
+from timing import CEILING_HELP, cuda_copy_gbs, gpu_or_exit, product_ceiling, spin  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------------------- an op's work
@@ -274,7 +274,7 @@ def main() -> int:
     cfg = GPTConfig.preset(args.preset)
     T = args.T or cfg.block_size
     stream = K.engine().cuda.Stream()
-    gbs = copy_bandwidth(stream)
+    gbs = cuda_copy_gbs(stream)
     ceiling = product_ceiling([(cfg, args.B, T)], stream)
     result = profile(cfg, args.B, T, args.variant, args.steps, args.reps, ceiling, gbs)
     if args.json:

@@ -1,15 +1,19 @@
 """What the tools share: the one-line stop where there is no GPU, median timings with CUDA events, of our
-launches (PyCUDA events on a stream) and of PyTorch's (torch events), and the GPU's ceilings measured with them:
-the copy bandwidth, and the 3xTF32 rate that MFU is relative to (product_ceiling)."""
+launches (PyCUDA events on a stream) and of PyTorch's (torch events), and the ceilings measured with them:
+the copy bandwidth on the GPU and on the CPU, the 3xTF32 rate that MFU is relative to (product_ceiling),
+and the bytes a decode step must read, which bound its time from below with the copy bandwidth."""
 from __future__ import annotations
 
 import statistics
 import sys
 import textwrap
+import time
 
 import numpy as np
 
 from microgpt import kernels
+from microgpt.config import GPTConfig
+from microgpt.params import param_table
 from microgpt.runlog import described_peak
 
 
@@ -17,8 +21,8 @@ def gpu_or_none() -> tuple[str | None, str]:
     """(the device's summary, ""), or (None, why) where PyCUDA or a GPU is missing."""
     try:
         return kernels.device_summary(), ""
-    except Exception as e:  # no pycuda, no driver, no device
-        return None, str(e).splitlines()[0] if str(e) else type(e).__name__
+    except kernels.NoDevice as e:
+        return None, e.reason
 
 
 def gpu_or_exit(tool: str) -> str:
@@ -104,8 +108,8 @@ def torch_median_ms(fn, iters, warmup, batch=1):
 
 
 # ---------------------------------------------------------------------------------------------- ceilings
-def copy_bandwidth(stream, nbytes=2 << 30):
-    """Device-to-device copy, GB/s counting bytes read and written."""
+def cuda_copy_gbs(stream, nbytes=2 << 30) -> float:
+    """GB/s of a device-to-device copy of nbytes (the median of 10), counting bytes read and written."""
     cuda = kernels.engine().cuda
     src, dst = cuda.mem_alloc(nbytes), cuda.mem_alloc(nbytes)
     cuda.memset_d32(src, 0x3F800000, nbytes // 4)
@@ -188,3 +192,31 @@ def product_ceiling(models, stream, measure=product_tflops) -> dict:
     source = (f"measured: microgpt's tc product, best at {best['shape']} ({', '.join(best['kernels'])}), "
               f"of {len(rows)} shapes")
     return dict(tflops=best["tflops"], source=source, measured=True, shapes=rows)
+
+
+def host_copy_gbs(nbytes=256 << 20, repeats=5) -> float:
+    """GB/s of np.copyto of nbytes in host memory (the best of `repeats`, the first touching the pages),
+    counting bytes read and written, as cuda_copy_gbs does."""
+    src, dst = np.ones(nbytes // 4, np.float32), np.zeros(nbytes // 4, np.float32)
+    best = np.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * nbytes / best / 1e9
+
+
+def decode_reads(cfg: GPTConfig, B: int, pos: int) -> dict[str, int]:
+    """Bytes (FP32) of weights and cache each op of a decode step at position pos reads, as model.forward calls
+    them: matmul_fwd the linear weights and biases and all of wte (the tied lm_head); attention_decode each
+    layer's keys and values 0..pos of B sequences; the layernorms their gains and biases; embed_decode wpe's row
+    pos (its B rows of wte are the lm_head's, counted there). Activations (a few vectors a sequence) are not
+    counted. Summed: what the step must read, every weight once, wpe one row, and the cache."""
+    C, L, n = cfg.d_model, cfg.n_layer, {}
+    for spec in param_table(cfg):
+        op = ("matmul_fwd" if spec.name == "wte" or ".attn." in spec.name or ".mlp." in spec.name else
+              "embed_decode" if spec.name == "wpe" else
+              "layernorm_fwd" if spec.name.startswith("h.0.ln1.") else "residual_layernorm_fwd")
+        n[op] = n.get(op, 0) + (C if spec.name == "wpe" else spec.size)
+    n["attention_decode"] = 2 * L * B * (pos + 1) * C
+    return {op: 4 * k for op, k in n.items()}

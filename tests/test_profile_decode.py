@@ -1,0 +1,36 @@
+"""tools/profile_decode.py's breakdown by op, on a described GPU (microgpt.info's plans; nothing runs): the ops
+it groups a decode step's launches by, and the bytes of tools/timing.py decode_reads it gives them."""
+import importlib
+import shutil
+
+import pytest
+
+from microgpt import GPTConfig
+from microgpt.info import step_plans
+from microgpt.ops import VARIANTS
+
+from helpers import TOOLS
+
+pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH (the formats come from it)")
+
+
+@pytest.fixture
+def tools(monkeypatch):
+    monkeypatch.syspath_prepend(TOOLS)
+    return importlib.import_module("profile_decode"), importlib.import_module("timing")
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("B", [1, 8])
+def test_each_op_that_reads_weights_or_the_cache_is_an_op_of_the_decode_step(tools, variant, B):
+    """Every op decode_reads names launches in the step, so that the step's reads are all given to its ops;
+    the groups by op and by kernel hold every launch once, the products' k_matvec under matmul_fwd."""
+    P, timing = tools
+    cfg = GPTConfig(n_layer=2, n_head=2, d_model=64, block_size=128, vocab_size=257)
+    plan = step_plans(cfg, variant, B, 1, decode=True)["decode"]
+    by_op, by_kernel = P.grouped(plan, lambda e: e.op), P.grouped(plan, lambda e: e[0])
+    assert sum(map(len, by_op.values())) == sum(map(len, by_kernel.values())) == len(plan)
+    assert set(timing.decode_reads(cfg, B, 5)) <= {op.split(" (")[0] for op in by_op}
+    matmul = next(entries for op, entries in by_op.items() if op.startswith("matmul_fwd"))
+    assert len(matmul) >= 4 * cfg.n_layer + 1  # qkv, proj, fc, proj a layer, and the lm_head
+    assert all(e.op.startswith("matmul_fwd") for e in by_kernel.get("k_matvec", []))
