@@ -1,16 +1,17 @@
-"""Builds the Cython host module; everything else is declared in pyproject.toml."""
+"""Builds the Cython host modules; everything else is declared in pyproject.toml."""
 import numpy as np
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 extensions = [
     Extension(
-        "microgpt._host",
-        ["microgpt/_host.pyx"],
+        f"microgpt.{name}",
+        [f"microgpt/{name}.pyx"],
         include_dirs=[np.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         extra_compile_args=["-O3"],
-    ),
+    )
+    for name in ("_host", "_tokens")
 ]
 
 setup(

@@ -6,7 +6,7 @@
     batch = sampler.fill(pinned)                     # any C-contiguous int32 (B, T+1) buffer, e.g. page-locked
     inputs, targets = batch[:, :-1], batch[:, 1:]
 
-The sampling loop is Cython (microgpt._host.WindowSampler) with the GIL released and its own generator
+The sampling loop is Cython (microgpt._tokens.WindowSampler) with the GIL released and its own generator
 (xoshiro256**, seeded by splitmix64), so the batches depend on the seed alone: not on NumPy's version,
 not on other draws. `state` is a JSON-able dict; a resumed run that assigns it continues the sequence.
 """
@@ -19,7 +19,7 @@ import numpy as np
 from pydoc_data.topics import topics
 from tqdm import tqdm
 
-from . import _host
+from . import _tokens
 from .checkpoint import replace_file
 from .tokenizer import ByteTokenizer
 
@@ -175,7 +175,7 @@ class BatchSampler:
             self.tokens = tokens.view(np.int32)  # ids below 2**31 read the same
         else:
             self.tokens = np.ascontiguousarray(tokens, dtype=np.int32)
-        self._windows = _host.WindowSampler(self.tokens, self.T, seed)
+        self._windows = _tokens.WindowSampler(self.tokens, self.T, seed)
         self.batches_drawn = 0
 
     def fill(self, out: np.ndarray) -> np.ndarray:
@@ -201,7 +201,7 @@ class BatchSampler:
     @property
     def state(self) -> dict:
         """Where the sequence stands, as plain ints (JSON and pickle both keep it)."""
-        return {"rng": _host.RNG_NAME, "words": self._windows.rng_state, "batches_drawn": self.batches_drawn,
+        return {"rng": _tokens.RNG_NAME, "words": self._windows.rng_state, "batches_drawn": self.batches_drawn,
                 "B": self.B, "T": self.T, "n_tokens": len(self.tokens)}
 
     @state.setter
@@ -211,8 +211,8 @@ class BatchSampler:
         missing = [k for k in ("rng", "words", "batches_drawn", "B", "T", "n_tokens") if k not in state]
         if missing:
             raise ValueError(f"state is missing {', '.join(missing)}")
-        if state["rng"] != _host.RNG_NAME:
-            raise ValueError(f"state['rng'] is {state['rng']!r}, this sampler uses {_host.RNG_NAME!r}")
+        if state["rng"] != _tokens.RNG_NAME:
+            raise ValueError(f"state['rng'] is {state['rng']!r}, this sampler uses {_tokens.RNG_NAME!r}")
         # the same generator state over other tokens or another shape would give other windows, silently
         for key, mine in (("B", self.B), ("T", self.T), ("n_tokens", len(self.tokens))):
             if state[key] != mine:

@@ -8,7 +8,7 @@ read from a tokenizer.json, with the same interface (train_bpe trains one).
 encode never produces end-of-text; a caller that separates documents appends `tok.eot` itself. decode
 writes each end-of-text as the marker "<|endoftext|>" (as GPT-2's tokenizer shows it), so a sampled
 sequence shows where the model ended a document. Sampled ids need not form valid UTF-8: decode turns
-each broken sequence into U+FFFD instead of failing. Both loops run in Cython (microgpt._host).
+each broken sequence into U+FFFD instead of failing. Both loops run in Cython (microgpt._tokens).
 """
 from __future__ import annotations
 
@@ -18,12 +18,12 @@ import os
 
 import numpy as np
 
-from . import _host
+from . import _tokens
 
 
 class ByteTokenizer:
-    vocab_size = _host.VOCAB_SIZE
-    eot = _host.EOT
+    vocab_size = _tokens.VOCAB_SIZE
+    eot = _tokens.EOT
     eot_text = "<|endoftext|>"
     _eot_bytes = eot_text.encode("ascii")  # ASCII, so it can never complete a broken UTF-8 sequence
 
@@ -32,11 +32,11 @@ class ByteTokenizer:
         raises UnicodeEncodeError."""
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
-        return _host.encode_utf8(text)
+        return _tokens.encode_utf8(text)
 
     def decode(self, ids) -> str:
         """Text of a 1-D sequence of ids in [0, 257); an id outside raises ValueError naming it."""
-        return _host.decode_ids(_as_ids(ids), self._eot_bytes)
+        return _tokens.decode_ids(_as_ids(ids), self._eot_bytes)
 
     def record(self) -> None:
         """What a checkpoint keeps to find this tokenizer again: nothing, bytes are the default."""
@@ -201,7 +201,7 @@ def _complete(ids) -> bool:
     return True                                # four continuation bytes: broken already
 
 
-def _as_ids(ids, vocab_size: int = _host.VOCAB_SIZE) -> np.ndarray:
+def _as_ids(ids, vocab_size: int = _tokens.VOCAB_SIZE) -> np.ndarray:
     """ids as a 1-D C-contiguous int32 or int64 array, checked before any narrowing cast so that no
     out-of-range id wraps into a valid one (and, for a vocabulary other than the bytes', checked here)."""
     try:
@@ -215,7 +215,7 @@ def _as_ids(ids, vocab_size: int = _host.VOCAB_SIZE) -> np.ndarray:
     if a.ndim > 1:
         raise ValueError(f"ids must be 1-D, got shape {a.shape}; decode one row at a time")
     a = a.reshape(-1)
-    if vocab_size == _host.VOCAB_SIZE and (a.dtype == np.int32 or a.dtype == np.int64):
+    if vocab_size == _tokens.VOCAB_SIZE and (a.dtype == np.int32 or a.dtype == np.int64):
         return np.ascontiguousarray(a)  # the Cython decoder checks each id itself
     bad = np.flatnonzero((a < 0) | (a >= vocab_size))
     if bad.size:

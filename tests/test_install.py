@@ -32,12 +32,14 @@ def test_the_sdist_and_the_wheel_build_and_the_wheel_works_in_a_fresh_venv(tmp_p
     (sdist,), (wheel,) = dist.glob("*.tar.gz"), dist.glob("*.whl")
     with tarfile.open(sdist) as t:
         names = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
-    assert {"microgpt/_host.pyx", "setup.py", "pyproject.toml"} <= names
+    assert {"microgpt/_host.pyx", "microgpt/_tokens.pyx", "setup.py", "pyproject.toml"} <= names
     assert {f"cuda/{h}" for h in HEADERS} <= names
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
     assert {f"microgpt/cuda/{h}" for h in HEADERS} <= names and "microgpt/kernels/runtime.py" in names
-    assert "microgpt/_host.c" not in names and any(n.startswith("microgpt/_host.") and n.endswith(".so") for n in names)
+    for ext in ("_host", "_tokens"):
+        assert f"microgpt/{ext}.c" not in names and any(n.startswith(f"microgpt/{ext}.") and n.endswith(".so")
+                                                        for n in names)
 
     # nothing of this checkout may be visible to the fresh venv: a PYTHONPATH holding it (with its egg-info)
     # would even make pip take microgpt as installed already
