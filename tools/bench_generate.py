@@ -32,7 +32,7 @@ import time
 
 import numpy as np
 
-from microgpt import GPT, PRESETS, GPTConfig
+from microgpt import GPT, PRESETS, GPTConfig, kernels
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import cuda_copy_gbs, decode_reads, gpu_or_exit, host_copy_gbs  # noqa: E402
@@ -157,7 +157,6 @@ def main(argv=None) -> int:
     else:
         configs = {p: GPTConfig.preset(p) for p in args.preset}
     if args.backend == "cuda":
-        from microgpt import kernels
         copy_gbs, copy_how = cuda_copy_gbs(kernels.engine().cuda.Stream()), "device-to-device copy"
     else:
         copy_gbs, copy_how = host_copy_gbs(), "np.copyto on the CPU"
