@@ -55,8 +55,8 @@ VERSION = 3
 FILE_DTYPE = np.dtype("<f4")
 READ_ATTEMPTS = 4  # a reader racing saves reads again; more than a few misses in a row is a corrupt file
 
-__all__ = ["Checkpoint", "CheckpointError", "NonFiniteError", "FORMAT", "VERSION", "save", "read", "read_meta", "sidecar_path",
-           "replace_file"]
+__all__ = ["Checkpoint", "CheckpointError", "NonFiniteError", "FORMAT", "VERSION", "save", "read", "read_meta",
+           "sidecar_path", "replace_file", "check_finite", "checksum"]
 
 
 class NonFiniteError(ValueError):

@@ -29,8 +29,8 @@ def add_parser(sub):
     pl.add_argument("-o", "--out", default="loss.png", help="the image to write: .png, .pdf, .svg (default: "
                     "loss.png)")
     pl.add_argument("--log-x", action="store_true", help="the steps on a logarithmic axis")
-    pl.add_argument("--smooth", type=count, default=1, metavar="N", help="draw the train loss as its moving average over N "
-                    "points (default: 1, the loss as logged)")
+    pl.add_argument("--smooth", type=count, default=1, metavar="N", help="draw the train loss as its moving average "
+                    "over N points (default: 1, the loss as logged)")
     return pl
 
 

@@ -32,7 +32,6 @@ CPU_SIZES = dict(n_layer=2, n_head=4, d_model=64, block_size=64)
 SIZE_FLAGS = ("n_layer", "n_head", "d_model", "block_size")
 DEFAULT_BATCH_SIZE = 8
 
-EXIT_INTERRUPTED = 130  # what a shell reports for a process ended by SIGINT
 # The signals that end a run gracefully: Ctrl-C, a closed terminal, and what timeout, a batch scheduler or
 # docker stop send. Each exits with 128 + its number, as a shell reports a process it ended.
 STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
@@ -85,9 +84,10 @@ class StopAtStepEnd:
 
 def train_loop(model, ckpt, train, val, args, tokenizer, resumed=False, dp=None, log=None) -> int:
     """Trains model from its step to args.steps (or args.stop_after steps of it) on batches of the samplers
-    train and val, checkpointing at ckpt; returns the exit status: 0, 1 (a NaN loss, a failed save), or
-    130 (Ctrl-C, after saving). dp (microgpt.distributed.DataParallel): this process trains its rows of each
-    global batch, the gradients averaged over the processes; rank 0 alone logs, evaluates and saves.
+    train and val, checkpointing at ckpt; returns the exit status: 0, 1 (a non-finite loss or weights, a failed
+    save), or 128 + the stop signal's number after saving (Ctrl-C 130, SIGHUP 129, SIGTERM 143).
+    dp (microgpt.distributed.DataParallel): this process trains its rows of each global batch, the gradients
+    averaged over the processes; rank 0 alone logs, evaluates and saves.
     log: the run's open microgpt.runlog.RunLog, which gets a line every args.log_every steps and each evaluation."""
     T = train.T
     last_saved = model.step_count if resumed else None

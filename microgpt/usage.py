@@ -61,7 +61,8 @@ def check_memory(config: GPTConfig, backend: str, flags: str, B: int, T: int, tr
     if free is not None and need > free:
         raise UsageError(f"{flags or 'the default sizes'}: a {num_params(config) / 1e6:,.1f}M-parameter model at "
                          f"B={B}, T={T} needs about {need / 2**30:,.1f} GiB, and {free / 2**30:,.1f} GiB is free "
-                         f"{'on the GPU' if backend == 'cuda' else 'on this machine'}: lower the batch or the model's sizes")
+                         f"{'on the GPU' if backend == 'cuda' else 'on this machine'}: lower the batch or the model's "
+                         f"sizes")
 
 
 def host_memory_free():
