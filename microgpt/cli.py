@@ -257,6 +257,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def out_of_memory(e: BaseException) -> bool:
+    """Whether e is the host's MemoryError or the device's (PyCUDA's pycuda._driver.MemoryError, which is not a
+    subclass of it): what the memory estimate before the first step could not foresee."""
+    return isinstance(e, MemoryError) or (type(e).__name__ == "MemoryError" and
+                                          type(e).__module__.startswith("pycuda"))
+
+
 def main(argv=None) -> int:
     for stream in (sys.stdout, sys.stderr):  # a terminal that is not UTF-8 shows what it can, never a traceback
         if hasattr(stream, "reconfigure"):
@@ -276,13 +283,15 @@ def main(argv=None) -> int:
     except PeerFailed as e:
         print(f"microgpt: error: {e}", file=sys.stderr)
         return 1
-    except MemoryError:
-        print("microgpt: error: out of memory: lower --batch-size, --seq-len or the model's sizes; the last "
-              "checkpoint written stands", file=sys.stderr)
-        return EXIT_USAGE
     except BrokenPipeError:  # the reader went away (microgpt sample | head): stop quietly, as cat does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + getattr(signal, "SIGPIPE", 13)
+    except Exception as e:
+        if not out_of_memory(e):
+            raise
+        print(f"microgpt: error: out of memory{' on the GPU' if not isinstance(e, MemoryError) else ''}: lower "
+              f"--batch-size, --seq-len or the model's sizes; the last checkpoint written stands", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -106,6 +106,20 @@ def test_sample_and_eval_batches_too_large_for_memory_are_one_line(tmp_path, cor
     assert f"{argv[-2]} 1000000000" in line and "GiB is free on this machine" in line
 
 
+@pytest.mark.parametrize("where", ["host", "device"])
+def test_running_out_of_memory_after_the_estimate_is_one_line(tmp_path, corpus, capsys, monkeypatch, where):
+    class DeviceMemoryError(Exception):  # as pycuda._driver.MemoryError: not a subclass of MemoryError
+        pass
+    DeviceMemoryError.__name__, DeviceMemoryError.__module__ = "MemoryError", "pycuda._driver"
+    error = MemoryError() if where == "host" else DeviceMemoryError("cuMemAlloc failed: out of memory")
+
+    def allocate(*a, **k):
+        raise error
+    monkeypatch.setattr(GPT, "__init__", allocate)
+    line = one_line_error(capsys, train(tmp_path, corpus))
+    assert line.startswith("microgpt: error: out of memory") and "--batch-size" in line
+
+
 @pytest.mark.parametrize("what", ["model.ckpt", ".lock", "model.ckpt.json"])
 def test_an_out_whose_run_files_are_folders_is_refused(tmp_path, corpus, capsys, what):
     (tmp_path / "run" / what).mkdir(parents=True)
