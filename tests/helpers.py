@@ -162,3 +162,12 @@ def op_call(op, vals: dict) -> tuple[list, dict]:
     """(positional, keyword) arguments of op's launchers from vals (name -> array or value)."""
     args = [vals[a.name] for a in op.args if not a.keyword]
     return args, {a.name: vals[a.name] for a in op.args if a.keyword}
+
+
+def one_line_error(capsys, code):
+    """The one line a command printed for a user error (exit status 2, no traceback), checked and returned."""
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("microgpt: error: ") and "Traceback" not in err, err
+    return lines[0]

@@ -15,16 +15,8 @@ from microgpt.cli import main
 from microgpt.train import config_from_args
 from microgpt.runs import RunFolder
 
-from helpers import GPU_REASON, SMALL_RUN as SMALL
+from helpers import GPU_REASON, SMALL_RUN as SMALL, one_line_error
 
-
-
-def one_line_error(capsys, code):
-    err = capsys.readouterr().err
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("microgpt: error: ") and "Traceback" not in err, err
-    return lines[0]
 
 
 def files_of(tmp_path, name):

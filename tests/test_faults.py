@@ -14,17 +14,9 @@ from microgpt import GPT, GPTConfig, checkpoint
 from microgpt.cli import main
 from microgpt.kernels import runtime
 
-from helpers import GPU_REASON, SMALL_RUN as SMALL
+from helpers import GPU_REASON, SMALL_RUN as SMALL, one_line_error
 
 TINY = GPTConfig(n_layer=1, n_head=2, d_model=16, block_size=8, vocab_size=257)
-
-
-def one_line_error(capsys, code):
-    err = capsys.readouterr().err
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("microgpt: error: ") and "Traceback" not in err, err
-    return lines[0]
 
 
 def train(tmp_path, corpus, *extra, out="run", steps=3):

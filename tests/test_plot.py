@@ -8,14 +8,7 @@ import pytest
 from microgpt.cli import main
 from microgpt.plot import moving_average, run_names
 
-from helpers import SMALL_RUN as SMALL
-
-
-def one_line_error(capsys, code):
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and lines[0].startswith("microgpt: error: "), err
-    return lines[0]
+from helpers import SMALL_RUN as SMALL, one_line_error
 
 
 @pytest.fixture

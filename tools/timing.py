@@ -15,14 +15,13 @@ from microgpt import kernels
 from microgpt.config import GPTConfig
 from microgpt.params import param_table
 from microgpt.runlog import described_peak
+from microgpt.usage import cuda_available
 
 
 def gpu_or_none() -> tuple[str | None, str]:
-    """(the device's summary, ""), or (None, why) where PyCUDA or a GPU is missing."""
-    try:
-        return kernels.device_summary(), ""
-    except kernels.NoDevice as e:
-        return None, e.reason
+    """(the device's summary, ""), or (None, why) where PyCUDA or a GPU is missing (usage.cuda_available)."""
+    ok, what = cuda_available()
+    return (what, "") if ok else (None, what)
 
 
 def gpu_or_exit(tool: str) -> str:
