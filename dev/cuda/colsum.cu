@@ -58,7 +58,9 @@ int main(int argc, char** argv) {
         printf("version %d\n", v);
         cudaCheck(cudaMemset(d_out, 0, C * sizeof(float)));  // added into
         colsum(v, d_out, d_partials, d_x, N, C);
-        validate_result(d_out, out_ref.data(), "out", C, 1e-4);
+        // the naive kernel's one running sum of N terms in [-1, 1] errs by about u * N (u = 2^-24), so it is held to
+        // a few times that; the engine's kernels, summing short chunks, to 1e-4 as every other bench
+        validate_result(d_out, out_ref.data(), "out", C, v == 1 ? 8 * std::ldexp(1.0, -24) * N : 1e-4);
         const float ms = benchmark_kernel(100, [&] { colsum(v, d_out, d_partials, d_x, N, C); });
         printf("  time %.4f ms, %.0f GB/s\n", ms, (double)N * C * sizeof(float) / ms / 1e6);
     }
