@@ -9,12 +9,11 @@ The binary file (what microgpt_cuda.cu reads and writes), all little-endian:
     offset 8 + 8n       float32  v[n_params]   Adam second moment
     size                8 + 12 n_params bytes, nothing after
 
-Each vector is in the order of microgpt.params.param_table (wte, wpe, the layers' ln1, attn.qkv,
-attn.proj, ln2, mlp.fc, mlp.proj, each weight then bias, then lnf): the one table that defines it.
-Gradients are not saved; a loaded model starts with zero gradients.
+Each vector is in the order of microgpt.params.param_table, the one table that defines it. Gradients are
+not saved; a loaded model starts with zero gradients.
 
 The sidecar, at `path + ".json"`, holds what the binary cannot say. Its fields: format
-("microgpt-andrea-checkpoint"), version (2), config (GPTConfig.to_dict()), n_params, step (the header's),
+("microgpt-andrea-checkpoint"), version (3), config (GPTConfig.to_dict()), n_params, step (the header's),
 dtype "float32", byteorder "little", extra (JSON values the caller keeps with the checkpoint, e.g. a
 BatchSampler's state), sha256 and size of the binary (`sha256sum model.ckpt` prints the same digest),
 previous: the sidecar of the binary this save replaced (without its own previous), or null, and checksum:
@@ -33,6 +32,7 @@ version 2 without the checksum, version 1 (no sha256) checked by size and step o
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -76,8 +76,7 @@ def check_finite(config: GPTConfig, vectors: dict, where: str) -> None:
 
 def checksum(meta: dict) -> str:
     """The sha256 of a sidecar's fields but checksum and previous, as canonical JSON."""
-    fields = {k: v for k, v in meta.items() if k not in ("checksum", "previous")}
-    fields["config"] = fields["config"].to_dict() if isinstance(fields["config"], GPTConfig) else fields["config"]
+    fields = {k: v for k, v in _as_previous(meta).items() if k != "checksum"}
     return hashlib.sha256(json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -97,16 +96,12 @@ def sidecar_path(path) -> str:
 def _fsync_folder(folder):
     """Makes renames in folder durable; where a folder cannot be opened (Windows) a rename is as durable
     as it gets."""
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 # Every operation of a save that touches the disk, in one place: tests replace them to stop a save at
@@ -151,24 +146,11 @@ def save(path, config: GPTConfig, step: int, weights, m, v, extra: dict | None =
     except (TypeError, ValueError) as e:
         raise TypeError(f"extra must hold only JSON values (dicts, lists, str, finite numbers): {e}") from None
 
-    mode = _mode_for(name)
-    sidecar = sidecar_path(name)
-    temps = []
-    try:
-        bin_tmp = _write_temp_beside(name, mode, lambda fd: _fs.write_vectors(fd, header, *vectors, name), temps)
-        data = sidecar_text.encode("utf-8")
-        side_tmp = _write_temp_beside(sidecar, mode, lambda fd: _fs.write_bytes(fd, data), temps)
-        _fs.replace(side_tmp, sidecar)  # the commit: the new sidecar's `previous` names the binary in place
-        temps.remove(side_tmp)
-        _fs.replace(bin_tmp, name)
-        temps.remove(bin_tmp)
-        _fs.fsync_folder(folder)
-    finally:
-        for tmp in temps:  # only after a failure: a temp file that was not renamed into place
-            try:
-                _fs.unlink(tmp)
-            except OSError:
-                pass
+    mode, data = _mode_for(name), sidecar_text.encode("utf-8")
+    # the sidecar's rename first, the commit: its `previous` names the binary still in place
+    _replace_files([(sidecar_path(name), mode, lambda fd: _fs.write_bytes(fd, data)),
+                    (name, mode, lambda fd: _fs.write_vectors(fd, header, *vectors, name))])
+    _fs.fsync_folder(folder)
     _remember(name, meta)
     _remove_stale_temps(name)
 
@@ -189,17 +171,24 @@ def replace_file(path, data: bytes) -> None:
     flushed to disk, with the permissions of the file it replaces (or rw-r--r--). A reader sees the old
     file or the new one, never part of either."""
     name = os.fspath(path)
+    _replace_files([(name, _mode_for(name), lambda fd: _fs.write_bytes(fd, data))])
+
+
+def _replace_files(files):
+    """Each (path, mode, write) of files written to a temporary file beside its path (_write_temp_beside); then,
+    all written, each renamed over its path in turn. A temporary file not renamed (after a failure) is removed."""
     temps = []
     try:
-        tmp = _write_temp_beside(name, _mode_for(name), lambda fd: _fs.write_bytes(fd, data), temps)
-        _fs.replace(tmp, name)
-        temps.remove(tmp)
+        for path, mode, write in files:
+            _write_temp_beside(path, mode, write, temps)
+        for i, (path, _, _) in enumerate(files):
+            _fs.replace(temps[i], path)
+            temps[i] = None
     finally:
-        for tmp in temps:  # only after a failure
-            try:
-                _fs.unlink(tmp)
-            except OSError:
-                pass
+        for tmp in temps:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    _fs.unlink(tmp)
 
 
 def _mode_for(path):
@@ -240,10 +229,8 @@ def _remove_stale_temps(name):
     for entry in os.listdir(folder):
         match = pattern.fullmatch(entry)
         if match and not _alive(int(match.group(1))):
-            try:
+            with contextlib.suppress(OSError):
                 _fs.unlink(os.path.join(folder, entry))
-            except OSError:
-                pass
 
 
 def _alive(pid):
