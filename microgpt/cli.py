@@ -28,13 +28,13 @@ from . import checkpoint, evaluate, info, ops, plot, runlog
 from .argtypes import count, count0, fraction, open_fraction, positive, rate, seed, unit
 from .config import PRESETS, GPTConfig
 from .convert import convert
-from .data import NotText, builtin_corpus, read_text
+from .data import builtin_corpus
 from .gpt import GPT
 from .kernels import virtual
 from .tokenizer import ByteTokenizer, train_bpe
 from .train import DEFAULT_BATCH_SIZE, SIZE_FLAGS, cmd_train
 from .usage import (EXIT_USAGE, PeerFailed, UsageError, check_memory, cuda_available, flag, pick_backend,
-                    read_checkpoint, run_tokenizer)
+                    read_checkpoint, read_data, run_tokenizer)
 
 
 class Parser(argparse.ArgumentParser):
@@ -104,13 +104,8 @@ def cmd_convert(args) -> int:
 
 
 def cmd_tokenizer_train(args) -> int:
-    if args.data is not None and not Path(args.data).is_file():
-        raise UsageError(f"--data {args.data}: no such file")
-    try:
-        if args.data is not None:
-            read_text(args.data)
-    except NotText as e:
-        raise UsageError(f"--data {e}") from None
+    if args.data is not None:
+        read_data(args.data)
     if Path(args.out).is_dir():
         raise UsageError(f"--out {args.out} is a folder; expected the path of a tokenizer.json to write")
     try:  # without --data, the built-in corpus, as train takes it
@@ -130,10 +125,7 @@ def cmd_tokenizer_train(args) -> int:
 def cmd_eval(args) -> int:
     saved = read_checkpoint(args.checkpoint)
     tokenizer = run_tokenizer(args.tokenizer, saved.extra, args.checkpoint, resume=False)
-    try:  # the text and the windows checked before any model is made
-        text, T = evaluate.prepare(args, saved, tokenizer)
-    except evaluate.EvalError as e:
-        raise UsageError(str(e)) from None
+    text, T = evaluate.prepare(args, saved, tokenizer)  # the text and the windows checked before any model is made
     backend = pick_backend(args.backend, quiet=True)
     check_memory(saved.config, backend, f"--batch-size {args.batch_size}", args.batch_size, T, training=False)
     model = GPT.from_checkpoint(saved, backend=backend, variant=args.variant)

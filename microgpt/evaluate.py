@@ -17,15 +17,12 @@ import numpy as np
 from tqdm import tqdm
 
 from .argtypes import count
-from .data import NotText, encode_text, read_text
+from .data import encode_text
+from .usage import UsageError, read_data
 
 WINDOWS = ("the text follows an <|endoftext|>, as a new document, and is cut into non-overlapping windows of "
            "--seq-len tokens, the last one shorter, so that every token is predicted once, from the tokens before "
            "it in its window")
-
-
-class EvalError(Exception):
-    """The text or the windows cannot be evaluated; the message names the argument."""
 
 
 @dataclass(frozen=True)
@@ -67,27 +64,18 @@ def add_parser(sub, variant: dict):
 
 
 def prepare(args, saved, tokenizer) -> tuple[str, int]:
-    """(the text of --data, the windows' length T) for the checkpoint `saved`, checked."""
+    """(the text of --data, the windows' length T) for the checkpoint `saved`, checked (UsageError)."""
     config = saved.config
     if tokenizer.vocab_size > config.vocab_size:
-        raise EvalError(f"{args.checkpoint}: vocab_size {config.vocab_size} is below the tokenizer's "
+        raise UsageError(f"{args.checkpoint}: vocab_size {config.vocab_size} is below the tokenizer's "
                         f"{tokenizer.vocab_size}: give the tokenizer it was trained with (--tokenizer)")
     run_T = saved.extra.get("T")
     T = args.seq_len or (run_T if isinstance(run_T, int) and 0 < run_T <= config.block_size else config.block_size)
     if T > config.block_size:
-        raise EvalError(f"--seq-len {T} is above the model's block_size {config.block_size}")
-    try:
-        text = read_text(args.data)
-    except FileNotFoundError:
-        raise EvalError(f"--data {args.data}: no such file") from None
-    except IsADirectoryError:
-        raise EvalError(f"--data {args.data} is a folder; expected a UTF-8 text file") from None
-    except OSError as e:
-        raise EvalError(f"--data {args.data}: {e.strerror or e}") from None
-    except NotText as e:
-        raise EvalError(f"--data {e}") from None
+        raise UsageError(f"--seq-len {T} is above the model's block_size {config.block_size}")
+    text = read_data(args.data)
     if not text:
-        raise EvalError(f"--data {args.data} holds no text")
+        raise UsageError(f"--data {args.data} holds no text")
     return text, T
 
 

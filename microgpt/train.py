@@ -13,19 +13,19 @@ import os
 import signal
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
 from . import checkpoint
 from .config import GPTConfig
-from .data import BatchSampler, NotText, cached_tokens, load_tokens, split
+from .data import BatchSampler, cached_tokens, load_tokens, split
 from .gpt import GPT
 from .runlog import StepLog, progress_postfix
 from .runs import RunFolder, RunFolderError
 from .tokenizer import ByteTokenizer
-from .usage import UsageError, check_memory, flag, open_tokenizer, pick_backend, read_checkpoint, run_tokenizer
+from .usage import (UsageError, check_memory, flag, open_tokenizer, pick_backend, read_checkpoint, read_data,
+                    run_tokenizer)
 
 # Without a GPU the command still runs, on a model small enough for numpy to train in seconds.
 CPU_SIZES = dict(n_layer=2, n_head=4, d_model=64, block_size=64)
@@ -233,20 +233,9 @@ def check_resume_flags(args, config: GPTConfig, T: int, extra: dict) -> None:
 
 def training_tokens(args, tokenizer, T):
     """(train, validation) tokens of --data, each long enough for a window of T+1."""
-    if args.data is not None:
-        p = Path(args.data)
-        if not p.exists():
-            raise UsageError(f"--data {args.data}: no such file")
-        if not p.is_file():
-            raise UsageError(f"--data {args.data} is {'a folder' if p.is_dir() else 'not a regular file'}; "
-                             f"expected a UTF-8 text file")
-    try:  # a file is tokenized once, into a token file beside it that later runs map
-        tokens = load_tokens(None, tokenizer) if args.data is None else \
-            cached_tokens(args.data, tokenizer, progress=not args.no_progress)
-    except OSError as e:
-        raise UsageError(f"--data {args.data}: {e.strerror or e}") from None
-    except NotText as e:
-        raise UsageError(f"--data {e}") from None
+    # a file is tokenized once, into a token file beside it that later runs map
+    tokens = load_tokens(None, tokenizer) if args.data is None else \
+        read_data(args.data, lambda path: cached_tokens(path, tokenizer, progress=not args.no_progress))
     if len(tokens) == 0:
         raise UsageError(f"--data {args.data} holds no text")
     train_tokens, val_tokens = split(tokens, args.val_fraction)

@@ -1,12 +1,14 @@
 """What every command shares in refusing input: UsageError (one line, `microgpt: error: ...`, exit status 2,
 printed by microgpt.cli.main) and the checks that more than one command makes: the backend asked for, a
-checkpoint read whole, a tokenizer opened or found from a run's record."""
+checkpoint read whole, a tokenizer opened or found from a run's record, a --data file read."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from . import checkpoint, kernels
 from .config import GPTConfig
+from .data import NotText, read_text
 from .model import footprint
 from .params import num_params
 from .tokenizer import BPETokenizer, recorded_tokenizer
@@ -95,3 +97,19 @@ def run_tokenizer(given, extra: dict, where: str, resume: bool):
         return recorded_tokenizer(extra.get("tokenizer"), given, where, resume)
     except (OSError, ValueError, ImportError) as e:
         raise UsageError(str(e)) from None
+
+
+def read_data(path, read=read_text):
+    """read(path) of the UTF-8 text file that --data names; each reason it cannot be read is a usage error."""
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"--data {path}: no such file")
+    if not p.is_file():
+        raise UsageError(f"--data {path} is {'a folder' if p.is_dir() else 'not a regular file'}; expected a UTF-8 "
+                         f"text file")
+    try:
+        return read(path)
+    except OSError as e:
+        raise UsageError(f"--data {path}: {e.strerror or e}") from None
+    except NotText as e:
+        raise UsageError(f"--data {e}") from None
