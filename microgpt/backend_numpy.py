@@ -1,8 +1,6 @@
-"""The numpy backend: microgpt.model on the CPU, each op run at once by microgpt.reference_ops.
-
-Every backend holds four flat vectors laid out by microgpt.params (weights, gradients, Adam m and v) and
-answers the calls of microgpt.backend.Backend; microgpt.gpt.GPT validates arguments before any of them runs. Here
-the four are microgpt._host.FlatBuffer's (aligned, zeroed), in float32 or, for gradient checks, float64.
+"""The numpy backend (microgpt.backend.Backend): microgpt.model on the CPU, each op run at once by
+microgpt.reference_ops. Its four flat vectors are microgpt._host.FlatBuffer's (aligned, zeroed), in float32 or,
+for gradient checks, float64.
 """
 from __future__ import annotations
 
@@ -45,7 +43,6 @@ class NumpyBackend:
         return self.flat[check_which(which)]
 
     def push(self, which: str, values: np.ndarray) -> None:
-        """Copies n_params numbers into one flat vector."""
         self.buffers[check_which(which)].copy_from(values)
 
     def zero_grad(self) -> None:
@@ -57,7 +54,6 @@ class NumpyBackend:
 
     # -- forward / backward ---------------------------------------------------------------------------
     def forward(self, idx, targets=None, logits="all"):
-        """Returns (logits, per-position losses or None); keeps what backward needs."""
         cfg, (B, T) = self.config, idx.shape
         states = attention.states(self._new, B, T, cfg.d_model, cfg.n_head)
         a = model.activations(cfg, B, T, self._new, states)
@@ -69,7 +65,6 @@ class NumpyBackend:
         return out, (None if targets is None else a.losses)
 
     def backward(self) -> None:
-        """Adds the gradients of the mean loss of the last forward into the gradient vector."""
         cfg, a = self.config, self._a
         B, T = a.shape
         a.dlosses = np.full((B, T), 1.0 / (B * T), dtype=self.dtype)
@@ -79,9 +74,7 @@ class NumpyBackend:
 
     # -- sampling: a cache of every layer's keys and values -----------------------------------------
     def prefill(self, idx, choose=None):
-        """idx: checked int32 (B, T), T <= block_size. The forward over the prompt, keeping each layer's
-        keys and values for decode(); returns the last position's logits (B, V), or with `choose` (a
-        sampling.Choice) the next tokens (B,) it chooses from them."""
+        """The forward over the prompt, each layer's keys and values kept for decode() (microgpt.backend)."""
         last, _ = self.forward(idx, None, logits="last")
         B = idx.shape[0]
         if self._cache is None or self._cache.k[0].shape[0] != B:  # the cache and a decode step's buffers, per B
@@ -93,9 +86,7 @@ class NumpyBackend:
         return last[:, -1] if choose is None else choose(last[:, -1])
 
     def decode(self, tokens, pos, choose=None):
-        """tokens: checked int32 (B,), at position pos (< block_size) after the prefilled or decoded ones.
-        One position through every layer, its query against the cached keys and values 0..pos; returns its
-        logits (B, V), or with `choose` the next tokens (B,)."""
+        """One position through every layer, its query against the cached keys and values 0..pos."""
         a = self._cache.step
         a.idx[:, 0], a.pos[0] = tokens, pos
         model.forward(self.ops, self.P, self.config, a)
@@ -105,7 +96,6 @@ class NumpyBackend:
 
     # -- optimiser ----------------------------------------------------------------------------------
     def step(self, t, lr, beta1, beta2, eps, weight_decay, grad_clip):
-        """Optional global-norm clipping, then AdamW on every tensor (decay on 2-D ones only)."""
         grads = self.flat["grads"]
         self.last_grad_norm = R.global_norm([grads])
         if grad_clip is not None:
