@@ -204,14 +204,11 @@ class GPT:
         if not isinstance(state, dict):
             raise TypeError(f"state must be a dict of name -> array, got {type(state).__name__}")
         expected = {s.name: s.shape for s in self.table}
-        missing = [n for n in expected if n not in state]
-        extra = [n for n in state if n not in expected]
-        if missing or extra:
-            parts = []
-            if missing:
-                parts.append(f"missing {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
-            if extra:
-                parts.append(f"unexpected {', '.join(map(str, extra[:8]))}{' ...' if len(extra) > 8 else ''}")
+        wrong = {"missing": [n for n in expected if n not in state],
+                 "unexpected": [n for n in state if n not in expected]}
+        parts = [f"{what} {', '.join(map(str, names[:8]))}{' ...' if len(names) > 8 else ''}"
+                 for what, names in wrong.items() if names]
+        if parts:
             raise ValueError(f"state_dict does not match the config: {'; '.join(parts)}")
         flat = np.array(self.backend.pull("params"), copy=True)
         named = views(self.table, flat)
@@ -229,10 +226,8 @@ class GPT:
     # -- checkpoints ------------------------------------------------------------------------------
     # Only backend.pull/push, step_count and config: every backend checkpoints the same way.
     def save(self, path, extra: dict | None = None) -> None:
-        """Writes the ANDREA checkpoint (step, weights, Adam m and v) at path and the config beside it at
-        path + '.json' (microgpt.checkpoint documents both). Each file is written to a temporary file and
-        renamed into place, so a crash or an error mid-save leaves the previous checkpoint whole.
-        extra: JSON values kept with it (a BatchSampler's state, say); checkpoint.read_meta returns them."""
+        """Writes the ANDREA checkpoint (step, weights, Adam m and v) at path and its sidecar at path + '.json',
+        atomically (microgpt.checkpoint). extra: JSON values kept with it (a BatchSampler's state, say)."""
         checkpoint.save(path, self.config, self.step_count, self.backend.pull("params"),
                         self.backend.pull("m"), self.backend.pull("v"), extra=extra)
 
