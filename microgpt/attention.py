@@ -23,6 +23,7 @@ from . import reference as R
 from .backend import AttentionBackend
 from .kernels import engine, flash_attention_supported, release_at_exit
 from .ops import resolve, select
+from .params import layer_shapes
 
 WEIGHTS = ("qkv.w", "qkv.b", "proj.w", "proj.b")
 INTERMEDIATES = ("q", "k", "v", "scores", "masked", "probs", "heads", "lse", "y")
@@ -198,9 +199,7 @@ class MultiHeadAttention:
     def __init__(self, d_model: int, n_head: int, backend="numpy", seed: int = 0, variant: str | None = None):
         """backend: "numpy", "cuda", or an AttentionBackend object. variant (a name of
         microgpt.ops.VARIANTS, None for the default) picks the cuda backend's kernels; the numpy
-        backend has one set. The fast variant writes the masked scores directly, so that "scores" is not
-        among its intermediates; the tc variant's attention is fused (flash attention, where the device runs
-        it), whose intermediates are y and lse only."""
+        backend has one set."""
         for name, value in (("d_model", d_model), ("n_head", n_head)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -218,18 +217,16 @@ class MultiHeadAttention:
             raise ValueError("variant: a backend object was given, whose kernels are its own; pass variant "
                              "to it, not here")
         self.backend = backend
-        C = self.d_model
         rng = np.random.default_rng(seed)
-        self.weights = {
-            "qkv.w": rng.normal(0, 0.02, (3 * C, C)).astype(np.float32), "qkv.b": np.zeros(3 * C, np.float32),
-            "proj.w": rng.normal(0, 0.02, (C, C)).astype(np.float32), "proj.b": np.zeros(C, np.float32)}
+        self.weights = {k: (rng.normal(0, 0.02, shape) if k.endswith(".w") else np.zeros(shape)).astype(np.float32)
+                        for k, shape in self.shapes().items()}
         self.backend.load(self.weights)
         self.grads = None
         self._x_shape = None  # of the last forward, which backward answers
 
     def shapes(self) -> dict:
-        C = self.d_model
-        return {"qkv.w": (3 * C, C), "qkv.b": (3 * C,), "proj.w": (C, C), "proj.b": (C,)}
+        """The weights' shapes by name (qkv.w, qkv.b, proj.w, proj.b): a layer's attn.* of microgpt.params."""
+        return {name.split(".attn.")[1]: shape for name, shape in layer_shapes(0, self.d_model) if ".attn." in name}
 
     def state_dict(self) -> dict:
         return {k: v.copy() for k, v in self.weights.items()}
