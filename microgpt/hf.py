@@ -22,10 +22,10 @@ import numpy as np
 from .checkpoint import replace_file
 from .config import GPTConfig
 from .params import param_table
+from .reference import LN_EPS
 
 CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")  # both the tanh approximation microgpt computes
-LN_EPS = 1e-5
 _BUFFERS = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers older GPT-2 checkpoints carry
 # microgpt's per-layer names -> GPT-2's, and whether the tensor is a Conv1D weight (stored transposed)
 _LAYER = {"ln1.w": ("ln_1.weight", False), "ln1.b": ("ln_1.bias", False),
@@ -59,30 +59,27 @@ def config_from_hf(hf: dict, where: str = CONFIG_FILE) -> GPTConfig:
     """microgpt's GPTConfig of a GPT-2 config.json; ValueError naming the field microgpt cannot compute."""
     if not isinstance(hf, dict):
         raise ValueError(f"{where}: expected a JSON object, got {type(hf).__name__}")
-
-    def field(name, default=None):
-        return hf.get(name, default)
     for name in ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size"):
-        if type(field(name)) is not int:
-            raise ValueError(f"{where}: {name} must be an integer, got {field(name)!r}")
-    if field("model_type") != "gpt2":
-        raise ValueError(f"{where}: model_type must be 'gpt2', got {field('model_type')!r}")
+        if type(hf.get(name)) is not int:
+            raise ValueError(f"{where}: {name} must be an integer, got {hf.get(name)!r}")
+    if hf.get("model_type") != "gpt2":
+        raise ValueError(f"{where}: model_type must be 'gpt2', got {hf.get('model_type')!r}")
     checks = [
-        ("activation_function", field("activation_function", "gelu_new") in TANH_GELU,
+        ("activation_function", hf.get("activation_function", "gelu_new") in TANH_GELU,
          f"GPT-2's tanh GELU ({' or '.join(TANH_GELU)})"),
-        ("n_inner", field("n_inner") in (None, 4 * field("n_embd", 0)), "null or 4 * n_embd"),
-        ("tie_word_embeddings", field("tie_word_embeddings", True) is True, "true (the LM head is wte)"),
-        ("layer_norm_epsilon", field("layer_norm_epsilon", LN_EPS) == LN_EPS, f"{LN_EPS}"),
-        ("scale_attn_weights", field("scale_attn_weights", True) is True, "true (scores / sqrt(d_k))"),
-        ("scale_attn_by_inverse_layer_idx", field("scale_attn_by_inverse_layer_idx", False) is False, "false"),
-        ("add_cross_attention", field("add_cross_attention", False) is False, "false"),
+        ("n_inner", hf.get("n_inner") in (None, 4 * hf.get("n_embd", 0)), "null or 4 * n_embd"),
+        ("tie_word_embeddings", hf.get("tie_word_embeddings", True) is True, "true (the LM head is wte)"),
+        ("layer_norm_epsilon", hf.get("layer_norm_epsilon", LN_EPS) == LN_EPS, f"{LN_EPS}"),
+        ("scale_attn_weights", hf.get("scale_attn_weights", True) is True, "true (scores / sqrt(d_k))"),
+        ("scale_attn_by_inverse_layer_idx", hf.get("scale_attn_by_inverse_layer_idx", False) is False, "false"),
+        ("add_cross_attention", hf.get("add_cross_attention", False) is False, "false"),
     ]
     for name, ok, expected in checks:
         if not ok:
-            raise ValueError(f"{where}: {name} must be {expected} for microgpt, got {field(name)!r}")
+            raise ValueError(f"{where}: {name} must be {expected} for microgpt, got {hf.get(name)!r}")
     try:
-        return GPTConfig(n_layer=field("n_layer"), n_head=field("n_head"), d_model=field("n_embd"),
-                         block_size=field("n_positions"), vocab_size=field("vocab_size"))
+        return GPTConfig(n_layer=hf.get("n_layer"), n_head=hf.get("n_head"), d_model=hf.get("n_embd"),
+                         block_size=hf.get("n_positions"), vocab_size=hf.get("vocab_size"))
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: {e}") from None
 
