@@ -165,9 +165,16 @@ def build_parser() -> argparse.ArgumentParser:
     variant = dict(choices=list(ops.VARIANTS), default=None,
                    help=f"the cuda backend's kernels (default: {ops.DEFAULT_VARIANT})")
 
+    def model_flags(parser, saved=True):
+        """--backend and --variant; where a saved model runs (saved), --tokenizer too."""
+        parser.add_argument("--backend", choices=["auto", "numpy", "cuda"], default="auto")
+        parser.add_argument("--variant", **variant)
+        if saved:
+            parser.add_argument("--tokenizer", default=None, help="the tokenizer.json the model was trained with "
+                                "(default: the one its checkpoint records, or bytes)")
+
     t = sub.add_parser("train", help="train a model on a text file or the built-in corpus")
-    t.add_argument("--backend", choices=["auto", "numpy", "cuda"], default="auto")
-    t.add_argument("--variant", **variant)
+    model_flags(t, saved=False)
     t.add_argument("--preset", choices=list(PRESETS), default=None,
                    help="model sizes (default: andrea-12m on a GPU, a 2-layer d_model-64 model on the CPU); "
                         "each size flag replaces one of them")
@@ -203,10 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("sample", help="sample text from a checkpoint")
     sp.add_argument("checkpoint")
-    sp.add_argument("--backend", choices=["auto", "numpy", "cuda"], default="auto")
-    sp.add_argument("--variant", **variant)
-    sp.add_argument("--tokenizer", default=None, help="the tokenizer.json the model was trained with (default: "
-                    "the one its checkpoint records, or bytes)")
+    model_flags(sp)
     sp.add_argument("--prompt", default="")
     sp.add_argument("--max-new-tokens", type=count0, default=200)
     sp.add_argument("--temperature", type=rate, default=0.8)
@@ -233,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     cv.set_defaults(func=cmd_convert)
 
     plot.add_parser(sub).set_defaults(func=cmd_plot)
-    evaluate.add_parser(sub, variant).set_defaults(func=cmd_eval)
+    evaluate.add_parser(sub, model_flags).set_defaults(func=cmd_eval)
 
     i = sub.add_parser("info", help="the device, the compiled architecture, the kernels, a checkpoint; --explain: "
                        "every launch of a step, with its kernel and why, planned without a GPU")

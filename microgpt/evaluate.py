@@ -46,15 +46,13 @@ class Score:
         return self.loss_sum / (math.log(2) * self.bytes)
 
 
-def add_parser(sub, variant: dict):
-    """The `eval` subcommand's parser, on the command's subparsers; `variant`: the --variant flag's settings."""
+def add_parser(sub, model_flags):
+    """The `eval` subcommand's parser, on the command's subparsers; model_flags(parser) adds the command's
+    --backend, --variant and --tokenizer."""
     ev = sub.add_parser("eval", help="a checkpoint's loss, perplexity and bits per byte on a text file")
     ev.add_argument("checkpoint", help="a checkpoint, such as train's --out/model.ckpt")
     ev.add_argument("--data", required=True, metavar="FILE", help=f"a UTF-8 text file: {WINDOWS}")
-    ev.add_argument("--backend", choices=["auto", "numpy", "cuda"], default="auto")
-    ev.add_argument("--variant", **variant)
-    ev.add_argument("--tokenizer", default=None, help="the tokenizer.json the model was trained with (default: "
-                    "the one its checkpoint records, or bytes)")
+    model_flags(ev)
     ev.add_argument("--seq-len", type=count, default=None, help="the windows' length (default: the T the run "
                     "trained with, block_size unless train's --seq-len said otherwise)")
     ev.add_argument("--batch-size", type=count, default=8, help="windows a forward pass (default: 8)")
