@@ -25,7 +25,7 @@ from .runlog import StepLog, progress_postfix
 from .runs import RunFolder, RunFolderError
 from .tokenizer import ByteTokenizer
 from .usage import (UsageError, check_memory, flag, open_tokenizer, pick_backend, read_checkpoint, read_data,
-                    run_tokenizer)
+                    run_tokenizer, typed)
 
 # Without a GPU the command still runs, on a model small enough for numpy to train in seconds.
 CPU_SIZES = dict(n_layer=2, n_head=4, d_model=64, block_size=64)
@@ -201,8 +201,7 @@ def config_from_args(args, backend: str, vocab_size: int) -> GPTConfig:
     try:
         return GPTConfig.from_dict(fields)
     except ValueError as e:
-        typed = " ".join(f"{flag(k)} {getattr(args, k)}" for k in SIZE_FLAGS if getattr(args, k))
-        raise UsageError(f"{typed or 'the model sizes'}: {e}") from None
+        raise UsageError(f"{typed(args, SIZE_FLAGS) or 'the model sizes'}: {e}") from None
 
 
 def run_batch_size(extra: dict):
@@ -290,9 +289,8 @@ def cmd_train(args) -> int:
     if T > config.block_size:
         raise UsageError(f"--seq-len {T} is above the model's block_size {config.block_size}")
     B = args.batch_size or (run_batch_size(extra) or world * DEFAULT_BATCH_SIZE) // world  # per process
-    typed = " ".join(f"{flag(k)} {getattr(args, k)}" for k in ("batch_size", "seq_len", "eval_batches", *SIZE_FLAGS)
-                     if getattr(args, k, None))
-    check_memory(config, backend, typed, B, T, held=4 * args.eval_batches * world * B * (T + 1))  # + val batches
+    flags = typed(args, ("batch_size", "seq_len", "eval_batches", *SIZE_FLAGS))
+    check_memory(config, backend, flags, B, T, held=4 * args.eval_batches * world * B * (T + 1))  # + val batches
     train_tokens, val_tokens = training_tokens(args, tokenizer, T)
     train = BatchSampler(train_tokens, world * B, T, seed=args.seed)  # the global batch, dealt to the ranks
     val = BatchSampler(val_tokens, world * B, T, seed=args.seed + 1)

@@ -21,6 +21,11 @@ def flag(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
+def typed(args, fields) -> str:
+    """The flags of these fields that the user gave, as typed: '--batch-size 4 --n-layer 2'."""
+    return " ".join(f"{flag(k)} {getattr(args, k)}" for k in fields if getattr(args, k, None))
+
+
 class UsageError(Exception):
     """What the user typed cannot run; printed as one line, exit status 2."""
 
