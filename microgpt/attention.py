@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from . import reference as R
+from . import reference_ops
 from .backend import AttentionBackend
 from .kernels import engine, flash_attention_supported, release_at_exit
 from .ops import resolve, select
@@ -126,25 +127,36 @@ def grad_buffers(new, B, T, C, n_head, fused=False):
 
 # ---------------------------------------------------------------------------------------------- backends
 class NumpyAttention:
-    """The sublayer in the reference engine, on the CPU (one set of operations: any variant is accepted)."""
+    """The sublayer through microgpt.reference_ops, on the CPU (one set of operations: any variant is accepted):
+    every stage kept, with the scores before the mask and each row's log-sum-exp of the masked ones."""
 
     def __init__(self, n_head: int, variant: str | None = None):
         resolve(variant)
         self.n_head = n_head
         self.weights = None
-        self._cache = None
+        self._a = None
+
+    def _new(self, *shape):
+        return np.zeros(shape, np.float32)
 
     def load(self, weights):
         self.weights = dict(weights)
 
     def forward(self, x, keep_intermediates):
-        w = self.weights
-        out, self._cache = R.attention_fwd(x, w["qkv.w"], w["qkv.b"], w["proj.w"], w["proj.b"], self.n_head)
-        return out, ({k: self._cache[k] for k in INTERMEDIATES} if keep_intermediates else None)
+        B, T, C = x.shape
+        self._a = a = states(self._new, B, T, C, self.n_head, keep_scores=True)(self._new(B, T, C))
+        a.x = x
+        forward(reference_ops, x, self.weights, a, self.n_head)
+        if not keep_intermediates:
+            return a.out, None
+        return a.out, {k: getattr(a, k) for k in INTERMEDIATES if k != "lse"} | {"lse": R.logsumexp(a.masked)}
 
     def backward(self, dout):
-        dx, g = R.attention_bwd(dout, self._cache, self.weights["qkv.w"], self.weights["proj.w"], self.n_head)
-        return dx, {"qkv.w": g["w_qkv"], "qkv.b": g["b_qkv"], "proj.w": g["w_o"], "proj.b": g["b_o"]}
+        a = self._a
+        d = grad_buffers(self._new, *a.x.shape, self.n_head)
+        g = {k: np.zeros_like(v) for k, v in self.weights.items()}  # the ops add into weight gradients
+        backward(reference_ops, dout, a.x, self.weights, g, a, d, self.n_head)
+        return d.dx, g
 
 
 class CudaAttention:

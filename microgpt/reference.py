@@ -222,32 +222,3 @@ def adamw(param, grad, m, v, t, lr, beta1=0.9, beta2=0.95, eps=1e-8, weight_deca
     param = param - lr * m_hat / (np.sqrt(v_hat) + eps)
     return param, m, v
 
-
-# ---------------------------------------------------------------------------------------------- the attention sublayer
-def attention_fwd(x, w_qkv, b_qkv, w_o, b_o, n_head):
-    """The 12-head pipeline, stage by stage: fused QKV projection, split into heads, scores, causal mask,
-    softmax, weighted sum of V, concat, W_O. Returns the output and every intermediate (the cache)."""
-    qkv = linear_fwd(x, w_qkv, b_qkv)
-    q, k, v = split_heads_fwd(qkv, n_head)
-    scores = attn_scores_fwd(q, k)
-    masked = causal_mask_fwd(scores)
-    probs = softmax_fwd(masked)
-    heads = attn_values_fwd(probs, v)
-    y = merge_heads_fwd(heads)
-    out = linear_fwd(y, w_o, b_o)
-    cache = dict(x=x, qkv=qkv, q=q, k=k, v=v, scores=scores, masked=masked, probs=probs, heads=heads, y=y,
-                 lse=logsumexp(masked))
-    return out, cache
-
-
-def attention_bwd(dout, cache, w_qkv, w_o, n_head):
-    """Returns dx and the gradients of (w_qkv, b_qkv, w_o, b_o)."""
-    dy, dw_o, db_o = linear_bwd(dout, cache["y"], w_o)
-    dheads = merge_heads_bwd(dy, n_head)
-    dprobs, dv = attn_values_bwd(dheads, cache["probs"], cache["v"])
-    dmasked = softmax_bwd(dprobs, cache["probs"])
-    dscores = causal_mask_bwd(dmasked)
-    dq, dk = attn_scores_bwd(dscores, cache["q"], cache["k"])
-    dqkv = split_heads_bwd(dq, dk, dv)
-    dx, dw_qkv, db_qkv = linear_bwd(dqkv, cache["x"], w_qkv)
-    return dx, dict(w_qkv=dw_qkv, b_qkv=db_qkv, w_o=dw_o, b_o=db_o)

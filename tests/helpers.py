@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 
+from microgpt import reference as R
 from microgpt.kernels import virtual
 
 
@@ -171,3 +172,33 @@ def one_line_error(capsys, code):
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("microgpt: error: ") and "Traceback" not in err, err
     return lines[0]
+
+
+def attention_fwd(x, w_qkv, b_qkv, w_o, b_o, n_head):
+    """The attention sublayer composed of microgpt.reference's stages, the oracle of the package's own pipeline
+    (microgpt.attention): fused QKV projection, split into heads, scores, causal mask, softmax, weighted sum of V,
+    concat, W_O. Returns the output and every intermediate (the cache)."""
+    qkv = R.linear_fwd(x, w_qkv, b_qkv)
+    q, k, v = R.split_heads_fwd(qkv, n_head)
+    scores = R.attn_scores_fwd(q, k)
+    masked = R.causal_mask_fwd(scores)
+    probs = R.softmax_fwd(masked)
+    heads = R.attn_values_fwd(probs, v)
+    y = R.merge_heads_fwd(heads)
+    out = R.linear_fwd(y, w_o, b_o)
+    cache = dict(x=x, qkv=qkv, q=q, k=k, v=v, scores=scores, masked=masked, probs=probs, heads=heads, y=y,
+                 lse=R.logsumexp(masked))
+    return out, cache
+
+
+def attention_bwd(dout, cache, w_qkv, w_o, n_head):
+    """Returns dx and the gradients of (w_qkv, b_qkv, w_o, b_o)."""
+    dy, dw_o, db_o = R.linear_bwd(dout, cache["y"], w_o)
+    dheads = R.merge_heads_bwd(dy, n_head)
+    dprobs, dv = R.attn_values_bwd(dheads, cache["probs"], cache["v"])
+    dmasked = R.softmax_bwd(dprobs, cache["probs"])
+    dscores = R.causal_mask_bwd(dmasked)
+    dq, dk = R.attn_scores_bwd(dscores, cache["q"], cache["k"])
+    dqkv = R.split_heads_bwd(dq, dk, dv)
+    dx, dw_qkv, db_qkv = R.linear_bwd(dqkv, cache["x"], w_qkv)
+    return dx, dict(w_qkv=dw_qkv, b_qkv=db_qkv, w_o=dw_o, b_o=db_o)

@@ -12,6 +12,8 @@ from microgpt.backend import AttentionBackend, Backend
 from microgpt.backend_cuda import CudaBackend
 from microgpt.backend_numpy import NumpyBackend
 
+from helpers import attention_bwd, attention_fwd
+
 CFG = GPTConfig(n_layer=1, n_head=2, d_model=8, block_size=6, vocab_size=11)
 
 
@@ -56,14 +58,14 @@ def test_multi_head_attention_on_numpy_is_the_reference_pipeline(rng):
     x = rng.standard_normal((2, 5, 16)).astype(np.float32)
     out, inter = mha.forward(x, return_intermediates=True)
     w = mha.state_dict()
-    want, cache = R.attention_fwd(x, w["qkv.w"], w["qkv.b"], w["proj.w"], w["proj.b"], 4)
+    want, cache = attention_fwd(x, w["qkv.w"], w["qkv.b"], w["proj.w"], w["proj.b"], 4)
     np.testing.assert_array_equal(out, want)
     assert set(inter) == {"q", "k", "v", "scores", "masked", "probs", "heads", "lse", "y"}
     assert inter["scores"].shape == (2, 4, 5, 5) and inter["q"].shape == (2, 4, 5, 4)
     assert np.all(inter["masked"][..., np.triu_indices(5, 1)[0], np.triu_indices(5, 1)[1]] == R.MASK_VALUE)
     dout = rng.standard_normal((2, 5, 16)).astype(np.float32)
     dx = mha.backward(dout)
-    rdx, g = R.attention_bwd(dout, cache, w["qkv.w"], w["proj.w"], 4)
+    rdx, g = attention_bwd(dout, cache, w["qkv.w"], w["proj.w"], 4)
     np.testing.assert_array_equal(dx, rdx)
     np.testing.assert_array_equal(mha.grads["qkv.w"], g["w_qkv"])
     assert set(mha.grads) == set(w)

@@ -8,7 +8,7 @@ import pytest
 
 from microgpt import reference as R
 
-from helpers import rel_err
+from helpers import attention_bwd, attention_fwd, rel_err
 
 H = 1e-6  # central differences in float64: truncation ~H^2, rounding ~1e-16/H
 TOL = 1e-6
@@ -174,10 +174,10 @@ def test_attention_sublayer(rng):
     wq, bq, wo, bo = randn(rng, 3 * C, C) * 0.3, randn(rng, 3 * C), randn(rng, C, C) * 0.3, randn(rng, C)
 
     def grads(G):
-        _, cache = R.attention_fwd(x, wq, bq, wo, bo, NH)
-        dx, d = R.attention_bwd(G, cache, wq, wo, NH)
+        _, cache = attention_fwd(x, wq, bq, wo, bo, NH)
+        dx, d = attention_bwd(G, cache, wq, wo, NH)
         return dx, d["w_qkv"], d["b_qkv"], d["w_o"], d["b_o"]
-    check(lambda x, wq, bq, wo, bo: R.attention_fwd(x, wq, bq, wo, bo, NH)[0], [x, wq, bq, wo, bo],
+    check(lambda x, wq, bq, wo, bo: attention_fwd(x, wq, bq, wo, bo, NH)[0], [x, wq, bq, wo, bo],
           grads, rng, ["x", "w_qkv", "b_qkv", "w_o", "b_o"])
 
 
@@ -186,7 +186,7 @@ def test_attention_probabilities_rows_sum_to_one_and_are_causal(rng):
     C = NH * d_k
     x = rng.standard_normal((B, T, C)).astype(np.float32)
     w = (rng.standard_normal((3 * C, C)) * 0.5).astype(np.float32)
-    _, cache = R.attention_fwd(x, w, np.zeros(3 * C, np.float32), np.eye(C, dtype=np.float32),
+    _, cache = attention_fwd(x, w, np.zeros(3 * C, np.float32), np.eye(C, dtype=np.float32),
                                np.zeros(C, np.float32), NH)
     p = cache["probs"]
     assert p.dtype == np.float32
