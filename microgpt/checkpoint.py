@@ -56,7 +56,7 @@ FILE_DTYPE = np.dtype("<f4")
 READ_ATTEMPTS = 4  # a reader racing saves reads again; more than a few misses in a row is a corrupt file
 
 __all__ = ["Checkpoint", "CheckpointError", "NonFiniteError", "FORMAT", "VERSION", "save", "read", "read_meta",
-           "sidecar_path", "replace_file", "check_finite", "checksum"]
+           "sidecar_path", "replace_file", "check_finite", "checksum", "file_sha256"]
 
 
 class NonFiniteError(ValueError):
@@ -286,14 +286,15 @@ def _committed(name):
         meta = _load_sidecar(name)
     except (OSError, CheckpointError):
         return None
-    digest = _file_sha256(name)
+    digest = file_sha256(name)
     for candidate in (meta, meta.get("previous")):
         if isinstance(candidate, dict) and candidate.get("sha256") == digest:
             return _as_previous(candidate)
     return None
 
 
-def _file_sha256(name):
+def file_sha256(name) -> str:
+    """The sha256 of the file at name, read in chunks (`sha256sum` prints the same digest)."""
     h = hashlib.sha256()
     with open(name, "rb") as f:
         while chunk := f.read(1 << 24):

@@ -3,7 +3,6 @@ mapping, microgpt.checkpoint the ANDREA format). The tokenizer a checkpoint reco
 directory's tokenizer.json, and a directory's tokenizer.json is recorded in the checkpoint made from it."""
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 
@@ -30,7 +29,8 @@ def convert(src, dst) -> tuple[bool, GPTConfig, int]:
         model, extra = GPT.from_hf(src), {}
         hf_tokenizer = os.path.join(src, TOKENIZER_FILE)
         if os.path.isfile(hf_tokenizer):  # recorded as training records its tokenizer, for sample
-            extra["tokenizer"] = {"path": os.path.abspath(hf_tokenizer), "sha256": _sha256(hf_tokenizer)}
+            extra["tokenizer"] = {"path": os.path.abspath(hf_tokenizer),
+                                  "sha256": checkpoint.file_sha256(hf_tokenizer)}
     else:
         saved = checkpoint.read(src)
         model, extra = GPT.from_checkpoint(saved), saved.extra
@@ -43,8 +43,3 @@ def convert(src, dst) -> tuple[bool, GPTConfig, int]:
     os.makedirs(os.path.dirname(os.path.abspath(dst)), exist_ok=True)  # as train makes its --out
     model.save(dst, extra=extra)
     return False, model.config, 0
-
-
-def _sha256(path) -> str:
-    with open(path, "rb") as fh:
-        return hashlib.sha256(fh.read()).hexdigest()
