@@ -208,7 +208,7 @@ class BatchSampler:
     def state(self, state: dict) -> None:
         if not isinstance(state, dict):
             raise TypeError(f"state must be a dict from BatchSampler.state, got {type(state).__name__}")
-        missing = [k for k in ("rng", "words", "batches_drawn", "B", "T", "n_tokens") if k not in state]
+        missing = [k for k in self.state if k not in state]
         if missing:
             raise ValueError(f"state is missing {', '.join(missing)}")
         if state["rng"] != _tokens.RNG_NAME:
