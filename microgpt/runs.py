@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .checkpoint import sidecar_path
 from .runlog import LOG_NAME, RunLog
 
 try:
@@ -27,6 +28,7 @@ except ImportError:  # pragma: no cover - Windows: no flock; the folder is not g
 
 LOCK_NAME = ".lock"
 CHECKPOINT_NAME = "model.ckpt"
+CHECKPOINT_FILES = (CHECKPOINT_NAME, sidecar_path(CHECKPOINT_NAME))  # the binary and its sidecar
 
 
 class RunFolderError(Exception):
@@ -50,7 +52,7 @@ class RunFolder:
 
     def holds_run(self) -> bool:
         """Whether a run's checkpoint (or its sidecar) is here: what a new run would replace."""
-        return any(os.path.lexists(self.path / n) for n in (CHECKPOINT_NAME, CHECKPOINT_NAME + ".json"))
+        return any(os.path.lexists(self.path / n) for n in CHECKPOINT_FILES)
 
     def open(self, resumed_step: int | None = None) -> None:
         """Creates the folder if need be, checks that a file can be written in it, takes its lock, and opens its
@@ -65,7 +67,7 @@ class RunFolder:
             os.unlink(probe)
         except OSError as e:
             raise RunFolderError(f"{where} cannot be written: {e.strerror or e}") from None
-        for name in (CHECKPOINT_NAME, CHECKPOINT_NAME + ".json", LOCK_NAME, LOG_NAME):
+        for name in (*CHECKPOINT_FILES, LOCK_NAME, LOG_NAME):
             p = self.path / name
             if os.path.lexists(p) and not p.is_file():
                 raise RunFolderError(f"{where}: {p} is {'a folder' if p.is_dir() else 'not a file'}; a run "
