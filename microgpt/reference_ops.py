@@ -32,7 +32,7 @@ def layernorm_fwd(out, mean, rstd, x, w, b, **_):
 def layernorm_bwd(dx, dw, db, dout, x, w, mean, rstd, *, accumulate=False, **_):
     """dx written (accumulate: added into); dw, db added into."""
     gx, gw, gb = R.layernorm_bwd(dout, x, w, mean, rstd)
-    _put(dx, gx, accumulate)
+    dx[...] = dx + gx if accumulate else gx
     dw += gw
     db += gb
 
@@ -211,10 +211,3 @@ def adamw(params, grads, m, v, *, lr, beta1, beta2, eps, weight_decay, step, dec
         sel = decay == on
         params[sel], m[sel], v[sel] = R.adamw(params[sel], grads[sel], m[sel], v[sel], step, lr, beta1, beta2, eps,
                                               weight_decay if on else 0.0)
-
-
-def _put(out, value, accumulate):
-    if accumulate:
-        out += value
-    else:
-        out[...] = value
