@@ -1,7 +1,7 @@
 """GPTConfig: the sizes of one ANDREA model, checked when it is made."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 # name -> (n_layer, n_head, d_model, block_size, vocab_size); None = configurable (byte vocab by default)
 PRESETS = {
@@ -24,12 +24,12 @@ class GPTConfig:
     vocab_size: int
 
     def __post_init__(self):
-        for field in ("n_layer", "n_head", "d_model", "block_size", "vocab_size"):
-            value = getattr(self, field)
+        for field in fields(self):
+            value = getattr(self, field.name)
             if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"GPTConfig.{field} must be an int, got {type(value).__name__}")
+                raise TypeError(f"GPTConfig.{field.name} must be an int, got {type(value).__name__}")
             if value <= 0:
-                raise ValueError(f"GPTConfig.{field} must be positive, got {value}")
+                raise ValueError(f"GPTConfig.{field.name} must be positive, got {value}")
         if self.d_model % self.n_head:
             raise ValueError(
                 f"GPTConfig.n_head={self.n_head} must divide d_model={self.d_model} "
@@ -47,10 +47,7 @@ class GPTConfig:
         n_layer, n_head, d_model, preset_T, preset_V = PRESETS[name]
         if vocab_size is not None and preset_V is not None and vocab_size != preset_V:
             raise ValueError(f"vocab_size: preset {name!r} fixes it at {preset_V}, got {vocab_size}")
-        if preset_V is not None:
-            V = preset_V
-        else:
-            V = BYTE_VOCAB_SIZE if vocab_size is None else vocab_size
+        V = preset_V if preset_V is not None else BYTE_VOCAB_SIZE if vocab_size is None else vocab_size
         return cls(n_layer, n_head, d_model, preset_T if block_size is None else block_size, V)
 
     def to_dict(self) -> dict:
@@ -58,8 +55,8 @@ class GPTConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "GPTConfig":
-        fields = ("n_layer", "n_head", "d_model", "block_size", "vocab_size")
-        missing = [f for f in fields if f not in d]
+        names = [field.name for field in fields(cls)]
+        missing = [n for n in names if n not in d]
         if missing:
             raise ValueError(f"config is missing {', '.join(missing)}")
-        return cls(**{f: d[f] for f in fields})
+        return cls(**{n: d[n] for n in names})
