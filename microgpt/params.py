@@ -1,7 +1,7 @@
 """The parameter layout: where every tensor lives in the flat float32 vector.
 
-This table is the one definition of the order. Weights, gradients, Adam m and Adam v all use it, and so
-does the ANDREA checkpoint (`[i32 step][i32 n_params][weights][m][v]`, each vector in this order):
+This table is the one definition of the order: of weights, gradients, Adam m and v, and so of each vector of
+the ANDREA checkpoint (microgpt.checkpoint holds its format):
 
     wte                       (V, C)      token embedding, also the tied output projection
     wpe                       (T, C)      position embedding (T = block_size)
