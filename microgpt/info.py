@@ -67,9 +67,9 @@ def explain(config: GPTConfig, variant: str | None, B: int, T: int, device: str 
     plans, d = step_plans(config, variant, B, T, device, decode), virtual.DEVICES[device]
     what = f"a decode step of {B} sequences" if decode else f"a training step at B={B}, T={T}"
     name = resolve(variant)
-    with virtual.device(d):  # the attention: flash attention or stage by stage, and why
+    with virtual.device(d) as e:  # the attention: flash attention or stage by stage, and why
         att = ("one position against the cached keys and values" if decode else
-               flash_attention.reason(B, config.n_head, config.d_k, T) if VARIANTS[name].fused_attention else
+               flash_attention.reason(B, config.n_head, config.d_k, T, e) if VARIANTS[name].fused_attention else
                "stage by stage (the variant fuses none of it)")
     lines = [f"{what} of {config}", f"variant {name}, on {d.name} ({d.arch}, {d.sm_count} SMs)",
              f"attention: {att}"]
