@@ -19,7 +19,7 @@ from microgpt import ops as registry
 from microgpt.kernels import runtime
 from microgpt.kernels.layernorm_fast import BWD_BLOCKS, bwd_launch, bwd_rows_per_block
 
-from helpers import FakeArray, FakeEngine, op_call, op_sizes
+from helpers import FakeArray, FakeEngine, op_call, op_sizes, stand_in
 
 ROOT_CUDA = K.cuda_source_dir()
 
@@ -71,8 +71,9 @@ class CallerRecordingEngine(FakeEngine):
 
 @pytest.fixture
 def fake(monkeypatch):
-    e = CallerRecordingEngine(K.kernel_signatures())
-    monkeypatch.setattr(runtime, "_engine", e)
+    """The described device the tests' plans are for (Plan(fake)), and this process's engine besides (stand_in), for
+    what has no plan: an allocation's default, tools/kernel_cases' launches now."""
+    e = stand_in(monkeypatch, CallerRecordingEngine(K.kernel_signatures()))
     monkeypatch.setattr(runtime, "_persistent", [])  # nor freed at exit as if it were real
     return e
 

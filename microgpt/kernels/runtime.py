@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import gc
 import math
 import os
@@ -114,7 +115,6 @@ class SmLimits:
         return max(1, min(fit, 32))
 
 
-_engine = None
 _pools = weakref.WeakSet()       # memory pools, emptied at exit
 _holders = weakref.WeakSet()     # objects holding device memory, asked to release() it at exit
 _persistent = []                 # allocations that live as long as the process, freed at exit
@@ -161,35 +161,21 @@ class NoDevice(RuntimeError):
         self.reason = reason
 
 
+@functools.cache
 def engine() -> _Engine:
-    """The compiled module on the device, made at the first call; NoDevice where it cannot be."""
-    global _engine
-    if _engine is None:
-        try:
-            _engine = _Engine()
-        except ImportError as e:
-            raise NoDevice(f"PyCUDA is not installed ({e})", "install it with pip install 'microgpt[cuda]' on a "
-                           "machine with an NVIDIA GPU and the CUDA toolkit (nvcc), or use the numpy backend "
-                           "(the CPU)") from e
-        except Exception as e:  # the driver's errors (no device, no driver) and nvcc's
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            if type(e).__name__ == "CompileError" or isinstance(e, OSError):
-                raise NoDevice(f"the kernels did not compile ({first})", "the CUDA toolkit's nvcc must be on "
-                               "PATH") from e
-            raise NoDevice(f"no usable CUDA GPU ({first})", "check the GPU with nvidia-smi, or use the numpy "
-                           "backend (the CPU)") from e
-    return _engine
-
-
-@contextlib.contextmanager
-def using(stand_in):
-    """Inside, engine() is `stand_in` (microgpt.kernels.virtual: a described device); the real one after."""
-    global _engine
-    before, _engine = _engine, stand_in
+    """The compiled module on this process's GPU, made at the first call and kept (NoDevice where it cannot be, asked
+    again at the next call). Kernels are chosen for device_of(stream): this one, unless a Plan is for another."""
     try:
-        yield stand_in
-    finally:
-        _engine = before
+        return _Engine()
+    except ImportError as e:
+        raise NoDevice(f"PyCUDA is not installed ({e})", "install it with pip install 'microgpt[cuda]' on a machine "
+                       "with an NVIDIA GPU and the CUDA toolkit (nvcc), or use the numpy backend (the CPU)") from e
+    except Exception as e:  # the driver's errors (no device, no driver) and nvcc's
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if type(e).__name__ == "CompileError" or isinstance(e, OSError):
+            raise NoDevice(f"the kernels did not compile ({first})", "the CUDA toolkit's nvcc must be on PATH") from e
+        raise NoDevice(f"no usable CUDA GPU ({first})", "check the GPU with nvidia-smi, or use the numpy backend (the "
+                       "CPU)") from e
 
 
 def device_of(stream=None):
