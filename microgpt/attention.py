@@ -37,9 +37,9 @@ STATE = INTERMEDIATES + ("qkv", "out", "k_cache", "v_cache", "pos")
 # heads run in one op forward and one backward, read from qkv; otherwise stage by stage, keeping q, k, v and the
 # probabilities (and the scores before the mask in a.scores unless it is None: the fast variants write the masked
 # scores directly). A decode state (a.k_cache set) runs one new position against the cached keys and values.
-def fused(ops, d_k: int, T: int) -> bool:
-    """Whether the variant's attention runs fused at this head width and length on this device."""
-    return ops.variant.fused_attention and flash_attention_supported(d_k, T)
+def fused(ops, d_k: int, T: int, device) -> bool:
+    """Whether the variant's attention runs fused at this head width and length on `device` (a kernels engine)."""
+    return ops.variant.fused_attention and flash_attention_supported(d_k, T, device)
 
 
 def heads_fwd(ops, a, n_head):
@@ -184,7 +184,7 @@ class CudaAttention:
     def forward(self, x, keep_intermediates):
         B, T, C = x.shape
         make = states(self._new, B, T, C, self.n_head, keep_scores=self.ops.variant.keeps_scores,
-                      fused=fused(self.ops, C // self.n_head, T))
+                      fused=fused(self.ops, C // self.n_head, T, engine()))
         a = make(self._new(B, T, C))
         a.x = self.ga.to_gpu(x)
         forward(self.ops, a.x, self.weights, a, self.n_head)

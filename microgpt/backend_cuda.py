@@ -29,14 +29,16 @@ def device_views(table, flat):
 class CudaBackend:
     dtype = np.dtype(np.float32)
 
-    def __init__(self, config: GPTConfig, variant: str | None = None):
+    def __init__(self, config: GPTConfig, variant: str | None = None, device=None):
+        """device: the engine it runs on and plans for: this process's GPU (kernels.engine(), the default), or one
+        that microgpt.kernels.virtual describes, whose plans record what that GPU would run."""
         self.ops = select(variant)  # refuses an unknown variant before anything is allocated
-        engine = K.engine()
-        self.cuda, self.ga = engine.cuda, engine.ga
+        self.device = K.engine() if device is None else device
+        self.cuda, self.ga = self.device.cuda, self.device.ga
         self.config = config
         self.table = param_table(config)
-        self.stream = engine.cuda.Stream()
-        self.pool = engine.memory_pool()  # activations come and go with (B, T): reuse their memory
+        self.stream = self.cuda.Stream()
+        self.pool = self.device.memory_pool()  # activations come and go with (B, T): reuse their memory
         K.release_at_exit(self)
         n = num_params(config)
         self.flat = {which: self.ga.zeros(n, np.float32) for which in FLAT_VECTORS}
@@ -89,7 +91,7 @@ class CudaBackend:
         self._passes = {}
         self.pool.free_held()
         cfg, new = self.config, self._new
-        fused = attention.fused(self.ops, cfg.d_k, T)
+        fused = attention.fused(self.ops, cfg.d_k, T, self.device)
         b = model.activations(cfg, B, T, new, attention.states(new, B, T, cfg.d_model, cfg.n_head, fused=fused))
         b.fused = fused
         b.batch_host = self.cuda.pagelocked_empty((3, B, T), np.int32)
@@ -125,7 +127,7 @@ class CudaBackend:
 
     def _plan(self, b, pass_, transposed) -> K.Plan:
         """One pass of microgpt.model over b, pass_(ops), recorded, its products reading the weights split once."""
-        plan = K.Plan()
+        plan = K.Plan(self.device)
         with self._weight_splits(b, transposed).reading(plan):
             pass_(self.ops.on(plan))
         return plan
@@ -196,7 +198,7 @@ class CudaBackend:
         # the next tokens as k_sample chooses them, and the draws it chooses them by
         d.chosen, d.chosen_host = new(B, dtype=np.int32), self.cuda.pagelocked_empty(B, np.int32)
         d.u, d.u_host = new(B, dtype=np.float64), self.cuda.pagelocked_empty(B, np.float64)
-        plan = K.Plan()
+        plan = K.Plan(self.device)
         model.forward(self.ops.on(plan), self.P, cfg, d.a)
         d.step = K.Pass(plan, "decode")  # one CUDA graph, captured at the first decode
         self._dec = d

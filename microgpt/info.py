@@ -5,8 +5,8 @@
     phase     op                 kernel            grid     block  smem   why
     forward   matmul_fwd (tc)    k_gemm_wg_split   18x64    384    ...    3xTF32 wgmma from split operands ...
 
-A plan is the cuda backend's own (CudaBackend.plan), recorded on microgpt.kernels.virtual's device: the same
-launchers, the same choices, nothing run.
+A plan is the cuda backend's own (CudaBackend.plan) on microgpt.kernels.virtual's described device, a Plan for it:
+the same launchers, the same choices, nothing run.
 """
 from __future__ import annotations
 
@@ -51,13 +51,12 @@ def step_plans(config: GPTConfig, variant: str | None, B: int, T: int, device: s
                decode: bool = False) -> dict[str, Plan]:
     """The plans of one training step at (B, T) (forward with targets, backward, optimizer), or of one decode step
     of B sequences, on the described device `device` (a name of virtual.DEVICES)."""
-    with virtual.device(virtual.DEVICES[device]):
-        backend = CudaBackend(config, variant=variant)
-        if decode:
-            return {"decode": backend.plan("decode", B, 1)}
-        plans = {"forward": backend.plan("forward", B, T), "backward": backend.plan("backward", B, T)}
-        plans["optimizer"] = Plan()
-        backend.optimizer(backend.ops.on(plans["optimizer"]), **STEP)
+    backend = CudaBackend(config, variant=variant, device=virtual.Engine(virtual.DEVICES[device]))
+    if decode:
+        return {"decode": backend.plan("decode", B, 1)}
+    plans = {"forward": backend.plan("forward", B, T), "backward": backend.plan("backward", B, T)}
+    plans["optimizer"] = Plan(backend.device)
+    backend.optimizer(backend.ops.on(plans["optimizer"]), **STEP)
     return plans
 
 
@@ -67,10 +66,9 @@ def explain(config: GPTConfig, variant: str | None, B: int, T: int, device: str 
     plans, d = step_plans(config, variant, B, T, device, decode), virtual.DEVICES[device]
     what = f"a decode step of {B} sequences" if decode else f"a training step at B={B}, T={T}"
     name = resolve(variant)
-    with virtual.device(d):  # the attention: flash attention or stage by stage, and why
-        att = ("one position against the cached keys and values" if decode else
-               flash_attention.reason(B, config.n_head, config.d_k, T) if VARIANTS[name].fused_attention else
-               "stage by stage (the variant fuses none of it)")
+    att = ("one position against the cached keys and values" if decode else  # flash attention or stages, and why
+           flash_attention.reason(B, config.n_head, config.d_k, T, virtual.Engine(d)) if VARIANTS[name].fused_attention
+           else "stage by stage (the variant fuses none of it)")
     lines = [f"{what} of {config}", f"variant {name}, on {d.name} ({d.arch}, {d.sm_count} SMs)",
              f"attention: {att}"]
     for phase, plan in plans.items():

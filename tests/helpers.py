@@ -9,8 +9,9 @@ import sys
 
 import numpy as np
 
+from microgpt import kernels as K
 from microgpt import reference as R
-from microgpt.kernels import virtual
+from microgpt.kernels import runtime, virtual
 
 
 def rel_err(a, b):
@@ -103,6 +104,15 @@ class FakeEngine(virtual.Engine):
     def __init__(self, signatures, sm_count=132, arch="sm_90a", max_shared=227 * 1024):
         super().__init__(dataclasses.replace(virtual.H200, arch=arch, sm_count=sm_count, max_shared=max_shared),
                          signatures)
+
+
+def stand_in(monkeypatch, engine):
+    """engine as this process's engine for one test (runtime.engine(), which launches without a Plan and default
+    allocations reach through device_of, and kernels.engine(), which the tools call): a GPU's double for code that
+    runs on the process's GPU rather than planning for a described one. Returns engine."""
+    monkeypatch.setattr(runtime, "engine", lambda: engine)
+    monkeypatch.setattr(K, "engine", lambda: engine)
+    return engine
 
 
 # ---------------------------------------------------------------------------------------------- an op's arguments

@@ -12,6 +12,7 @@ import pytest
 
 from microgpt import GPT, GPTConfig, checkpoint
 from microgpt.cli import main
+from microgpt import kernels
 from microgpt.kernels import runtime
 
 from helpers import GPU_REASON, SMALL_RUN as SMALL, one_line_error
@@ -331,7 +332,7 @@ def test_a_driver_without_a_device_is_named(monkeypatch):
 
     def no_device():
         raise DriverError("cuInit failed: no CUDA-capable device is detected")
-    monkeypatch.setattr(runtime, "_engine", None)
+    monkeypatch.setattr(kernels, "engine", runtime.engine.__wrapped__)  # made anew, past the one cached
     monkeypatch.setattr(runtime, "_Engine", no_device)
     with pytest.raises(runtime.NoDevice, match="no usable CUDA GPU \\(cuInit failed: no CUDA-capable device is "
                                                "detected\\); check the GPU with nvidia-smi"):

@@ -217,7 +217,7 @@ def test_a_prefill_through_flash_attention_fills_the_caches_as_a_full_forward_re
     cfg = GPTConfig(n_layer=2, n_head=2, d_model=64, block_size=136, vocab_size=97)  # d_k 32
     gpu = GPT(cfg, backend="cuda", seed=3, variant="tc")
     T = cfg.block_size
-    if not K.flash_attention_supported(cfg.d_model // cfg.n_head, 130):
+    if not K.flash_attention_supported(cfg.d_model // cfg.n_head, 130, K.engine()):
         pytest.skip("flash attention does not run on this device")
     idx = rng.integers(0, cfg.vocab_size, size=(2, T)).astype(np.int32)
     steps = [gpu.backend.prefill(idx[:, :130])]

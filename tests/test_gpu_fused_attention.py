@@ -147,7 +147,7 @@ def test_the_tc_launcher_takes_the_reference_kernels_where_flash_attention_canno
     """There the tc variant's launch is the reference kernels', the same bits, and the model's attention the fast
     pipeline."""
     B, NH = 1, 2
-    assert not K.flash_attention_supported(d_k, T)
+    assert not K.flash_attention_supported(d_k, T, K.engine())
     qkv_h = rng.standard_normal((B, T, 3 * NH * d_k)).astype(np.float32)
     dy_h = rng.standard_normal((B, T, NH * d_k)).astype(np.float32)
     tc = fused(ga, "tc", ga.to_gpu(qkv_h), ga.to_gpu(dy_h), NH)

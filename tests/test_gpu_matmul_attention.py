@@ -24,7 +24,7 @@ def ga():
 
 
 def needs_wgmma():
-    if not K.warpgroup_mma():
+    if not K.warpgroup_mma(K.engine()):
         pytest.skip(f"{K.device_summary()}: the fused kernel is the wgmma path's (sm_90a)")
 
 

@@ -74,7 +74,7 @@ SHAPES = [(1024, 768, 2304), (8192, 768, 3072), (1000, 700, 320), (130, 257, 256
 @pytest.mark.parametrize("N,C,OUT", SHAPES)
 @pytest.mark.parametrize("accumulate", [False, True])
 def test_the_fused_backward_is_as_accurate_as_the_ops_apart(ga, rng, N, C, OUT, accumulate):
-    if not K.warpgroup_mma():
+    if not K.warpgroup_mma(K.engine()):
         pytest.skip(f"{K.device_summary()}: the fused kernel is the wgmma path's (sm_90a)")
     h = draw(rng, N, C, OUT)
     ref = reference(h)
@@ -104,7 +104,7 @@ def test_the_fused_backward_is_as_accurate_as_the_ops_apart(ga, rng, N, C, OUT, 
 def test_a_replayed_plan_repeats_its_bits(ga, rng):
     """The row tiles' counters are set back to zero by the last tile of each row: a recorded plan replayed (as the
     model's backward is, every step) gives the same dx each time, and adds the same dw and db."""
-    if not K.warpgroup_mma():
+    if not K.warpgroup_mma(K.engine()):
         pytest.skip(f"{K.device_summary()}: the fused kernel is the wgmma path's (sm_90a)")
     N, C, OUT = 1000, 768, 2304
     arrays, dinp = arguments(ga, draw(rng, N, C, OUT)), device(ga, np.zeros((N, C), np.float32))

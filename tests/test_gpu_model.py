@@ -64,7 +64,7 @@ def test_multi_head_attention_matches_numpy(rng, B, T, C, NH, variant):
     out_r, inter_r = ref.forward(x, return_intermediates=True)
     out_g, inter_g = gpu.forward(x, return_intermediates=True)
     close("attention out", out_g, out_r, 1e-5)
-    if fused(gpu.backend.ops, C // NH, T):  # flash attention: its output and log-sum-exp, no per-head stage
+    if fused(gpu.backend.ops, C // NH, T, K.engine()):  # flash attention: its output and log-sum-exp, no per-head stage
         assert set(inter_g) == {"y", "lse"}
     else:
         assert set(inter_g) == set(inter_r) - {"lse"} - (set() if VARIANTS[variant].keeps_scores else {"scores"})
@@ -185,7 +185,7 @@ def test_the_tc_passes_split_each_weight_once_and_keep_the_bits(rng, monkeypatch
     """On sm_90a the tc forward and backward split the weights their products read from split operands in one launch
     each, at the pass's start (K.weight_splits), in place of one split pass a product: two training steps give every
     bit of the passes that split them product by product."""
-    if not K.warpgroup_mma():
+    if not K.warpgroup_mma(K.engine()):
         pytest.skip(f"{K.device_summary()}: split operands are the wgmma path's (sm_90a)")
     cfg = GPTConfig(n_layer=2, n_head=4, d_model=256, block_size=130, vocab_size=300)  # K >= 256: the wgmma kernel
     idx, tgt = rng.integers(0, cfg.vocab_size, size=(2, 2, 130))
@@ -268,12 +268,12 @@ def test_the_model_runs_its_variants_kernels_and_only_kernels_of_the_registry(rn
     else:
         assert "k_matmul_fwd" not in launched and "k_attn_scores_fwd" not in launched  # mask fused into scores
         # at T = 19 the tc variant's attention is the pipeline too (below flash attention's MIN_T: the next test)
-        assert not fused(gpu.backend.ops, SMALL.d_model // SMALL.n_head, 19)
+        assert not fused(gpu.backend.ops, SMALL.d_model // SMALL.n_head, 19, K.engine())
         memory_bound = {"gelu_fwd", "gelu_bwd", "split_heads_fwd", "split_heads_bwd", "merge_heads_fwd",
                         "merge_heads_bwd", "crossentropy_bwd", "embed_fwd"}  # fast's, which tc runs too
         assert {f"k_{op}_fast" for op in memory_bound} <= launched
         assert not {f"k_{op}" for op in memory_bound} & launched
-        if variant == "tc" and K.tensor_cores():
+        if variant == "tc" and K.tensor_cores(K.engine()):
             # at d_model 64 the dX of qkv and mlp.fc (K = 3C, 4C) are long enough for the tensor cores, on the
             # 128 x 64 tile (N = C), mma.sync on any device (too few outputs for wgmma: WG_MIN_OUTPUTS); the
             # forward (K = C) and the weight gradients (K = B*T = 38) are too short for them (TC_MIN_K)
@@ -284,7 +284,7 @@ def test_the_model_runs_its_variants_kernels_and_only_kernels_of_the_registry(rn
 
 def test_the_tc_model_at_flash_attentions_lengths_runs_it_and_no_head_split_merge_or_softmax(rng):
     cfg = GPTConfig(n_layer=2, n_head=2, d_model=64, block_size=130, vocab_size=97)  # d_k 32
-    if not K.flash_attention_supported(cfg.d_model // cfg.n_head, cfg.block_size):
+    if not K.flash_attention_supported(cfg.d_model // cfg.n_head, cfg.block_size, K.engine()):
         pytest.skip("flash attention does not run on this device")
     gpu = GPT(cfg, backend="cuda", variant="tc")
     idx = rng.integers(0, cfg.vocab_size, size=(2, cfg.block_size))

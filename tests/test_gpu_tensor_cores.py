@@ -49,8 +49,8 @@ def poisoned(ga, *shape):
 def test_the_device_has_tensor_cores():
     """The rest of this file measures the tensor cores; below sm_80 tc runs the SIMT SGEMM instead, and on
     compute capability 9.0 the module is built for sm_90a, whose wgmma kernels run the products."""
-    assert K.tensor_cores(), f"{K.device_summary()}: no TF32 tensor cores (sm_80 and later)"
-    assert K.warpgroup_mma() == (K.engine().device.compute_capability() == (9, 0))
+    assert K.tensor_cores(K.engine()), f"{K.device_summary()}: no TF32 tensor cores (sm_80 and later)"
+    assert K.warpgroup_mma(K.engine()) == (K.engine().device.compute_capability() == (9, 0))
 
 
 @pytest.mark.parametrize("layer", list(LAYERS))
@@ -163,9 +163,9 @@ def test_the_bias_gradient_inside_the_weight_gradients_product(ga, rng, case):
     d_h = rng.standard_normal((N, OUT)).astype(np.float32)
     dw0, db0 = rng.standard_normal((OUT, IN)).astype(np.float32), rng.standard_normal(OUT).astype(np.float32)
     x, w, d = ga.to_gpu(x_h), ga.to_gpu(w_h), ga.to_gpu(d_h)
-    if K.warpgroup_mma():  # the path under test: the wgmma kernel, split or not as the case says
+    if K.warpgroup_mma(K.engine()):  # the path under test: the wgmma kernel, split or not as the case says
         g = K.Gemm.dense(OUT, IN, N, trans_a=True, beta=1.0)
-        assert K.matmul_tc.tc_kernel(g)[0] == "k_gemm_wg_tn"
+        assert K.matmul_tc.tc_kernel(g, K.engine())[0] == "k_gemm_wg_tn"
         assert (g.splits(K.engine().sm_count, per_sm=1) == 1) == case.endswith("unsplit"), case
         plan = K.Plan()
         TC.matmul_bwd(poisoned(ga, N, IN), ga.to_gpu(dw0), ga.to_gpu(db0), d, x, w, stream=plan)
@@ -211,7 +211,7 @@ def test_split_operands_give_the_wgmma_kernels_bits(ga, rng, M, N, K_, tb):
     """The split passes and k_gemm_wg_split compute what the wgmma kernel computes from the raw operands, to the
     bit (the same split, the same products in the same order), with and without alpha, bias and beta, on fresh
     inputs and a poisoned c; and the default takes that path."""
-    if not K.warpgroup_mma():
+    if not K.warpgroup_mma(K.engine()):
         pytest.skip(f"{K.device_summary()}: split operands are the wgmma path's (sm_90a)")
     a = ga.to_gpu(rng.standard_normal((M, K_)).astype(np.float32))
     b = ga.to_gpu(rng.standard_normal((N, K_) if tb else (K_, N)).astype(np.float32))
@@ -269,7 +269,7 @@ def test_products_reading_weights_split_once_give_the_same_bits(ga, rng, M, OUT,
     """A linear layer's forward and dX product recorded inside weight_splits(...).reading(plan) take the weight's split
     from the batch launch the plan starts with (no split pass of their own for it) and give the bits of the products
     that split it themselves."""
-    if not K.warpgroup_mma():
+    if not K.warpgroup_mma(K.engine()):
         pytest.skip(f"{K.device_summary()}: split operands are the wgmma path's (sm_90a)")
     w = ga.to_gpu((0.05 * rng.standard_normal((OUT, IN))).astype(np.float32))
     bias = ga.to_gpu(rng.standard_normal(OUT).astype(np.float32))

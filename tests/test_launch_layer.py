@@ -19,7 +19,7 @@ from microgpt import ops as registry
 from microgpt.kernels import runtime
 from microgpt.kernels.layernorm_fast import BWD_BLOCKS, bwd_launch, bwd_rows_per_block
 
-from helpers import FakeArray, FakeEngine, op_call, op_sizes
+from helpers import FakeArray, FakeEngine, op_call, op_sizes, stand_in
 
 ROOT_CUDA = K.cuda_source_dir()
 
@@ -71,25 +71,26 @@ class CallerRecordingEngine(FakeEngine):
 
 @pytest.fixture
 def fake(monkeypatch):
-    e = CallerRecordingEngine(K.kernel_signatures())
-    monkeypatch.setattr(runtime, "_engine", e)
+    """The described device the tests' plans are for (Plan(fake)), and this process's engine besides (stand_in), for
+    what has no plan: an allocation's default, tools/kernel_cases' launches now."""
+    e = stand_in(monkeypatch, CallerRecordingEngine(K.kernel_signatures()))
     monkeypatch.setattr(runtime, "_persistent", [])  # nor freed at exit as if it were real
     return e
 
 
-def run_every_launcher(fake=None):
+def run_every_launcher(fake, sm_80=True):
     """Every op of the registry in every variant, and the generic product in its four transposes; on
-    Hopper (sm_90a, wgmma) and, with `fake`, again on an sm_80 device (mma.sync)."""
-    plan = _run_every_launcher()
-    if fake is not None:
+    Hopper (sm_90a, wgmma) and, with sm_80, again on an sm_80 device (mma.sync)."""
+    plan = _run_every_launcher(fake)
+    if sm_80:
         fake.arch = "sm_80"
-        plan += _run_every_launcher()
+        plan += _run_every_launcher(fake)
         fake.arch = "sm_90a"
     return plan
 
 
-def _run_every_launcher():
-    plan = K.Plan()
+def _run_every_launcher(fake):
+    plan = K.Plan(fake)
     for variant in O.VARIANTS:
         ops = O.select(variant)
         for op, call in CALLS.items():
@@ -152,7 +153,7 @@ def test_every_op_launches_kernels_of_the_header_it_names(fake):
     headers = K.kernel_headers()
     for op, spec in O.OPS.items():
         assert (ROOT_CUDA / spec.header).is_file(), (op, spec.header)
-        plan = K.Plan()
+        plan = K.Plan(fake)
         args, kw = CALLS[op]()
         spec.kernels["reference"](*args, **kw, stream=plan)
         launched = {headers[name] for name, *_ in plan if name != "memset"}
@@ -173,7 +174,7 @@ def test_each_kernel_is_launched_from_the_module_named_after_its_header(fake):
 
 
 def test_every_launch_passes_what_its_kernels_format_asks_for(fake):
-    plan = run_every_launcher()
+    plan = run_every_launcher(fake, sm_80=False)
     assert len(plan) > len(K.kernel_names())
     for name, _, grid, args, shared, block in plan:
         if name == "memset":  # global_norm's zeroing of sumsq: a pointer and a count of words
@@ -189,7 +190,7 @@ def test_every_launch_passes_what_its_kernels_format_asks_for(fake):
 
 
 def test_the_variants_run_their_own_launchers(fake):
-    plan = K.Plan()
+    plan = K.Plan(fake)
     O.select("reference").matmul_fwd(*CALLS["matmul_fwd"]()[0], stream=plan)
     O.select("fast").matmul_fwd(*CALLS["matmul_fwd"]()[0], stream=plan)
     O.select("fast").causal_scores_fwd(*CALLS["causal_scores_fwd"]()[0], stream=plan)
@@ -199,7 +200,7 @@ def test_the_variants_run_their_own_launchers(fake):
 
 
 def test_split_k_cuts_a_weight_gradient_and_reduces_it_in_order(fake):
-    plan = K.Plan()
+    plan = K.Plan(fake)
     O.select("fast").matmul_bwd(*CALLS["matmul_bwd"]()[0], stream=plan)
     names = [name for name, *_ in plan]
     assert names == ["k_sgemm_nn_n64", "k_sgemm_tn_n64", "k_splitk_reduce", "k_colsum_partial", "k_colsum_reduce"]
@@ -216,7 +217,7 @@ def test_the_fast_layernorm_backward_is_one_launch_set_by_n_alone(fake):
     (a thread per 4 columns, rounded up to a warp) up to 4096 columns; wider rows take the wide kernel's blocks of
     1024 threads."""
     def launches(N, C):
-        plan = K.Plan()
+        plan = K.Plan(fake)
         K.layernorm_bwd_fast(f32(N, C), f32(C), f32(C), f32(N, C), f32(N, C), f32(C), f32(N), f32(N),
                              accumulate=True, stream=plan)
         (kernel, _, grid, args, shared, threads), = plan
@@ -260,7 +261,7 @@ def test_the_profile_cases_launch_every_kernel(fake):
         from kernel_cases import Shape, build_cases
     finally:
         sys.path.pop(0)
-    plan = K.Plan()
+    plan = K.Plan(fake)
     for case in build_cases(Shape(B=2, T=512, C=64, NH=4, V=97)):
         case.launch(plan)
     missing = set(K.kernel_names()) - {name for name, *_ in plan}
@@ -304,7 +305,7 @@ def test_select_gives_every_op_and_falls_back_to_the_reference():
 def test_bad_arguments_are_refused_naming_them(fake):
     x, w = f32(2, 3, 8), f32(8)
     out, mean, rstd = f32(2, 3, 8), f32(2, 3), f32(2, 3)
-    plan = K.Plan()
+    plan = K.Plan(fake)
     with pytest.raises(TypeError, match="b must be float32, got float64"):
         K.layernorm_fwd(out, mean, rstd, x, w, FakeArray((8,), np.float64), stream=plan)
     with pytest.raises(ValueError, match=r"w must have shape \(8,\), got \(7,\)"):
@@ -348,7 +349,7 @@ def test_bad_arguments_are_refused_naming_them(fake):
 
 def test_token_ids_outside_the_vocabulary_are_refused(fake, monkeypatch):
     monkeypatch.setattr(fake.cuda, "memcpy_dtoh", lambda host, p: host.fill(10))
-    plan = K.Plan()
+    plan = K.Plan(fake)
     for variant in O.VARIANTS:
         with pytest.raises(ValueError, match=r"idx holds token id 10, outside \[0, 10\)"):
             O.launcher("embed_fwd", variant)(f32(2, 3, 4), i32(2, 3), f32(10, 4), f32(3, 4), stream=plan)
@@ -359,7 +360,7 @@ def test_token_ids_outside_the_vocabulary_are_refused(fake, monkeypatch):
 
 def test_the_sampling_launcher_refuses_bad_arguments_by_name(fake):
     tokens, logits, u = i32(3), f32(3, 20), FakeArray((3,), np.float64)
-    plan = K.Plan()
+    plan = K.Plan(fake)
     with pytest.raises(ValueError, match=r"u must be a float64 device array of shape \(3,\)"):
         K.sample(tokens, logits, None, 0.8, stream=plan)
     with pytest.raises(TypeError, match="u must be float64, got float32"):
@@ -373,7 +374,7 @@ def test_the_sampling_launcher_refuses_bad_arguments_by_name(fake):
     with pytest.raises(ValueError, match="temperature must be >= 0"):
         K.sample(tokens, logits, u, -1, stream=plan)
     assert plan == []
-    plan = K.Plan()
+    plan = K.Plan(fake)
     K.sample(tokens, logits, None, 0, stream=plan)  # greedy draws nothing: u may be None
     K.sample(tokens, logits, u, 0.5, stream=plan)
     # top_k and top_p left out become "no cut": V and 1.0; one block of SAMPLE_THREADS a row
@@ -414,7 +415,7 @@ def test_the_wgmma_weight_gradient_takes_the_bias_gradient_in_its_pass_over_dout
     the column-sum pass stays."""
     def launches(N, OUT, IN):
         db = f32(OUT)
-        plan = K.Plan()
+        plan = K.Plan(fake)
         K.matmul_bwd_tc(f32(N, IN), f32(OUT, IN), db, f32(N, OUT), f32(N, IN), f32(OUT, IN), stream=plan)
         return db.gpudata, [name for name, *_ in plan], plan
 
@@ -446,8 +447,8 @@ def test_the_wgmma_weight_gradient_takes_the_bias_gradient_in_its_pass_over_dout
                                         ("sm_90a", True, True), ("sm_100", True, False), ("sm_120", True, False)])
 def test_the_tensor_core_paths_follow_the_architecture(fake, arch, tc, wg):
     fake.arch = arch
-    assert K.tensor_cores() == tc and K.warpgroup_mma() == wg
-    plan = K.Plan()
+    assert K.tensor_cores(fake) == tc and K.warpgroup_mma(fake) == wg
+    plan = K.Plan(fake)
     K.sgemm(f32(300, 200), f32(300, 256), f32(256, 200), split=False, stream=plan, units="tc")
     K.sgemm(f32(300, 200), f32(300, 255), f32(255, 200), stream=plan, units="tc")  # K below WG_MIN_K: mma.sync there too
     K.sgemm(f32(100, 100), f32(100, 256), f32(256, 100), stream=plan, units="tc")  # fewer outputs than WG_MIN_OUTPUTS: so too
@@ -474,7 +475,7 @@ def test_split_operands_share_the_plans_workspace(fake):
     sizes = K.int_constants()
     assert (sizes["TC_SPLIT_ROWS"], sizes["TC_SPLIT_K"]) == (128, 32)
     a1, b1, c1, bias1 = f32(1000, 300), f32(300, 333), f32(1000, 333), f32(333)
-    plan = K.Plan()
+    plan = K.Plan(fake)
     K.sgemm(c1, a1, b1, bias=bias1, alpha=0.5, beta=2.0, stream=plan, units="tc")
     K.sgemm(f32(300, 200), f32(300, 256), f32(200, 256), trans_b=True, bias=f32(200), stream=plan, units="tc")  # fits: the same
     # larger: a workspace of its own
@@ -492,7 +493,7 @@ def test_split_operands_share_the_plans_workspace(fake):
     assert plan[3][3][0] == ws and plan[4][3][0] == ws + 8 * 384 * 256  # the second product: the same workspace
     assert plan[6][3][0] != ws and plan[6][3][0] == plan.workspace.gpudata
     assert plan.workspace.size == 2 * (2048 * 512 + 512 * 512)
-    plan = K.Plan()
+    plan = K.Plan(fake)
     K.sgemm(f32(3, 300, 200), f32(3, 300, 256), f32(3, 256, 200), stream=plan, units="tc")  # a batch
     K.sgemm(f32(300, 200), f32(256, 300), f32(256, 200), trans_a=True, stream=plan, units="tc")  # A transposed
     K.sgemm(f32(4099, 130), f32(4099, 772), f32(772, 130), stream=plan, units="tc")  # plain, few tiles: split over K
@@ -502,7 +503,7 @@ def test_split_operands_share_the_plans_workspace(fake):
     assert plan[2][2][2] > 1  # the split-K slices, a batch of the wgmma kernel
     for N, split in ((16383 * 128, True), (16383 * 128 + 1, False)):  # k_tf32_split_t's grid: N_pad / 32 <= 65535
         g = K.Gemm.dense(256, N, 256)
-        assert K.matmul_tc.split_operands(g, K.matmul_tc.tc_kernel(g)) == split, N
+        assert K.matmul_tc.split_operands(g, K.matmul_tc.tc_kernel(g, fake)) == split, N
 
 
 def test_the_forward_and_backward_splits_share_one_arena_the_size_of_the_larger(fake):
@@ -537,7 +538,7 @@ def test_weights_split_once_go_first_in_the_plan_and_replace_the_products_own_sp
     w1, w2, unused = f32(300, 257), f32(1000, 333), f32(512, 512)
     inp1, dout2 = f32(600, 257), f32(600, 1000)
     fwd, bwd = K.weight_splits([w1, w2, unused], False), K.weight_splits([w1, w2, unused], True)
-    plan = K.Plan()
+    plan = K.Plan(fake)
     with fwd.reading(plan), bwd.reading(plan):
         O.select("tc").matmul_fwd(f32(600, 300), inp1, w1, f32(300), stream=plan)   # out = inp @ w1^T: w1 as it is
         # dinp = dout @ w2: w2 transposed (a bias: not split-K)
@@ -580,7 +581,7 @@ def test_weights_split_once_go_first_in_the_plan_and_replace_the_products_own_sp
             pass
     fake.arch = "sm_80"  # no split operands: nothing found, nothing launched
     sm80 = K.weight_splits([w1], False)
-    plan = K.Plan()
+    plan = K.Plan(fake)
     with sm80.reading(plan):
         O.select("tc").matmul_fwd(f32(600, 300), inp1, w1, f32(300), stream=plan)
     assert len(sm80) == 0 and [p[0] for p in plan] == ["k_gemm_tc_nt"]
@@ -605,7 +606,7 @@ def test_tc_fuses_the_layernorm_backward_into_the_dx_product_where_it_can(fake, 
     adds into dw and db itself; elsewhere its matmul_bwd, then layernorm_bwd_fast."""
     args, dinp = _matmul_layernorm_bwd_args(N, C, OUT)
     fake.arch = arch
-    plan = K.Plan()
+    plan = K.Plan(fake)
     O.select("tc").matmul_layernorm_bwd(*args, dinp=dinp, accumulate=True, stream=plan)
     names = [p[0] for p in plan]
     if not fused:
@@ -632,7 +633,7 @@ def test_matmul_layernorm_bwd_refuses_bad_arguments_before_any_launch(fake, vari
         dinp = bad
     elif at is not None:
         args[at] = bad
-    plan = K.Plan()
+    plan = K.Plan(fake)
     with pytest.raises(error, match=named):
         O.select(variant).matmul_layernorm_bwd(*args, dinp=dinp, **kw, stream=plan)
     assert not plan
@@ -658,12 +659,12 @@ def test_tc_sums_flash_attentions_delta_in_the_dx_product_where_it_can(fake, arc
     k_flash_bwd_delta_rows; elsewhere its matmul_bwd, then its fused_attention_bwd."""
     args, dy = _matmul_attention_bwd_args(B, T, C, NH), f32(B, T, C)
     fake.arch = arch
-    plan = K.Plan()
+    plan = K.Plan(fake)
     O.select("tc").matmul_attention_bwd(*args, dy=dy, stream=plan)
     names = [p[0] for p in plan]
     if not fused:
         assert "k_gemm_wg_split_delta" not in names, names
-        flash = K.flash_attention.runs(B, NH, C // NH, T)
+        flash = K.flash_attention.runs(B, NH, C // NH, T, fake)
         assert ("k_flash_bwd_delta_rows" in names) == flash and names[-1].startswith(
             "k_flash_bwd_d" if flash else "k_fused_attention_bwd"), names
         return
@@ -692,7 +693,7 @@ def test_matmul_attention_bwd_refuses_bad_arguments_before_any_launch(fake, vari
         dy = bad
     else:
         args[at] = bad
-    plan = K.Plan()
+    plan = K.Plan(fake)
     with pytest.raises(error, match=named):
         O.select(variant).matmul_attention_bwd(*args, dy=dy, stream=plan)
     assert not plan
@@ -720,7 +721,7 @@ def test_the_layernorm_forward_is_staged_where_its_rows_allow(fake, arch, C, mis
     arrays = [f32(N, C), f32(N), f32(N), f32(N, C), f32(C), f32(C)]
     if misaligned is not None:
         _misaligned(arrays[misaligned])
-    plan = K.Plan()
+    plan = K.Plan(fake)
     O.launcher("layernorm_fwd", "fast")(*arrays, stream=plan)
     warps, max_c = K.int_constants()["LN_STAGED_WARPS"], K.int_constants()["LN_STAGED_MAX_C"]
     assert max_c == 1024
@@ -738,7 +739,7 @@ def test_empty_products_launch_nothing_and_oversized_grids_are_refused(fake):
     for units in ("simt", "tc"):  # empty arrays are refused by name before anything
         with pytest.raises(ValueError, match="a must not be empty"):
             K.sgemm(f32(0, 200), f32(0, 256), f32(256, 200), units=units)
-    plan = K.Plan()  # an empty Gemm given to gemm directly: no zero-sized grid
+    plan = K.Plan(fake)  # an empty Gemm given to gemm directly: no zero-sized grid
     for units in ("simt", "tc"):
         K.gemm(K.Gemm.dense(0, 200, 256, units=units), 1, 1, 1, stream=plan)
         K.gemm(K.Gemm.dense(300, 0, 256, units=units), 1, 1, 1, stream=plan)
@@ -746,7 +747,7 @@ def test_empty_products_launch_nothing_and_oversized_grids_are_refused(fake):
     with pytest.raises(ValueError, match="batch = 70000"):
         K.sgemm(f32(70000, 2, 2), f32(70000, 2, 2), f32(70000, 2, 2))
     # flash attention's grid is (tiles, NH, B): past 65535 batch rows (or heads) the reference kernels run it
-    plan = K.Plan()
+    plan = K.Plan(fake)
     K.fused_attention_fwd_tc(f32(70000, 130, 64), f32(70000, 2, 130), f32(70000, 130, 192), 2, stream=plan)
     K.fused_attention_bwd_tc(f32(70000, 130, 192), f32(70000, 130, 64), f32(70000, 130, 192),
                              f32(70000, 130, 64), f32(70000, 2, 130), 2, stream=plan)

@@ -39,9 +39,12 @@ def test_importing_the_package_imports_no_torch():
     assert out.strip() == "False", "importing microgpt imported torch"
 
 
-def test_no_globals_lookups():
+def test_no_globals_lookups_nor_global_statements():
+    """State is passed, not read from the side: no module looks itself up (globals()) or rebinds its names (global)."""
     for path in PYTHON:
-        assert "globals()" not in path.read_text(), rel(path)
+        text = path.read_text()
+        assert "globals()" not in text and not any(isinstance(n, ast.Global) for n in ast.walk(ast.parse(text))), \
+            rel(path)
 
 
 def test_the_launch_layer_mirrors_cuda():

@@ -17,7 +17,7 @@ from microgpt.kernels import runtime
 from microgpt import ops as O
 from microgpt import reference_ops
 
-from helpers import GPU_REASON, TOOLS, FakeEngine, run_tool as run
+from helpers import GPU_REASON, TOOLS, FakeEngine, run_tool as run, stand_in
 
 GPU_TOOLS = ["profile_kernels.py", "bench_attention.py", "bench_train.py", "ncu_kernel.py", "sanitize_kernels.py",
              "bench_generate.py", "profile_step.py", "profile_decode.py", "bench_compare.py"]
@@ -189,14 +189,14 @@ def build(monkeypatch):
         return empty(shape, dtype)
     monkeypatch.setattr(engine.ga, "to_gpu", counted_to_gpu)
     monkeypatch.setattr(engine.ga, "empty", counted_empty)
-    monkeypatch.setattr(runtime, "_engine", engine)
+    stand_in(monkeypatch, engine)
     monkeypatch.setattr(runtime, "_persistent", [])
     monkeypatch.syspath_prepend(TOOLS)
     kc = importlib.import_module("kernel_cases")
 
     def build(wanted=None):
         made.arrays, made.elements, made.drawn = 0, 0, []
-        plan = K.Plan()
+        plan = K.Plan(engine)
         cases = kc.build_cases(kc.Shape(B=2, T=512, C=64, NH=4, V=97), sets=2, wanted=wanted)
         for case in cases:
             case.launch(plan)
@@ -323,7 +323,7 @@ def test_profile_step_rows_are_slowest_first_against_their_ceiling(monkeypatch):
 def fake_engine(monkeypatch):
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not on PATH (the kernels' formats come from it)")
-    monkeypatch.setattr(runtime, "_engine", FakeEngine(K.kernel_signatures()))
+    stand_in(monkeypatch, FakeEngine(K.kernel_signatures()))
 
 
 def test_the_ceiling_is_the_best_measured_product_rate(monkeypatch, fake_engine):

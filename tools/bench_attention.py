@@ -47,7 +47,7 @@ def ours(B, NH, T, d_k, variant, iters, warmup):
 
     def new(*shape):
         return ga.empty(shape, np.float32)
-    is_fused = fused(ops, d_k, T)
+    is_fused = fused(ops, d_k, T, e)
     a = states(new, B, T, C, NH, fused=is_fused)(new(B, T, C))
     d = grad_buffers(new, B, T, C, NH, fused=is_fused)
     a.qkv.set(rng.standard_normal((B, T, 3 * C)).astype(np.float32))

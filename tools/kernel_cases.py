@@ -253,7 +253,8 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
         (y_fused, lse), dqkv_fused = fused_forward(), buf("dqkv_fused", B, T, 3 * C)
         add(case, lambda s, dy, bwd=bwd, qkv=qkvs()[0][0]: bwd(dqkv_fused, dy, qkv, y_fused, lse, NH, stream=s),
             F * (8 * N * C + BH * T), 10 * causal * d_k, dys())
-    at_d_k = {K.flash_attention.width(d_k)} if K.flash_attention_supported(d_k, T) else set()  # flash at the model
+    flash = K.flash_attention_supported(d_k, T, K.engine())
+    at_d_k = {K.flash_attention.width(d_k)} if flash else set()  # flash at the model
     widths = sorted({32, 64, 128} - at_d_k) if "tc" in variants else []  # its other widths, C rounded to fit
     for width in widths:
         fwd_case, bwd_case = f"fused_attention_fwd_tc (d_k {width})", f"fused_attention_bwd_tc (d_k {width})"

@@ -48,7 +48,7 @@ def add_product_cases(builder: Builder, shape: Shape) -> None:
     W, R = max(C, 128), max(N, 130)
     for layer, OUT in (("qkv", 3 * W), ("mlp.fc", 4 * W)):
         cases = own("matmul_layernorm_bwd", f" ({layer})", with_reference=False)
-        if "tc" in variants and K.warpgroup_mma():
+        if "tc" in variants and K.warpgroup_mma(K.engine()):
             cases.append((f"matmul_layernorm_bwd_tc unfused ({layer})", K.matmul_layernorm_tc.unfused))
         cases = [(case, fn) for case, fn in cases if want(case)]
         if not cases:
@@ -75,9 +75,9 @@ def add_product_cases(builder: Builder, shape: Shape) -> None:
     Wa, Ta = -(-max(C, 256) // dk) * dk, max(T, 200)  # T past the pass kernel's rows, tiles across batch rows
     nh, Na = Wa // dk, B * Ta
     cases = own("matmul_attention_bwd", " (attn.proj)", with_reference=False)
-    if "tc" in variants and K.warpgroup_mma():
+    if "tc" in variants and K.warpgroup_mma(K.engine()):
         cases.append(("matmul_attention_bwd_tc unfused (attn.proj)", K.matmul_attention_tc.unfused))
-    cases = [(case, fn) for case, fn in cases if want(case) and K.flash_attention.runs(B, nh, dk, Ta)]
+    cases = [(case, fn) for case, fn in cases if want(case) and K.flash_attention.runs(B, nh, dk, Ta, K.engine())]
     if cases:
         r = draws_for("matmul_attention_bwd (attn.proj)")
         wt, dwt, dbias, dqkv, dy = r.randn(Wa, Wa, scale=0.02), r.randn(Wa, Wa), r.randn(Wa), empty(B, Ta, 3 * Wa), \
@@ -161,8 +161,8 @@ def add_product_cases(builder: Builder, shape: Shape) -> None:
         H = max(4 * C, K.matmul_tc.WG_MIN_K + 5)  # small shapes (the sanitizer's) still reach both kernels
         # wgmma=True: the sanitizer's products are too small for the device's own choice of it (mma.sync elsewhere);
         # " wgmma": Hopper's wgmma kernel where a product of A stored M x K takes split operands (not ta, not narrow)
-        paths = [("", True, None), (" mma.sync", False, None)] if K.warpgroup_mma() else [("", None, None)]
-        wgmma_itself = [(" wgmma", True, False)] if K.warpgroup_mma() else []
+        paths = [("", True, None), (" mma.sync", False, None)] if K.warpgroup_mma(K.engine()) else [("", None, None)]
+        wgmma_itself = [(" wgmma", True, False)] if K.warpgroup_mma(K.engine()) else []
         for ta, tb, (width, label) in itertools.product((False, True), (False, True), ((H, ""), (d_k, ", narrow"))):
             layout = f"{'t' if ta else 'n'}{'t' if tb else 'n'}{label}"
             chosen = [p for p in paths + ([] if ta or label else wgmma_itself) if want(f"sgemm_tc{p[0]} ({layout})")]

@@ -30,7 +30,7 @@ FLASH_SHAPE = dict(B=2, T=130, C=60, NH=3, V=37)
 def child() -> int:
     """Inside the sanitizer: launch every kernel once, synchronously."""
     cases = build_cases(Shape(**SHAPE), seed=1)
-    if K.flash_attention_supported(FLASH_SHAPE["C"] // FLASH_SHAPE["NH"], FLASH_SHAPE["T"]):
+    if K.flash_attention_supported(FLASH_SHAPE["C"] // FLASH_SHAPE["NH"], FLASH_SHAPE["T"], K.engine()):
         cases += [c for c in build_cases(Shape(**FLASH_SHAPE), seed=2, variants=("tc",))
                   if c.kernel.startswith("fused_attention")]
     for case in cases:

@@ -4,6 +4,7 @@ the copy bandwidth on the GPU and on the CPU, the 3xTF32 rate that MFU is relati
 and the bytes a decode step must read, which bound its time from below with the copy bandwidth."""
 from __future__ import annotations
 
+import functools
 import statistics
 import sys
 import textwrap
@@ -46,17 +47,20 @@ extern "C" __global__ void k_timing_spin(long long ns) {
 }
 """
 SPIN_NS = 2_000_000  # longer than queuing any launch sequence the tools time
-_spin = None
+
+
+@functools.cache
+def _spin():
+    """k_timing_spin, compiled once, beside the engine's module."""
+    from pycuda.compiler import SourceModule
+    fn = SourceModule(_SPIN_SOURCE, no_extern_c=True, arch=kernels.engine().arch).get_function("k_timing_spin")
+    fn.prepare("q")
+    return fn
 
 
 def spin(stream) -> None:
-    """Queues SPIN_NS of a one-thread spin on `stream` (compiled once, beside the engine's module)."""
-    global _spin
-    if _spin is None:
-        from pycuda.compiler import SourceModule
-        _spin = SourceModule(_SPIN_SOURCE, no_extern_c=True, arch=kernels.engine().arch).get_function("k_timing_spin")
-        _spin.prepare("q")
-    _spin.prepared_async_call((1, 1, 1), (1, 1, 1), stream, SPIN_NS)
+    """Queues SPIN_NS of a one-thread spin on `stream`."""
+    _spin().prepared_async_call((1, 1, 1), (1, 1, 1), stream, SPIN_NS)
 
 
 def cuda_median_ms(launch, iters, warmup, stream, rotate=None, batch=1):

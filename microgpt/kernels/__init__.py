@@ -21,7 +21,8 @@ microgpt.ops's table.
 
 Every launcher takes its arguments in the kernel's order (outputs first), checks each one and raises
 TypeError/ValueError naming the argument before anything is launched. Without `stream` a call is
-synchronous; with a stream it is queued on it.
+synchronous; with a stream it is queued on it; with a runtime.Plan it is recorded, its kernel chosen for the
+plan's device (runtime.device_of: a GPU that kernels.virtual describes, or this process's).
 """
 import importlib
 

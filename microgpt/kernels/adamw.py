@@ -17,7 +17,7 @@ def global_norm(sumsq, g, *, accumulate=False, stream=None):
     shape = shape_of("g", g)
     n = math.prod(shape)
     p = ptr("sumsq", sumsq, (1,), np.float64)
-    partials = persistent_alloc("norm_partials", NORM_GRID * 8)  # the blocks' partial sums
+    partials = persistent_alloc("norm_partials", NORM_GRID * 8, stream)  # the blocks' partial sums
     if not accumulate:
         zero(p, 2, stream, why="sumsq = 0")
     launch("k_global_norm", [p, int(partials), ptr("g", g, shape), n], min(NORM_GRID, blocks(n)), stream)

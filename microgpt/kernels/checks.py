@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from .runtime import engine
+from .runtime import device_of
 
 
 def _describe(name, a):
@@ -65,18 +65,19 @@ def opt_ptr(name, a, shape, dtype=np.float32) -> int:
     return 0 if a is None else ptr(name, a, shape, dtype)
 
 
-def read_ids(p, shape) -> np.ndarray:
-    """The int32 array at device pointer p, copied to the host (token ids: a few KB)."""
+def read_ids(p, shape, stream=None) -> np.ndarray:
+    """The int32 array at device pointer p on the device of `stream` (device_of), copied to the host (token ids: a
+    few KB)."""
     host = np.empty(shape, dtype=np.int32)
-    engine().cuda.memcpy_dtoh(host, p)
+    device_of(stream).cuda.memcpy_dtoh(host, p)
     return host
 
 
-def check_ids(name, a, shape, vocab_size, check=True) -> int:
+def check_ids(name, a, shape, vocab_size, check=True, stream=None) -> int:
     """ptr() of int32 token ids; with check, read back and refused unless every id lies in [0, vocab_size)."""
     p = ptr(name, a, shape, np.int32)
     if check:
-        host = read_ids(p, shape)
+        host = read_ids(p, shape, stream)
         lo, hi = int(host.min()), int(host.max())
         if lo < 0 or hi >= vocab_size:
             raise ValueError(f"{name} holds token id {lo if lo < 0 else hi}, outside [0, {vocab_size})")

@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from .checks import check_ids, head_dims, ptr, shape_of
-from .runtime import BLOCK, blocks, engine, launch, scratch
+from .runtime import BLOCK, blocks, device_of, launch, scratch
 from .source import int_constants
 
 
@@ -28,7 +28,7 @@ def embed_decode(x, tokens, wte, wpe, pos, *, check_token_ids=True, stream=None)
     B = shape_of("tokens", tokens, 2)[0]
     V, C = shape_of("wte", wte, 2)
     T_max = shape_of("wpe", wpe, 2)[0]
-    args = [ptr("x", x, (B, 1, C)), check_ids("tokens", tokens, (B, 1), V, check_token_ids),
+    args = [ptr("x", x, (B, 1, C)), check_ids("tokens", tokens, (B, 1), V, check_token_ids, stream),
             ptr("wte", wte, (V, C)), ptr("wpe", wpe, (T_max, C)), ptr("pos", pos, (1,), np.int32), B, C]
     launch("k_embed_decode", args, blocks(B * C), stream)
 
@@ -54,9 +54,9 @@ def attention_decode(y, k_cache, v_cache, qkv, pos, *, stream=None):
     C = NH * d_k
     chunk = decode_chunk()
     shared = 4 * (chunk + d_k + BLOCK)  # a chunk's scores, the query, the partial sums
-    if shared > engine().max_shared:
+    if shared > device_of(stream).max_shared:
         raise ValueError(f"k_cache has d_k={d_k}: its query and partial sums take {shared} bytes of shared memory, "
-                         f"above this GPU's {engine().max_shared}")
+                         f"above this GPU's {device_of(stream).max_shared}")
     chunks = math.ceil(T_max / chunk)
     partial = scratch(B * NH * chunks * (d_k + 2), stream)
     p_pos = ptr("pos", pos, (1,), np.int32)

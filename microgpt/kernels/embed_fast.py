@@ -31,6 +31,6 @@ def embed_bwd_fast_grid(B: int, T: int, C: int) -> int:
 def embed_bwd_fast(dwte, dwpe, dx, idx, order=None, *, check_token_ids=True, stream=None):
     """As embed_bwd (the same bits): dwte (V, C) += dx gathered by token, each token's positions added in order;
     dwpe (T_max, C)[:T] += dx summed over the batch in order."""
-    args, order = embed_bwd_args(dwte, dwpe, dx, idx, order, check_token_ids)
+    args, order = embed_bwd_args(dwte, dwpe, dx, idx, order, check_token_ids, stream)
     B, T, C = args[-3:]
     launch("k_embed_bwd_fast", args, embed_bwd_fast_grid(B, T, C), stream)

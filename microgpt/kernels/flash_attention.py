@@ -12,7 +12,7 @@ import math
 from .attention import fused_attention_bwd, fused_attention_fwd, qkv_dims
 from .checks import ptr
 from .matmul_tc import tensor_cores
-from .runtime import blocks, engine, launch, noting, scratch
+from .runtime import blocks, device_of, launch, noting, scratch
 from .source import int_constants
 
 MAX_D_K = 128
@@ -38,28 +38,28 @@ def _sizes(D: int) -> dict:
                 fwd=c[f"FA_FWD_BYTES{D}"], delta=c[f"FA_DELTA_BYTES{D}"], bwd=c[f"FA_BWD_BYTES{D}"])
 
 
-def supported(d_k: int, T: int) -> bool:
-    """Whether flash attention runs T positions of heads of d_k on this device within the accuracy bar."""
-    if not MIN_D_K <= d_k <= MAX_D_K or T < MIN_T or not tensor_cores():
+def supported(d_k: int, T: int, device) -> bool:
+    """Whether flash attention runs T positions of heads of d_k on `device` (an engine) within the accuracy bar."""
+    if not MIN_D_K <= d_k <= MAX_D_K or T < MIN_T or not tensor_cores(device):
         return False
     s = _sizes(width(d_k))
-    return max(s["fwd"], s["delta"], s["bwd"]) <= engine().max_shared
+    return max(s["fwd"], s["delta"], s["bwd"]) <= device.max_shared
 
 
-def runs(B: int, n_head: int, d_k: int, T: int) -> bool:
-    """Whether flash attention takes this launch: supported, and B and n_head within its grid's y and z."""
-    return supported(d_k, T) and max(B, n_head) <= GRID_YZ
+def runs(B: int, n_head: int, d_k: int, T: int, device) -> bool:
+    """Whether flash attention takes this launch on `device`: supported, and B and n_head within its grid's y and z."""
+    return supported(d_k, T, device) and max(B, n_head) <= GRID_YZ
 
 
-def reason(B: int, n_head: int, d_k: int, T: int) -> str:
-    """Why flash attention does or does not take this launch."""
-    if not tensor_cores():
+def reason(B: int, n_head: int, d_k: int, T: int, device) -> str:
+    """Why flash attention does or does not take this launch on `device`."""
+    if not tensor_cores(device):
         return "the reference kernels: no TF32 tensor cores before sm_80"
     if not MIN_D_K <= d_k <= MAX_D_K:
         return f"the reference kernels: d_k = {d_k} outside [{MIN_D_K}, {MAX_D_K}] (accuracy, shared memory)"
     if T < MIN_T:
         return f"the reference kernels: T = {T} < {MIN_T}, too short for 3xTF32 to keep the pipeline's error"
-    if not runs(B, n_head, d_k, T):
+    if not runs(B, n_head, d_k, T, device):
         return "the reference kernels: too little shared memory, or more heads or rows than a grid holds"
     return f"flash attention, 3xTF32, d_k {d_k} in [{MIN_D_K}, {MAX_D_K}], T {T} >= {MIN_T}"
 
@@ -68,8 +68,9 @@ def fused_attention_fwd_tc(y, lse, qkv, n_head, *, stream=None):
     """fused_attention_fwd's y and lse, by flash attention: a block of query rows streams the key tiles up to the
     diagonal with an online softmax."""
     B, T, C, d_k = qkv_dims(qkv, n_head)
-    if not runs(B, n_head, d_k, T):
-        with noting(stream, reason(B, n_head, d_k, T)):
+    device = device_of(stream)
+    if not runs(B, n_head, d_k, T, device):
+        with noting(stream, reason(B, n_head, d_k, T, device)):
             return fused_attention_fwd(y, lse, qkv, n_head, stream=stream)
     D = width(d_k)
     s = _sizes(D)
@@ -77,7 +78,7 @@ def fused_attention_fwd_tc(y, lse, qkv, n_head, *, stream=None):
     args = [ptr("y", y, (B, T, C)), ptr("lse", lse, (B, n_head, T)), p_qkv, p_qkv + 4 * C, p_qkv + 8 * C, T, d_k,
             3 * C, C]
     launch(f"k_flash_fwd_d{D}", args, (math.ceil(T / (16 * s["fwd_warps"])), n_head, B), stream, shared=s["fwd"],
-           block=32 * s["fwd_warps"], why=reason(B, n_head, d_k, T))
+           block=32 * s["fwd_warps"], why=reason(B, n_head, d_k, T, device))
 
 
 def fused_attention_bwd_tc(dqkv, dy, qkv, y, lse, n_head, *, stream=None):
@@ -86,8 +87,9 @@ def fused_attention_bwd_tc(dqkv, dy, qkv, y, lse, n_head, *, stream=None):
     kernel for dQ, dK and dV (a block of 64 keys for each 4 warps, from the ticket, against the query tiles from
     the last down to the diagonal, adding into dQ in the order of the key tiles behind a counter a query tile)."""
     B, T, C, d_k = qkv_dims(qkv, n_head)
-    with noting(stream, reason(B, n_head, d_k, T)):
-        if not runs(B, n_head, d_k, T):
+    device = device_of(stream)
+    with noting(stream, reason(B, n_head, d_k, T, device)):
+        if not runs(B, n_head, d_k, T, device):
             return fused_attention_bwd(dqkv, dy, qkv, y, lse, n_head, stream=stream)
         backward(dqkv, dy, qkv, y, lse, n_head, stream)
 

@@ -12,7 +12,7 @@ from .checks import flag, ptr, rows, shape_of
 from .layernorm import layernorm_fwd_args, matmul_then_layernorm_bwd
 from .products import matmul_bwd_fast
 from .rows_fast import WARP
-from .runtime import blocks, counters, engine, launch, scratch, sm_version
+from .runtime import blocks, counters, device_of, launch, scratch, sm_version
 from .source import int_constants
 
 # The blocks a backward's grid aims at (one wave where four fit an SM of 132), each writing a partial row of 2 * C
@@ -38,12 +38,12 @@ def staged_launch() -> tuple[int, int]:
     return c["LN_STAGED_WARPS"], c["LN_STAGED_MAX_C"]
 
 
-def staged(C: int, *pointers: int) -> bool:
-    """Whether rows of C columns at these pointers take k_layernorm_fwd_staged: rows of 16-byte chunks (C % 4 == 0,
-    every row array on a 16-byte boundary) of at most LN_STAGED_MAX_C columns, on a GPU with cp.async (sm_80 on).
-    The rest take k_layernorm_fwd_fast, whose bits it gives."""
+def staged(C: int, pointers, device) -> bool:
+    """Whether rows of C columns at these pointers take k_layernorm_fwd_staged on `device` (an engine): rows of 16-byte
+    chunks (C % 4 == 0, every row array on a 16-byte boundary) of at most LN_STAGED_MAX_C columns, on a GPU with
+    cp.async (sm_80 on). The rest take k_layernorm_fwd_fast, whose bits it gives."""
     return (C % 4 == 0 and C <= staged_launch()[1] and all(p % 16 == 0 for p in pointers)
-            and sm_version() >= 80)
+            and sm_version(device) >= 80)
 
 
 def layernorm_fwd_fast(out, mean, rstd, x, w, b, *, stream=None):
@@ -52,7 +52,7 @@ def layernorm_fwd_fast(out, mean, rstd, x, w, b, *, stream=None):
     args = layernorm_fwd_args(out, mean, rstd, x, w, b)
     N, C = args[-2:]
     p_out, _, _, p_x, p_w, p_b = args[:6]
-    if staged(C, p_out, p_x, p_w, p_b):
+    if staged(C, (p_out, p_x, p_w, p_b), device_of(stream)):
         warps = staged_launch()[0]
         launch("k_layernorm_fwd_staged", args, math.ceil(N / warps), stream, shared=warps * C * 4, block=warps * WARP,
                why=f"a warp a row, staged through shared memory by cp.async (16-byte rows of C = {C} <= "
@@ -115,7 +115,7 @@ def layernorm_bwd_fast(dx, dw, db, dout, x, w, mean, rstd, *, accumulate=False, 
         kernel, shared = "k_layernorm_bwd_fast", 2 * 16 * threads
     else:  # the reduction's group sums: 4 floats a thread
         kernel, threads, shared = "k_layernorm_bwd_fast_wide", max_threads, 16 * max_threads
-    e = engine()
+    e = device_of(stream)
     reducers = bwd_reducers(n_blocks, C, e.sm_count * e.resident_blocks(kernel, threads, shared))
     partials, done = scratch(n_blocks * 2 * C, stream), counters(2, stream)  # held here until the launch is queued
     bwd_args = [p_dx, p_dw, p_db, int(partials.gpudata), int(done.gpudata), *args, N, C, rows_per_block, acc,

@@ -13,7 +13,7 @@ from .attention import matmul_attention_bwd_args, matmul_then_attention_bwd
 from .flash_attention import fused_attention_bwd_tc
 from .products import Gemm, gemm, matmul_bwd_tc
 from .matmul_tc import split_operands, tc_kernel
-from .runtime import launch, noting
+from .runtime import device_of, launch, noting
 from .source import int_constant
 
 D_K = (32, 64, 128)  # the head widths whose heads a 128-column tile holds whole
@@ -22,12 +22,13 @@ D_K = (32, 64, 128)  # the head widths whose heads a 128-column tile holds whole
 unfused = matmul_then_attention_bwd(matmul_bwd_tc, fused_attention_bwd_tc, "matmul_attention_bwd_tc_unfused")
 
 
-def fuses(g: Gemm, B: int, T: int, n_head: int) -> bool:
-    """Whether the dX product g (B T rows of C = g.N, K = C) sums delta: where it would run from split operands
-    (split_operands: sm_90a, a product the wgmma kernel takes), flash attention runs the backward (flash_attention.
-    runs) and its heads are whole in the product's tiles (d_k in D_K), on a grid within CUDA's limits."""
+def fuses(g: Gemm, B: int, T: int, n_head: int, device) -> bool:
+    """Whether the dX product g (B T rows of C = g.N, K = C) sums delta on `device` (an engine): where it would run
+    from split operands (split_operands: sm_90a, a product the wgmma kernel takes), flash attention runs the backward
+    (flash_attention.runs) and its heads are whole in the product's tiles (d_k in D_K), on a grid within CUDA's
+    limits."""
     d_k = g.N // n_head
-    return (d_k in D_K and flash_attention.runs(B, n_head, d_k, T) and split_operands(g, tc_kernel(g))
+    return (d_k in D_K and flash_attention.runs(B, n_head, d_k, T, device) and split_operands(g, tc_kernel(g, device))
             and math.ceil(g.M / 128) <= 65535)
 
 
@@ -38,7 +39,7 @@ def matmul_attention_bwd_tc(dqkv, dweight, dbias, dout, y, weight, qkv, lse, n_h
     gradient summed by the wgmma kernel) as in matmul_bwd. Otherwise the two ops one after the other."""
     B, T, C, d_k, p = matmul_attention_bwd_args(dqkv, dweight, dbias, dout, y, weight, qkv, lse, n_head, dy)
     g = Gemm.dense(B * T, C, C, units="tc")
-    if not fuses(g, B, T, n_head):
+    if not fuses(g, B, T, n_head, device_of(stream)):
         with noting(stream, "unfused: flash attention does not run, d_k is not 32, 64 or 128, or the product is not "
                             "one the wgmma kernel takes from split operands"):
             unfused(dqkv, dweight, dbias, dout, y, weight, qkv, lse, n_head, dy=dy, stream=stream)

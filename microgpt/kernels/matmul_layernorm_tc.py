@@ -11,7 +11,7 @@ from .products import Gemm, gemm, matmul_bwd_tc
 from .layernorm import matmul_layernorm_bwd_args, matmul_then_layernorm_bwd
 from .layernorm_fast import layernorm_bwd_fast
 from .matmul_tc import split_operands, tc_kernel
-from .runtime import counters, engine, launch, noting, scratch
+from .runtime import counters, device_of, launch, noting, scratch
 from .source import int_constant
 
 
@@ -25,12 +25,12 @@ def max_row_tiles() -> int:
 unfused = matmul_then_layernorm_bwd(matmul_bwd_tc, layernorm_bwd_fast, "matmul_layernorm_bwd_tc_unfused")
 
 
-def fuses(g: Gemm) -> bool:
-    """Whether the dX product g (N x C, K = OUT) runs fused with the layernorm backward: where it would run from split
-    operands (split_operands: sm_90a, a product the wgmma kernel takes), on rows of at most max_row_tiles() tiles
-    (and no more tiles than the GPU has SMs), and a grid within CUDA's limits."""
+def fuses(g: Gemm, device) -> bool:
+    """Whether the dX product g (N x C, K = OUT) runs fused with the layernorm backward on `device` (an engine):
+    where it would run from split operands (split_operands: sm_90a, a product the wgmma kernel takes), on rows of at
+    most max_row_tiles() tiles (and no more tiles than the GPU has SMs), and a grid within CUDA's limits."""
     tiles = math.ceil(g.N / 128)
-    return (split_operands(g, tc_kernel(g)) and tiles <= min(max_row_tiles(), engine().sm_count)
+    return (split_operands(g, tc_kernel(g, device)) and tiles <= min(max_row_tiles(), device.sm_count)
             and math.ceil(g.M / 128) <= 65535)
 
 
@@ -43,7 +43,7 @@ def matmul_layernorm_bwd_tc(dx, dw, db, dweight, dbias, dout, inp, weight, x, w,
     N, C, OUT, acc, p = matmul_layernorm_bwd_args(dx, dw, db, dweight, dbias, dout, inp, weight, x, w, mean, rstd,
                                                   dinp, accumulate)
     g = Gemm.dense(N, C, OUT, units="tc")
-    if not fuses(g):
+    if not fuses(g, device_of(stream)):
         with noting(stream, "unfused: the dX product is not one the wgmma kernel takes from split operands, or "
                             f"rows of C = {C} span more than {max_row_tiles()} tiles"):
             unfused(dx, dw, db, dweight, dbias, dout, inp, weight, x, w, mean, rstd, dinp=dinp,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from .matmul_fast import Causal
-from .runtime import BLOCK, engine, launch, sm_version
+from .runtime import BLOCK, launch, sm_version
 from .source import int_constant
 
 # Below this K the split's rounding and the tensor cores' truncating sums outweigh the FP32 sum's rounding, and
@@ -23,41 +23,41 @@ TC_MIN_K = 128
 WG_MIN_K = 256
 WG_MIN_OUTPUTS = 128 * 128
 
-def tensor_cores() -> bool:
-    """Whether this device runs mma.sync TF32 (compute capability 8.0 and later: sm_80, sm_90a, sm_100, ...)."""
-    return sm_version() >= 80
+def tensor_cores(device) -> bool:
+    """Whether `device` (an engine) runs mma.sync TF32 (compute capability 8.0 on: sm_80, sm_90a, sm_100, ...)."""
+    return sm_version(device) >= 80
 
 
-def warpgroup_mma() -> bool:
-    """Whether the module is built for sm_90a, whose wgmma path (k_gemm_wg_*) is the faster one."""
-    return engine().arch == "sm_90a"
+def warpgroup_mma(device) -> bool:
+    """Whether `device`'s module is built for sm_90a, whose wgmma path (k_gemm_wg_*) is the faster one."""
+    return device.arch == "sm_90a"
 
 
-def tc_kernel(g, wgmma: bool | None = None) -> tuple[str, int, int] | None:
-    """The kernel that runs g on this device, its shared memory and its threads a block; None where the SIMT
+def tc_kernel(g, device, wgmma: bool | None = None) -> tuple[str, int, int] | None:
+    """The kernel that runs g on `device` (an engine), its shared memory and its threads a block; None where the SIMT
     SGEMM runs it (no tensor cores, or K too short for them to be as accurate). On sm_90a the wgmma one for
     products of at least WG_MIN_K and WG_MIN_OUTPUTS (wgmma=False asks for the mma.sync one, which tests and
     tools also check there; wgmma=True for the wgmma one at any size, to measure it), the mma.sync one
     otherwise; either for the 128 x 128 tile or the 128 x 64 one (_n64)."""
-    if g.K < TC_MIN_K or not tensor_cores():
+    if g.K < TC_MIN_K or not tensor_cores(device):
         return None
     ops = ("t" if g.trans_a else "n") + ("t" if g.trans_b else "n") + ("_n64" if g.tile_n == 64 else "")
     large = g.K >= WG_MIN_K and g.M * g.N * g.batch >= WG_MIN_OUTPUTS
-    if warpgroup_mma() and (wgmma or (wgmma is None and large)):
+    if warpgroup_mma(device) and (wgmma or (wgmma is None and large)):
         return f"k_gemm_wg_{ops}", int_constant("TC_WG_SMEM_BYTES"), int_constant("TC_WG_THREADS")
     return f"k_gemm_tc_{ops}", int_constant("TC_SMEM_BYTES"), BLOCK
 
 
-def tc_reason(g, kernel: tuple[str, int, int] | None) -> str:
-    """Why tc_kernel chose `kernel` for g."""
+def tc_reason(g, kernel: tuple[str, int, int] | None, device) -> str:
+    """Why tc_kernel chose `kernel` for g on `device`."""
     if kernel is None:
         return (f"SIMT: K = {g.K} < TC_MIN_K = {TC_MIN_K}, too short for 3xTF32 to keep the SIMT error"
-                if tensor_cores() else "SIMT: no TF32 tensor cores before sm_80")
+                if tensor_cores(device) else "SIMT: no TF32 tensor cores before sm_80")
     if kernel[0].startswith("k_gemm_wg"):
         return "3xTF32 wgmma (sm_90a)"
     small = (f"K = {g.K} < WG_MIN_K = {WG_MIN_K}" if g.K < WG_MIN_K else
              f"{g.M * g.N * g.batch} outputs < WG_MIN_OUTPUTS" if g.M * g.N * g.batch < WG_MIN_OUTPUTS else "asked for")
-    return f"3xTF32 mma.sync ({small if warpgroup_mma() else 'no wgmma before sm_90a'})"
+    return f"3xTF32 mma.sync ({small if warpgroup_mma(device) else 'no wgmma before sm_90a'})"
 
 
 def split_operands(g, kernel: tuple[str, int, int] | None) -> bool:
@@ -77,9 +77,9 @@ def split_launch(g, c: int, a_split: int, b_split: int, bias: int, K_pad: int, g
            shared=int_constant("TC_SPLIT_SMEM_BYTES"), block=int_constant("TC_WG_THREADS"))
 
 
-def tc_launch(g, kernel: tuple[str, int, int], c: int, a: int, b: int, bias: int, sums: int, stream) -> None:
-    """One unsplit launch of g on `kernel` (tc_kernel's choice); sums: where the wgmma kernel adds op(A)'s row sums,
-    or 0; the tile and grid are the SGEMM's."""
+def tc_launch(g, kernel: tuple[str, int, int], c: int, a: int, b: int, bias: int, sums: int, stream, device) -> None:
+    """One unsplit launch of g on `kernel` (tc_kernel's choice for `device`); sums: where the wgmma kernel adds op(A)'s
+    row sums, or 0; the tile and grid are the SGEMM's."""
     name, shared, threads = kernel
     launch(name, g.args(c, a, b, bias, sums), g.grid, stream, shared=shared, block=threads,
-           why=tc_reason(g, kernel) + (", the bias gradient summed from the dout it reads" if sums else ""))
+           why=tc_reason(g, kernel, device) + (", the bias gradient summed from the dout it reads" if sums else ""))

@@ -27,7 +27,7 @@ from .colsum import add_column_sums
 from .matmul_fast import GEMM_TILE, Causal, sgemm_launch, splitk_reduce
 from .matmul_tc import split_launch, split_operands, tc_kernel, tc_launch, tc_reason
 from .matvec import matvec, matvec_launch
-from .runtime import engine, noting, scratch, workspace
+from .runtime import device_of, noting, scratch, workspace
 from .source import int_constant
 from .tf32_split import find_split, split_padding, tf32_split
 
@@ -101,9 +101,9 @@ class Gemm:
                 return splits if self.K % splits == 0 and self.K // splits >= 128 else 1
         return 1
 
-    def tc(self) -> tuple[str, int, int] | None:
-        """The tensor-core kernel (name, shared bytes, threads) that runs it, or None: the SIMT SGEMM."""
-        return tc_kernel(self, self.wgmma) if self.units == "tc" else None
+    def tc(self, device) -> tuple[str, int, int] | None:
+        """The tensor-core kernel (name, shared bytes, threads) that runs it on `device`, or None: the SIMT SGEMM."""
+        return tc_kernel(self, device, self.wgmma) if self.units == "tc" else None
 
 
 def gemm(g: Gemm, c: int, a: int, b: int, bias: int = 0, stream=None, *, sums: int = 0) -> None:
@@ -115,7 +115,7 @@ def gemm(g: Gemm, c: int, a: int, b: int, bias: int = 0, stream=None, *, sums: i
     if sums and not (g.trans_a and g.batch == 1 and g.lda == g.M and g.causal == Causal.NONE):
         raise ValueError("sums: the row sums of op(A) are taken for one plain product of A stored K x M "
                          f"(trans_a, lda = M), not {g}")
-    kernel = g.tc()
+    kernel = g.tc(device_of(stream))
     wg = kernel is not None and kernel[0].startswith("k_gemm_wg")
     if g.M == 0 or g.N == 0 or g.batch == 0:
         wg = False  # an empty product: nothing to write, and no pass over A to sum it in
@@ -132,7 +132,8 @@ def _split_k(g: Gemm, c: int, a: int, b: int, bias: int, stream, sums: int, per_
         raise ValueError(f"M = {g.M} (at most {65535 * GEMM_TILE}) and batch = {g.batch} (at most 65535) must fit "
                          f"one grid")
     plain = g.batch == 1 and not bias and g.causal == Causal.NONE and g.ldc == g.N and g.epilogue is None
-    splits = g.splits(engine().sm_count, per_sm) if plain else 1
+    sm_count = device_of(stream).sm_count
+    splits = g.splits(sm_count, per_sm) if plain else 1
     if splits == 1:
         _product(g, c, a, b, bias, stream, sums)
         return
@@ -144,7 +145,7 @@ def _split_k(g: Gemm, c: int, a: int, b: int, bias: int, stream, sums: int, per_
     partials = scratch(splits * (g.M * g.N + M_sums), stream)
     p = int(partials.gpudata)
     tiles = g.grid[0] * g.grid[1]
-    with noting(stream, f"split-K, {splits} slices of K = {g.K}: {tiles} tiles for {engine().sm_count} SMs"):
+    with noting(stream, f"split-K, {splits} slices of K = {g.K}: {tiles} tiles for {sm_count} SMs"):
         _product(sliced, p, a, b, 0, stream, p + 4 * splits * g.M * g.N if sums else 0)
         splitk_reduce(c, p, splits, g.M * g.N, g.beta, sums, M_sums, stream)
 
@@ -152,7 +153,8 @@ def _split_k(g: Gemm, c: int, a: int, b: int, bias: int, stream, sums: int, per_
 def _product(g: Gemm, c: int, a: int, b: int, bias: int, stream, sums: int = 0) -> None:
     """One unsplit launch of g (or its epilogue) on the kernel its units choose; sums: where the wgmma kernel adds
     op(A)'s row sums (A transposed), or 0."""
-    kernel = g.tc()
+    device = device_of(stream)
+    kernel = g.tc(device)
     if sums and (kernel is None or not kernel[0].startswith("k_gemm_wg") or not g.trans_a):
         raise ValueError(f"sums: only the wgmma kernel with A transposed takes row sums, not {kernel} for {g}")
     from_splits = kernel is not None and g.split is not False and split_operands(g, kernel)
@@ -160,7 +162,7 @@ def _product(g: Gemm, c: int, a: int, b: int, bias: int, stream, sums: int = 0) 
         raise ValueError(f"an epilogue reads split operands, which the wgmma kernel takes for a product of A stored "
                          f"M x K on sm_90a only, not {g}")
     if kernel is None:
-        with noting(stream, tc_reason(g, kernel) if g.units == "tc" else ""):
+        with noting(stream, tc_reason(g, kernel, device) if g.units == "tc" else ""):
             sgemm_launch(g, c, a, b, bias, stream)
     elif from_splits:
         ws, a_split, b_split, K_pad, grid = split_into_workspace(g, a, b, stream)  # noqa: F841 (held until queued)
@@ -169,7 +171,7 @@ def _product(g: Gemm, c: int, a: int, b: int, bias: int, stream, sums: int = 0) 
         else:
             split_launch(g, c, a_split, b_split, bias, K_pad, grid, stream)
     else:
-        tc_launch(g, kernel, c, a, b, bias, sums, stream)
+        tc_launch(g, kernel, c, a, b, bias, sums, stream, device)
 
 
 def split_into_workspace(g: Gemm, a: int, b: int, stream):

@@ -9,7 +9,7 @@ import functools
 from .checks import causal_flag, check_ids, ptr, rows, shape_of
 from .crossentropy import crossentropy_bwd_args
 from .embed import embed_fwd_args
-from .runtime import BLOCK, blocks, engine, launch
+from .runtime import BLOCK, blocks, device_of, launch
 from .source import int_constants
 
 WARP = 32
@@ -58,22 +58,22 @@ def crossentropy_fwd_fast(losses, probs, logits, targets, *, check_token_ids=Tru
     shape = shape_of("logits", logits)
     N, V = rows(shape)
     args = [ptr("losses", losses, shape[:-1]), ptr("probs", probs, shape), ptr("logits", logits, shape),
-            check_ids("targets", targets, shape[:-1], V, check_token_ids), N, V]
+            check_ids("targets", targets, shape[:-1], V, check_token_ids, stream), N, V]
     kept = 4 * (V + 3)
-    fits = V + 3 <= kept_row_floats() and kept + CE_STATIC_SHARED <= engine().max_shared
+    fits = V + 3 <= kept_row_floats() and kept + CE_STATIC_SHARED <= device_of(stream).max_shared
     launch("k_crossentropy_fwd_fast", args, blocks(N * BLOCK), stream, shared=kept if fits else 0,
            why="a block a row, kept in shared memory between its passes" if fits else "a block a row, read twice")
 
 
 def crossentropy_bwd_fast(dlogits, probs, targets, dlosses, *, check_token_ids=True, stream=None):
     """As crossentropy_bwd (the same bits), a block per position (up to GRID_Y of them, looping past it)."""
-    args = crossentropy_bwd_args(dlogits, probs, targets, dlosses, check_token_ids)
+    args = crossentropy_bwd_args(dlogits, probs, targets, dlosses, check_token_ids, stream)
     N = args[-2]
     launch("k_crossentropy_bwd_fast", args, (1, min(N, GRID_Y)), stream)
 
 
 def embed_fwd_fast(x, idx, wte, wpe, *, check_token_ids=True, stream=None):
     """As embed_fwd (the same bits), a warp per position."""
-    args = embed_fwd_args(x, idx, wte, wpe, check_token_ids)
+    args = embed_fwd_args(x, idx, wte, wpe, check_token_ids, stream)
     B, T = args[-3:-1]
     launch("k_embed_fwd_fast", args, blocks(B * T * WARP), stream)

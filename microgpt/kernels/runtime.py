@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import gc
 import math
 import os
@@ -114,7 +115,6 @@ class SmLimits:
         return max(1, min(fit, 32))
 
 
-_engine = None
 _pools = weakref.WeakSet()       # memory pools, emptied at exit
 _holders = weakref.WeakSet()     # objects holding device memory, asked to release() it at exit
 _persistent = []                 # allocations that live as long as the process, freed at exit
@@ -125,10 +125,10 @@ def release_at_exit(holder) -> None:
     _holders.add(holder)
 
 
-def persistent_alloc(key: str, nbytes: int):
-    """The engine's device memory named `key`, made at the first call: a kernel's scratch that lives as long as the
-    engine (freed at exit)."""
-    e = engine()
+def persistent_alloc(key: str, nbytes: int, stream=None):
+    """The device memory named `key` of the engine `stream` launches on (device_of), made at the first call: a kernel's
+    scratch that lives as long as that engine (freed at exit)."""
+    e = device_of(stream)
     held = e.__dict__.setdefault("persistent", {})
     if key not in held:
         held[key] = e.cuda.mem_alloc(nbytes)
@@ -161,40 +161,33 @@ class NoDevice(RuntimeError):
         self.reason = reason
 
 
+@functools.cache
 def engine() -> _Engine:
-    """The compiled module on the device, made at the first call; NoDevice where it cannot be."""
-    global _engine
-    if _engine is None:
-        try:
-            _engine = _Engine()
-        except ImportError as e:
-            raise NoDevice(f"PyCUDA is not installed ({e})", "install it with pip install 'microgpt[cuda]' on a "
-                           "machine with an NVIDIA GPU and the CUDA toolkit (nvcc), or use the numpy backend "
-                           "(the CPU)") from e
-        except Exception as e:  # the driver's errors (no device, no driver) and nvcc's
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            if type(e).__name__ == "CompileError" or isinstance(e, OSError):
-                raise NoDevice(f"the kernels did not compile ({first})", "the CUDA toolkit's nvcc must be on "
-                               "PATH") from e
-            raise NoDevice(f"no usable CUDA GPU ({first})", "check the GPU with nvidia-smi, or use the numpy "
-                           "backend (the CPU)") from e
-    return _engine
-
-
-@contextlib.contextmanager
-def using(stand_in):
-    """Inside, engine() is `stand_in` (microgpt.kernels.virtual: a described device); the real one after."""
-    global _engine
-    before, _engine = _engine, stand_in
+    """The compiled module on this process's GPU, made at the first call and kept (NoDevice where it cannot be, asked
+    again at the next call). Kernels are chosen for device_of(stream): this one, unless a Plan is for another."""
     try:
-        yield stand_in
-    finally:
-        _engine = before
+        return _Engine()
+    except ImportError as e:
+        raise NoDevice(f"PyCUDA is not installed ({e})", "install it with pip install 'microgpt[cuda]' on a machine "
+                       "with an NVIDIA GPU and the CUDA toolkit (nvcc), or use the numpy backend (the CPU)") from e
+    except Exception as e:  # the driver's errors (no device, no driver) and nvcc's
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if type(e).__name__ == "CompileError" or isinstance(e, OSError):
+            raise NoDevice(f"the kernels did not compile ({first})", "the CUDA toolkit's nvcc must be on PATH") from e
+        raise NoDevice(f"no usable CUDA GPU ({first})", "check the GPU with nvidia-smi, or use the numpy backend (the "
+                       "CPU)") from e
 
 
-def sm_version() -> int:
-    """The compute capability the module is built for as one number: 80 for sm_80, 90 for sm_90a."""
-    return int(re.match(r"sm_(\d+)", engine().arch).group(1))
+def device_of(stream=None):
+    """The engine a launch on `stream` is for: a Plan's own device (the process's engine or a described one,
+    microgpt.kernels.virtual), else the process's engine (a real stream, or None: now). A launcher takes the
+    device it chooses its kernel for from here, never from the side."""
+    return stream.device if isinstance(stream, Plan) and stream.device is not None else engine()
+
+
+def sm_version(device) -> int:
+    """The compute capability `device` (an engine) is built for as one number: 80 for sm_80, 90 for sm_90a."""
+    return int(re.match(r"sm_(\d+)", device.arch).group(1))
 
 
 def device_summary() -> str:
@@ -219,13 +212,15 @@ class Plan(list):
     """Launches recorded with their checked arguments, to be replayed on a stream: a launcher given a Plan as its
     `stream` checks its arguments and appends Launch entries here instead of running them; replay(plan, stream) then
     runs them all, unchecked. A model's passes are fixed sequences per (B, T): checking once is enough.
+    device: the engine it is planned for, whose kernels, limits and memory its launchers take (device_of; None: the
+    process's engine), so that a plan for a described GPU (microgpt.kernels.virtual) records what that GPU would run;
     keep: the scratch buffers the launches point into, alive as long as the plan; workspace: the split operands'
     buffer its launches share; splits: the weights its products read split once (tf32_split.SplitOperands); op: the
     op now being recorded (set by microgpt.ops.Kernels.on); notes: the reasons (noting()) its launches now carry."""
 
-    def __init__(self):
+    def __init__(self, device=None):
         super().__init__()
-        self.keep, self.workspace, self.splits, self.op, self.notes = [], None, [], "", []
+        self.device, self.keep, self.workspace, self.splits, self.op, self.notes = device, [], None, [], "", []
 
     def record(self, name: str, fn, grid: tuple, args: list, shared: int, block: int, why: str) -> None:
         """Appends one launch, noting the op being recorded and why (the reasons noted around it, then its own)."""
@@ -274,7 +269,7 @@ def launch(name: str, args: list, grid, stream=None, shared: int = 0, block: int
     """Launches kernel `name` on a grid (blocks in x, or a tuple (x, y[, z])) of `block`-thread blocks, with
     `shared` bytes of dynamic shared memory: now (stream None), queued on a stream, or recorded into a Plan (with
     `why`, the reason for this kernel, which a printed plan shows)."""
-    e = engine()
+    e = device_of(stream)
     grid = tuple(grid) if isinstance(grid, tuple) else (grid, 1)
     fn = e.function(name, shared)
     if isinstance(stream, Plan):
@@ -307,7 +302,7 @@ def noting(stream, reason: str):
 def scratch(n: int, stream=None):
     """A float32 device buffer of n elements for partial sums; held by `stream` where it is a Plan, as long as the
     plan whose launches point into it (otherwise the caller holds it until its launches are queued)."""
-    return _kept(engine().ga.empty(n, np.float32), stream)
+    return _kept(device_of(stream).ga.empty(n, np.float32), stream)
 
 
 def workspace(n: int, stream=None):
@@ -334,7 +329,7 @@ _MEMSET = _Memset()
 def zero(ptr: int, n_words: int, stream=None, why: str = "") -> None:
     """n_words 32-bit words at ptr set to zero: now (stream None), queued on a stream, or recorded into a Plan (as
     an entry named "memset", which replay runs in its place)."""
-    e = engine()
+    e = device_of(stream)
     if isinstance(stream, Plan):
         stream.record("memset", _MEMSET, (1, 1), [ptr, n_words], 0, 1, why)
     elif stream is None:
@@ -347,7 +342,7 @@ def counters(n: int, stream=None):
     """n uint32 counters, held like scratch and zeroed before the launch on `stream` (now, where it is None or a
     Plan): for a kernel whose last block to finish does the final step of a reduction and sets its counters back to
     zero, so that every replay of a plan finds them zero."""
-    e = engine()
+    e = device_of(stream)
     buf = e.ga.empty(n, np.uint32)
     if stream is None or isinstance(stream, Plan):
         e.cuda.memset_d32(buf.gpudata, 0, n)

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from .runtime import Plan, blocks, engine, launch
+from .runtime import Plan, blocks, device_of, launch
 from .source import int_constant
 
 
@@ -59,11 +59,12 @@ class SplitOperands:
     candidate. So the plan must not write a candidate before its products read it: the split runs ahead of every
     launch of the plan (the model's forward and backward plans write no weights). Each is held hi then lo, rows_pad
     x K_pad each (split_padding), as a product's workspace would hold it, allocated by `new(n)` (n float32s; the
-    engine's memory by default) when first found. The caller keeps this object as long as the plans that read it."""
+    process's engine's memory by default) when first found. The caller keeps this object as long as the plans that
+    read it."""
 
     def __init__(self, candidates, new=None):
         self.candidates = {(int(src), rows, K, ld, bool(transposed)) for src, rows, K, ld, transposed in candidates}
-        self.new = new or (lambda n: engine().ga.empty(n, np.float32))
+        self.new = new or (lambda n: device_of().ga.empty(n, np.float32))
         self.found = {}    # candidate -> its buffer, in the order found
         self.tables = []   # (the operands it lists, the table, their tiles): each plan's launch reads its own
 
@@ -85,7 +86,7 @@ class SplitOperands:
             return
         if not self.tables or self.tables[-1][0] != len(self.found):
             jobs, tiles = self._jobs()
-            self.tables.append((len(self.found), engine().ga.to_gpu(jobs), tiles))
+            self.tables.append((len(self.found), device_of(stream).ga.to_gpu(jobs), tiles))
         n, table, tiles = self.tables[-1]
         launch("k_tf32_split_batch", [int(table.gpudata), n], tiles, stream, block=int_constant("SPLIT_THREADS"),
                why=f"the {n} weights the pass's products read, split once into TF32 hi and lo ahead of them")
@@ -136,7 +137,7 @@ class SplitArena:
     from, so a device whose products split nothing ahead allocates none."""
 
     def __init__(self, floats: int, new=None):
-        self.floats, self.new, self.buf = floats, new or (lambda n: engine().ga.empty(n, np.float32)), None
+        self.floats, self.new, self.buf = floats, new or (lambda n: device_of().ga.empty(n, np.float32)), None
 
     def allocator(self):
         """A SplitOperands' new(n), for one set: n floats after the set's earlier ones."""

@@ -1,8 +1,8 @@
 """A described GPU in place of a real one: the launch layer checks and records launches on it, and runs none.
 
-    with virtual.device(virtual.H200):          # no GPU, no PyCUDA needed
-        backend = CudaBackend(config, "tc")      # allocations are addresses only
-        ...                                      # plans record as they would on that device
+    h200 = virtual.Engine(virtual.H200)                 # no GPU, no PyCUDA needed
+    backend = CudaBackend(config, "tc", device=h200)    # allocations are addresses only
+    backend.plan("forward", 8, 1024)                    # its plans are Plan(h200): recorded as they would be there
 
 `microgpt info --explain` plans a step this way, and the tests check the launch layer and the model's plans on the
 CPU. Arrays are shapes, dtypes and made-up addresses (with __cuda_array_interface__, so the checks take them);
@@ -11,7 +11,6 @@ shared memory, registers a kernel takes), as on the device itself.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -132,10 +131,3 @@ class Kernel(str):
 
 def _nothing(*_, **__):
     pass
-
-
-@contextlib.contextmanager
-def device(described: Device = H200, signatures=None):
-    """Inside, the launch layer's engine is `described`'s (runtime.using): launches check and record, none runs."""
-    with runtime.using(Engine(described, signatures)) as e:
-        yield e
