@@ -26,24 +26,51 @@ extern "C" __global__ void k_kv_store(float* cache, const float* src, int BH, in
 
 // The attention of the new position p = pos[0] of every sequence, split over the cached positions as flash
 // decoding splits them: one block per chunk of DECODE_CHUNK positions of one head, so that a long cache keeps
-// every SM busy even at B = 1, then k_attention_decode_merge adds the chunks of each head.
+// every SM busy even at B = 1; the last of a head's blocks to finish adds its chunks.
 enum DecodeLaunch : int {
     DECODE_CHUNK = 64,  // cached positions per block of k_attention_decode (read by microgpt/kernels/decode.py)
 };
 #define DECODE_PARTIAL(d_k) ((d_k) + 2)  // a chunk's partial: its weighted values (d_k), its max, its sum
 
+// y[b, 0, h * d_k + d] = the chunks' weighted values, each scaled by exp(its max - the largest), over the sum of
+// their sums so scaled: softmax(scores) V, the chunks added in order. part: the head's `used` partials, read past
+// L1 (other blocks wrote them).
+__device__ void attention_decode_merge(float* out, const float* part, int used, int d_k) {
+    float m = -INFINITY;
+    for (int c = 0; c < used; c++) m = fmaxf(m, __ldcg(part + c * DECODE_PARTIAL(d_k) + d_k));
+    float sum = 0.0f;
+    for (int c = 0; c < used; c++) {
+        const float* pc = part + c * DECODE_PARTIAL(d_k);
+        sum += __ldcg(pc + d_k + 1) * expf(__ldcg(pc + d_k) - m);
+    }
+    for (int d = threadIdx.x; d < d_k; d += blockDim.x) {
+        float s = 0.0f;
+        for (int c = 0; c < used; c++) {
+            const float* pc = part + c * DECODE_PARTIAL(d_k);
+            s += __ldcg(pc + d) * expf(__ldcg(pc + d_k) - m);
+        }
+        out[d] = s / sum;
+    }
+}
+
 // Grid (chunks, B * NH), blockIdx.y = b * NH + h; a block whose chunk starts past p does nothing. The block holding
 // p writes the new key and value from qkv (B, 1, 3C) into the caches (B, NH, T_max, d_k) at row p. Then, one warp
 // per row j <= p of the chunk (no mask needed), scores[j] = dot(Q, K[j]) * (1.0f / sqrtf(d_k)), and the chunk's
-// partial = (sum_j e_j V[j], m, sum_j e_j), e_j = exp(scores[j] - m), m its largest score. Dynamic shared memory:
-// DECODE_CHUNK + d_k + blockDim.x floats. A p outside [0, T_max) writes nothing (the caller keeps it in range).
-extern "C" __global__ void k_attention_decode(float* partial, float* k_cache, float* v_cache, const float* qkv,
-                                              const int* pos, int NH, int d_k, int T_max) {
+// partial = (sum_j e_j V[j], m, sum_j e_j), e_j = exp(scores[j] - m), m its largest score, into partial (B * NH,
+// chunks, DECODE_PARTIAL(d_k)). The last of the head's p / DECODE_CHUNK + 1 blocks to count itself in done[bh]
+// writes y (B, 1, C), heads side by side, and sets done[bh] back to zero for the next launch. Dynamic shared
+// memory: DECODE_CHUNK + d_k + blockDim.x floats. A p outside [0, T_max) writes nothing (the caller keeps it in
+// range).
+extern "C" __global__ void k_attention_decode(float* y, float* partial, unsigned* done, float* k_cache, float* v_cache,
+                                              const float* qkv, const int* pos, int NH, int d_k, int T_max) {
     extern __shared__ float decode_smem[];
     float* e = decode_smem;  // the chunk's scores, then exp(score - m)
     float* q = e + DECODE_CHUNK;
     float* part = q + d_k;
     __shared__ float m_sum[2];
+    __shared__ bool last;
+    pdl_launch_dependents();
+    pdl_wait();
     const int p = pos[0];
     const int start = blockIdx.x * DECODE_CHUNK;
     if (p < 0 || p >= T_max || start > p) return;
@@ -85,7 +112,8 @@ extern "C" __global__ void k_attention_decode(float* partial, float* k_cache, fl
     }
     __syncthreads();
 
-    float* out = partial + ((long long)bh * gridDim.x + blockIdx.x) * DECODE_PARTIAL(d_k);
+    float* head = partial + (long long)bh * gridDim.x * DECODE_PARTIAL(d_k);
+    float* out = head + blockIdx.x * DECODE_PARTIAL(d_k);
     const int G = blockDim.x / d_k;  // groups of d_k threads, each summing every G-th row
     if (G > 1) {
         const int g = threadIdx.x / d_k, d = threadIdx.x % d_k;
@@ -108,31 +136,14 @@ extern "C" __global__ void k_attention_decode(float* partial, float* k_cache, fl
         }
     }
     if (threadIdx.x == 0) out[d_k] = m_sum[0], out[d_k + 1] = m_sum[1];
-}
 
-// One block per (b, h) (blockIdx.x = b * NH + h): y[b, 0, h * d_k + d] = the chunks' weighted values, each
-// scaled by exp(its max - the largest), over the sum of their sums so scaled: softmax(scores) V, the chunks
-// added in order. y (B, 1, C) in merged layout. A p outside [0, T_max) writes nothing.
-extern "C" __global__ void k_attention_decode_merge(float* y, const float* partial, const int* pos, int NH, int d_k,
-                                                    int T_max, int chunks) {
-    const int p = pos[0];
-    if (p < 0 || p >= T_max) return;
-    const int bh = blockIdx.x, b = bh / NH, h = bh % NH, used = p / DECODE_CHUNK + 1;
-    const float* part = partial + (long long)bh * chunks * DECODE_PARTIAL(d_k);
-    float m = -INFINITY;
-    for (int c = 0; c < used; c++) m = fmaxf(m, part[c * DECODE_PARTIAL(d_k) + d_k]);
-    float sum = 0.0f;
-    for (int c = 0; c < used; c++) {
-        const float* pc = part + c * DECODE_PARTIAL(d_k);
-        sum += pc[d_k + 1] * expf(pc[d_k] - m);
+    const int used = p / DECODE_CHUNK + 1;
+    __threadfence();  // this block's partial, visible to the block that merges
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(done + bh, 1u) == (unsigned)used - 1;
+        if (last) done[bh] = 0;  // every block of the head has counted itself: ready for the next launch
     }
-    float* out = y + (long long)b * NH * d_k + h * d_k;
-    for (int d = threadIdx.x; d < d_k; d += blockDim.x) {
-        float s = 0.0f;
-        for (int c = 0; c < used; c++) {
-            const float* pc = part + c * DECODE_PARTIAL(d_k);
-            s += pc[d] * expf(pc[d_k] - m);
-        }
-        out[d] = s / sum;
-    }
+    __syncthreads();
+    if (last) attention_decode_merge(y + (long long)b * C + h * d_k, head, used, d_k);
 }
