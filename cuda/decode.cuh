@@ -69,16 +69,25 @@ extern "C" __global__ void k_attention_decode(float* y, float* partial, unsigned
     float* part = q + d_k;
     __shared__ float m_sum[2];
     __shared__ bool last;
-    pdl_launch_dependents();
-    pdl_wait();
-    const int p = pos[0];
+    const int p = pos[0];  // copied in before the step: no launch of it writes pos
     const int start = blockIdx.x * DECODE_CHUNK;
-    if (p < 0 || p >= T_max || start > p) return;
+    if (p < 0 || p >= T_max || start > p) {
+        pdl_launch_dependents();
+        return;
+    }
     const int n = min(DECODE_CHUNK, p + 1 - start);  // the chunk's positions, start .. start + n - 1
     const int bh = blockIdx.y, b = bh / NH, h = bh % NH, C = NH * d_k;
     const float* row = qkv + (long long)b * 3 * C + h * d_k;
     float* k_h = k_cache + (long long)bh * T_max * d_k;
     float* v_h = v_cache + (long long)bh * T_max * d_k;
+    // the chunk's cached keys and values (those before p, which earlier steps wrote) into L2 while the launch
+    // before finishes
+    for (long long i = threadIdx.x * 32LL; i < (long long)n * d_k; i += blockDim.x * 32LL) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(k_h + (long long)start * d_k + i));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(v_h + (long long)start * d_k + i));
+    }
+    pdl_wait();
+    pdl_launch_dependents();
     const bool holds_p = p < start + DECODE_CHUNK;
     for (int d = threadIdx.x; d < d_k; d += blockDim.x) {
         q[d] = row[d];

@@ -75,6 +75,7 @@ __device__ void matvec_block(float* out, const float* inp, const float* W, const
     for (int i = 0; i < MATVEC_BATCH; i++)
         if (k_begin + lane + 32 * i < k_end) wv[i] = __ldg(w + k_begin + lane + 32 * i);
     pdl_wait();
+    pdl_launch_dependents();
     const float* xs = inp;
     if (ln_w) {
         matvec_layernorm<Vec>(reinterpret_cast<float*>(matvec_rows), inp, ln_w, ln_b, M, K);
@@ -136,7 +137,6 @@ __device__ void matvec_block(float* out, const float* inp, const float* W, const
     extern "C" __global__ void __launch_bounds__(MATVEC_WARPS * 32, MIN_BLOCKS)                                     \
         k_matvec_##R(float* out, const float* inp, const float* W, const float* bias, const float* ln_w,            \
                      const float* ln_b, const float* resid, int M, int K, int N, int gelu, int split, int vec4) {   \
-        pdl_launch_dependents();                                                                                    \
         if (vec4) matvec_block<R, float4>(out, inp, W, bias, ln_w, ln_b, resid, M, K, N, gelu, split);              \
         else matvec_block<R, float>(out, inp, W, bias, ln_w, ln_b, resid, M, K, N, gelu, split);                    \
     }

@@ -187,8 +187,9 @@ class GPT:
             # the prompt (or a window that moved past block_size), then one position a token until the cache is full
             emit(self.backend.prefill(window, choose))
             steps = min(max_new_tokens - (len(out) - 1), cfg.block_size - window.shape[1])
-            for nxt in self.backend.decode_steps(out[-1][:, 0], window.shape[1], itertools.islice(choices, steps)):
-                emit(nxt)
+            if steps > 0:
+                for nxt in self.backend.decode_steps(out[-1][:, 0], window.shape[1], itertools.islice(choices, steps)):
+                    emit(nxt)
         return np.concatenate(out, axis=1)
 
     # -- state ------------------------------------------------------------------------------------
