@@ -54,13 +54,14 @@ __device__ void attention_decode_merge(float* out, const float* part, int used, 
 }
 
 // Grid (chunks, B * NH), blockIdx.y = b * NH + h; a block whose chunk starts past p does nothing. The block holding
-// p writes the new key and value from qkv (B, 1, 3C) into the caches (B, NH, T_max, d_k) at row p. Then, one warp
-// per row j <= p of the chunk (no mask needed), scores[j] = dot(Q, K[j]) * (1.0f / sqrtf(d_k)), and the chunk's
-// partial = (sum_j e_j V[j], m, sum_j e_j), e_j = exp(scores[j] - m), m its largest score, into partial (B * NH,
-// chunks, DECODE_PARTIAL(d_k)). The last of the head's p / DECODE_CHUNK + 1 blocks to count itself in done[bh]
-// writes y (B, 1, C), heads side by side, and sets done[bh] back to zero for the next launch. Dynamic shared
-// memory: DECODE_CHUNK + d_k + blockDim.x floats. A p outside [0, T_max) writes nothing (the caller keeps it in
-// range).
+// p writes the new key and value from qkv (B, 1, 3C) into the caches (B, NH, T_max, d_k) at row p. Then, a thread
+// per row j <= p of the chunk (no mask needed), scores[j] = dot(Q, K[j]) * (1.0f / sqrtf(d_k)) summed over d in
+// order, and the chunk's partial = (sum_j e_j V[j], m, sum_j e_j), e_j = exp(scores[j] - m), m its largest score,
+// into partial (B * NH, chunks, DECODE_PARTIAL(d_k)). The last of the head's p / DECODE_CHUNK + 1 blocks to count
+// itself in done[bh] writes y (B, 1, C), heads side by side, and sets done[bh] back to zero for the next launch;
+// where the head has one chunk (p < DECODE_CHUNK), its block writes y itself, sum_j e_j V[j] / sum_j e_j. Dynamic
+// shared memory: DECODE_CHUNK + d_k + blockDim.x floats. A p outside [0, T_max) writes nothing (the caller keeps
+// it in range).
 extern "C" __global__ void k_attention_decode(float* y, float* partial, unsigned* done, float* k_cache, float* v_cache,
                                               const float* qkv, const int* pos, int NH, int d_k, int T_max) {
     extern __shared__ float decode_smem[];
@@ -98,15 +99,15 @@ extern "C" __global__ void k_attention_decode(float* y, float* partial, unsigned
     }
     __syncthreads();  // the query and row p of the caches, for every thread of the block
 
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-    for (int i = warp; i < n; i += warps) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {  // a thread a row: its d_k loads in flight together
         const float* k_j = k_h + (long long)(start + i) * d_k;
         float s = 0.0f;
-        for (int d = lane; d < d_k; d += 32) s += q[d] * k_j[d];
-        s = warp_sum(s);
-        if (lane == 0) e[i] = s * (1.0f / sqrtf(d_k));
+#pragma unroll 8
+        for (int d = 0; d < d_k; d++) s += q[d] * k_j[d];
+        e[i] = s * (1.0f / sqrtf(d_k));
     }
     __syncthreads();
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     if (warp == 0) {  // the chunk's max and sum of exp, in a fixed order
         float m = -INFINITY;
         for (int i = lane; i < n; i += 32) m = fmaxf(m, e[i]);
@@ -121,13 +122,17 @@ extern "C" __global__ void k_attention_decode(float* y, float* partial, unsigned
     }
     __syncthreads();
 
+    // the chunk's weighted values: into y directly where it is the head's only chunk, else into its partial
+    const int used = p / DECODE_CHUNK + 1;
     float* head = partial + (long long)bh * gridDim.x * DECODE_PARTIAL(d_k);
-    float* out = head + blockIdx.x * DECODE_PARTIAL(d_k);
+    float* out = used == 1 ? y + (long long)b * C + h * d_k : head + blockIdx.x * DECODE_PARTIAL(d_k);
+    const float scale = used == 1 ? 1.0f / m_sum[1] : 1.0f;
     const int G = blockDim.x / d_k;  // groups of d_k threads, each summing every G-th row
     if (G > 1) {
         const int g = threadIdx.x / d_k, d = threadIdx.x % d_k;
         if (g < G) {
             float s = 0.0f;
+#pragma unroll 4
             for (int i = g; i < n; i += G) s += e[i] * v_h[(long long)(start + i) * d_k + d];
             part[threadIdx.x] = s;
         }
@@ -135,18 +140,19 @@ extern "C" __global__ void k_attention_decode(float* y, float* partial, unsigned
         if (threadIdx.x < d_k) {
             float s = 0.0f;
             for (int k = 0; k < G; k++) s += part[k * d_k + threadIdx.x];
-            out[threadIdx.x] = s;
+            out[threadIdx.x] = used == 1 ? s * scale : s;
         }
     } else {
         for (int d = threadIdx.x; d < d_k; d += blockDim.x) {
             float s = 0.0f;
+#pragma unroll 4
             for (int i = 0; i < n; i++) s += e[i] * v_h[(long long)(start + i) * d_k + d];
-            out[d] = s;
+            out[d] = used == 1 ? s * scale : s;
         }
     }
+    if (used == 1) return;
     if (threadIdx.x == 0) out[d_k] = m_sum[0], out[d_k + 1] = m_sum[1];
 
-    const int used = p / DECODE_CHUNK + 1;
     __threadfence();  // this block's partial, visible to the block that merges
     __syncthreads();
     if (threadIdx.x == 0) {

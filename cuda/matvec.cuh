@@ -74,8 +74,16 @@ __device__ void matvec_block(float* out, const float* inp, const float* W, const
 #pragma unroll
     for (int i = 0; i < MATVEC_BATCH; i++)
         if (k_begin + lane + 32 * i < k_end) wv[i] = __ldg(w + k_begin + lane + 32 * i);
+    const float b_n = bias && n < N ? __ldg(bias + n) : 0.0f;
+    if (ln_w)  // the layernorm's gains and biases into L1, where its last pass reads them
+        for (int k = threadIdx.x * 32; k < K; k += MATVEC_WARPS * 32 * 32) {
+            asm volatile("prefetch.global.L1 [%0];" ::"l"(ln_w + k));
+            asm volatile("prefetch.global.L1 [%0];" ::"l"(ln_b + k));
+        }
     pdl_wait();
     pdl_launch_dependents();
+    // the residual this lane adds (row `lane`), read now: its latency under the product's
+    const float r_n = resid && lane < M && n < N ? resid[(long long)lane * N + n] : 0.0f;
     const float* xs = inp;
     if (ln_w) {
         matvec_layernorm<Vec>(reinterpret_cast<float*>(matvec_rows), inp, ln_w, ln_b, M, K);
@@ -119,9 +127,9 @@ __device__ void matvec_block(float* out, const float* inp, const float* W, const
 #pragma unroll
     for (int r = 0; r < ROWS; r++) {
         if (lane == r && r < M) {
-            float v = acc[r] + (bias ? bias[n] : 0.0f);
+            float v = acc[r] + b_n;
             if (gelu) v = gelu_fwd_of(v);
-            if (resid) v += resid[(long long)r * N + n];
+            if (resid) v += r_n;
             out[(long long)r * N + n] = v;
         }
     }
