@@ -26,32 +26,69 @@ extern "C" __global__ void k_kv_store(float* cache, const float* src, int BH, in
 
 // The attention of the new position p = pos[0] of every sequence, split over the cached positions as flash
 // decoding splits them: one block per chunk of DECODE_CHUNK positions of one head, so that a long cache keeps
-// every SM busy even at B = 1, then k_attention_decode_merge adds the chunks of each head.
+// every SM busy even at B = 1; the last of a head's blocks to finish adds its chunks.
 enum DecodeLaunch : int {
     DECODE_CHUNK = 64,  // cached positions per block of k_attention_decode (read by microgpt/kernels/decode.py)
 };
 #define DECODE_PARTIAL(d_k) ((d_k) + 2)  // a chunk's partial: its weighted values (d_k), its max, its sum
 
+// y[b, 0, h * d_k + d] = the chunks' weighted values, each scaled by exp(its max - the largest), over the sum of
+// their sums so scaled: softmax(scores) V, the chunks added in order. part: the head's `used` partials, read past
+// L1 (other blocks wrote them).
+__device__ void attention_decode_merge(float* out, const float* part, int used, int d_k) {
+    float m = -INFINITY;
+    for (int c = 0; c < used; c++) m = fmaxf(m, __ldcg(part + c * DECODE_PARTIAL(d_k) + d_k));
+    float sum = 0.0f;
+    for (int c = 0; c < used; c++) {
+        const float* pc = part + c * DECODE_PARTIAL(d_k);
+        sum += __ldcg(pc + d_k + 1) * expf(__ldcg(pc + d_k) - m);
+    }
+    for (int d = threadIdx.x; d < d_k; d += blockDim.x) {
+        float s = 0.0f;
+        for (int c = 0; c < used; c++) {
+            const float* pc = part + c * DECODE_PARTIAL(d_k);
+            s += __ldcg(pc + d) * expf(__ldcg(pc + d_k) - m);
+        }
+        out[d] = s / sum;
+    }
+}
+
 // Grid (chunks, B * NH), blockIdx.y = b * NH + h; a block whose chunk starts past p does nothing. The block holding
-// p writes the new key and value from qkv (B, 1, 3C) into the caches (B, NH, T_max, d_k) at row p. Then, one warp
-// per row j <= p of the chunk (no mask needed), scores[j] = dot(Q, K[j]) * (1.0f / sqrtf(d_k)), and the chunk's
-// partial = (sum_j e_j V[j], m, sum_j e_j), e_j = exp(scores[j] - m), m its largest score. Dynamic shared memory:
-// DECODE_CHUNK + d_k + blockDim.x floats. A p outside [0, T_max) writes nothing (the caller keeps it in range).
-extern "C" __global__ void k_attention_decode(float* partial, float* k_cache, float* v_cache, const float* qkv,
-                                              const int* pos, int NH, int d_k, int T_max) {
+// p writes the new key and value from qkv (B, 1, 3C) into the caches (B, NH, T_max, d_k) at row p. Then, a thread
+// per row j <= p of the chunk (no mask needed), scores[j] = dot(Q, K[j]) * (1.0f / sqrtf(d_k)) summed over d in
+// order, and the chunk's partial = (sum_j e_j V[j], m, sum_j e_j), e_j = exp(scores[j] - m), m its largest score,
+// into partial (B * NH, chunks, DECODE_PARTIAL(d_k)). The last of the head's p / DECODE_CHUNK + 1 blocks to count
+// itself in done[bh] writes y (B, 1, C), heads side by side, and sets done[bh] back to zero for the next launch;
+// where the head has one chunk (p < DECODE_CHUNK), its block writes y itself, sum_j e_j V[j] / sum_j e_j. Dynamic
+// shared memory: DECODE_CHUNK + d_k + blockDim.x floats. A p outside [0, T_max) writes nothing (the caller keeps
+// it in range).
+extern "C" __global__ void k_attention_decode(float* y, float* partial, unsigned* done, float* k_cache, float* v_cache,
+                                              const float* qkv, const int* pos, int NH, int d_k, int T_max) {
     extern __shared__ float decode_smem[];
     float* e = decode_smem;  // the chunk's scores, then exp(score - m)
     float* q = e + DECODE_CHUNK;
     float* part = q + d_k;
     __shared__ float m_sum[2];
-    const int p = pos[0];
+    __shared__ bool last;
+    const int p = pos[0];  // copied in before the step: no launch of it writes pos
     const int start = blockIdx.x * DECODE_CHUNK;
-    if (p < 0 || p >= T_max || start > p) return;
+    if (p < 0 || p >= T_max || start > p) {
+        pdl_launch_dependents();
+        return;
+    }
     const int n = min(DECODE_CHUNK, p + 1 - start);  // the chunk's positions, start .. start + n - 1
     const int bh = blockIdx.y, b = bh / NH, h = bh % NH, C = NH * d_k;
     const float* row = qkv + (long long)b * 3 * C + h * d_k;
     float* k_h = k_cache + (long long)bh * T_max * d_k;
     float* v_h = v_cache + (long long)bh * T_max * d_k;
+    // the chunk's cached keys and values (those before p, which earlier steps wrote) into L2 while the launch
+    // before finishes
+    for (long long i = threadIdx.x * 32LL; i < (long long)n * d_k; i += blockDim.x * 32LL) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(k_h + (long long)start * d_k + i));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(v_h + (long long)start * d_k + i));
+    }
+    pdl_wait();
+    pdl_launch_dependents();
     const bool holds_p = p < start + DECODE_CHUNK;
     for (int d = threadIdx.x; d < d_k; d += blockDim.x) {
         q[d] = row[d];
@@ -62,15 +99,15 @@ extern "C" __global__ void k_attention_decode(float* partial, float* k_cache, fl
     }
     __syncthreads();  // the query and row p of the caches, for every thread of the block
 
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-    for (int i = warp; i < n; i += warps) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {  // a thread a row: its d_k loads in flight together
         const float* k_j = k_h + (long long)(start + i) * d_k;
         float s = 0.0f;
-        for (int d = lane; d < d_k; d += 32) s += q[d] * k_j[d];
-        s = warp_sum(s);
-        if (lane == 0) e[i] = s * (1.0f / sqrtf(d_k));
+#pragma unroll 8
+        for (int d = 0; d < d_k; d++) s += q[d] * k_j[d];
+        e[i] = s * (1.0f / sqrtf(d_k));
     }
     __syncthreads();
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     if (warp == 0) {  // the chunk's max and sum of exp, in a fixed order
         float m = -INFINITY;
         for (int i = lane; i < n; i += 32) m = fmaxf(m, e[i]);
@@ -85,12 +122,17 @@ extern "C" __global__ void k_attention_decode(float* partial, float* k_cache, fl
     }
     __syncthreads();
 
-    float* out = partial + ((long long)bh * gridDim.x + blockIdx.x) * DECODE_PARTIAL(d_k);
+    // the chunk's weighted values: into y directly where it is the head's only chunk, else into its partial
+    const int used = p / DECODE_CHUNK + 1;
+    float* head = partial + (long long)bh * gridDim.x * DECODE_PARTIAL(d_k);
+    float* out = used == 1 ? y + (long long)b * C + h * d_k : head + blockIdx.x * DECODE_PARTIAL(d_k);
+    const float scale = used == 1 ? 1.0f / m_sum[1] : 1.0f;
     const int G = blockDim.x / d_k;  // groups of d_k threads, each summing every G-th row
     if (G > 1) {
         const int g = threadIdx.x / d_k, d = threadIdx.x % d_k;
         if (g < G) {
             float s = 0.0f;
+#pragma unroll 4
             for (int i = g; i < n; i += G) s += e[i] * v_h[(long long)(start + i) * d_k + d];
             part[threadIdx.x] = s;
         }
@@ -98,41 +140,25 @@ extern "C" __global__ void k_attention_decode(float* partial, float* k_cache, fl
         if (threadIdx.x < d_k) {
             float s = 0.0f;
             for (int k = 0; k < G; k++) s += part[k * d_k + threadIdx.x];
-            out[threadIdx.x] = s;
+            out[threadIdx.x] = used == 1 ? s * scale : s;
         }
     } else {
         for (int d = threadIdx.x; d < d_k; d += blockDim.x) {
             float s = 0.0f;
+#pragma unroll 4
             for (int i = 0; i < n; i++) s += e[i] * v_h[(long long)(start + i) * d_k + d];
-            out[d] = s;
+            out[d] = used == 1 ? s * scale : s;
         }
     }
+    if (used == 1) return;
     if (threadIdx.x == 0) out[d_k] = m_sum[0], out[d_k + 1] = m_sum[1];
-}
 
-// One block per (b, h) (blockIdx.x = b * NH + h): y[b, 0, h * d_k + d] = the chunks' weighted values, each
-// scaled by exp(its max - the largest), over the sum of their sums so scaled: softmax(scores) V, the chunks
-// added in order. y (B, 1, C) in merged layout. A p outside [0, T_max) writes nothing.
-extern "C" __global__ void k_attention_decode_merge(float* y, const float* partial, const int* pos, int NH, int d_k,
-                                                    int T_max, int chunks) {
-    const int p = pos[0];
-    if (p < 0 || p >= T_max) return;
-    const int bh = blockIdx.x, b = bh / NH, h = bh % NH, used = p / DECODE_CHUNK + 1;
-    const float* part = partial + (long long)bh * chunks * DECODE_PARTIAL(d_k);
-    float m = -INFINITY;
-    for (int c = 0; c < used; c++) m = fmaxf(m, part[c * DECODE_PARTIAL(d_k) + d_k]);
-    float sum = 0.0f;
-    for (int c = 0; c < used; c++) {
-        const float* pc = part + c * DECODE_PARTIAL(d_k);
-        sum += pc[d_k + 1] * expf(pc[d_k] - m);
+    __threadfence();  // this block's partial, visible to the block that merges
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(done + bh, 1u) == (unsigned)used - 1;
+        if (last) done[bh] = 0;  // every block of the head has counted itself: ready for the next launch
     }
-    float* out = y + (long long)b * NH * d_k + h * d_k;
-    for (int d = threadIdx.x; d < d_k; d += blockDim.x) {
-        float s = 0.0f;
-        for (int c = 0; c < used; c++) {
-            const float* pc = part + c * DECODE_PARTIAL(d_k);
-            s += pc[d] * expf(pc[d_k] - m);
-        }
-        out[d] = s / sum;
-    }
+    __syncthreads();
+    if (last) attention_decode_merge(y + (long long)b * C + h * d_k, head, used, d_k);
 }

@@ -189,6 +189,8 @@ __device__ unsigned threshold_search(const float* row, int V, SearchWeight weigh
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
 k_sample(int* tokens, const float* logits, const double* u, int V, double temperature, int top_k, double top_p) {
     __shared__ SampleShared sh;
+    pdl_wait();
+    pdl_launch_dependents();
     const float* row = logits + (long long)blockIdx.x * V;
 
     // the largest logit (the greedy token, and the max that z subtracts)

@@ -28,7 +28,7 @@ from .params import layer_shapes
 
 WEIGHTS = ("qkv.w", "qkv.b", "proj.w", "proj.b")
 INTERMEDIATES = ("q", "k", "v", "scores", "masked", "probs", "heads", "lse", "y")
-STATE = INTERMEDIATES + ("qkv", "out", "k_cache", "v_cache", "pos")
+STATE = INTERMEDIATES + ("qkv", "out")
 
 
 # ---------------------------------------------------------------------------------------------- the stages
@@ -36,7 +36,7 @@ STATE = INTERMEDIATES + ("qkv", "out", "k_cache", "v_cache", "pos")
 # table (`ops`: the numpy one or a variant's launchers). Fused (a.lse set: the tc variant's flash attention) the
 # heads run in one op forward and one backward, read from qkv; otherwise stage by stage, keeping q, k, v and the
 # probabilities (and the scores before the mask in a.scores unless it is None: the fast variants write the masked
-# scores directly). A decode state (a.k_cache set) runs one new position against the cached keys and values.
+# scores directly). A decode step's attention is one op of microgpt.model.decode.
 def fused(ops, d_k: int, T: int, device) -> bool:
     """Whether the variant's attention runs fused at this head width and length on `device` (a kernels engine)."""
     return ops.variant.fused_attention and flash_attention_supported(d_k, T, device)
@@ -44,9 +44,7 @@ def fused(ops, d_k: int, T: int, device) -> bool:
 
 def heads_fwd(ops, a, n_head):
     """The stages between the two projections: a.qkv -> a.y."""
-    if a.k_cache is not None:
-        ops.attention_decode(a.y, a.k_cache, a.v_cache, a.qkv, a.pos)
-    elif a.lse is not None:
+    if a.lse is not None:
         ops.fused_attention_fwd(a.y, a.lse, a.qkv, n_head)
     else:
         ops.split_heads_fwd(a.q, a.k, a.v, a.qkv, n_head)
@@ -108,12 +106,6 @@ def states(new, B, T, C, n_head, keep_scores=False, fused=False):
                   scores=new(B, n_head, T, T) if keep_scores else None)
     return lambda out: _state(y=new(B, T, C), out=out, q=new(B, n_head, T, d_k), k=new(B, n_head, T, d_k),
                               v=new(B, n_head, T, d_k), probs=new(B, n_head, T, T), **shared)
-
-
-def decode_state(qkv, y, out, k_cache, v_cache, pos) -> SimpleNamespace:
-    """One new position's state: its qkv (B, 1, 3C), y and out (B, 1, C), against the caches (B, NH, T_max, d_k) and
-    the position pos (int32 (1,))."""
-    return _state(qkv=qkv, y=y, out=out, k_cache=k_cache, v_cache=v_cache, pos=pos)
 
 
 def grad_buffers(new, B, T, C, n_head, fused=False):

@@ -64,7 +64,9 @@ class Backend(Protocol):
     #       keys and values kept for positions 0 .. T-1;
     #   decode(tokens (B,), pos, choose=None) -> logits (B, V) of one more position, its keys and values kept;
     #   with choose (a sampling.Choice: the rule and this step's draws) both return the next tokens (B,)
-    #       instead, chosen where the logits are (the cuda backend copies back only the ids).
+    #       instead, chosen where the logits are (the cuda backend copies back only the ids);
+    #   decode_steps(tokens (B,), pos, choices) -> yields the tokens (B,) of a decode step for each Choice, each
+    #       step reading the last one's (the cuda backend queues a step ahead of the one it waits for).
 
 
 @runtime_checkable

@@ -136,7 +136,7 @@ class CudaBackend:
         """The recorded launches of one pass at (B, T), made once and kept with the buffers: "forward" (with or
         without targets), "backward" (of the forward with targets), "decode" (one position, B sequences)."""
         if which == "decode":
-            return self._decode_state(B).step.plan
+            return self._decode_state(B).step.plan  # the logits: sampling adds k_sample
         b = self._buffers(B, T)
         key = "backward" if which == "backward" else (which, targets)
         if key not in self._passes:
@@ -188,21 +188,37 @@ class CudaBackend:
         if self._dec is not None and self._dec.B == B:
             return self._dec
         self._dec = None
-        cfg, new = self.config, self._new
-        # the new tokens and their position travel in one copy: ids[:B] the tokens, ids[B] the position
+        cfg, new, pinned = self.config, self._new, self.cuda.pagelocked_empty
+        # ids[:B]: the tokens a step reads, where k_sample writes the next ones; ids[B]: the position
         d = SimpleNamespace(B=B, cache=model.kv_cache(cfg, B, new), ids=new(B + 1, dtype=np.int32),
-                            ids_host=self.cuda.pagelocked_empty(B + 1, np.int32),
-                            logits_host=self.cuda.pagelocked_empty((B, cfg.vocab_size), np.float32))
+                            ids_host=pinned(B + 1, np.int32), logits_host=pinned((B, cfg.vocab_size), np.float32),
+                            u=new(B, dtype=np.float64), sampled={})
         d.a = model.decode_activations(cfg, d.cache, d.ids[:B].reshape(B, 1), d.ids[B:], new)
-        d.logits = d.a.logits
-        # the next tokens as k_sample chooses them, and the draws it chooses them by
-        d.chosen, d.chosen_host = new(B, dtype=np.int32), self.cuda.pagelocked_empty(B, np.int32)
-        d.u, d.u_host = new(B, dtype=np.float64), self.cuda.pagelocked_empty(B, np.float64)
-        plan = K.Plan(self.device)
-        model.forward(self.ops.on(plan), self.P, cfg, d.a)
-        d.step = K.Pass(plan, "decode")  # one CUDA graph, captured at the first decode
+        d.logits = d.a.logits.reshape(B, cfg.vocab_size)
+        # per step in flight (two: decode_steps queues one ahead): its position and draws in, its tokens out
+        d.ring = [SimpleNamespace(pos=pinned(1, np.int32), u=pinned(B, np.float64), ids=pinned(B, np.int32),
+                                  done=self.cuda.Event()) for _ in range(2)]
+        d.step = self._decode_pass(d, None)
         self._dec = d
         return d
+
+    def _decode_pass(self, d, rule):
+        """One decode step recorded (one CUDA graph, captured at its first launch): its logits, and with rule
+        (temperature, top_k, top_p) k_sample's choice by it, written into ids[:B] for the next step to read."""
+        plan = K.Plan(self.device)
+        ops = self.ops.on(plan)
+        model.decode(ops, self.P, self.config, d.a)
+        if rule is not None:
+            temperature, top_k, top_p = rule
+            ops.sample(d.ids[:d.B], d.logits, d.u if temperature > 0 else None, temperature, top_k, top_p)
+        return K.Pass(plan, "decode")
+
+    def _sampled(self, d, choose):
+        """The decode pass that chooses by `choose`'s rule (made at its first use)."""
+        rule = (choose.temperature, choose.top_k, choose.top_p)
+        if rule not in d.sampled:
+            d.sampled[rule] = self._decode_pass(d, rule)
+        return d.sampled[rule]
 
     def prefill(self, idx, choose=None):
         """idx: checked int32 (B, T), T <= block_size. The forward over the prompt, its keys and values kept in
@@ -223,13 +239,14 @@ class CudaBackend:
             self.cuda.memcpy_dtod_async(int(d.logits.gpudata) + i * row_bytes,
                                         int(self._bufs.logits.gpudata) + ((i * T + T - 1) * V) * 4, row_bytes,
                                         self.stream)
-        return self._choose(d, choose, "prefill")
+        slot = d.ring[0]
+        self._put_draws(d, slot, choose)
+        self.ops.sample(d.ids[:B], d.logits, d.u if choose.u is not None else None, choose.temperature, choose.top_k,
+                        choose.top_p, stream=self.stream)
+        return self._tokens(d, slot, "prefill")
 
-    def decode(self, tokens, pos, choose=None):
-        """tokens: int (B,) ids, at position pos (< block_size), the one after the prefilled or decoded ones
-        (the B of the last prefill). One position through every layer, one CUDA graph of the plan recorded
-        once; returns its logits (B, V), or with `choose` the next tokens (B,) chosen on the GPU."""
-        d = self._dec
+    def _check_step(self, d, tokens, pos):
+        """The tokens (B,) and position of a decode step, checked; they are copied to ids (in ids_host)."""
         if d is None:
             raise RuntimeError("decode() needs a prefill() first: the caches hold no prompt")
         if pos != d.length or pos >= self.config.block_size:
@@ -240,27 +257,70 @@ class CudaBackend:
             raise ValueError(f"tokens must have shape ({d.B},), the prefilled batch's, got {tokens.shape}")
         if tokens.min() < 0 or tokens.max() >= self.config.vocab_size:  # the plan reads wte unchecked
             raise ValueError(f"tokens must lie in [0, {self.config.vocab_size}), got {tokens.min()}..{tokens.max()}")
-        d.ids_host[:d.B], d.ids_host[d.B] = tokens, pos  # the last decode's copy is done (synchronized)
+        d.ids_host[:d.B], d.ids_host[d.B] = tokens, pos  # the last step's copy is done (synchronized)
         self.cuda.memcpy_htod_async(d.ids.gpudata, d.ids_host, self.stream)
-        d.step.launch(self.stream)
-        d.length += 1
-        if choose is not None:
-            return self._choose(d, choose, "decode")
-        self.cuda.memcpy_dtoh_async(d.logits_host, d.logits.gpudata, self.stream)
-        K.synchronize(self.stream, "decode")
-        return d.logits_host.copy()
 
-    def _choose(self, d, choose, phase):
-        """k_sample on d.logits by `choose`'s rule and draws; the chosen ids copied back."""
+    def decode(self, tokens, pos, choose=None):
+        """tokens: int (B,) ids, at position pos (< block_size), the one after the prefilled or decoded ones
+        (the B of the last prefill). One position through every layer, one CUDA graph of the plan recorded
+        once; returns its logits (B, V), or with `choose` the next tokens (B,) chosen on the GPU."""
+        d = self._dec
+        self._check_step(d, tokens, pos)
+        if choose is None:
+            d.step.launch(self.stream)
+            d.length += 1
+            self.cuda.memcpy_dtoh_async(d.logits_host, d.logits.gpudata, self.stream)
+            K.synchronize(self.stream, "decode")
+            return d.logits_host.copy()
+        slot = d.ring[0]
+        self._put_draws(d, slot, choose)
+        self._sampled(d, choose).launch(self.stream)
+        d.length += 1
+        return self._tokens(d, slot, "decode")
+
+    def decode_steps(self, tokens, pos, choices):
+        """Runs a decode step for each sampling.Choice of `choices` (an iterable, taken one at a time as the steps
+        are queued), from tokens (B,) at position pos; yields each step's chosen tokens (B,). Each step reads the
+        tokens the step before chose where k_sample wrote them, so the host queues step i + 1 before it waits for
+        step i's tokens: the GPU never waits for Python."""
+        d = self._dec
+        self._check_step(d, tokens, pos)
+        waiting = None  # the slot of the step queued before, whose tokens are still to come
+        for i, choose in enumerate(choices):
+            slot = d.ring[i % 2]  # the step two before, which used it, has been waited for
+            if i > 0:  # the position is ids[B]: copied in with the tokens for the first step
+                slot.pos[0] = pos + i
+                self.cuda.memcpy_htod_async(int(d.ids.gpudata) + 4 * d.B, slot.pos, self.stream)
+            self._put_draws(d, slot, choose)
+            self._sampled(d, choose).launch(self.stream)
+            d.length += 1
+            self.cuda.memcpy_dtoh_async(slot.ids, d.ids.gpudata, self.stream)
+            slot.done.record(self.stream)
+            if waiting is not None:
+                yield self._wait(waiting)
+            waiting = slot
+        if waiting is not None:
+            yield self._wait(waiting)
+
+    def _put_draws(self, d, slot, choose) -> None:
+        """Queues the copy of choose's draws u (none at temperature 0) to the device, from the slot's pinned copy."""
         if choose.u is not None:
-            d.u_host[:] = choose.u
-            self.cuda.memcpy_htod_async(d.u.gpudata, d.u_host, self.stream)
-        self.ops.sample(d.chosen, d.logits.reshape(d.B, self.config.vocab_size),
-                        d.u if choose.u is not None else None, choose.temperature, choose.top_k, choose.top_p,
-                        stream=self.stream)
-        self.cuda.memcpy_dtoh_async(d.chosen_host, d.chosen.gpudata, self.stream)
+            slot.u[:] = choose.u
+            self.cuda.memcpy_htod_async(d.u.gpudata, slot.u, self.stream)
+
+    def _tokens(self, d, slot, phase):
+        """The chosen tokens (ids[:B]) copied back through the slot, waited for."""
+        self.cuda.memcpy_dtoh_async(slot.ids, d.ids.gpudata, self.stream)
         K.synchronize(self.stream, phase)
-        return d.chosen_host.copy()
+        return slot.ids.copy()
+
+    def _wait(self, slot):
+        """The tokens of the step that recorded slot.done, once they are back."""
+        try:
+            slot.done.synchronize()
+        except self.cuda.Error as err:
+            raise K.KernelError(f"a kernel launched in the decode failed: {err} (MICROGPT_SYNC=1 names it)") from None
+        return slot.ids.copy()
 
     # -- optimiser ----------------------------------------------------------------------------------
     def step(self, t, lr, beta1, beta2, eps, weight_decay, grad_clip):

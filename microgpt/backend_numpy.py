@@ -89,10 +89,17 @@ class NumpyBackend:
         """One position through every layer, its query against the cached keys and values 0..pos."""
         a = self._cache.step
         a.idx[:, 0], a.pos[0] = tokens, pos
-        model.forward(self.ops, self.P, self.config, a)
+        model.decode(self.ops, self.P, self.config, a)
         self.positions += len(tokens)
         logits = a.logits[:, 0].copy()
         return logits if choose is None else choose(logits)
+
+    def decode_steps(self, tokens, pos, choices):
+        """decode() with each sampling.Choice of `choices` in turn, from tokens (B,) at position pos, each step's
+        chosen tokens the next one's input; yields them."""
+        for i, choose in enumerate(choices):
+            tokens = self.decode(tokens, pos + i, choose)
+            yield tokens
 
     # -- optimiser ----------------------------------------------------------------------------------
     def step(self, t, lr, beta1, beta2, eps, weight_decay, grad_clip):

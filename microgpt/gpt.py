@@ -8,6 +8,7 @@ Every argument is checked here, before a backend (and so before any kernel) sees
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -166,24 +167,29 @@ class GPT:
             raise TypeError(f"on_token must be callable or None, got {type(on_token).__name__}")
         rng = np.random.default_rng(seed)
         self._can_backward = False
-        cached = callable(getattr(self.backend, "decode", None))
+        cached = callable(getattr(self.backend, "decode_steps", None))
+        # the choice of each new token, its draws made in order as the tokens are (lazily, one a token)
+        choices = (Choice(temperature, top_k, top_p, draw(rng, idx.shape[0], temperature))
+                   for _ in range(max_new_tokens))
         out = [idx]
-        length = 0  # positions in the cache
-        for step in range(max_new_tokens):
-            choose = Choice(temperature, top_k, top_p, draw(rng, idx.shape[0], temperature))
-            if not cached:
-                window = np.ascontiguousarray(np.concatenate(out, axis=1)[:, -cfg.block_size:])
-                last, _ = self.backend.forward(window, None, logits="last")
-                nxt = choose(last[:, -1])
-            elif step == 0 or length == cfg.block_size:  # the prompt, or a window that moved on
-                window = np.ascontiguousarray(np.concatenate(out, axis=1)[:, -cfg.block_size:])
-                nxt, length = self.backend.prefill(window, choose), window.shape[1]
-            else:
-                nxt = self.backend.decode(out[-1][:, 0], length, choose)
-                length += 1
+
+        def emit(nxt):
             out.append(np.asarray(nxt, np.int32)[:, None])
             if on_token is not None:
                 on_token(out[-1][:, 0])
+
+        for choose in choices:
+            window = np.ascontiguousarray(np.concatenate(out, axis=1)[:, -cfg.block_size:])
+            if not cached:
+                last, _ = self.backend.forward(window, None, logits="last")
+                emit(choose(last[:, -1]))
+                continue
+            # the prompt (or a window that moved past block_size), then one position a token until the cache is full
+            emit(self.backend.prefill(window, choose))
+            steps = min(max_new_tokens - (len(out) - 1), cfg.block_size - window.shape[1])
+            if steps > 0:
+                for nxt in self.backend.decode_steps(out[-1][:, 0], window.shape[1], itertools.islice(choices, steps)):
+                    emit(nxt)
         return np.concatenate(out, axis=1)
 
     # -- state ------------------------------------------------------------------------------------

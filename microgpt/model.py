@@ -4,6 +4,9 @@
     for each layer:  x = x + proj(attention(qkv(ln1(x))));  x = x + proj(gelu(fc(ln2(x))))
     logits = lnf(x) @ wte^T;  loss = crossentropy(logits, targets)
 
+decode() runs the same layers for one new position a sequence, attending to the keys and values cached for the
+positions before it.
+
 A backend gives `ops`, one implementation of the op table (the numpy one, or one variant's launchers, recorded
 into a plan), and the buffers, made here by its `new(*shape)`. Each op writes its outputs into the buffers it is
 handed (outputs first, as the kernels take them), so a pass is a fixed sequence of calls over fixed buffers: the
@@ -84,25 +87,18 @@ def kv_cache(cfg: GPTConfig, B: int, new) -> SimpleNamespace:
 
 
 def decode_activations(cfg: GPTConfig, cache, tokens, pos, new) -> SimpleNamespace:
-    """forward()'s buffers for one new position a sequence (tokens (B, 1) int32 at position pos[0]), its
-    attention against `cache`: one set shared by all layers, as each layer's are read only by the next op."""
-    B, C, L = tokens.shape[0], cfg.d_model, cfg.n_layer
-    x, x1, ln, out, mlp = (new(B, 1, C) for _ in range(5))
-    mean, rstd = new(B, 1), new(B, 1)
-    qkv, y, fc, act = new(B, 1, 3 * C), new(B, 1, C), new(B, 1, 4 * C), new(B, 1, 4 * C)
-    layers = [SimpleNamespace(ln1=ln, mean1=mean, rstd1=rstd, x1=x1, ln2=ln, mean2=mean, rstd2=rstd, fc=fc, act=act,
-                              att=attention.decode_state(qkv, y, out, cache.k[l], cache.v[l], pos))
-              for l in range(L)]
-    return SimpleNamespace(shape=(B, 1), decode=True, idx=tokens, pos=pos, resid=[x] * (L + 1), out=out, mlp=mlp,
-                           layers=layers, lnf=ln, meanf=mean, rstdf=rstd, logits=new(B, 1, cfg.vocab_size))
+    """decode()'s buffers for one new position a sequence (tokens (B, 1) int32 at position pos[0]), its attention
+    against `cache`: the residual stream x, and one set of the rest shared by all layers, as each layer's are read
+    only by the next op."""
+    B, C = tokens.shape[0], cfg.d_model
+    return SimpleNamespace(shape=(B, 1), idx=tokens, pos=pos, cache=cache, x=new(B, 1, C), qkv=new(B, 1, 3 * C),
+                           y=new(B, 1, C), act=new(B, 1, 4 * C), logits=new(B, 1, cfg.vocab_size))
 
 
 # ---------------------------------------------------------------------------------------------- the passes
 def forward(ops, P, cfg: GPTConfig, a, targets: bool = False) -> None:
-    """a.logits (and with targets a.losses, a.probs) of a.idx; everything backward reads kept in a. With
-    decode_activations, one new position a sequence against the cache."""
+    """a.logits (and with targets a.losses, a.probs) of a.idx; everything backward reads kept in a."""
     NH, L = cfg.n_head, cfg.n_layer
-    decoding = getattr(a, "decode", False)
 
     def ln_of(l):
         """(out, mean, rstd, w, b) of the layernorm that reads resid[l]: layer l's ln1, or lnf after the last."""
@@ -111,10 +107,7 @@ def forward(ops, P, cfg: GPTConfig, a, targets: bool = False) -> None:
         s = a.layers[l]
         return s.ln1, s.mean1, s.rstd1, P[f"h.{l}.ln1.w"], P[f"h.{l}.ln1.b"]
 
-    if decoding:
-        ops.embed_decode(a.resid[0], a.idx, P["wte"], P["wpe"], a.pos, check_token_ids=False)
-    else:  # the ids were checked by GPT before they reached the device
-        ops.embed_fwd(a.resid[0], a.idx, P["wte"], P["wpe"], check_token_ids=False)
+    ops.embed_fwd(a.resid[0], a.idx, P["wte"], P["wpe"], check_token_ids=False)  # ids checked by GPT
     out, mean, rstd, w, b = ln_of(0)
     ops.layernorm_fwd(out, mean, rstd, a.resid[0], w, b)
     for l, s in enumerate(a.layers):
@@ -131,6 +124,22 @@ def forward(ops, P, cfg: GPTConfig, a, targets: bool = False) -> None:
     ops.matmul_fwd(a.logits, a.lnf, P["wte"], None)  # the output projection, tied to the token embedding
     if targets:
         ops.crossentropy_fwd(a.losses, a.probs, a.logits, a.tgt, check_token_ids=False)
+
+
+def decode(ops, P, cfg: GPTConfig, a) -> None:
+    """a.logits of one new position a sequence (a: decode_activations), its keys and values added to a.cache:
+    forward()'s layers, as a step of a few rows runs them, each layernorm inside the product that reads it and each
+    residual add inside the product that makes its branch."""
+    x = a.x
+    ops.embed_decode(x, a.idx, P["wte"], P["wpe"], a.pos, check_token_ids=False)
+    for l in range(cfg.n_layer):
+        h = _layer(P, l)
+        ops.layernorm_matmul_fwd(a.qkv, x, h("ln1.w"), h("ln1.b"), h("attn.qkv.w"), h("attn.qkv.b"))
+        ops.attention_decode(a.y, a.cache.k[l], a.cache.v[l], a.qkv, a.pos)
+        ops.matmul_residual_fwd(x, a.y, h("attn.proj.w"), h("attn.proj.b"))  # x = x + proj(attention)
+        ops.layernorm_matmul_fwd(a.act, x, h("ln2.w"), h("ln2.b"), h("mlp.fc.w"), h("mlp.fc.b"), gelu=True)
+        ops.matmul_residual_fwd(x, a.act, h("mlp.proj.w"), h("mlp.proj.b"))  # x = x + proj(gelu(fc(ln2(x))))
+    ops.layernorm_matmul_fwd(a.logits, x, P["lnf.w"], P["lnf.b"], P["wte"], None)  # tied to the token embedding
 
 
 def backward(ops, P, G, cfg: GPTConfig, a, d) -> None:

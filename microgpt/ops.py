@@ -124,6 +124,8 @@ def _op(name, header, args, reference, tolerance=1e-5, flops="0", **faster):
     return Op(name, header, {"reference": reference, **faster}, parse_args(args), tolerance, flops)
 
 
+# the decode step's fused products (layernorm_matmul_fwd, matmul_residual_fwd) over each variant's matmul_fwd
+_FUSED = {"fast": decode.fused(products.matmul_fwd_fast, "fast"), "tc": decode.fused(products.matmul_fwd_tc, "tc")}
 H = "B,NH,T,D"  # one array a head
 S = "B,NH,T,T"  # scores a head
 OPS: dict[str, Op] = {op.name: op for op in (
@@ -187,6 +189,10 @@ OPS: dict[str, Op] = {op.name: op for op in (
     _op("crossentropy_bwd", "crossentropy.cuh", "dlogits>B,T,V probs:B,T,V:softmax targets:B,T:ids dlosses:B,T",
         crossentropy.crossentropy_bwd, 1e-6, "2*B*T*V", fast=rows_fast.crossentropy_bwd_fast),
     _op("embed_decode", "decode.cuh", "x>B,1,C tokens:B,1:ids wte:V,C wpe:T,C pos:1:pos", decode.embed_decode, 1e-6),
+    _op("layernorm_matmul_fwd", "matmul.cuh", "out>B,1,3*C x:B,1,C w:C b:C weight:3*C,C bias:3*C | gelu=False",
+        decode.layernorm_matmul_fwd, fast=_FUSED["fast"][0], tc=_FUSED["tc"][0]),
+    _op("matmul_residual_fwd", "matmul.cuh", "x+B,1,C inp:B,1,4*C weight:C,4*C bias:C", decode.matmul_residual_fwd,
+        fast=_FUSED["fast"][1], tc=_FUSED["tc"][1]),
     _op("kv_store", "decode.cuh", "cache+B,NH,M,D src:B,NH,T,D", decode.kv_store, 1e-6),
     _op("attention_decode", "decode.cuh", "y>B,1,C k_cache+B,NH,M,D v_cache+B,NH,M,D qkv:B,1,3*C pos:1:pos",
         decode.attention_decode),

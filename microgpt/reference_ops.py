@@ -178,6 +178,15 @@ def embed_decode(x, tokens, wte, wpe, pos, **_):
     x[...] = R.embed_fwd(tokens, wte, wpe[p:p + 1])
 
 
+def layernorm_matmul_fwd(out, x, w, b, weight, bias, *, gelu=False, **_):
+    y = R.linear_fwd(R.layernorm_fwd(x, w, b)[0], weight, bias)
+    out[...] = R.gelu_fwd(y) if gelu else y
+
+
+def matmul_residual_fwd(x, inp, weight, bias, **_):
+    x[...] = R.residual_fwd(x, R.linear_fwd(inp, weight, bias))
+
+
 def kv_store(cache, src, **_):
     cache[:, :, :src.shape[2]] = src
 

@@ -115,11 +115,51 @@ def test_few_row_products_take_k_matvec_as_accurate_as_the_sgemm(ga, rng, varian
     out, ref = nan(ga, M, OUT), nan(ga, M, OUT)
     plan = K.Plan()
     O.select(variant).matmul_fwd(out, x, w, b, stream=plan)
-    assert [name for name, *_ in plan] == ["k_matvec"]
+    assert [name for name, *_ in plan] == [f"k_matvec_{1 << (M - 1).bit_length()}"]
     O.select(variant).matmul_fwd(out, x, w, b)
     K.sgemm(ref, x, w, trans_b=True, bias=b)  # the SIMT SGEMM's error on the same inputs: the bar
     want = x_h[offset:].reshape(M, IN).astype(np.float64) @ w_h[offset:].reshape(OUT, IN).T.astype(np.float64) + b_h
     close(f"k_matvec ({variant})", out.get(), want, max(1.5 * rel_err(ref.get(), want), 1e-7))
+
+
+def gelu64(x):
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+# (M, C, N): the decode step's qkv, fc and lm_head at B = 1 .. 8 (andrea-120m's widths; gpt2-124m's vocabulary), a
+# width not a multiple of 4 (scalar loads), a short N (K split over a block's warps), and past MATVEC_ROWS (the
+# unfused kernels)
+@pytest.mark.parametrize("M,C,N", [(1, 768, 2304), (2, 768, 3072), (3, 768, 8449), (8, 768, 50257), (5, 77, 300),
+                                   (4, 384, 257), (7, 1536, 100), (9, 768, 3072), (16, 64, 96)])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_the_layernorm_and_gelu_fused_into_the_product(ga, rng, variant, M, C, N):
+    """out = gelu(layernorm(x) @ W^T + b), and without GELU, against float64 within the SGEMM's own error."""
+    x_h = (3 * rng.standard_normal((M, 1, C)) + 1).astype(np.float32)
+    w_h, b_h = (1 + 0.1 * rng.standard_normal(C)).astype(np.float32), rng.standard_normal(C).astype(np.float32)
+    W_h = (rng.standard_normal((N, C)) / np.sqrt(C)).astype(np.float32)
+    bias_h = rng.standard_normal(N).astype(np.float32)
+    x64 = x_h.astype(np.float64)
+    ln = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-5) * w_h + b_h
+    for gelu in (False, True):
+        want = ln @ W_h.T.astype(np.float64) + bias_h
+        want = gelu64(want) if gelu else want
+        out = nan(ga, M, 1, N)
+        O.select(variant).layernorm_matmul_fwd(out, ga.to_gpu(x_h), ga.to_gpu(w_h), ga.to_gpu(b_h), ga.to_gpu(W_h),
+                                               ga.to_gpu(bias_h), gelu=gelu)
+        close(f"layernorm_matmul_fwd ({variant}{', gelu' * gelu})", out.get(), want, 2e-6)
+
+
+@pytest.mark.parametrize("M,K,C", [(1, 768, 768), (1, 3072, 768), (8, 3072, 768), (3, 1536, 384), (2, 50, 9),
+                                   (12, 256, 64)])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_the_residual_add_fused_into_the_product(ga, rng, variant, M, K, C):
+    """x += inp @ W^T + b, in place, against float64."""
+    x_h, inp_h = rng.standard_normal((M, 1, C)).astype(np.float32), rng.standard_normal((M, 1, K)).astype(np.float32)
+    W_h, b_h = (rng.standard_normal((C, K)) / np.sqrt(K)).astype(np.float32), rng.standard_normal(C).astype(np.float32)
+    x = ga.to_gpu(x_h)
+    O.select(variant).matmul_residual_fwd(x, ga.to_gpu(inp_h), ga.to_gpu(W_h), ga.to_gpu(b_h))
+    want = x_h + (inp_h.astype(np.float64) @ W_h.T.astype(np.float64) + b_h)
+    close(f"matmul_residual_fwd ({variant})", x.get(), want, 2e-6)
 
 
 # ---------------------------------------------------------------------------------------------- the model
@@ -154,8 +194,29 @@ def test_greedy_sampling_with_the_cache_gives_the_tokens_of_full_recomputation(r
     prompt = rng.integers(0, SMALL.vocab_size, size=(3, prompt_len))
     gpu = GPT(SMALL, backend="cuda", seed=7)
     cached = gpu.generate(prompt, new, temperature=0)
-    gpu.backend.decode = None  # generate runs the whole window for every token
+    gpu.backend.decode_steps = None  # generate runs the whole window for every token
     np.testing.assert_array_equal(cached, gpu.generate(prompt, new, temperature=0))
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.0, None, None), (0.9, 20, 0.95)])
+def test_decode_steps_queued_ahead_choose_the_tokens_of_one_step_at_a_time(rng, temperature, top_k, top_p):
+    """decode_steps (each step reading the last one's tokens on the GPU, a step queued ahead) gives the tokens of
+    decode() called a step at a time with the same draws."""
+    from microgpt.sampling import Choice, draw
+    idx = rng.integers(0, SMALL.vocab_size, size=(3, 4)).astype(np.int32)
+    draws = np.random.default_rng(1)
+    choices = [Choice(temperature, top_k, top_p, draw(draws, 3, temperature)) for _ in range(SMALL.block_size - 3)]
+    runs = []
+    for ahead in (True, False):
+        gpu = GPT(SMALL, backend="cuda", seed=9)
+        tokens = [gpu.backend.prefill(idx, choices[0])]
+        if ahead:
+            tokens += list(gpu.backend.decode_steps(tokens[0], 4, choices[1:]))
+        else:
+            for pos, choose in enumerate(choices[1:], start=4):
+                tokens.append(gpu.backend.decode(tokens[-1], pos, choose))
+        runs.append(np.stack(tokens))
+    np.testing.assert_array_equal(*runs)
 
 
 def test_decode_needs_a_prefill_and_a_position_in_the_context(rng):

@@ -14,7 +14,7 @@ PYTHON = sorted(PACKAGE.rglob("*.py")) + sorted(TOOLS.glob("*.py"))
 CYTHON = sorted(PACKAGE.glob("*.pyx"))
 MAX_LINES = 450
 # the launch layer's own modules; every other module of microgpt/kernels/ is a header's launchers
-ENGINE_MODULES = {"__init__", "source", "runtime", "checks", "graph", "virtual", "products"}
+ENGINE_MODULES = {"__init__", "source", "runtime", "checks", "driver", "graph", "virtual", "products"}
 # our modules that need an optional dependency at import: imported where it is used, so that the rest runs
 # without it
 OPTIONAL = {"microgpt.distributed": "torch", "torch_gpt": "torch"}

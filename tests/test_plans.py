@@ -66,7 +66,7 @@ def test_explain_says_why_on_hopper_and_on_ampere():
 
 def test_explain_a_decode_step():
     text = explain(GPTConfig.preset("andrea-12m"), "tc", 1, 1024, decode=True)
-    assert "decode: " in text and "k_matvec" in text and "1 rows <= MATVEC_ROWS" in text
+    assert "decode: " in text and "k_matvec_1" in text and "1 rows <= MATVEC_ROWS" in text
     assert "attention: one position against the cached keys and values" in text
     assert "k_attention_decode" in text and "k_gemm" not in text
 

@@ -24,13 +24,17 @@ def tools(monkeypatch):
 @pytest.mark.parametrize("B", [1, 8])
 def test_each_op_that_reads_weights_or_the_cache_is_an_op_of_the_decode_step(tools, variant, B):
     """Every op decode_reads names launches in the step, so that the step's reads are all given to its ops;
-    the groups by op and by kernel hold every launch once, the products' k_matvec under matmul_fwd."""
+    the groups by op and by kernel hold every launch once, the products' k_matvec under the fused products."""
     P, timing = tools
     cfg = GPTConfig(n_layer=2, n_head=2, d_model=64, block_size=128, vocab_size=257)
     plan = step_plans(cfg, variant, B, 1, decode=True)["decode"]
     by_op, by_kernel = P.grouped(plan, lambda e: e.op), P.grouped(plan, lambda e: e[0])
     assert sum(map(len, by_op.values())) == sum(map(len, by_kernel.values())) == len(plan)
     assert set(timing.decode_reads(cfg, B, 5)) <= {op.split(" (")[0] for op in by_op}
-    matmul = next(entries for op, entries in by_op.items() if op.startswith("matmul_fwd"))
-    assert len(matmul) >= 4 * cfg.n_layer + 1  # qkv, proj, fc, proj a layer, and the lm_head
-    assert all(e.op.startswith("matmul_fwd") for e in by_kernel.get("k_matvec", []))
+    products = [e for op, entries in by_op.items() for e in entries if e[0] in ("k_matmul_fwd", "k_gemm_simt")
+                or e[0].startswith("k_matvec")]
+    assert len(products) == 4 * cfg.n_layer + 1  # qkv, proj, fc, proj a layer, and the lm_head
+    matvec = [e for name, entries in by_kernel.items() if name.startswith("k_matvec") for e in entries]
+    assert all(e.op.split(" (")[0] in ("layernorm_matmul_fwd", "matmul_residual_fwd") for e in matvec)
+    if variant != "reference":  # one k_matvec a product, each layernorm, GELU and residual add inside one
+        assert len(matvec) == 4 * cfg.n_layer + 1 and len(plan) == 5 * cfg.n_layer + 2

@@ -14,7 +14,7 @@ CFG = GPTConfig(n_layer=2, n_head=4, d_model=32, block_size=16, vocab_size=50)
 
 def without_cache(model):
     """The same model, its backend's cache hidden: generate runs the whole window for every token."""
-    model.backend.decode = None
+    model.backend.decode_steps = None
     return model
 
 

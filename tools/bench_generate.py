@@ -76,9 +76,10 @@ def time_microgpt(cfg, backend, B, prompt_len, new, variant=None, repeats=2):
 def decode_note(backend) -> str:
     """How the cuda backend ran its decode steps: as one CUDA graph a token, or launch by launch (and why)."""
     d = getattr(backend, "_dec", None)
-    if d is None or not hasattr(d, "step"):
+    if d is None or not getattr(d, "sampled", None):
         return ""
-    return "decode: one CUDA graph a token" if d.step.graph is not None else f"decode replayed: {d.step.unavailable}"
+    step = next(iter(d.sampled.values()))  # the pass of the step that chose greedily
+    return "decode: one CUDA graph a token" if step.graph is not None else f"decode replayed: {step.unavailable}"
 
 
 def transformers_peer(cfg):

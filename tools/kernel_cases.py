@@ -308,10 +308,14 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
         add("k_sample",
             lambda s: K.sample(next_ids, next_logits, draws, 0.8, top_k=min(40, V), top_p=0.9, stream=s),
             F * (B * V + B) + 8 * B, 2 * B * V)
-    if want("k_matvec"):  # the decode step's tied output projection: B rows, so k_matvec
-        (wte, wpe), y_row, logits_row = embeddings(), buf("y_row", B, 1, C), empty(B, 1, V)
-        add("k_matvec", lambda s: O.select("fast").matmul_fwd(logits_row, y_row, wte, None, stream=s),
-            F * (V * C + B * C + B * V), 2 * B * V * C)
+    for rows in (1, 2, 4, 8):  # the decode step's mlp.fc at 1 .. 8 sequences, its layernorm and GELU inside
+        if want(f"k_matvec_{rows}"):
+            r = draws_for(f"k_matvec_{rows}")
+            x_rows, ln_w, ln_b, act_rows = r.randn(rows, 1, C), r.randn(C), r.randn(C), empty(rows, 1, 4 * C)
+            fc_w, fc_b = r.randn(4 * C, C), r.randn(4 * C)
+            add(f"k_matvec_{rows}", lambda s, a=(act_rows, x_rows, ln_w, ln_b, fc_w, fc_b):
+                O.select("fast").layernorm_matmul_fwd(*a, gelu=True, stream=s),
+                F * (4 * C * C + 4 * C + 2 * C + rows * 5 * C), 2 * rows * 4 * C * C)
 
     # the bias gradient of every fast variant's product, here mlp.fc's (B * T rows of 4C)
     if want("colsum (mlp.fc)"):

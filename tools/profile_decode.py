@@ -11,7 +11,7 @@ time, no host in it), and k_sample's time for each way of choosing.
 Weights are random (seeded): the time does not depend on them.
 
 An op's MB are the weights and cached keys and values it reads at the step's position (tools/timing.py
-decode_reads: matmul_fwd every linear weight and wte, attention_decode the cache 0..pos; activations not
+decode_reads: the fused products every linear weight and wte, attention_decode the cache 0..pos; activations not
 counted), its GB/s those over its time, %copy that over the copy bandwidth measured in the same run (device to
 device, bytes read and written). The step's limit: all its reads at that bandwidth. An op whose reads fit in L2
 (andrea-12m's weights, 45 MB) may read them from there ten times over, above the copy bandwidth.
@@ -84,10 +84,9 @@ def profile(cfg, B, prompt_len, steps, copy_gbs):
     tokens = be.prefill(idx, greedy)
     for pos in range(prompt_len, prompt_len + 4):  # the graph is captured at the first decode
         tokens = be.decode(tokens, pos, greedy)
-    start = prompt_len + 4
     t0 = time.perf_counter()
-    for pos in range(start, start + steps):
-        tokens = be.decode(tokens, pos, greedy)
+    for tokens in be.decode_steps(tokens, prompt_len + 4, [greedy] * steps):  # as generate runs them
+        pass
     step_ms = (time.perf_counter() - t0) / steps * 1e3
     d = be._dec  # the decode state: its step's plan and graph (the tool looks inside the backend on purpose)
     graph_ms = gpu_ms(cuda, be.stream, lambda: d.step.launch(be.stream), steps)
@@ -107,10 +106,10 @@ def profile(cfg, B, prompt_len, steps, copy_gbs):
     choices = []
     for c in (greedy, Choice(1.0, None, None, u), Choice(0.9, 50, None, u), Choice(1.0, None, 0.95, u),
               Choice(0.9, 50, 0.9, u)):
-        be._choose(d, c, "profile")  # the draws in place on the device
+        be._put_draws(d, d.ring[0], c)  # the draws in place on the device
 
         def sample(c=c):
-            be.ops.sample(d.chosen, logits, d.u if c.u is not None else None, c.temperature, c.top_k, c.top_p,
+            be.ops.sample(d.ids[:B], logits, d.u if c.u is not None else None, c.temperature, c.top_k, c.top_p,
                           stream=be.stream)
         choices.append(dict(temperature=c.temperature, top_k=c.top_k, top_p=c.top_p,
                             us=gpu_ms(cuda, be.stream, sample, 20) * 1e3))

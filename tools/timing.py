@@ -210,16 +210,16 @@ def host_copy_gbs(nbytes=256 << 20, repeats=5) -> float:
 
 
 def decode_reads(cfg: GPTConfig, B: int, pos: int) -> dict[str, int]:
-    """Bytes (FP32) of weights and cache each op of a decode step at position pos reads, as model.forward calls
-    them: matmul_fwd the linear weights and biases and all of wte (the tied lm_head); attention_decode each
-    layer's keys and values 0..pos of B sequences; the layernorms their gains and biases; embed_decode wpe's row
-    pos (its B rows of wte are the lm_head's, counted there). Activations (a few vectors a sequence) are not
-    counted. Summed: what the step must read, every weight once, wpe one row, and the cache."""
+    """Bytes (FP32) of weights and cache each op of a decode step at position pos reads, as model.decode calls
+    them: layernorm_matmul_fwd the layernorms' gains and biases and the products after them (qkv, fc, and all of
+    wte: the tied lm_head); matmul_residual_fwd the two output projections; attention_decode each layer's keys
+    and values 0..pos of B sequences; embed_decode wpe's row pos (its B rows of wte are the lm_head's, counted
+    there). Activations (a few vectors a sequence) are not counted. Summed: what the step must read, every weight
+    once, wpe one row, and the cache."""
     C, L, n = cfg.d_model, cfg.n_layer, {}
     for spec in param_table(cfg):
-        op = ("matmul_fwd" if spec.name == "wte" or ".attn." in spec.name or ".mlp." in spec.name else
-              "embed_decode" if spec.name == "wpe" else
-              "layernorm_fwd" if spec.name.startswith("h.0.ln1.") else "residual_layernorm_fwd")
+        op = ("embed_decode" if spec.name == "wpe" else
+              "matmul_residual_fwd" if ".proj." in spec.name else "layernorm_matmul_fwd")
         n[op] = n.get(op, 0) + (C if spec.name == "wpe" else spec.size)
     n["attention_decode"] = 2 * L * B * (pos + 1) * C
     return {op: 4 * k for op, k in n.items()}

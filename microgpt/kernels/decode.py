@@ -1,4 +1,6 @@
-"""Launchers of cuda/decode.cuh: one new position a sequence, with every layer's keys and values cached.
+"""Launchers of cuda/decode.cuh: one new position a sequence, with every layer's keys and values cached; and the
+decode step's products with the work around them fused in (layernorm_matmul_fwd, matmul_residual_fwd: k_matvec of
+cuda/matvec.cuh in the fast and tc variants, the readable kernels one after the other in the reference one).
 
 `pos` is a device int32 array of shape (1,) holding the new position p: the kernels read it when they run,
 so a plan of these launches recorded once replays for every token. Its value is not read back here (that
@@ -12,8 +14,14 @@ import math
 
 import numpy as np
 
-from .checks import check_ids, head_dims, ptr, shape_of
-from .runtime import BLOCK, blocks, device_of, launch, scratch
+from .checks import check_ids, head_dims, opt_ptr, ptr, rows, shape_of
+from .layernorm import layernorm_fwd
+from .layernorm_fast import layernorm_fwd_fast
+from .matmul import matmul_fwd
+from .matvec import fits, matvec
+from .pointwise import gelu_fwd, residual_fwd
+from .pointwise_fast import gelu_fwd_fast
+from .runtime import BLOCK, blocks, counters, device_of, launch, scratch
 from .source import int_constants
 
 
@@ -48,8 +56,8 @@ def attention_decode(y, k_cache, v_cache, qkv, pos, *, stream=None):
     """The attention of the new position p of each sequence: its key and value (from qkv (B, 1, 3C), as
     split_heads reads it) written into the caches (B, NH, T_max, d_k) at row p, then y (B, 1, C) =
     softmax(q K[:p+1]^T * (1/sqrt(d_k))) V[:p+1] per head, heads side by side as merge_heads writes them.
-    Two launches: a block a chunk of DECODE_CHUNK cached positions of a head (its partial softmax and weighted
-    values, into scratch), then one a head adding its chunks in order."""
+    A block a chunk of DECODE_CHUNK cached positions of a head (its partial softmax and weighted values, into
+    scratch); the head's last block to finish adds its chunks in order."""
     B, NH, T_max, d_k = head_dims("k_cache", k_cache)
     C = NH * d_k
     chunk = decode_chunk()
@@ -58,10 +66,79 @@ def attention_decode(y, k_cache, v_cache, qkv, pos, *, stream=None):
         raise ValueError(f"k_cache has d_k={d_k}: its query and partial sums take {shared} bytes of shared memory, "
                          f"above this GPU's {device_of(stream).max_shared}")
     chunks = math.ceil(T_max / chunk)
-    partial = scratch(B * NH * chunks * (d_k + 2), stream)
-    p_pos = ptr("pos", pos, (1,), np.int32)
-    args = [int(partial.gpudata), ptr("k_cache", k_cache, (B, NH, T_max, d_k)),
-            ptr("v_cache", v_cache, (B, NH, T_max, d_k)), ptr("qkv", qkv, (B, 1, 3 * C)), p_pos, NH, d_k, T_max]
-    launch("k_attention_decode", args, (chunks, B * NH), stream, shared=shared)
-    launch("k_attention_decode_merge", [ptr("y", y, (B, 1, C)), int(partial.gpudata), p_pos, NH, d_k, T_max, chunks],
-           B * NH, stream)
+    partial, done = scratch(B * NH * chunks * (d_k + 2), stream), counters(B * NH, stream)
+    args = [ptr("y", y, (B, 1, C)), int(partial.gpudata), int(done.gpudata),
+            ptr("k_cache", k_cache, (B, NH, T_max, d_k)), ptr("v_cache", v_cache, (B, NH, T_max, d_k)),
+            ptr("qkv", qkv, (B, 1, 3 * C)), ptr("pos", pos, (1,), np.int32), NH, d_k, T_max]
+    launch("k_attention_decode", args, (chunks, B * NH), stream, shared=shared, dependent=True)
+
+
+def _layernorm_matmul_args(out, x, w, b, weight, bias) -> tuple:
+    """Checks layernorm_matmul_fwd's arguments by name: (x's shape, M rows, C, N columns, the pointers)."""
+    shape = shape_of("x", x)
+    M, C = rows(shape)
+    N = shape_of("weight", weight, 2)[0]
+    return shape, M, C, N, (ptr("out", out, shape[:-1] + (N,)), ptr("x", x, shape), ptr("w", w, (C,)),
+                            ptr("b", b, (C,)), ptr("weight", weight, (N, C)), opt_ptr("bias", bias, (N,)))
+
+
+def _matmul_residual_args(x, inp, weight, bias) -> tuple:
+    """Checks matmul_residual_fwd's arguments by name: (inp's shape, M rows, K, C columns, the pointers)."""
+    shape = shape_of("inp", inp)
+    M, K = rows(shape)
+    C = shape_of("weight", weight, 2)[0]
+    return shape, M, K, C, (ptr("x", x, shape[:-1] + (C,)), ptr("inp", inp, shape), ptr("weight", weight, (C, K)),
+                            opt_ptr("bias", bias, (C,)))
+
+
+def layernorm_matmul_fwd(out, x, w, b, weight, bias, *, gelu=False, stream=None):
+    """out (..., N) = layernorm(x) @ weight (N, C)^T + bias (gelu: GELU of it), x (..., C): the decode step's
+    layernorm and the product that reads it, here as the readable kernels one after the other."""
+    shape, M, C, _, _ = _layernorm_matmul_args(out, x, w, b, weight, bias)
+    ln, mean, rstd = (scratch(n, stream) for n in (M * C, M, M))
+    layernorm_fwd(ln.reshape(shape), mean.reshape(shape[:-1]), rstd.reshape(shape[:-1]), x, w, b, stream=stream)
+    matmul_fwd(out, ln.reshape(shape), weight, bias, stream=stream)
+    if gelu:
+        gelu_fwd(out, out, stream=stream)  # element by element: in place
+
+
+def matmul_residual_fwd(x, inp, weight, bias, *, stream=None):
+    """x (..., C) += inp (..., K) @ weight (C, K)^T + bias: the decode step's product and the residual add after it,
+    here as the readable kernels one after the other."""
+    shape, M, _, C, _ = _matmul_residual_args(x, inp, weight, bias)
+    branch = scratch(M * C, stream).reshape(shape[:-1] + (C,))
+    matmul_fwd(branch, inp, weight, bias, stream=stream)
+    residual_fwd(x, x, branch, stream=stream)  # element by element: in place
+
+
+def fused(matmul_fwd, variant: str) -> tuple:
+    """The decode step's fused products, layernorm_matmul_fwd_<variant> and matmul_residual_fwd_<variant>: one
+    k_matvec each where it takes them; elsewhere (more rows than MATVEC_ROWS, layernormed rows past shared memory)
+    the fast layernorm, the variant's matmul_fwd, the fast GELU and the residual add one after the other."""
+
+    def layernorm_matmul_fwd(out, x, w, b, weight, bias, *, gelu=False, stream=None):
+        """out = layernorm(x) @ weight^T + bias (gelu: GELU of it), x (..., C), weight (N, C)."""
+        shape, M, C, N, (p_out, p_x, p_w, p_b, p_weight, p_bias) = _layernorm_matmul_args(out, x, w, b, weight, bias)
+        if fits(M, C, True, stream):
+            matvec(p_out, p_x, p_weight, p_bias, M, C, N, stream, ln=(p_w, p_b), gelu=gelu)
+            return
+        ln, mean, rstd = (scratch(n, stream) for n in (M * C, M, M))
+        layernorm_fwd_fast(ln.reshape(shape), mean.reshape(shape[:-1]), rstd.reshape(shape[:-1]), x, w, b,
+                           stream=stream)
+        matmul_fwd(out, ln.reshape(shape), weight, bias, stream=stream)
+        if gelu:
+            gelu_fwd_fast(out, out, stream=stream)
+
+    def matmul_residual_fwd(x, inp, weight, bias, *, stream=None):
+        """x += inp @ weight^T + bias, inp (..., K), weight (C, K), x (..., C)."""
+        shape, M, K, C, (p_x, p_inp, p_weight, p_bias) = _matmul_residual_args(x, inp, weight, bias)
+        if fits(M, K, False, stream):
+            matvec(p_x, p_inp, p_weight, p_bias, M, K, C, stream, resid=p_x)
+            return
+        branch = scratch(M * C, stream).reshape(shape[:-1] + (C,))
+        matmul_fwd(branch, inp, weight, bias, stream=stream)
+        residual_fwd(x, x, branch, stream=stream)
+
+    for fn in (layernorm_matmul_fwd, matmul_residual_fwd):
+        fn.__name__ = fn.__qualname__ = f"{fn.__name__}_{variant}"
+    return layernorm_matmul_fwd, matmul_residual_fwd

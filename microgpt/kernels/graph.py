@@ -7,47 +7,18 @@
 
 A decode step at B=1 is about a hundred kernels of a few microseconds each; queued one by one from Python they
 cost more than they run. A graph costs one call, and on the GPU its launches follow each other more closely
-than a stream's. PyCUDA has no binding for stream capture, so the driver's five graph calls go through ctypes,
-on the stream and the primary context PyCUDA made. Where the driver or the stream handle is missing, or the
-capture fails, Graph raises GraphUnavailable and Pass replays the plan instead.
+than a stream's. PyCUDA has no binding for stream capture, so the driver's graph calls go through ctypes
+(microgpt.kernels.driver), on the stream and the primary context PyCUDA made. Where the driver or the stream
+handle is missing, or the capture fails, Graph raises GraphUnavailable and Pass replays the plan instead.
 """
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
-import functools
 
-from .runtime import SYNC_EVERY_LAUNCH, KernelError, Plan, release_at_exit, replay
+from .driver import GraphUnavailable, check, driver
+from .runtime import SYNC_EVERY_LAUNCH, Plan, release_at_exit, replay
 
 _CAPTURE_THREAD_LOCAL = 1  # CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: other threads' CUDA calls are not disturbed
-
-
-class GraphUnavailable(RuntimeError):
-    """This process cannot capture the plan (no driver library, no stream handle, a capture error)."""
-
-
-@functools.cache
-def _lib():
-    """The CUDA driver library with the graph calls' prototypes, loaded once."""
-    name = ctypes.util.find_library("cuda") or "libcuda.so.1"
-    try:
-        lib = ctypes.CDLL(name)
-    except OSError as e:
-        raise GraphUnavailable(f"the CUDA driver library is not loadable ({e})") from None
-    p, P = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)
-    for fn, args in (("cuStreamBeginCapture_v2", [p, ctypes.c_int]), ("cuStreamEndCapture", [p, P]),
-                     ("cuGraphInstantiateWithFlags", [P, p, ctypes.c_ulonglong]), ("cuGraphLaunch", [p, p]),
-                     ("cuGraphExecDestroy", [p]), ("cuGraphDestroy", [p]),
-                     ("cuGetErrorName", [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)])):
-        getattr(lib, fn).argtypes, getattr(lib, fn).restype = args, ctypes.c_int
-    return lib
-
-
-def _check(rc: int, what: str, error=KernelError) -> None:
-    if rc != 0:
-        name = ctypes.c_char_p()
-        _lib().cuGetErrorName(rc, ctypes.byref(name))
-        raise error(f"{what} failed: {(name.value or b'CUDA error').decode()} ({rc})")
 
 
 class Graph:
@@ -60,10 +31,10 @@ class Graph:
         handle = getattr(stream, "handle", None)
         if not handle:
             raise GraphUnavailable("the stream has no handle (a graph is captured on a stream of its own)")
-        lib = _lib()
+        lib = driver()
         self.phase, self._stream = phase, ctypes.c_void_p(handle)
-        _check(lib.cuStreamBeginCapture_v2(self._stream, _CAPTURE_THREAD_LOCAL), f"capturing the {phase} pass",
-               GraphUnavailable)
+        check(lib.cuStreamBeginCapture_v2(self._stream, _CAPTURE_THREAD_LOCAL), f"capturing the {phase} pass",
+              GraphUnavailable)
         self._graph = ctypes.c_void_p()
         try:
             replay(plan, stream, phase)
@@ -71,10 +42,10 @@ class Graph:
             rc = lib.cuStreamEndCapture(self._stream, ctypes.byref(self._graph))
             if not self._graph.value:
                 self._graph = None
-        _check(rc, f"capturing the {phase} pass", GraphUnavailable)
+        check(rc, f"capturing the {phase} pass", GraphUnavailable)
         execute = ctypes.c_void_p()
-        _check(lib.cuGraphInstantiateWithFlags(ctypes.byref(execute), self._graph, 0),
-               f"instantiating the {phase} graph", GraphUnavailable)
+        check(lib.cuGraphInstantiateWithFlags(ctypes.byref(execute), self._graph, 0),
+              f"instantiating the {phase} graph", GraphUnavailable)
         self._exec = execute
         release_at_exit(self)  # destroyed while the context is still there
 
@@ -82,14 +53,14 @@ class Graph:
         """Queues the whole plan on stream (the one it was captured on)."""
         if stream.handle != self._stream.value:
             raise ValueError("a Graph launches on the stream it was captured on")
-        _check(_lib().cuGraphLaunch(self._exec, self._stream), f"the {self.phase} graph")
+        check(driver().cuGraphLaunch(self._exec, self._stream), f"the {self.phase} graph")
 
     def release(self) -> None:
         if self._exec is not None:
-            _lib().cuGraphExecDestroy(self._exec)
+            driver().cuGraphExecDestroy(self._exec)
             self._exec = None
         if self._graph is not None:
-            _lib().cuGraphDestroy(self._graph)
+            driver().cuGraphDestroy(self._graph)
             self._graph = None
 
     def __del__(self):

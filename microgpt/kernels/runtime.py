@@ -23,14 +23,11 @@ import weakref
 
 import numpy as np
 
+from .driver import DependentKernel, KernelError
 from .source import NVCC_OPTIONS, TRANSLATION_UNIT, cuda_source_dir, kernel_signatures
 
 BLOCK = 256  # threads per block of every launch; the fast kernels are written for it
 SYNC_EVERY_LAUNCH = os.environ.get("MICROGPT_SYNC", "0") not in ("", "0")
-
-
-class KernelError(RuntimeError):
-    """A CUDA error raised by (or surfacing after) a named kernel's launch."""
 
 
 class _Engine:
@@ -43,7 +40,7 @@ class _Engine:
         import pycuda.autoprimaryctx  # noqa: F401
         import pycuda.driver as cuda
         import pycuda.gpuarray as ga
-        from pycuda.compiler import SourceModule
+        from pycuda.compiler import compile as nvcc_compile
         from pycuda.tools import DeviceMemoryPool
 
         atexit.register(_release_at_exit)
@@ -61,10 +58,11 @@ class _Engine:
                                   self.device.get_attribute(attr.MAX_REGISTERS_PER_MULTIPROCESSOR),
                                   self.device.get_attribute(attr.MAX_SHARED_MEMORY_PER_MULTIPROCESSOR))
         src_dir = cuda_source_dir()
-        self.module = SourceModule((src_dir / TRANSLATION_UNIT).read_text(), options=list(NVCC_OPTIONS),
-                                   arch=self.arch, no_extern_c=True, include_dirs=[str(src_dir)])
+        self.cubin = nvcc_compile((src_dir / TRANSLATION_UNIT).read_text(), options=list(NVCC_OPTIONS), arch=self.arch,
+                             no_extern_c=True, include_dirs=[str(src_dir)])
+        self.module = cuda.module_from_buffer(self.cubin)
         self.signatures = kernel_signatures()
-        self.functions = {}
+        self.functions, self.dependents = {}, {}
         self._shared_limit = {}  # name -> the dynamic shared memory the kernel may take now
         self._resident = {}  # (name, threads, shared) -> resident_blocks
 
@@ -83,6 +81,15 @@ class _Engine:
         pool = self._new_pool()
         _pools.add(pool)
         return pool
+
+    def dependent_function(self, name, shared: int = 0):
+        """Kernel `name` launched as a programmatic dependent launch (launch(..., dependent=True)), its dynamic
+        shared memory allowed as function() allows it."""
+        fn = self.dependents.get(name)
+        if fn is None:
+            fn = self.dependents[name] = DependentKernel(self.cubin, name, self.signatures[name])
+        fn.allow_shared(shared)
+        return fn
 
     def function(self, name, shared: int = 0):
         """The prepared kernel; allowed `shared` bytes of dynamic shared memory (past what a block may take
@@ -265,14 +272,20 @@ def blocks(n_threads: int) -> int:
     return max(1, math.ceil(n_threads / BLOCK))
 
 
-def launch(name: str, args: list, grid, stream=None, shared: int = 0, block: int = BLOCK, why: str = "") -> None:
+def launch(name: str, args: list, grid, stream=None, shared: int = 0, block: int = BLOCK, why: str = "",
+           dependent: bool = False) -> None:
     """Launches kernel `name` on a grid (blocks in x, or a tuple (x, y[, z])) of `block`-thread blocks, with
     `shared` bytes of dynamic shared memory: now (stream None), queued on a stream, or recorded into a Plan (with
-    `why`, the reason for this kernel, which a printed plan shows)."""
+    `why`, the reason for this kernel, which a printed plan shows). dependent: the kernel calls pdl_wait() before
+    it touches what the launch before it writes or reads, so a plan may launch it as a programmatic dependent
+    launch (cuda/common.cuh), to start while that launch finishes, where the device has them."""
     e = device_of(stream)
     grid = tuple(grid) if isinstance(grid, tuple) else (grid, 1)
     fn = e.function(name, shared)
     if isinstance(stream, Plan):
+        if dependent and sm_version(e) >= 90:
+            fn = e.dependent_function(name, shared)
+            why = "; ".join(filter(None, (why, "launched as a programmatic dependent of the launch before")))
         stream.record(name, fn, grid, args, shared, block, why)
         return
     try:

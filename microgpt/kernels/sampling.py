@@ -38,4 +38,4 @@ def sample(tokens, logits, u, temperature, top_k=None, top_p=None, *, stream=Non
     args = [ptr("tokens", tokens, (B,), np.int32), ptr("logits", logits, (B, V)),
             opt_ptr("u", u, (B,), np.float64), V, temperature, V if top_k is None else top_k,
             1.0 if top_p is None else top_p]
-    launch("k_sample", args, B, stream, block=threads())
+    launch("k_sample", args, B, stream, block=threads(), dependent=True)

@@ -103,7 +103,8 @@ class Engine:
             pagelocked_empty=lambda shape, dtype: np.zeros(shape, dtype), memset_d32=_nothing,
             memset_d32_async=_nothing, memcpy_htod_async=_nothing, memcpy_dtoh_async=_nothing,
             memcpy_dtod_async=_nothing, memcpy_dtoh=lambda host, p: host.fill(0),
-            Context=SimpleNamespace(synchronize=_nothing), Error=RuntimeError)
+            Context=SimpleNamespace(synchronize=_nothing), Error=RuntimeError,
+            Event=lambda: SimpleNamespace(record=_nothing, synchronize=_nothing))
 
     def _empty(self, shape, dtype=np.float32, allocator=None):
         at, nbytes = self.next_address, math.prod(np.atleast_1d(shape)) * np.dtype(dtype).itemsize
@@ -120,6 +121,8 @@ class Engine:
         if name not in self.signatures:
             raise KeyError(f"no kernel {name} in the translation unit")
         return Kernel(name)
+
+    dependent_function = function  # the launch runtime.launch(..., dependent=True) records, as the real engine's
 
 
 class Kernel(str):

@@ -1,0 +1,94 @@
+"""The CUDA driver's calls that PyCUDA has no binding for, through ctypes, in the primary context PyCUDA made: stream
+capture and graphs (microgpt.kernels.graph), and launches by cuLaunchKernelEx (DependentKernel).
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+
+
+class KernelError(RuntimeError):
+    """A CUDA error raised by (or surfacing after) a named kernel's launch."""
+
+
+class GraphUnavailable(RuntimeError):
+    """This process cannot capture the plan (no driver library, no stream handle, a capture error)."""
+
+
+class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: an id, then a 64-byte union at offset 8
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int), ("rest", ctypes.c_char * 60)]
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
+
+
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8      # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+_ARG_TYPES = {"P": ctypes.c_void_p, "i": ctypes.c_int, "I": ctypes.c_uint, "q": ctypes.c_longlong,
+              "f": ctypes.c_float, "d": ctypes.c_double}
+
+
+@functools.cache
+def driver():
+    """The CUDA driver library with the prototypes of the calls used here, loaded once."""
+    name = ctypes.util.find_library("cuda") or "libcuda.so.1"
+    try:
+        lib = ctypes.CDLL(name)
+    except OSError as e:
+        raise GraphUnavailable(f"the CUDA driver library is not loadable ({e})") from None
+    p, P = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)
+    for fn, args in (("cuStreamBeginCapture_v2", [p, ctypes.c_int]), ("cuStreamEndCapture", [p, P]),
+                     ("cuGraphInstantiateWithFlags", [P, p, ctypes.c_ulonglong]), ("cuGraphLaunch", [p, p]),
+                     ("cuGraphExecDestroy", [p]), ("cuGraphDestroy", [p]),
+                     ("cuGetErrorName", [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]),
+                     ("cuModuleLoadData", [P, ctypes.c_char_p]), ("cuModuleGetFunction", [P, p, ctypes.c_char_p]),
+                     ("cuFuncSetAttribute", [p, ctypes.c_int, ctypes.c_int]),
+                     ("cuLaunchKernelEx", [ctypes.POINTER(_LaunchConfig), p, P, P])):
+        getattr(lib, fn).argtypes, getattr(lib, fn).restype = args, ctypes.c_int
+    return lib
+
+
+def check(rc: int, what: str, error=KernelError) -> None:
+    if rc != 0:
+        name = ctypes.c_char_p()
+        driver().cuGetErrorName(rc, ctypes.byref(name))
+        raise error(f"{what} failed: {(name.value or b'CUDA error').decode()} ({rc})")
+
+
+class DependentKernel:
+    """Kernel `name` of the engine's module (its cubin loaded once more, through the driver: PyCUDA launches no
+    other way than cuLaunchKernel), launched by cuLaunchKernelEx as a programmatic dependent launch: it may start
+    while the launch before it on the stream finishes, and waits for it in pdl_wait() (cuda/common.cuh). Called as
+    a prepared PyCUDA function is, so that a Plan replays it, or a Graph captures it, as any other launch."""
+
+    _modules = {}  # id of the cubin -> its module, loaded once
+
+    def __init__(self, cubin: bytes, name: str, signature: str):
+        lib = driver()
+        module = self._modules.get(id(cubin))
+        if module is None:
+            module = ctypes.c_void_p()
+            check(lib.cuModuleLoadData(ctypes.byref(module), cubin), "loading the module for dependent launches")
+            self._modules[id(cubin)] = module
+        self._fn, self.name, self._types = ctypes.c_void_p(), name, [_ARG_TYPES[c] for c in signature]
+        check(lib.cuModuleGetFunction(ctypes.byref(self._fn), module, name.encode()), f"finding {name}")
+        self._shared = 48 * 1024  # what a block may take without the opt-in
+        self._attr = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
+
+    def allow_shared(self, shared: int) -> None:
+        """Lets a block take `shared` bytes of dynamic shared memory (the opt-in past 48 KB, once)."""
+        if shared > self._shared:
+            check(driver().cuFuncSetAttribute(self._fn, _MAX_DYNAMIC_SHARED_SIZE_BYTES, shared), f"{self.name}'s "
+                   "shared memory")
+            self._shared = shared
+
+    def prepared_async_call(self, grid, block, stream, *args, shared_size=0):
+        values = [t(a) for t, a in zip(self._types, args)]
+        params = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values])
+        grid = tuple(grid) + (1,) * (3 - len(grid))
+        config = _LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), shared_size,
+                               ctypes.c_void_p(getattr(stream, "handle", 0) or None), ctypes.pointer(self._attr), 1)
+        check(driver().cuLaunchKernelEx(ctypes.byref(config), self._fn, params, None), self.name)
