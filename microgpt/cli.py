@@ -152,9 +152,10 @@ def cmd_info(args) -> int:
     if T > config.block_size:
         raise UsageError(f"-T {T} is above the model's block_size {config.block_size}")
     try:
-        print(info.explain(config, args.variant, args.B, T, args.device, args.decode))
+        text = info.explain(config, args.variant, args.B, T, args.device, args.decode)
     except (OSError, RuntimeError) as e:  # no nvcc to read the kernels' formats with
         raise UsageError(f"--explain: {str(e).splitlines()[0]}") from None
+    print(text)  # a reader that goes away (| head) ends it quietly, in main
     return 0
 
 
