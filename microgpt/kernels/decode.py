@@ -91,53 +91,56 @@ def _matmul_residual_args(x, inp, weight, bias) -> tuple:
                             opt_ptr("bias", bias, (C,)))
 
 
-def layernorm_matmul_fwd(out, x, w, b, weight, bias, *, gelu=False, stream=None):
-    """out (..., N) = layernorm(x) @ weight (N, C)^T + bias (gelu: GELU of it), x (..., C): the decode step's
-    layernorm and the product that reads it, here as the readable kernels one after the other."""
-    shape, M, C, _, _ = _layernorm_matmul_args(out, x, w, b, weight, bias)
-    ln, mean, rstd = (scratch(n, stream) for n in (M * C, M, M))
-    layernorm_fwd(ln.reshape(shape), mean.reshape(shape[:-1]), rstd.reshape(shape[:-1]), x, w, b, stream=stream)
-    matmul_fwd(out, ln.reshape(shape), weight, bias, stream=stream)
-    if gelu:
-        gelu_fwd(out, out, stream=stream)  # element by element: in place
+def one_after_the_other(layernorm_fwd, matmul_fwd, gelu_fwd) -> tuple:
+    """layernorm_matmul_fwd and matmul_residual_fwd as these launchers of the unfused steps one after the other
+    (every argument checked first, by the fused op's names); the residual add the reference kernel's."""
+
+    def layernorm_matmul_fwd(out, x, w, b, weight, bias, *, gelu=False, stream=None):
+        """out (..., N) = layernorm(x) @ weight (N, C)^T + bias (gelu: GELU of it), x (..., C): the decode step's
+        layernorm and the product that reads it."""
+        shape, M, C, _, _ = _layernorm_matmul_args(out, x, w, b, weight, bias)
+        ln, mean, rstd = (scratch(n, stream) for n in (M * C, M, M))
+        layernorm_fwd(ln.reshape(shape), mean.reshape(shape[:-1]), rstd.reshape(shape[:-1]), x, w, b, stream=stream)
+        matmul_fwd(out, ln.reshape(shape), weight, bias, stream=stream)
+        if gelu:
+            gelu_fwd(out, out, stream=stream)  # element by element: in place
+
+    def matmul_residual_fwd(x, inp, weight, bias, *, stream=None):
+        """x (..., C) += inp (..., K) @ weight (C, K)^T + bias: the decode step's product and the residual add after
+        it."""
+        shape, M, _, C, _ = _matmul_residual_args(x, inp, weight, bias)
+        branch = scratch(M * C, stream).reshape(shape[:-1] + (C,))
+        matmul_fwd(branch, inp, weight, bias, stream=stream)
+        residual_fwd(x, x, branch, stream=stream)  # element by element: in place
+
+    return layernorm_matmul_fwd, matmul_residual_fwd
 
 
-def matmul_residual_fwd(x, inp, weight, bias, *, stream=None):
-    """x (..., C) += inp (..., K) @ weight (C, K)^T + bias: the decode step's product and the residual add after it,
-    here as the readable kernels one after the other."""
-    shape, M, _, C, _ = _matmul_residual_args(x, inp, weight, bias)
-    branch = scratch(M * C, stream).reshape(shape[:-1] + (C,))
-    matmul_fwd(branch, inp, weight, bias, stream=stream)
-    residual_fwd(x, x, branch, stream=stream)  # element by element: in place
+# the reference variant's: the readable kernels one after the other
+layernorm_matmul_fwd, matmul_residual_fwd = one_after_the_other(layernorm_fwd, matmul_fwd, gelu_fwd)
 
 
 def fused(matmul_fwd, variant: str) -> tuple:
     """The decode step's fused products, layernorm_matmul_fwd_<variant> and matmul_residual_fwd_<variant>: one
     k_matvec each where it takes them; elsewhere (more rows than MATVEC_ROWS, layernormed rows past shared memory)
     the fast layernorm, the variant's matmul_fwd, the fast GELU and the residual add one after the other."""
+    unfused_ln, unfused_resid = one_after_the_other(layernorm_fwd_fast, matmul_fwd, gelu_fwd_fast)
 
     def layernorm_matmul_fwd(out, x, w, b, weight, bias, *, gelu=False, stream=None):
         """out = layernorm(x) @ weight^T + bias (gelu: GELU of it), x (..., C), weight (N, C)."""
-        shape, M, C, N, (p_out, p_x, p_w, p_b, p_weight, p_bias) = _layernorm_matmul_args(out, x, w, b, weight, bias)
+        _, M, C, N, (p_out, p_x, p_w, p_b, p_weight, p_bias) = _layernorm_matmul_args(out, x, w, b, weight, bias)
         if fits(M, C, True, stream):
             matvec(p_out, p_x, p_weight, p_bias, M, C, N, stream, ln=(p_w, p_b), gelu=gelu)
-            return
-        ln, mean, rstd = (scratch(n, stream) for n in (M * C, M, M))
-        layernorm_fwd_fast(ln.reshape(shape), mean.reshape(shape[:-1]), rstd.reshape(shape[:-1]), x, w, b,
-                           stream=stream)
-        matmul_fwd(out, ln.reshape(shape), weight, bias, stream=stream)
-        if gelu:
-            gelu_fwd_fast(out, out, stream=stream)
+        else:
+            unfused_ln(out, x, w, b, weight, bias, gelu=gelu, stream=stream)
 
     def matmul_residual_fwd(x, inp, weight, bias, *, stream=None):
         """x += inp @ weight^T + bias, inp (..., K), weight (C, K), x (..., C)."""
-        shape, M, K, C, (p_x, p_inp, p_weight, p_bias) = _matmul_residual_args(x, inp, weight, bias)
+        _, M, K, C, (p_x, p_inp, p_weight, p_bias) = _matmul_residual_args(x, inp, weight, bias)
         if fits(M, K, False, stream):
             matvec(p_x, p_inp, p_weight, p_bias, M, K, C, stream, resid=p_x)
-            return
-        branch = scratch(M * C, stream).reshape(shape[:-1] + (C,))
-        matmul_fwd(branch, inp, weight, bias, stream=stream)
-        residual_fwd(x, x, branch, stream=stream)
+        else:
+            unfused_resid(x, inp, weight, bias, stream=stream)
 
     for fn in (layernorm_matmul_fwd, matmul_residual_fwd):
         fn.__name__ = fn.__qualname__ = f"{fn.__name__}_{variant}"
