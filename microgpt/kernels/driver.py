@@ -58,21 +58,22 @@ def check(rc: int, what: str, error=KernelError) -> None:
         raise error(f"{what} failed: {(name.value or b'CUDA error').decode()} ({rc})")
 
 
+def load_module(cubin: bytes) -> ctypes.c_void_p:
+    """The cubin loaded as a module of the current context, through the driver (PyCUDA's module hands out no
+    handle that cuLaunchKernelEx could launch)."""
+    module = ctypes.c_void_p()
+    check(driver().cuModuleLoadData(ctypes.byref(module), cubin), "loading the module for dependent launches")
+    return module
+
+
 class DependentKernel:
-    """Kernel `name` of the engine's module (its cubin loaded once more, through the driver: PyCUDA launches no
+    """Kernel `name` of a module from load_module() (the engine's cubin loaded once more: PyCUDA launches no
     other way than cuLaunchKernel), launched by cuLaunchKernelEx as a programmatic dependent launch: it may start
     while the launch before it on the stream finishes, and waits for it in pdl_wait() (cuda/common.cuh). Called as
     a prepared PyCUDA function is, so that a Plan replays it, or a Graph captures it, as any other launch."""
 
-    _modules = {}  # id of the cubin -> its module, loaded once
-
-    def __init__(self, cubin: bytes, name: str, signature: str):
+    def __init__(self, module: ctypes.c_void_p, name: str, signature: str):
         lib = driver()
-        module = self._modules.get(id(cubin))
-        if module is None:
-            module = ctypes.c_void_p()
-            check(lib.cuModuleLoadData(ctypes.byref(module), cubin), "loading the module for dependent launches")
-            self._modules[id(cubin)] = module
         self._fn, self.name, self._types = ctypes.c_void_p(), name, [_ARG_TYPES[c] for c in signature]
         check(lib.cuModuleGetFunction(ctypes.byref(self._fn), module, name.encode()), f"finding {name}")
         self._shared = 48 * 1024  # what a block may take without the opt-in

@@ -23,7 +23,7 @@ import weakref
 
 import numpy as np
 
-from .driver import DependentKernel, KernelError
+from .driver import DependentKernel, KernelError, load_module
 from .source import NVCC_OPTIONS, TRANSLATION_UNIT, cuda_source_dir, kernel_signatures
 
 BLOCK = 256  # threads per block of every launch; the fast kernels are written for it
@@ -62,7 +62,7 @@ class _Engine:
                              no_extern_c=True, include_dirs=[str(src_dir)])
         self.module = cuda.module_from_buffer(self.cubin)
         self.signatures = kernel_signatures()
-        self.functions, self.dependents = {}, {}
+        self.functions, self.dependents, self.dependent_module = {}, {}, None
         self._shared_limit = {}  # name -> the dynamic shared memory the kernel may take now
         self._resident = {}  # (name, threads, shared) -> resident_blocks
 
@@ -87,7 +87,9 @@ class _Engine:
         shared memory allowed as function() allows it."""
         fn = self.dependents.get(name)
         if fn is None:
-            fn = self.dependents[name] = DependentKernel(self.cubin, name, self.signatures[name])
+            if self.dependent_module is None:  # the cubin loaded once more, at the first dependent launch
+                self.dependent_module = load_module(self.cubin)
+            fn = self.dependents[name] = DependentKernel(self.dependent_module, name, self.signatures[name])
         fn.allow_shared(shared)
         return fn
 
