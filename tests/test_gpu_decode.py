@@ -149,6 +149,23 @@ def test_the_layernorm_and_gelu_fused_into_the_product(ga, rng, variant, M, C, N
         close(f"layernorm_matmul_fwd ({variant}{', gelu' * gelu})", out.get(), want, 2e-6)
 
 
+# shapes whose block takes about 48 KB of dynamic shared memory (8 layernormed rows of 1536; 8 of 1000 and 4 columns
+# of them): past 48 KB less the kernel's static shared memory, a block needs the opt-in, in a recorded plan too
+@pytest.mark.parametrize("M,C,N", [(8, 1536, 64), (8, 1000, 8)])
+def test_a_recorded_product_near_48_kb_of_shared_memory(ga, rng, M, C, N):
+    """layernorm_matmul_fwd recorded into a plan (a programmatic dependent launch on sm_90) and replayed."""
+    x_h = rng.standard_normal((M, 1, C)).astype(np.float32)
+    w_h, b_h = np.ones(C, np.float32), np.zeros(C, np.float32)
+    W_h = (rng.standard_normal((N, C)) / np.sqrt(C)).astype(np.float32)
+    x64 = x_h.astype(np.float64)
+    want = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-5) @ W_h.T.astype(np.float64)
+    out, plan = nan(ga, M, 1, N), K.Plan()
+    O.select("tc").layernorm_matmul_fwd(out, ga.to_gpu(x_h), ga.to_gpu(w_h), ga.to_gpu(b_h), ga.to_gpu(W_h), None,
+                                        stream=plan)
+    K.replay(plan, None, "test")
+    close("layernorm_matmul_fwd, recorded", out.get(), want, 2e-6)
+
+
 @pytest.mark.parametrize("M,K,C", [(1, 768, 768), (1, 3072, 768), (8, 3072, 768), (3, 1536, 384), (2, 50, 9),
                                    (12, 256, 64)])
 @pytest.mark.parametrize("variant", list(VARIANTS))

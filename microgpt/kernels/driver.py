@@ -26,6 +26,7 @@ class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
 
 
 _PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+_SHARED_SIZE_BYTES = 1                  # CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: the kernel's static shared memory
 _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8      # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 _ARG_TYPES = {"P": ctypes.c_void_p, "i": ctypes.c_int, "I": ctypes.c_uint, "q": ctypes.c_longlong,
               "f": ctypes.c_float, "d": ctypes.c_double}
@@ -45,6 +46,7 @@ def driver():
                      ("cuGraphExecDestroy", [p]), ("cuGraphDestroy", [p]),
                      ("cuGetErrorName", [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]),
                      ("cuModuleLoadData", [P, ctypes.c_char_p]), ("cuModuleGetFunction", [P, p, ctypes.c_char_p]),
+                     ("cuFuncGetAttribute", [ctypes.POINTER(ctypes.c_int), ctypes.c_int, p]),
                      ("cuFuncSetAttribute", [p, ctypes.c_int, ctypes.c_int]),
                      ("cuLaunchKernelEx", [ctypes.POINTER(_LaunchConfig), p, P, P])):
         getattr(lib, fn).argtypes, getattr(lib, fn).restype = args, ctypes.c_int
@@ -76,7 +78,9 @@ class DependentKernel:
         lib = driver()
         self._fn, self.name, self._types = ctypes.c_void_p(), name, [_ARG_TYPES[c] for c in signature]
         check(lib.cuModuleGetFunction(ctypes.byref(self._fn), module, name.encode()), f"finding {name}")
-        self._shared = 48 * 1024  # what a block may take without the opt-in
+        static = ctypes.c_int()
+        check(lib.cuFuncGetAttribute(ctypes.byref(static), _SHARED_SIZE_BYTES, self._fn), f"{name}'s shared memory")
+        self._shared = 48 * 1024 - static.value  # what a block may take without the opt-in, its static part counted
         self._attr = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
 
     def allow_shared(self, shared: int) -> None:
