@@ -26,7 +26,6 @@ class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
 
 
 _PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-_SHARED_SIZE_BYTES = 1                  # CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: the kernel's static shared memory
 _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8      # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 _ARG_TYPES = {"P": ctypes.c_void_p, "i": ctypes.c_int, "I": ctypes.c_uint, "q": ctypes.c_longlong,
               "f": ctypes.c_float, "d": ctypes.c_double}
@@ -46,7 +45,6 @@ def driver():
                      ("cuGraphExecDestroy", [p]), ("cuGraphDestroy", [p]),
                      ("cuGetErrorName", [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]),
                      ("cuModuleLoadData", [P, ctypes.c_char_p]), ("cuModuleGetFunction", [P, p, ctypes.c_char_p]),
-                     ("cuFuncGetAttribute", [ctypes.POINTER(ctypes.c_int), ctypes.c_int, p]),
                      ("cuFuncSetAttribute", [p, ctypes.c_int, ctypes.c_int]),
                      ("cuLaunchKernelEx", [ctypes.POINTER(_LaunchConfig), p, P, P])):
         getattr(lib, fn).argtypes, getattr(lib, fn).restype = args, ctypes.c_int
@@ -58,6 +56,12 @@ def check(rc: int, what: str, error=KernelError) -> None:
         name = ctypes.c_char_p()
         driver().cuGetErrorName(rc, ctypes.byref(name))
         raise error(f"{what} failed: {(name.value or b'CUDA error').decode()} ({rc})")
+
+
+def shared_without_opt_in(static: int) -> int:
+    """The dynamic shared memory a block of a kernel with `static` bytes of static shared memory may take before
+    the opt-in (MAX_DYNAMIC_SHARED_SIZE_BYTES): 48 KB, the static part counted."""
+    return 48 * 1024 - static
 
 
 def load_module(cubin: bytes) -> ctypes.c_void_p:
@@ -74,13 +78,12 @@ class DependentKernel:
     while the launch before it on the stream finishes, and waits for it in pdl_wait() (cuda/common.cuh). Called as
     a prepared PyCUDA function is, so that a Plan replays it, or a Graph captures it, as any other launch."""
 
-    def __init__(self, module: ctypes.c_void_p, name: str, signature: str):
+    def __init__(self, module: ctypes.c_void_p, name: str, signature: str, static: int):
+        """static: the kernel's static shared memory in bytes."""
         lib = driver()
         self._fn, self.name, self._types = ctypes.c_void_p(), name, [_ARG_TYPES[c] for c in signature]
         check(lib.cuModuleGetFunction(ctypes.byref(self._fn), module, name.encode()), f"finding {name}")
-        static = ctypes.c_int()
-        check(lib.cuFuncGetAttribute(ctypes.byref(static), _SHARED_SIZE_BYTES, self._fn), f"{name}'s shared memory")
-        self._shared = 48 * 1024 - static.value  # what a block may take without the opt-in, its static part counted
+        self._shared = shared_without_opt_in(static)
         self._attr = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
 
     def allow_shared(self, shared: int) -> None:

@@ -23,7 +23,7 @@ import weakref
 
 import numpy as np
 
-from .driver import DependentKernel, KernelError, load_module
+from .driver import DependentKernel, KernelError, load_module, shared_without_opt_in
 from .source import NVCC_OPTIONS, TRANSLATION_UNIT, cuda_source_dir, kernel_signatures
 
 BLOCK = 256  # threads per block of every launch; the fast kernels are written for it
@@ -89,7 +89,8 @@ class _Engine:
         if fn is None:
             if self.dependent_module is None:  # the cubin loaded once more, at the first dependent launch
                 self.dependent_module = load_module(self.cubin)
-            fn = self.dependents[name] = DependentKernel(self.dependent_module, name, self.signatures[name])
+            fn = self.dependents[name] = DependentKernel(self.dependent_module, name, self.signatures[name],
+                                                         self.function(name).shared_size_bytes)
         fn.allow_shared(shared)
         return fn
 
@@ -101,8 +102,7 @@ class _Engine:
             fn = self.module.get_function(name)
             fn.prepare(self.signatures[name])
             self.functions[name] = fn
-            # without the opt-in a block takes 48 KB of shared memory at most, its static shared memory counted
-            self._shared_limit[name] = 48 * 1024 - fn.shared_size_bytes
+            self._shared_limit[name] = shared_without_opt_in(fn.shared_size_bytes)
         if shared > self._shared_limit[name]:
             fn.set_attribute(self.cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, shared)
             self._shared_limit[name] = shared
