@@ -45,15 +45,26 @@
 #ifndef WG_SPLIT_STAGES
 #define WG_SPLIT_STAGES 3
 #endif
+// The A-from-registers kernels' stages: k_gemm_wg_areg's each B hi, B lo and raw A; k_gemm_wg_areg_tn's each also
+// raw B, which its producer splits
+#ifndef WG_AREG_STAGES
+#define WG_AREG_STAGES 4
+#endif
+#ifndef WG_AREG_TN_STAGES
+#define WG_AREG_TN_STAGES 3
+#endif
 // Launch sizes, mirrored in microgpt/kernels/matmul_tc.py through source.int_constants: each kernel's dynamic shared
 // memory (mma.sync: TC_STAGES stages of two tiles of up to 128 x (TC_BK + 8) floats; wgmma: buffers, raw stages and
-// an mbarrier pair per buffer; k_gemm_wg_split: its stages), the wgmma kernels' threads (three warpgroups), and the
-// split operands' padding (rows to TC_SPLIT_ROWS, K to TC_SPLIT_K: whole tiles, so the copies check no bounds).
+// an mbarrier pair per buffer; k_gemm_wg_split, k_gemm_wg_areg, k_gemm_wg_areg_tn: their stages and an mbarrier pair
+// per stage), the wgmma kernels' threads (three warpgroups), and the split operands' padding (rows to TC_SPLIT_ROWS,
+// K to TC_SPLIT_K: whole tiles, so the copies check no bounds).
 enum TcLaunch : int {
     TC_SMEM_BYTES = TC_STAGES * 2 * TC_BM * (TC_BK + 8) * 4,
     TC_WG_SMEM_BYTES = WG_BUFS * 4 * 128 * 32 * 4 + WG_RAW * 2 * 128 * 32 * 4 + 2 * WG_BUFS * 8,
     TC_WG_THREADS = 384,
     TC_SPLIT_SMEM_BYTES = WG_SPLIT_STAGES * 4 * 128 * 32 * 4 + 2 * WG_SPLIT_STAGES * 8,
+    TC_AREG_SMEM_BYTES = WG_AREG_STAGES * (2 * 128 * 32 + 128 * 36) * 4 + 2 * WG_AREG_STAGES * 8,
+    TC_AREG_TN_SMEM_BYTES = WG_AREG_TN_STAGES * (2 * 128 * 32 + 32 * 136 + 32 * 128) * 4 + 2 * WG_AREG_TN_STAGES * 8,
     TC_SPLIT_ROWS = 128,
     TC_SPLIT_K = 32,
 };
@@ -721,3 +732,306 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
     __trap();  // the launchers choose this kernel on sm_90a only
 #endif
 }
+
+// ---------------------------------------------------------------------------------------------- A from registers
+// The same product with op(A) copied raw (FP32, as it lies in global memory) and split by each consumer thread into
+// the register fragments that wgmma takes A from: only B is read from shared memory by the tensor cores. A's tiles
+// cross shared memory once (copied in, each element read out once) where split ones cross it three times (hi and lo
+// copied in, then read by the wgmmas: lo once, hi twice), and A needs no split pass (k_gemm_wg_areg, B split
+// beforehand) or the producer splits only B (k_gemm_wg_areg_tn). The same tf32_split, the same wgmmas in the same
+// order and the same FP32 adds: k_gemm_wg_split's bits.
+
+// op(A)'s raw 128 x 32 slice: stored M x K (rows of 36 floats) or K x M (32 rows of 136), padded so that a warp's
+// fragment loads (8 rows x 4 k, or 4 k x 8 rows) fall on 32 distinct banks
+template <bool TA>
+using WgRawA = TcTile<!TA, 128, WG_BK, TA ? 8 : 4>;
+
+// d (+)= a @ b over one k8 step for the warpgroup's 64 x 128 tile, a from registers (wgmma_tf32's, a's fragment as
+// wg_load_a lays it out)
+__device__ __forceinline__ void wgmma_tf32_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b, int accumulate) {
+#if WG_AVAILABLE
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+#endif
+}
+
+// The register file's share of the block: setmaxnreg gives the producer's registers to the consumers, whose
+// fragments of A (32 registers) come on top of the running sum and the slice's products (128)
+__device__ __forceinline__ void wg_producer_registers() {
+#if WG_AVAILABLE
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 56;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wg_consumer_registers() {
+#if WG_AVAILABLE
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;" ::: "memory");
+#endif
+}
+
+// A raw tile (Raw::ROWS x Raw::COLS of the row-major p, from row r0 and column c0) copied by producer thread tid,
+// zero past row_end and col_end; where the tile lies wholly inside and p's rows are 16-byte aligned, from one address
+// and constant offsets (chunk tid % (COLS / 4) of rows tid / (COLS / 4) + i * 128 / (COLS / 4))
+template <class Raw>
+__device__ __forceinline__ void copy_raw(float* tile, const float* p, int ld, int r0, int c0, int row_end,
+                                         int col_end, bool vec, int tid) {
+    constexpr int ROW_CHUNKS = Raw::COLS / 4, STEP = WG_PRODUCERS / ROW_CHUNKS;
+    static_assert(WG_PRODUCERS % ROW_CHUNKS == 0 && Raw::ROWS % STEP == 0, "whole rows a pass of the producers");
+    if (vec && r0 + Raw::ROWS <= row_end && c0 + Raw::COLS <= col_end) {
+        const int r = tid / ROW_CHUNKS, c = (tid % ROW_CHUNKS) * 4;
+        const float* from = p + (long long)(r0 + r) * ld + c0 + c;
+        float* to = tile + r * Raw::LD + c;
+        const long long rows = (long long)STEP * ld;
+#pragma unroll
+        for (int i = 0; i < Raw::ROWS / STEP; i++) cp_async16(to + i * STEP * Raw::LD, from + i * rows, 16);
+        return;
+    }
+    Raw::template load<WG_PRODUCERS>(tile, p, ld, r0, c0, row_end, col_end, vec, tid);
+}
+
+// wgmma's fragment of A for k8 step kk of the slice, split: for the warpgroup's rows 64 half .., thread (warp, g =
+// lane / 4, t = lane % 4) holds (row, k) = (r, t), (r + 8, t), (r, t + 4), (r + 8, t + 4), r = 16 warp + g, k past
+// 8 kk; rows[2] are rows r's and r + 8's 2 values of the step, for op(A)'s row sums
+template <bool TA>
+__device__ __forceinline__ void wg_load_a(uint32_t (&hi)[4], uint32_t (&lo)[4], float (&rows)[2][2],
+                                          const float* raw, int half, int kk) {
+    using Raw = WgRawA<TA>;
+    const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+    const int r = half * 64 + warp * 16 + lane / 4, k = kk * 8 + lane % 4;
+#pragma unroll
+    for (int v = 0; v < 4; v++) {
+        const int m = r + 8 * (v % 2), kv = k + 4 * (v / 2);
+        const float x = TA ? raw[kv * Raw::LD + m] : raw[m * Raw::LD + kv];
+        rows[v % 2][v / 2] = x;
+        tf32_split(x, hi[v], lo[v]);
+    }
+}
+
+// The consumers' slice: A's fragments loaded and split, then the same 12 wgmmas as wg_slice_products (lo*hi,
+// hi*lo, hi*hi of each k8 step, into part), committed as one group. row_part[2]: where summing (TA), the slice's
+// sums of rows r and r + 8 over the thread's 8 k, each a pairwise tree.
+template <bool TA, bool SUM>
+__device__ __forceinline__ void wg_areg_products(float (&part)[64], float (&row_part)[2], const float* raw, int half,
+                                                 uint64_t b_hi, uint64_t b_lo) {
+    uint32_t a_hi[4][4], a_lo[4][4];
+    float rows[2][8];
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        float step[2][2];
+        wg_load_a<TA>(a_hi[kk], a_lo[kk], step, raw, half, kk);
+        rows[0][2 * kk] = step[0][0], rows[0][2 * kk + 1] = step[0][1];
+        rows[1][2 * kk] = step[1][0], rows[1][2 * kk + 1] = step[1][1];
+    }
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        wgmma_tf32_rs(part, a_lo[kk], b_hi + 2 * kk, kk > 0);
+        wgmma_tf32_rs(part, a_hi[kk], b_lo + 2 * kk, 1);
+        wgmma_tf32_rs(part, a_hi[kk], b_hi + 2 * kk, 1);
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    if (SUM) {
+        row_part[0] = pairwise_sum(rows[0]);
+        row_part[1] = pairwise_sum(rows[1]);
+    }
+}
+
+// The consumers of both kernels: slice after slice of the stages (each B hi, B lo, then raw A at A_AT floats), into
+// acc as wg_store lays it out. Where row_sums is given (TA), op(A)'s row sums of the warpgroup's 64 rows: each
+// thread's slices by a compensated running sum, then the 4 threads of a row (t) in a fixed tree; thread t = 0 of each
+// row holds its sum in row_sums[0] (row r) and row_sums[1] (row r + 8).
+template <bool TA, int STAGES, int STAGE, int A_AT>
+__device__ __forceinline__ void wg_areg_consume(float (&acc)[64], float (&row_sums)[2], bool sum_rows, float* stages,
+                                                uint64_t* full, uint64_t* empty, int n_tiles) {
+    const int half = threadIdx.x / 128 - 1;
+    const uint64_t d = wg_desc(stages);
+    float part[64], row_part[2];
+    CompensatedSum sums[2];
+#pragma unroll
+    for (int i = 0; i < 64; i++) acc[i] = 0.0f;
+    for (int kt = 0; kt < n_tiles; kt++) {
+        const int s = kt % STAGES;
+        mbar_wait(&full[s], (kt / STAGES) & 1);
+        const uint64_t b_hi = d + s * STAGE / 4;
+        const float* raw = stages + s * STAGE + A_AT;
+        if (TA && sum_rows) wg_areg_products<TA, true>(part, row_part, raw, half, b_hi, b_hi + WG_SPLIT / 4);
+        else wg_areg_products<TA, false>(part, row_part, raw, half, b_hi, b_hi + WG_SPLIT / 4);
+        wg_add_slice(acc, part, &empty[s]);
+        if (TA && sum_rows) {
+            sums[0].add(row_part[0]);
+            sums[1].add(row_part[1]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {  // t = 0 .. 3 of the row: (t0 + t1) + (t2 + t3)
+        float v = sums[i].value();
+        v += __shfl_xor_sync(0xffffffffu, v, 1);
+        v += __shfl_xor_sync(0xffffffffu, v, 2);
+        row_sums[i] = v;
+    }
+}
+
+// The 128 x 128 tile (m0, n0) of A @ op(B), A stored M x K (lda) as it lies and B split beforehand (b_split: N_pad x
+// K_pad, hi then lo, as k_gemm_wg_split reads it; K_pad = ceil(K / 32) * 32), then epilogue(acc) in the consumers, in
+// the kernel's dynamic shared memory (TC_AREG_SMEM_BYTES): warpgroup 0 copies B's split slices and A's raw ones,
+// WG_AREG_STAGES deep; warpgroups 1 and 2 split A as they read it and multiply, each ending with its 64 rows (m0 + 64
+// * (warpgroup - 1) ..) in acc, as wg_store lays them out, and call the epilogue, which may reuse the stages once the
+// two have passed consumers_sync(). The epilogue is called inside the consumers' branch, so that ptxas gives it the
+// consumers' registers (setmaxnreg).
+template <class Epilogue>
+__device__ __forceinline__ void wg_areg_tile(float* stages, const float* A, int lda, int M, int K,
+                                             const uint32_t* b_split, int m0, int n0, int K_pad, Epilogue epilogue) {
+#if WG_AVAILABLE
+    constexpr int S = WG_AREG_STAGES, STAGE = 2 * WG_SPLIT + WgRawA<false>::FLOATS;  // B hi, B lo, raw A
+    static_assert(STAGE % 256 == 0, "every stage's B tiles 1024-byte aligned, as their swizzle needs");
+    static_assert(S * STAGE * 4 + 2 * S * 8 <= TC_AREG_SMEM_BYTES, "TC_AREG_SMEM_BYTES holds the stages");
+    uint64_t* full = reinterpret_cast<uint64_t*>(stages + S * STAGE);
+    uint64_t* empty = full + S;
+    const int n_tiles = K_pad / WG_BK;
+    if (threadIdx.x == 0)
+        for (int s = 0; s < S; s++) {
+            mbar_init(&full[s], WG_PRODUCERS);
+            mbar_init(&empty[s], TC_WG_THREADS - WG_PRODUCERS);
+        }
+    __syncthreads();
+    if (threadIdx.x < WG_PRODUCERS) {  // the producer: copy. Slice kt = j - (S - 1) is handed over before slice j's
+        wg_producer_registers();       // stage is waited for, as in wg_copy_split_slices
+        const int tid = threadIdx.x;
+        const long long b_lo = (long long)(gridDim.x * 128) * K_pad;
+        const bool vec_a = aligned16(A, lda);
+        for (int j = 0; j < n_tiles + S - 1; j++) {
+            const int kt = j - (S - 1);
+            if (kt >= 0) {
+                cp_async_wait<S - 2>();  // groups 0 .. j - 1 committed: this thread's slice kt landed
+                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+                mbar_arrive(&full[kt % S]);
+            }
+            if (j < n_tiles) {
+                const int s = j % S;
+                mbar_wait(&empty[s], ((j / S) & 1) ^ 1);  // the consumers are done with slice j - S
+                float* t = stages + s * STAGE;
+                copy_split_slice(t, b_split, n0, K_pad, j * WG_BK, tid);
+                copy_split_slice(t + WG_SPLIT, b_split + b_lo, n0, K_pad, j * WG_BK, tid);
+                copy_raw<WgRawA<false>>(t + 2 * WG_SPLIT, A, lda, m0, j * WG_BK, M, K, vec_a, tid);  // M x K
+            }
+            cp_async_commit();
+        }
+    } else {  // the consumers: split A, multiply and sum, then the epilogue
+        wg_consumer_registers();
+        float acc[64], no_sums[2];
+        wg_areg_consume<false, S, STAGE, 2 * WG_SPLIT>(acc, no_sums, false, stages, full, empty, n_tiles);
+        epilogue(acc);
+    }
+#endif
+}
+
+// C (M x N, ldc) = alpha * A @ op(B) + bias[n] + beta * C, A stored M x K (lda) as it lies and B split beforehand
+// (wg_areg_tile): the forward's and the dX products, k_gemm_wg_split's bits with no pass splitting A. One block per
+// SM (TC_AREG_SMEM_BYTES), a grid of (ceil(N / 128), ceil(M / 128)).
+extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
+    k_gemm_wg_areg(float* C, const float* A, const uint32_t* b_split, const float* bias, int M, int N, int K,
+                   int lda, int K_pad, int ldc, float alpha, float beta) {
+#if WG_AVAILABLE
+    extern __shared__ __align__(1024) float areg_smem[];  // [WG_AREG_STAGES][B hi, B lo, raw A], the barriers
+    const int m0 = blockIdx.y * 128, n0 = blockIdx.x * 128;
+    wg_areg_tile(areg_smem, A, lda, M, K, b_split, m0, n0, K_pad, [&](const float (&acc)[64]) {
+        wg_store(C, acc, m0 + (threadIdx.x / 128 - 1) * 64, n0, M, N, ldc, bias, alpha, beta, CAUSAL_NONE, 0.0f);
+    });
+#else
+    __trap();  // the launchers choose this kernel on sm_90a only
+#endif
+}
+
+// k_gemm_wg_tn's product (A stored K x M, B stored K x N: a linear layer's dW = dout^T @ inp) with A from registers:
+// the producer copies both raw, WG_AREG_TN_STAGES deep, and splits B into its K-major tiles; the consumers split A.
+// k_gemm_wg_tn's arguments and contract (batches by gridDim.z and the strides, split-K's slices among them; where
+// a_sums is given, op(A)'s row sums from the first column tile's blocks: a_sums[m] += for gridDim.z = 1,
+// a_sums[z * M + m] = for several), but no causal mode: it traps on one. Each row's sum: each consumer thread's 8
+// values of a slice by a pairwise tree, the slices by a compensated running sum, then the row's 4 threads in a fixed
+// tree. One block per SM (TC_AREG_TN_SMEM_BYTES), a grid of (ceil(N / 128), ceil(M / 128), batch).
+template <bool TA, bool TB, int BN>
+__device__ __forceinline__ void gemm_wg_areg_tile(float* C, const float* A, const float* B, const float* bias, int M,
+                                                  int N, int K, int lda, int ldb, int ldc, long long strideA,
+                                                  long long strideB, long long strideC, float alpha, float beta,
+                                                  Causal causal, float /* fill: no causal mode */, float* a_sums) {
+    static_assert(TA && !TB && BN == 128, "A stored K x M, B stored K x N, 128 x 128 tiles");
+#if WG_AVAILABLE
+    if (causal != CAUSAL_NONE) __trap();  // the launchers choose k_gemm_wg_tn for causal products
+    using RawA = WgRawA<true>;
+    using RawB = TcTile<false, 128, WG_BK, 0>;  // K x N as it lies: the producer reads a k's 128 floats across a warp
+    constexpr int S = WG_AREG_TN_STAGES, A_AT = 2 * WG_SPLIT, B_AT = A_AT + RawA::FLOATS;
+    constexpr int STAGE = B_AT + RawB::FLOATS;  // B hi, B lo, raw A, raw B
+    static_assert(STAGE % 256 == 0, "every stage's B tiles 1024-byte aligned, as their swizzle needs");
+    static_assert(S * STAGE * 4 + 2 * S * 8 <= TC_AREG_TN_SMEM_BYTES, "TC_AREG_TN_SMEM_BYTES holds the stages");
+    extern __shared__ __align__(1024) float tc_smem[];  // [WG_AREG_TN_STAGES][B hi, B lo, raw A, raw B], the barriers
+    uint64_t* full = reinterpret_cast<uint64_t*>(tc_smem + S * STAGE);
+    uint64_t* empty = full + S;
+    A += blockIdx.z * strideA;
+    B += blockIdx.z * strideB;
+    C += blockIdx.z * strideC;
+    const int m0 = blockIdx.y * 128, n0 = blockIdx.x * 128, n_tiles = (K + WG_BK - 1) / WG_BK;
+    if (threadIdx.x == 0)
+        for (int s = 0; s < S; s++) {
+            mbar_init(&full[s], WG_PRODUCERS);
+            mbar_init(&empty[s], TC_WG_THREADS - WG_PRODUCERS);
+        }
+    __syncthreads();
+    const bool sum_rows = a_sums != nullptr && blockIdx.x == 0;
+    if (threadIdx.x < WG_PRODUCERS) {  // the producer: copy both, then split B
+        wg_producer_registers();
+        const int tid = threadIdx.x;
+        const bool vec_a = aligned16(A, lda), vec_b = aligned16(B, ldb);
+        for (int j = 0; j < n_tiles + S - 1; j++) {
+            const int kt = j - (S - 1);
+            if (kt >= 0) {
+                cp_async_wait<S - 2>();                                          // this thread's slice kt landed,
+                asm volatile("bar.sync 1, %0;" ::"n"(WG_PRODUCERS) : "memory");  // and every producer's
+                float* t = tc_smem + (kt % S) * STAGE;
+#pragma unroll
+                for (int q = 0; q < WG_BK / 4; q++)  // row tid of B's 128, k 4q ..: a k's floats across the warp
+                    tf32_split_store(t, t + WG_SPLIT, wg_swizzled(tid, 4 * q), RawB::k_quad(t + B_AT, tid, 4 * q));
+                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // what was stored, the tensor cores read
+                mbar_arrive(&full[kt % S]);
+            }
+            if (j < n_tiles) {
+                const int s = j % S;
+                mbar_wait(&empty[s], ((j / S) & 1) ^ 1);  // the consumers are done with slice j - S
+                float* t = tc_smem + s * STAGE;
+                copy_raw<RawA>(t + A_AT, A, lda, j * WG_BK, m0, K, M, vec_a, tid);  // K x M
+                copy_raw<RawB>(t + B_AT, B, ldb, j * WG_BK, n0, K, N, vec_b, tid);  // K x N
+            }
+            cp_async_commit();
+        }
+    } else {  // the consumers: split A, multiply and sum
+        wg_consumer_registers();
+        float acc[64], row_sums[2];
+        wg_areg_consume<true, S, STAGE, A_AT>(acc, row_sums, sum_rows, tc_smem, full, empty, n_tiles);
+        const int row0 = m0 + (threadIdx.x / 128 - 1) * 64;
+        wg_store(C, acc, row0, n0, M, N, ldc, bias, alpha, beta, CAUSAL_NONE, 0.0f);
+        const int lane = threadIdx.x % 32, r = row0 + (threadIdx.x % 128) / 32 * 16 + lane / 4;
+        if (sum_rows && lane % 4 == 0)  // the block owns rows m0.. of a_sums: no other writes them
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                if (r + 8 * i >= M) continue;
+                if (gridDim.z == 1) a_sums[r + 8 * i] += row_sums[i];
+                else a_sums[(long long)blockIdx.z * M + r + 8 * i] = row_sums[i];
+            }
+    }
+#else
+    __trap();  // the launchers choose this kernel on sm_90a only
+#endif
+}
+GEMM_KERNEL(k_gemm_wg_areg_tn, gemm_wg_areg_tile, true, false, 128, TC_WG_THREADS, 1)

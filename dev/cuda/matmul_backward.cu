@@ -1,0 +1,244 @@
+// The linear layer's backward products (out = inp @ weight^T + bias): dinp = dout @ weight (dx) and dweight +=
+// dout^T @ inp with dbias += the column sums of dout (dw), by the engine's wgmma kernels (cuda/matmul_tc.cuh,
+// tf32_split.cuh), each checked against the CPU's float64 products at an odd shape, then timed at andrea-120m's
+// linear layers (B * T = 8192 rows; lm_head's vocabulary of 8449).
+//
+//   make -C dev/cuda && dev/cuda/build/matmul_backward    # both products, every version
+//   dev/cuda/build/matmul_backward dw 2                   # one product (dx or dw), then its version
+//
+// dx: M = the rows, N = C_in, K = C_out; the weight split transposed beforehand, as the engine's backward splits its
+//     weights once a pass (not timed)
+//   1  k_tf32_split of dout, then k_gemm_wg_split: the engine's, timed with dout's split pass
+//   2  k_gemm_wg_areg: dout read raw and split by the consumers into the registers wgmma takes A from; no split
+//      pass, the same bits as 1
+// dw: M = C_out, N = C_in, K = the rows, cut into slices where the tiles are few as the engine's gemm() cuts it
+//     (products.Gemm.splits, one block an SM), k_splitk_reduce adding the slices and their bias sums
+//   1  k_gemm_wg_tn: the producer copies and splits both operands, transposing them; dbias from the dout it splits
+//   2  k_gemm_wg_areg_tn: the consumers split dout in registers as they read it, the producer only inp
+// All are sm_90a's, and as accurate as FP32 (their errors are printed), not TF32's.
+#include "common.h"
+
+#include "../../cuda/tf32_split.cuh"  // and matmul_tc.cuh, matmul_fast.cuh
+
+// ---------------------------------------------------------------------------------------------- CPU reference
+// dinp (rows x C_in) = dout (rows x C_out) @ weight (C_out x C_in)
+void matmul_dx_cpu(double* dinp, const float* dout, const float* weight, int rows, int C_out, int C_in) {
+    std::vector<double> row(C_in);
+    for (int m = 0; m < rows; m++) {
+        std::fill(row.begin(), row.end(), 0.0);
+        for (int o = 0; o < C_out; o++) {
+            const double d = dout[(size_t)m * C_out + o];
+            const float* w = weight + (size_t)o * C_in;
+            for (int i = 0; i < C_in; i++) row[i] += d * w[i];
+        }
+        std::copy(row.begin(), row.end(), dinp + (size_t)m * C_in);
+    }
+}
+
+// dweight = dweight0 + dout^T @ inp, dbias = dbias0 + the column sums of dout
+void matmul_dw_cpu(double* dweight, double* dbias, const float* dweight0, const float* dbias0, const float* dout,
+                   const float* inp, int rows, int C_out, int C_in) {
+    for (size_t e = 0; e < (size_t)C_out * C_in; e++) dweight[e] = dweight0[e];
+    for (int o = 0; o < C_out; o++) dbias[o] = dbias0[o];
+    for (int m = 0; m < rows; m++)
+        for (int o = 0; o < C_out; o++) {
+            const double d = dout[(size_t)m * C_out + o];
+            const float* x = inp + (size_t)m * C_in;
+            double* w = dweight + (size_t)o * C_in;
+            for (int i = 0; i < C_in; i++) w[i] += d * x[i];
+            dbias[o] += d;
+        }
+}
+
+// ---------------------------------------------------------------------------------------------- the versions
+int rows_pad(int rows) { return ceil_div(rows, (int)TC_SPLIT_ROWS) * TC_SPLIT_ROWS; }
+int k_pad(int K) { return ceil_div(K, (int)TC_SPLIT_K) * TC_SPLIT_K; }
+
+// products.Gemm.splits for one block an SM: of 1, 2, 4, 8 slices (each at least 256 of K, K divisible), the count
+// whose last wave of sm_count blocks is fullest, less 0.02 a halving (each costs a pass of partials); fewer on a tie
+int splits_for(int M, int N, int K, int sm_count) {
+    const long long tiles = (long long)ceil_div(N, 128) * ceil_div(M, 128);
+    int best = 1;
+    double best_score = -1.0;
+    for (int s : {1, 2, 4, 8}) {
+        if (s > 1 && (K % s != 0 || K / s < 256)) continue;
+        const double slots = (double)ceil_div(tiles * s, (long long)sm_count) * sm_count;
+        const double score = std::round((tiles * s / slots - 0.02 * std::log2((double)s)) * 1e6) / 1e6;
+        if (score > best_score) best = s, best_score = score;
+    }
+    return best;
+}
+
+struct Problem {
+    const char* name;
+    int rows, C_out, C_in, splits;
+    float *dout, *inp, *weight, *dinp, *dweight, *dbias, *partials;
+    uint32_t *dout_split, *weight_split;  // hi then lo: dout (rows x C_out), weight^T (C_in x C_out)
+    Problem(const char* name_, int rows_, int C_out_, int C_in_, int sm_count)
+        : name(name_), rows(rows_), C_out(C_out_), C_in(C_in_), splits(splits_for(C_out_, C_in_, rows_, sm_count)) {
+        dout = to_device(make_random_float((size_t)rows * C_out));
+        inp = to_device(make_random_float((size_t)rows * C_in));
+        weight = to_device(make_random_float((size_t)C_out * C_in));
+        dinp = device_nan((size_t)rows * C_in);
+        dweight = to_device(make_random_float((size_t)C_out * C_in));
+        dbias = to_device(make_random_float(C_out));
+        partials = device_nan((size_t)splits * ((size_t)C_out * C_in + C_out));
+        cudaCheck(cudaMalloc(&dout_split, 2 * sizeof(uint32_t) * rows_pad(rows) * k_pad(C_out)));
+        cudaCheck(cudaMalloc(&weight_split, 2 * sizeof(uint32_t) * rows_pad(C_in) * k_pad(C_out)));
+        const long long plane = (long long)rows_pad(C_in) * k_pad(C_out);
+        const dim3 grid(k_pad(C_out) / 32, rows_pad(C_in) / 32);  // weight stored K x N: transposed on the way
+        k_tf32_split_t<<<grid, 256>>>(weight_split, weight_split + plane, weight, C_in, C_out, C_in, k_pad(C_out));
+        cudaCheck(cudaGetLastError());
+    }
+    ~Problem() {
+        for (void* p : {(void*)dout, (void*)inp, (void*)weight, (void*)dinp, (void*)dweight, (void*)dbias,
+                        (void*)partials, (void*)dout_split, (void*)weight_split})
+            cudaCheck(cudaFree(p));
+    }
+
+    // dx: version 1's split pass of dout, its product, version 2's product
+    void split_dout() {
+        const long long plane = (long long)rows_pad(rows) * k_pad(C_out), quads = plane / 4;
+        k_tf32_split<<<(unsigned)ceil_div(quads, 256LL), 256>>>(dout_split, dout_split + plane, dout, rows, C_out,
+                                                                 C_out, k_pad(C_out), quads);
+    }
+    void dx_product(int version) {
+        const dim3 grid(ceil_div(C_in, 128), ceil_div(rows, 128));
+        if (version == 1)
+            k_gemm_wg_split<<<grid, TC_WG_THREADS, TC_SPLIT_SMEM_BYTES>>>(dinp, dout_split, weight_split, nullptr,
+                                                                          rows, C_in, k_pad(C_out), C_in, 1.0f, 0.0f);
+        else
+            k_gemm_wg_areg<<<grid, TC_WG_THREADS, TC_AREG_SMEM_BYTES>>>(dinp, dout, weight_split, nullptr, rows, C_in,
+                                                                        C_out, C_out, k_pad(C_out), C_in, 1.0f, 0.0f);
+    }
+    void dx(int version) {
+        if (version == 1) split_dout();
+        dx_product(version);
+        cudaCheck(cudaGetLastError());
+    }
+
+    // dw: M = C_out, N = C_in, K = rows; A = dout stored K x M, B = inp stored K x N; split-K as the engine's gemm()
+    void dw(int version) {
+        const int M = C_out, N = C_in, K = rows, k_slice = K / splits;
+        const long long MN = (long long)M * N;
+        const dim3 grid(ceil_div(N, 128), ceil_div(M, 128), splits);
+        float* out = splits == 1 ? dweight : partials;
+        float* sums = splits == 1 ? dbias : partials + splits * MN;
+        const float beta = splits == 1 ? 1.0f : 0.0f;
+        const long long stride_a = (long long)k_slice * M, stride_b = (long long)k_slice * N, stride_c = MN;
+        if (version == 1)
+            k_gemm_wg_tn<<<grid, TC_WG_THREADS, TC_WG_SMEM_BYTES>>>(out, dout, inp, nullptr, M, N, k_slice, M, N, N,
+                                                                    stride_a, stride_b, stride_c, 1.0f, beta,
+                                                                    CAUSAL_NONE, 0.0f, sums);
+        else
+            k_gemm_wg_areg_tn<<<grid, TC_WG_THREADS, TC_AREG_TN_SMEM_BYTES>>>(out, dout, inp, nullptr, M, N, k_slice,
+                                                                              M, N, N, stride_a, stride_b, stride_c,
+                                                                              1.0f, beta, CAUSAL_NONE, 0.0f, sums);
+        if (splits > 1)
+            k_splitk_reduce<<<(unsigned)ceil_div(MN + M, 256LL), 256>>>(dweight, partials, splits, MN, 1.0f, dbias, M);
+        cudaCheck(cudaGetLastError());
+    }
+};
+
+std::vector<float> to_host(const float* d, size_t n) {
+    std::vector<float> h(n);
+    cudaCheck(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    return h;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// ---------------------------------------------------------------------------------------------- main
+int main(int argc, char** argv) {
+    const Gpu gpu = setup_main();
+    const char* dir = argc > 1 ? argv[1] : "all";
+    const int only = version_arg(argc, argv, 2);
+    if (strcmp(dir, "all") != 0 && strcmp(dir, "dx") != 0 && strcmp(dir, "dw") != 0) {
+        printf("usage: %s [dx|dw] [version]\n", argv[0]);
+        return EXIT_FAILURE;
+    }
+    if (!runs_here("every version", gpu.wgmma, "the sm_90a build on compute capability 9.0 (wgmma)")) return 0;
+    allow_shared(k_gemm_wg_split, TC_SPLIT_SMEM_BYTES);
+    allow_shared(k_gemm_wg_areg, TC_AREG_SMEM_BYTES);
+    allow_shared(k_gemm_wg_tn, TC_WG_SMEM_BYTES);
+    allow_shared(k_gemm_wg_areg_tn, TC_AREG_TN_SMEM_BYTES);
+    const int sms = gpu.prop.multiProcessorCount;
+
+    // checked at odd sizes: partial tiles everywhere, K = 1000 rows that split-K cuts in two, dout's rows of C_out
+    // 16-byte aligned (700) and not (701: the copies' unaligned path)
+    for (int C_out : {700, 701}) {
+        Problem p("check", 1000, C_out, 300, sms);
+        const size_t dx_n = (size_t)p.rows * p.C_in, dw_n = (size_t)p.C_out * p.C_in;
+        const std::vector<float> dout = to_host(p.dout, (size_t)p.rows * p.C_out);
+        const std::vector<float> inp = to_host(p.inp, (size_t)p.rows * p.C_in), weight = to_host(p.weight, dw_n);
+        const std::vector<float> dweight0 = to_host(p.dweight, dw_n), dbias0 = to_host(p.dbias, p.C_out);
+        std::vector<double> dx_ref(dx_n), dw_ref(dw_n), db_ref(p.C_out);
+        matmul_dx_cpu(dx_ref.data(), dout.data(), weight.data(), p.rows, p.C_out, p.C_in);
+        matmul_dw_cpu(dw_ref.data(), db_ref.data(), dweight0.data(), dbias0.data(), dout.data(), inp.data(), p.rows,
+                      p.C_out, p.C_in);
+        printf("\nchecked at %d rows, C_out %d, C_in %d (dw in %d slices of K)\n", p.rows, p.C_out, p.C_in, p.splits);
+        std::vector<float> dx1, dw1;
+        for (int v = 1; v <= 2; v++) {
+            if (only && v != only) continue;
+            if (strcmp(dir, "dw") != 0) {
+                printf("dx %d\n", v);
+                poison(p.dinp, dx_n);
+                p.dx(v);
+                validate_result(p.dinp, dx_ref.data(), "dinp", dx_n, 1e-4);
+                const std::vector<float> dx = to_host(p.dinp, dx_n);
+                if (v == 1) dx1 = dx;
+                else if (!dx1.empty())
+                    printf("  bits: %s dx 1's\n", same_bits(dx, dx1) ? "the same as" : "differ from");
+            }
+            if (strcmp(dir, "dx") != 0) {
+                printf("dw %d\n", v);
+                cudaCheck(cudaMemcpy(p.dweight, dweight0.data(), dw_n * sizeof(float), cudaMemcpyHostToDevice));
+                cudaCheck(cudaMemcpy(p.dbias, dbias0.data(), p.C_out * sizeof(float), cudaMemcpyHostToDevice));
+                poison(p.partials, (size_t)p.splits * (dw_n + p.C_out));
+                p.dw(v);
+                validate_result(p.dweight, dw_ref.data(), "dweight", dw_n, 1e-4);  // sums over 1000 rows
+                validate_result(p.dbias, db_ref.data(), "dbias", p.C_out, 1e-4);
+                const std::vector<float> dw = to_host(p.dweight, dw_n);
+                if (v == 1) dw1 = dw;
+                else if (!dw1.empty())
+                    printf("  bits: %s dw 1's\n", same_bits(dw, dw1) ? "the same as" : "differ from");
+            }
+        }
+    }
+
+    // timed at andrea-120m's linear layers, B * T = 8192 rows
+    struct Shape {
+        const char* name;
+        int C_out, C_in;
+    };
+    const Shape shapes[] = {{"attn.qkv", 2304, 768}, {"attn.proj", 768, 768}, {"mlp.fc", 3072, 768},
+                            {"mlp.proj", 768, 3072}, {"lm_head", 8449, 768}};
+    printf("\ntimed at 8192 rows; ms (TFLOP/s), and version 1's time over each version's\n");
+    for (const Shape& s : shapes) {
+        Problem p(s.name, 8192, s.C_out, s.C_in, sms);
+        const double flops = 2.0 * p.rows * p.C_out * p.C_in;
+        for (int pass = 0; pass < 2; pass++) {
+            const bool is_dx = pass == 0;
+            if (strcmp(dir, is_dx ? "dw" : "dx") == 0) continue;
+            printf("%-10s %s", s.name, is_dx ? "dx" : "dw");
+            if (!is_dx) printf(" (%d slices)", p.splits);
+            float base = 0.0f;
+            for (int v = 1; v <= 2; v++) {
+                if (only && v != only) continue;
+                const float ms = benchmark_kernel(20, [&] { is_dx ? p.dx(v) : p.dw(v); });
+                if (v == 1) base = ms;
+                printf("   %d: %.4f (%.1f)", v, ms, flops / ms / 1e9);
+                if (v > 1 && base > 0.0f) printf(" %.2fx", base / ms);
+                if (is_dx && v == 1) {  // the product alone, without dout's split pass
+                    const float product = benchmark_kernel(20, [&] { p.dx_product(1); });
+                    printf(" [product %.4f]", product);
+                }
+            }
+            printf("\n");
+        }
+    }
+    printf("\nevery version run matches the CPU\n");
+    return 0;
+}
