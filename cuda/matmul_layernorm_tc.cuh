@@ -2,14 +2,15 @@
 //   dout = dY @ W                           (M x C: the layernorm output's gradient, never stored)
 //   dx  (+)= rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)),   dxhat = dout * w, xhat = (x - mean) * rstd
 //   dw += sum over rows of dout * xhat,   db += sum over rows of dout
-// The product is k_gemm_wg_split's; a row's column tiles exchange their shares of the row's two sums through global
-// memory and add them in tile order (the same bits every run); the last block of each column tile adds dw and db.
+// The product is k_gemm_wg_areg's (wg_areg_tile: dY raw, W split); a row's column tiles exchange their shares of the
+// row's two sums through global memory and add them in tile order (the same bits every run); the last block of each
+// column tile adds dw and db.
 #pragma once
 #include <type_traits>
 
 #include "colsum.cuh"          // colsum_chunks
 #include "layernorm_fast.cuh"  // ln_xhat, ln_bwd_dx: the fast backward's roundings
-#include "matmul_tc.cuh"       // wg_split_tile
+#include "matmul_tc.cuh"       // wg_areg_tile
 
 // the two consumer warpgroups (the producer has left: bar 0, __syncthreads, would wait for it)
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
@@ -22,7 +23,8 @@ constexpr int LN_TILE_LD = 132;
 enum LnTcLaunch : int { LN_MAX_ROW_TILES = 8 };
 constexpr int LN_COPY_BATCH = 8;  // a thread's 16-byte loads in flight at a time
 constexpr int LN_SMEM_FLOATS = 2 * 128 * LN_TILE_LD + 128 + 8 * 128 * 2;
-static_assert(LN_SMEM_FLOATS * 4 <= WG_SPLIT_STAGES * 4 * WG_SPLIT * 4, "the epilogue fits the stages");
+static_assert(LN_SMEM_FLOATS * 4 <= WG_AREG_STAGES * (2 * WG_SPLIT + WgRawA<false>::FLOATS) * 4,
+              "the epilogue fits the stages");
 
 // The tile (m0, n0) of the M x C matrix a, zero outside it, copied by the 256 consumer threads into t (rows of
 // LN_TILE_LD floats), or t back into a (STORE): one warp per row's 128 floats, rows tid / 32 + 8q, 16 bytes per
@@ -227,15 +229,15 @@ __device__ __forceinline__ void wg_ln_bwd_epilogue(const float (&g)[64], float* 
     }
 }
 
-// dx (M x C) of the layernorm whose output's gradient is dY @ W (a_split: dY, M_pad x K_pad; b_split: W^T's rows,
-// C_pad x K_pad), x its input, w its weight, mean and rstd its rows' statistics; dx written, or added into where
-// accumulate; dw and db added into. partials: (2, gridDim.y, C); row_sums: (M, gridDim.x) float2; counters: 2 *
-// gridDim.y + gridDim.x + 1, zero. Grid (ceil(C / 128), ceil(M / 128)) of TC_WG_THREADS, TC_SPLIT_SMEM_BYTES of
-// dynamic shared memory; a block's tile is the ticket it draws as it starts, in row-major order.
+// dx (M x C) of the layernorm whose output's gradient is dY @ W (dY: M x K, ld; b_split: W^T's rows split, C_pad x
+// K_pad, K_pad = ceil(K / 32) * 32), x its input, w its weight, mean and rstd its rows' statistics; dx written, or
+// added into where accumulate; dw and db added into. partials: (2, gridDim.y, C); row_sums: (M, gridDim.x) float2;
+// counters: 2 * gridDim.y + gridDim.x + 1, zero. Grid (ceil(C / 128), ceil(M / 128)) of TC_WG_THREADS,
+// TC_AREG_SMEM_BYTES of dynamic shared memory; a block's tile is the ticket it draws as it starts, in row-major order.
 extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
     k_gemm_wg_split_ln_bwd(float* dx, float* dw, float* db, float* partials, float2* row_sums, unsigned int* counters,
-                           const uint32_t* a_split, const uint32_t* b_split, const float* x, const float* w,
-                           const float* mean, const float* rstd, int M, int C, int K_pad, int accumulate) {
+                           const float* dY, int ld, const uint32_t* b_split, const float* x, const float* w,
+                           const float* mean, const float* rstd, int M, int C, int K, int K_pad, int accumulate) {
 #if WG_AVAILABLE
     extern __shared__ __align__(1024) float split_smem[];
     if (gridDim.x > LN_MAX_ROW_TILES) __trap();  // the row's shares are read LN_MAX_ROW_TILES at most
@@ -247,14 +249,14 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
     }
     __syncthreads();
     const int m0 = (int)(ticket / gridDim.x) * 128, n0 = (int)(ticket % gridDim.x) * 128;
-    float acc[64];
-    if (!wg_split_tile(acc, split_smem, a_split, b_split, m0, n0, K_pad)) return;
-    if (accumulate)
-        wg_ln_bwd_epilogue<true>(acc, dx, dw, db, partials, row_sums, counters, split_smem, x, w, mean, rstd, M, C,
-                                 m0, n0);
-    else
-        wg_ln_bwd_epilogue<false>(acc, dx, dw, db, partials, row_sums, counters, split_smem, x, w, mean, rstd, M, C,
-                                  m0, n0);
+    wg_areg_tile(split_smem, dY, ld, M, K, b_split, m0, n0, K_pad, [&](const float (&acc)[64]) {
+        if (accumulate)
+            wg_ln_bwd_epilogue<true>(acc, dx, dw, db, partials, row_sums, counters, split_smem, x, w, mean, rstd, M,
+                                     C, m0, n0);
+        else
+            wg_ln_bwd_epilogue<false>(acc, dx, dw, db, partials, row_sums, counters, split_smem, x, w, mean, rstd, M,
+                                      C, m0, n0);
+    });
 #else
     __trap();  // the launcher chooses this kernel on sm_90a only
 #endif

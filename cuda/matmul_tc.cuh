@@ -41,10 +41,6 @@
 #ifndef WG_RAW
 #define WG_RAW 3
 #endif
-// The split operands' kernel's stages, each four split tiles (k_gemm_wg_split)
-#ifndef WG_SPLIT_STAGES
-#define WG_SPLIT_STAGES 3
-#endif
 // The A-from-registers kernels' stages: k_gemm_wg_areg's each B hi, B lo and raw A; k_gemm_wg_areg_tn's each also
 // raw B, which its producer splits
 #ifndef WG_AREG_STAGES
@@ -55,14 +51,13 @@
 #endif
 // Launch sizes, mirrored in microgpt/kernels/matmul_tc.py through source.int_constants: each kernel's dynamic shared
 // memory (mma.sync: TC_STAGES stages of two tiles of up to 128 x (TC_BK + 8) floats; wgmma: buffers, raw stages and
-// an mbarrier pair per buffer; k_gemm_wg_split, k_gemm_wg_areg, k_gemm_wg_areg_tn: their stages and an mbarrier pair
-// per stage), the wgmma kernels' threads (three warpgroups), and the split operands' padding (rows to TC_SPLIT_ROWS,
-// K to TC_SPLIT_K: whole tiles, so the copies check no bounds).
+// an mbarrier pair per buffer; k_gemm_wg_areg, k_gemm_wg_areg_tn: their stages and an mbarrier pair per stage), the
+// wgmma kernels' threads (three warpgroups), and the split operands' padding (rows to TC_SPLIT_ROWS, K to TC_SPLIT_K:
+// whole tiles, so the copies check no bounds).
 enum TcLaunch : int {
     TC_SMEM_BYTES = TC_STAGES * 2 * TC_BM * (TC_BK + 8) * 4,
     TC_WG_SMEM_BYTES = WG_BUFS * 4 * 128 * 32 * 4 + WG_RAW * 2 * 128 * 32 * 4 + 2 * WG_BUFS * 8,
     TC_WG_THREADS = 384,
-    TC_SPLIT_SMEM_BYTES = WG_SPLIT_STAGES * 4 * 128 * 32 * 4 + 2 * WG_SPLIT_STAGES * 8,
     TC_AREG_SMEM_BYTES = WG_AREG_STAGES * (2 * 128 * 32 + 128 * 36) * 4 + 2 * WG_AREG_STAGES * 8,
     TC_AREG_TN_SMEM_BYTES = WG_AREG_TN_STAGES * (2 * 128 * 32 + 32 * 136 + 32 * 128) * 4 + 2 * WG_AREG_TN_STAGES * 8,
     TC_SPLIT_ROWS = 128,
@@ -617,11 +612,10 @@ __device__ __forceinline__ void gemm_wg_tile(float* C, const float* A, const flo
 }
 
 // One kernel per layout and tile width, k_gemm_wg_<op(A)><op(B)>[_n64]; the SGEMM's arguments (a_sums: the
-// _t* kernels').
+// _t* kernels'). The 128 x 128 tile of A and B both stored K x * is k_gemm_wg_areg_tn's (below).
 #define GEMM_WG_KERNEL(name, TA, TB, BN) GEMM_KERNEL(name, gemm_wg_tile, TA, TB, BN, TC_WG_THREADS, 1)
 GEMM_WG_KERNEL(k_gemm_wg_nn, false, false, 128)
 GEMM_WG_KERNEL(k_gemm_wg_nt, false, true, 128)
-GEMM_WG_KERNEL(k_gemm_wg_tn, true, false, 128)
 GEMM_WG_KERNEL(k_gemm_wg_tt, true, true, 128)
 GEMM_WG_KERNEL(k_gemm_wg_nn_n64, false, false, 64)
 GEMM_WG_KERNEL(k_gemm_wg_nt_n64, false, true, 64)
@@ -630,10 +624,9 @@ GEMM_WG_KERNEL(k_gemm_wg_tt_n64, true, true, 64)
 #undef GEMM_WG_KERNEL
 
 // ---------------------------------------------------------------------------------------------- split operands
-// The same product from operands split into hi and lo beforehand by tf32_split.cuh's passes, so that the producer
-// only copies: the same tf32_split, wgmmas and FP32 adds in the same order, so the wgmma kernel's bits. A split
-// operand is hi then lo, each rows_pad x K_pad K-major (rows_pad a multiple of TC_SPLIT_ROWS, K_pad of TC_SPLIT_K),
-// zero past the matrix: op(A) for A, op(B)^T for B.
+// B split into hi and lo beforehand by tf32_split.cuh's passes, so that the producer only copies it: a split operand
+// is hi then lo, each rows_pad x K_pad K-major (rows_pad a multiple of TC_SPLIT_ROWS, K_pad of TC_SPLIT_K), zero past
+// the matrix: op(B)^T for B.
 
 // A split 128 x 32 slice (rows row0.. of a split operand, K_pad floats per row) copied by producer thread tid into a
 // 128B-swizzled tile, as the wgmma kernel's producer stores it: chunk tid % 8 of rows tid / 8 + 16 i, whose swizzle
@@ -648,98 +641,13 @@ __device__ __forceinline__ void copy_split_slice(float* tile, const uint32_t* sr
     for (int i = 0; i < 128 * WG_BK / 4 / WG_PRODUCERS; i++) cp_async16(to + i * 16 * WG_BK, from + i * rows16, 16);
 }
 
-// The producer of split slices: it only copies, WG_SPLIT_STAGES deep, each stage A hi, A lo, B hi, B lo (rows m0..
-// of A's, n0.. of B's). Slice kt = j - (S - 1) is handed over before slice j's stage is waited for: the consumers,
-// done with slice j - S, want slice j - S + 1 = kt next.
-__device__ __forceinline__ void wg_copy_split_slices(float* stage, uint64_t* full, uint64_t* empty,
-                                                     const uint32_t* a_hi, const uint32_t* a_lo,
-                                                     const uint32_t* b_hi, const uint32_t* b_lo, int m0, int n0,
-                                                     int K_pad, int n_tiles) {
-    const int tid = threadIdx.x;
-    for (int j = 0; j < n_tiles + WG_SPLIT_STAGES - 1; j++) {
-        const int kt = j - (WG_SPLIT_STAGES - 1);
-        if (kt >= 0) {
-            cp_async_wait<WG_SPLIT_STAGES - 2>();  // groups 0 .. j - 1 committed: this thread's slice kt landed
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-            mbar_arrive(&full[kt % WG_SPLIT_STAGES]);
-        }
-        if (j < n_tiles) {
-            const int s = j % WG_SPLIT_STAGES;
-            mbar_wait(&empty[s], ((j / WG_SPLIT_STAGES) & 1) ^ 1);  // the consumers are done with slice j - S
-            float* t = stage + s * 4 * WG_SPLIT;
-            copy_split_slice(t, a_hi, m0, K_pad, j * WG_BK, tid);
-            copy_split_slice(t + WG_SPLIT, a_lo, m0, K_pad, j * WG_BK, tid);
-            copy_split_slice(t + 2 * WG_SPLIT, b_hi, n0, K_pad, j * WG_BK, tid);
-            copy_split_slice(t + 3 * WG_SPLIT, b_lo, n0, K_pad, j * WG_BK, tid);
-        }
-        cp_async_commit();
-    }
-}
-
-// The 128 x 128 tile (m0, n0) of op(A) @ op(B) from split operands (a_split: M_pad x K_pad, b_split: N_pad x K_pad,
-// each hi then lo) in the kernel's dynamic shared memory (TC_SPLIT_SMEM_BYTES): warpgroup 0 copies slice after
-// slice (wg_copy_split_slices) and is done (false); warpgroups 1 and 2 multiply, each ending with its 64 rows
-// (m0 + 64 * (warpgroup - 1) ..) in acc, as wg_store lays them out (true).
-__device__ __forceinline__ bool wg_split_tile(float (&acc)[64], float* stage, const uint32_t* a_split,
-                                              const uint32_t* b_split, int m0, int n0, int K_pad) {
-#if WG_AVAILABLE
-    uint64_t* full = reinterpret_cast<uint64_t*>(stage + WG_SPLIT_STAGES * 4 * WG_SPLIT);
-    uint64_t* empty = full + WG_SPLIT_STAGES;
-    const int n_tiles = K_pad / WG_BK;
-    const long long a_lo = (long long)(gridDim.y * 128) * K_pad, b_lo = (long long)(gridDim.x * 128) * K_pad;
-    if (threadIdx.x == 0)
-        for (int s = 0; s < WG_SPLIT_STAGES; s++) {
-            mbar_init(&full[s], WG_PRODUCERS);
-            mbar_init(&empty[s], TC_WG_THREADS - WG_PRODUCERS);
-        }
-    __syncthreads();
-    if (threadIdx.x < WG_PRODUCERS) {  // the producer: copy
-        wg_copy_split_slices(stage, full, empty, a_split, a_split + a_lo, b_split, b_split + b_lo, m0, n0, K_pad,
-                             n_tiles);
-        return false;
-    }
-    // ---------------------------------------------------------------- the consumers: multiply and sum
-    const int half = threadIdx.x / 128 - 1;
-    const uint64_t d = wg_desc(stage);
-    float part[64];
-#pragma unroll
-    for (int i = 0; i < 64; i++) acc[i] = 0.0f;
-    for (int kt = 0; kt < n_tiles; kt++) {
-        const int s = kt % WG_SPLIT_STAGES;
-        mbar_wait(&full[s], (kt / WG_SPLIT_STAGES) & 1);
-        const uint64_t a_hi = d + (s * 4 * WG_SPLIT + half * 64 * WG_BK) / 4, b_hi = d + (s * 4 + 2) * WG_SPLIT / 4;
-        wg_slice_products(part, a_hi, a_hi + WG_SPLIT / 4, b_hi, b_hi + WG_SPLIT / 4);
-        wg_add_slice(acc, part, &empty[s]);
-    }
-    return true;
-#else
-    return false;
-#endif
-}
-
-// C (M x N, ldc) = alpha * op(A) @ op(B) + bias[n] + beta * C from split operands (wg_split_tile), as k_gemm_wg_*.
-// One block per SM (TC_SPLIT_SMEM_BYTES), a grid of (ceil(N / 128), ceil(M / 128)).
-extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
-    k_gemm_wg_split(float* C, const uint32_t* a_split, const uint32_t* b_split, const float* bias, int M, int N,
-                    int K_pad, int ldc, float alpha, float beta) {
-#if WG_AVAILABLE
-    extern __shared__ __align__(1024) float split_smem[];  // [WG_SPLIT_STAGES][A hi, A lo, B hi, B lo][128 x 32]
-    const int m0 = blockIdx.y * 128, n0 = blockIdx.x * 128;
-    float acc[64];
-    if (!wg_split_tile(acc, split_smem, a_split, b_split, m0, n0, K_pad)) return;
-    wg_store(C, acc, m0 + (threadIdx.x / 128 - 1) * 64, n0, M, N, ldc, bias, alpha, beta, CAUSAL_NONE, 0.0f);
-#else
-    __trap();  // the launchers choose this kernel on sm_90a only
-#endif
-}
-
 // ---------------------------------------------------------------------------------------------- A from registers
 // The same product with op(A) copied raw (FP32, as it lies in global memory) and split by each consumer thread into
 // the register fragments that wgmma takes A from: only B is read from shared memory by the tensor cores. A's tiles
 // cross shared memory once (copied in, each element read out once) where split ones cross it three times (hi and lo
 // copied in, then read by the wgmmas: lo once, hi twice), and A needs no split pass (k_gemm_wg_areg, B split
 // beforehand) or the producer splits only B (k_gemm_wg_areg_tn). The same tf32_split, the same wgmmas in the same
-// order and the same FP32 adds: k_gemm_wg_split's bits.
+// order and the same FP32 adds: the bits of the wgmma kernels whose producer splits both (gemm_wg_tile).
 
 // op(A)'s raw 128 x 32 slice: stored M x K (rows of 36 floats) or K x M (32 rows of 136), padded so that a warp's
 // fragment loads (8 rows x 4 k, or 4 k x 8 rows) fall on 32 distinct banks
@@ -885,7 +793,7 @@ __device__ __forceinline__ void wg_areg_consume(float (&acc)[64], float (&row_su
 }
 
 // The 128 x 128 tile (m0, n0) of A @ op(B), A stored M x K (lda) as it lies and B split beforehand (b_split: N_pad x
-// K_pad, hi then lo, as k_gemm_wg_split reads it; K_pad = ceil(K / 32) * 32), then epilogue(acc) in the consumers, in
+// K_pad, hi then lo, as tf32_split.cuh makes it; K_pad = ceil(K / 32) * 32), then epilogue(acc) in the consumers, in
 // the kernel's dynamic shared memory (TC_AREG_SMEM_BYTES): warpgroup 0 copies B's split slices and A's raw ones,
 // WG_AREG_STAGES deep; warpgroups 1 and 2 split A as they read it and multiply, each ending with its 64 rows (m0 + 64
 // * (warpgroup - 1) ..) in acc, as wg_store lays them out, and call the epilogue, which may reuse the stages once the
@@ -908,7 +816,7 @@ __device__ __forceinline__ void wg_areg_tile(float* stages, const float* A, int 
         }
     __syncthreads();
     if (threadIdx.x < WG_PRODUCERS) {  // the producer: copy. Slice kt = j - (S - 1) is handed over before slice j's
-        wg_producer_registers();       // stage is waited for, as in wg_copy_split_slices
+        wg_producer_registers();       // stage is waited for: the consumers, done with slice j - S, want kt next
         const int tid = threadIdx.x;
         const long long b_lo = (long long)(gridDim.x * 128) * K_pad;
         const bool vec_a = aligned16(A, lda);
@@ -939,8 +847,8 @@ __device__ __forceinline__ void wg_areg_tile(float* stages, const float* A, int 
 }
 
 // C (M x N, ldc) = alpha * A @ op(B) + bias[n] + beta * C, A stored M x K (lda) as it lies and B split beforehand
-// (wg_areg_tile): the forward's and the dX products, k_gemm_wg_split's bits with no pass splitting A. One block per
-// SM (TC_AREG_SMEM_BYTES), a grid of (ceil(N / 128), ceil(M / 128)).
+// (wg_areg_tile): the forward's and the dX products, with no pass splitting A. One block per SM (TC_AREG_SMEM_BYTES),
+// a grid of (ceil(N / 128), ceil(M / 128)).
 extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
     k_gemm_wg_areg(float* C, const float* A, const uint32_t* b_split, const float* bias, int M, int N, int K,
                    int lda, int K_pad, int ldc, float alpha, float beta) {
@@ -955,21 +863,20 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
 #endif
 }
 
-// k_gemm_wg_tn's product (A stored K x M, B stored K x N: a linear layer's dW = dout^T @ inp) with A from registers:
-// the producer copies both raw, WG_AREG_TN_STAGES deep, and splits B into its K-major tiles; the consumers split A.
-// k_gemm_wg_tn's arguments and contract (batches by gridDim.z and the strides, split-K's slices among them; where
-// a_sums is given, op(A)'s row sums from the first column tile's blocks: a_sums[m] += for gridDim.z = 1,
-// a_sums[z * M + m] = for several), but no causal mode: it traps on one. Each row's sum: each consumer thread's 8
-// values of a slice by a pairwise tree, the slices by a compensated running sum, then the row's 4 threads in a fixed
-// tree. One block per SM (TC_AREG_TN_SMEM_BYTES), a grid of (ceil(N / 128), ceil(M / 128), batch).
+// The SGEMM's product for A stored K x M and B stored K x N (a linear layer's dW = dout^T @ inp) with A from
+// registers: the producer copies both raw, WG_AREG_TN_STAGES deep, and splits B into its K-major tiles; the consumers
+// split A. The SGEMM's arguments and contract (batches by gridDim.z and the strides, split-K's slices among them, the
+// causal modes; where a_sums is given, op(A)'s row sums from the first column tile's blocks: a_sums[m] += for
+// gridDim.z = 1, a_sums[z * M + m] = for several). Each row's sum: each consumer thread's 8 values of a slice by a
+// pairwise tree, the slices by a compensated running sum, then the row's 4 threads in a fixed tree. One block per SM
+// (TC_AREG_TN_SMEM_BYTES), a grid of (ceil(N / 128), ceil(M / 128), batch).
 template <bool TA, bool TB, int BN>
 __device__ __forceinline__ void gemm_wg_areg_tile(float* C, const float* A, const float* B, const float* bias, int M,
                                                   int N, int K, int lda, int ldb, int ldc, long long strideA,
                                                   long long strideB, long long strideC, float alpha, float beta,
-                                                  Causal causal, float /* fill: no causal mode */, float* a_sums) {
+                                                  Causal causal, float fill, float* a_sums) {
     static_assert(TA && !TB && BN == 128, "A stored K x M, B stored K x N, 128 x 128 tiles");
 #if WG_AVAILABLE
-    if (causal != CAUSAL_NONE) __trap();  // the launchers choose k_gemm_wg_tn for causal products
     using RawA = WgRawA<true>;
     using RawB = TcTile<false, 128, WG_BK, 0>;  // K x N as it lies: the producer reads a k's 128 floats across a warp
     constexpr int S = WG_AREG_TN_STAGES, A_AT = 2 * WG_SPLIT, B_AT = A_AT + RawA::FLOATS;
@@ -982,7 +889,11 @@ __device__ __forceinline__ void gemm_wg_areg_tile(float* C, const float* A, cons
     A += blockIdx.z * strideA;
     B += blockIdx.z * strideB;
     C += blockIdx.z * strideC;
-    const int m0 = blockIdx.y * 128, n0 = blockIdx.x * 128, n_tiles = (K + WG_BK - 1) / WG_BK;
+    const int m0 = blockIdx.y * 128, n0 = blockIdx.x * 128;
+    if (causal == CAUSAL_OUT_LOWER && gemm_fill_above_diagonal<BN>(C, m0, n0, M, N, ldc, fill)) return;
+    const int k_begin = causal == CAUSAL_A_UPPER ? m0 : 0;
+    const int k_end = causal == CAUSAL_A_LOWER ? min(K, m0 + 128) : K;
+    const int n_tiles = k_end > k_begin ? (k_end - k_begin + WG_BK - 1) / WG_BK : 0;
     if (threadIdx.x == 0)
         for (int s = 0; s < S; s++) {
             mbar_init(&full[s], WG_PRODUCERS);
@@ -997,8 +908,8 @@ __device__ __forceinline__ void gemm_wg_areg_tile(float* C, const float* A, cons
         for (int j = 0; j < n_tiles + S - 1; j++) {
             const int kt = j - (S - 1);
             if (kt >= 0) {
-                cp_async_wait<S - 2>();                                          // this thread's slice kt landed,
-                asm volatile("bar.sync 1, %0;" ::"n"(WG_PRODUCERS) : "memory");  // and every producer's
+                cp_async_wait<S - 2>();  // this thread's slice kt landed, and every producer's (barrier 2: the
+                asm volatile("bar.sync 2, %0;" ::"n"(WG_PRODUCERS) : "memory");  // consumers' epilogues take 1)
                 float* t = tc_smem + (kt % S) * STAGE;
 #pragma unroll
                 for (int q = 0; q < WG_BK / 4; q++)  // row tid of B's 128, k 4q ..: a k's floats across the warp
@@ -1010,8 +921,9 @@ __device__ __forceinline__ void gemm_wg_areg_tile(float* C, const float* A, cons
                 const int s = j % S;
                 mbar_wait(&empty[s], ((j / S) & 1) ^ 1);  // the consumers are done with slice j - S
                 float* t = tc_smem + s * STAGE;
-                copy_raw<RawA>(t + A_AT, A, lda, j * WG_BK, m0, K, M, vec_a, tid);  // K x M
-                copy_raw<RawB>(t + B_AT, B, ldb, j * WG_BK, n0, K, N, vec_b, tid);  // K x N
+                const int k0 = k_begin + j * WG_BK;
+                copy_raw<RawA>(t + A_AT, A, lda, k0, m0, k_end, M, vec_a, tid);  // K x M
+                copy_raw<RawB>(t + B_AT, B, ldb, k0, n0, k_end, N, vec_b, tid);  // K x N
             }
             cp_async_commit();
         }
@@ -1020,7 +932,7 @@ __device__ __forceinline__ void gemm_wg_areg_tile(float* C, const float* A, cons
         float acc[64], row_sums[2];
         wg_areg_consume<true, S, STAGE, A_AT>(acc, row_sums, sum_rows, tc_smem, full, empty, n_tiles);
         const int row0 = m0 + (threadIdx.x / 128 - 1) * 64;
-        wg_store(C, acc, row0, n0, M, N, ldc, bias, alpha, beta, CAUSAL_NONE, 0.0f);
+        wg_store(C, acc, row0, n0, M, N, ldc, bias, alpha, beta, causal, fill);
         const int lane = threadIdx.x % 32, r = row0 + (threadIdx.x % 128) / 32 * 16 + lane / 4;
         if (sum_rows && lane % 4 == 0)  // the block owns rows m0.. of a_sums: no other writes them
 #pragma unroll

@@ -42,7 +42,7 @@ IDS = [f"B{b}-T{t}-NH{h}-dk{d}-off{o}" for b, t, h, d, o in SHAPES]
 
 @pytest.mark.parametrize("B,T,NH,d_k,offset", SHAPES, ids=IDS)
 def test_the_kernel_writes_the_products_dy_and_the_float64_delta_of_its_rows(ga, rng, B, T, NH, d_k, offset):
-    """k_gemm_wg_split_delta alone: dy = dout @ W in the bits of k_gemm_wg_split (K.sgemm's with units="tc" there), delta of
+    """k_gemm_wg_split_delta alone: dy = dout @ W in the bits of k_gemm_wg_areg (K.sgemm's with units="tc" there), delta of
     the rows past the pass kernel's query tiles within half an FP32 ulp of the float64 sum of dy * y over the head,
     those tiles' counters 0; the rows and counters before them, and the ticket, as they were (poisoned)."""
     needs_wgmma()
@@ -57,15 +57,15 @@ def test_the_kernel_writes_the_products_dy_and_the_float64_delta_of_its_rows(ga,
     delta = poisoned(ga, B, NH, T)
     sync = ga.to_gpu(np.full(B * NH * tiles + 1, -1, np.int32))
     g = K.Gemm.dense(N, C, C, units="tc")
-    ws, a_split, b_split, K_pad, grid = K.products.split_into_workspace(g, int(dout.gpudata), int(w.gpudata), None)
-    launch("k_gemm_wg_split_delta", [int(dy.gpudata), int(delta.gpudata), int(sync.gpudata), a_split, b_split,
-                                     int(y.gpudata), N, C, K_pad, T, d_k], grid, None,
-           shared=int_constant("TC_SPLIT_SMEM_BYTES"), block=int_constant("TC_WG_THREADS"))
+    ws, b_split, K_pad, grid = K.products.split_b_into_workspace(g, int(w.gpudata), None)
+    launch("k_gemm_wg_split_delta", [int(dy.gpudata), int(delta.gpudata), int(sync.gpudata), int(dout.gpudata), C,
+                                     b_split, int(y.gpudata), N, C, C, K_pad, T, d_k], grid, None,
+           shared=int_constant("TC_AREG_SMEM_BYTES"), block=int_constant("TC_WG_THREADS"))
     K.engine().cuda.Context.synchronize()
     del ws
     plan = K.Plan()
     K.sgemm(want_dy, dout, w, stream=plan, units="tc")
-    assert [name for name, *_ in plan][-1] == "k_gemm_wg_split"
+    assert [name for name, *_ in plan][-1] == "k_gemm_wg_areg"
     K.replay(plan, None, "test")
     got_dy = dy.get()
     np.testing.assert_array_equal(bits(got_dy), bits(want_dy.get()))

@@ -76,14 +76,21 @@ def test_linear_layers_forward_and_backward(ga, rng, layer):
         within_bar(f"{layer} {what}", outs["tc"][i], outs["fast"][i], ref[i].reshape(outs["tc"][i].shape))
 
 
-def test_attention_products(ga, rng):
+# andrea-120m's heads; and heads of 128 at an odd T, where dK and dV (A stored K x M, causal) take the wgmma kernel
+# that splits A in registers on sm_90a
+@pytest.mark.parametrize("nh,t,d_k", [(NH, T, C // NH), (2, 300, 128)])
+def test_attention_products(ga, rng, nh, t, d_k):
     """Scores (the mask fused), probabilities times values, and both backward, on causal inputs."""
-    hs = (1, NH, T, C // NH)
+    NH, T = nh, t
+    hs = (1, NH, T, d_k)
     q_h, k_h, v_h, do_h = (rng.standard_normal(hs).astype(np.float32) for _ in range(4))
     p_h = R.softmax_fwd(R.causal_mask_fwd(rng.standard_normal((1, NH, T, T)) * 2)).astype(np.float32)
     ds_h = R.causal_mask_bwd(rng.standard_normal((1, NH, T, T))).astype(np.float32)
     q, k, v, do, p, ds = (ga.to_gpu(a) for a in (q_h, k_h, v_h, do_h, p_h, ds_h))
     lower = ~R.causal_mask(T)
+    if d_k == 128 and K.warpgroup_mma(K.engine()):
+        g = K.Gemm.dense(T, d_k, T, trans_a=True, batch=NH, causal=K.Causal.A_UPPER, units="tc")
+        assert K.matmul_tc.tc_kernel(g, K.engine())[0] == "k_gemm_wg_areg_tn"
     outs = {}
     for name, ops in (("fast", SIMT), ("tc", TC)):
         s, o = poisoned(ga, 1, NH, T, T), poisoned(ga, *hs)
@@ -101,7 +108,7 @@ def test_attention_products(ga, rng):
     ref = {"scores": R.attn_scores_fwd(Q, Km)[..., lower], "values": R.attn_values_fwd(P, Vm),
            "dprobs": rdp[..., lower], "dV": rdv, "dQ": rdq, "dK": rdk}
     for what in ref:
-        within_bar(f"attention {what}", outs["tc"][what], outs["fast"][what], ref[what])
+        within_bar(f"attention d_k {d_k} {what}", outs["tc"][what], outs["fast"][what], ref[what])
 
 
 # M, N, K not multiples of a tile (128 x 128, 128 x 64, K by 32), unaligned rows (K odd), batches, split-K
@@ -165,7 +172,7 @@ def test_the_bias_gradient_inside_the_weight_gradients_product(ga, rng, case):
     x, w, d = ga.to_gpu(x_h), ga.to_gpu(w_h), ga.to_gpu(d_h)
     if K.warpgroup_mma(K.engine()):  # the path under test: the wgmma kernel, split or not as the case says
         g = K.Gemm.dense(OUT, IN, N, trans_a=True, beta=1.0)
-        assert K.matmul_tc.tc_kernel(g, K.engine())[0] == "k_gemm_wg_tn"
+        assert K.matmul_tc.tc_kernel(g, K.engine())[0] == "k_gemm_wg_areg_tn"
         assert (g.splits(K.engine().sm_count, per_sm=1) == 1) == case.endswith("unsplit"), case
         plan = K.Plan()
         TC.matmul_bwd(poisoned(ga, N, IN), ga.to_gpu(dw0), ga.to_gpu(db0), d, x, w, stream=plan)
@@ -208,9 +215,9 @@ SPLIT_SHAPES = [(300, 200, 256), (1000, 333, 300), (4099, 130, 772), (129, 257, 
 @pytest.mark.parametrize("M,N,K_", SPLIT_SHAPES)
 @pytest.mark.parametrize("tb", [False, True])
 def test_split_operands_give_the_wgmma_kernels_bits(ga, rng, M, N, K_, tb):
-    """The split passes and k_gemm_wg_split compute what the wgmma kernel computes from the raw operands, to the
-    bit (the same split, the same products in the same order), with and without alpha, bias and beta, on fresh
-    inputs and a poisoned c; and the default takes that path."""
+    """B's split pass and k_gemm_wg_areg (A split in registers) compute what the wgmma kernel computes from the raw
+    operands, to the bit (the same split, the same products in the same order), with and without alpha, bias and
+    beta, on fresh inputs and a poisoned c; and the default takes that path."""
     if not K.warpgroup_mma(K.engine()):
         pytest.skip(f"{K.device_summary()}: split operands are the wgmma path's (sm_90a)")
     a = ga.to_gpu(rng.standard_normal((M, K_)).astype(np.float32))
@@ -218,8 +225,7 @@ def test_split_operands_give_the_wgmma_kernels_bits(ga, rng, M, N, K_, tb):
     bias, c0 = ga.to_gpu(rng.standard_normal(N).astype(np.float32)), rng.standard_normal((M, N)).astype(np.float32)
     plan = K.Plan()
     K.sgemm(poisoned(ga, M, N), a, b, trans_b=tb, bias=bias, stream=plan, units="tc")
-    assert [name for name, *_ in plan] == ["k_tf32_split", "k_tf32_split" if tb else "k_tf32_split_t",
-                                           "k_gemm_wg_split"], plan
+    assert [name for name, *_ in plan] == ["k_tf32_split" if tb else "k_tf32_split_t", "k_gemm_wg_areg"], plan
     for kw in (dict(), dict(alpha=0.5, beta=-2.0, bias=bias)):
         outs = []
         for split in (None, False):
@@ -288,11 +294,9 @@ def test_products_reading_weights_split_once_give_the_same_bits(ga, rng, M, OUT,
 
     batched = products(True)
     own = products(False)
-    assert batched[0] == ["k_tf32_split_batch", "k_tf32_split_batch", "k_tf32_split", "k_gemm_wg_split",
-                          "k_tf32_split", "k_gemm_wg_split"], batched[0]
+    assert batched[0] == ["k_tf32_split_batch", "k_tf32_split_batch", "k_gemm_wg_areg", "k_gemm_wg_areg"], batched[0]
     assert batched[3] == [1, 1] and own[3] == [0, 0]
-    assert own[0] == ["k_tf32_split", "k_tf32_split", "k_gemm_wg_split", "k_tf32_split", "k_tf32_split_t",
-                      "k_gemm_wg_split"], own[0]
+    assert own[0] == ["k_tf32_split", "k_gemm_wg_areg", "k_tf32_split_t", "k_gemm_wg_areg"], own[0]
     assert np.isfinite(own[1]).all() and np.isfinite(own[2]).all()
     np.testing.assert_array_equal(batched[1], own[1])
     np.testing.assert_array_equal(batched[2], own[2])

@@ -3,6 +3,7 @@
 kernel is launched from the module named after its header, and that every launch passes the arguments its
 kernel's format asks for."""
 import importlib
+import itertools
 import math
 import inspect
 import os
@@ -412,8 +413,9 @@ def test_split_k_for_one_block_per_sm_fills_the_last_wave():
 
 
 def test_the_wgmma_weight_gradient_takes_the_bias_gradient_in_its_pass_over_dout(fake):
-    """On sm_90a the tc variant's dW = dout^T @ inp runs on the wgmma kernel, whose producers sum dout's columns
-    as they split them: no column-sum kernel reads dout again. Split over K (andrea-120m's linear layers at
+    """On sm_90a the tc variant's dW = dout^T @ inp runs on the wgmma kernel that splits dout in registers
+    (k_gemm_wg_areg_tn), whose consumers sum dout's columns as they split them: no column-sum kernel reads dout
+    again. Split over K (andrea-120m's linear layers at
     B*T = 8192), each slice writes its sums after its partial product and k_splitk_reduce adds them into dbias;
     unsplit (K odd), the product adds them itself. Where the dW product is another kernel's (mma.sync on sm_80),
     the column-sum pass stays."""
@@ -425,7 +427,7 @@ def test_the_wgmma_weight_gradient_takes_the_bias_gradient_in_its_pass_over_dout
 
     for OUT, IN in [(2304, 768), (768, 768), (3072, 768), (768, 3072)]:  # qkv, attn.proj, mlp.fc, mlp.proj
         db, names, plan = launches(8192, OUT, IN)
-        assert names[-2:] == ["k_gemm_wg_tn", "k_splitk_reduce"], names
+        assert names[-2:] == ["k_gemm_wg_areg_tn", "k_splitk_reduce"], names
         assert not [n for n in names if n.startswith("k_colsum")], names
         (_, _, grid, args, _, _), (_, _, _, reduce_args, _, _) = plan[-2:]
         splits, partials = grid[2], reduce_args[1]
@@ -433,10 +435,10 @@ def test_the_wgmma_weight_gradient_takes_the_bias_gradient_in_its_pass_over_dout
         # the slices' partial products, then their sums ([splits][OUT]) in the same scratch
         assert args[0] == partials and args[-1] == partials + 4 * splits * OUT * IN
         assert plan.keep[-1].size == splits * (OUT * IN + OUT)
-        # dX = dout @ W from split operands (W stored K x N: transposed as it is split), summing nothing
-        assert names[:-2] == ["k_tf32_split", "k_tf32_split_t", "k_gemm_wg_split"], names
+        # dX = dout @ W, dout split in registers and W beforehand (stored K x N: transposed as it is split)
+        assert names[:-2] == ["k_tf32_split_t", "k_gemm_wg_areg"], names
     db, names, plan = launches(4099, 130, 772)  # K odd: one slice, which adds into dbias itself
-    assert names[-1] == "k_gemm_wg_tn" and not [n for n in names if n.startswith("k_colsum")], names
+    assert names[-1] == "k_gemm_wg_areg_tn" and not [n for n in names if n.startswith("k_colsum")], names
     assert plan[-1][2][2] == 1 and plan[-1][3][-1] == db
     fake.arch = "sm_80"
     db, names, plan = launches(8192, 768, 768)
@@ -445,6 +447,22 @@ def test_the_wgmma_weight_gradient_takes_the_bias_gradient_in_its_pass_over_dout
     for units in ("simt", "tc"):  # row sums of an A stored M x K would need threads to exchange them
         with pytest.raises(ValueError, match="sums: the row sums of op"):
             K.gemm(K.Gemm.dense(300, 200, 256, units=units), 1, 1, 1, sums=1)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_every_product_kernel_chosen_is_one_the_source_defines(fake, arch):
+    """tc_kernel's choice, for every layout, tile width, causal mode and size on either tensor-core path, names a
+    kernel of the compiled source, with the shared memory its header gives it."""
+    fake.arch = arch
+    defined, sizes = set(K.kernel_names()), K.int_constants()
+    for ta, tb, N, causal, K_ in itertools.product((False, True), (False, True), (64, 200), list(K.Causal),
+                                                   (128, 300)):
+        g = K.Gemm.dense(300, N, K_, trans_a=ta, trans_b=tb, causal=causal, units="tc")
+        for wgmma in (None, True, False):
+            name, shared, _ = K.matmul_tc.tc_kernel(g, fake, wgmma)
+            assert name in defined, (name, g)
+            assert shared == sizes[{"k_gemm_wg_areg_tn": "TC_AREG_TN_SMEM_BYTES"}.get(
+                name, "TC_WG_SMEM_BYTES" if name.startswith("k_gemm_wg") else "TC_SMEM_BYTES")], (name, shared)
 
 
 @pytest.mark.parametrize("arch,tc,wg", [("sm_75", False, False), ("sm_80", True, False), ("sm_89", True, False),
@@ -456,7 +474,7 @@ def test_the_tensor_core_paths_follow_the_architecture(fake, arch, tc, wg):
     K.sgemm(f32(300, 200), f32(300, 256), f32(256, 200), split=False, stream=plan, units="tc")
     K.sgemm(f32(300, 200), f32(300, 255), f32(255, 200), stream=plan, units="tc")  # K below WG_MIN_K: mma.sync there too
     K.sgemm(f32(100, 100), f32(100, 256), f32(256, 100), stream=plan, units="tc")  # fewer outputs than WG_MIN_OUTPUTS: so too
-    K.sgemm(f32(300, 200), f32(300, 256), f32(256, 200), stream=plan, units="tc")  # on sm_90a: from split operands
+    K.sgemm(f32(300, 200), f32(300, 256), f32(256, 200), stream=plan, units="tc")  # on sm_90a: B split beforehand
     kernel, _, _, _, shared, block = plan[0]
     assert kernel == ("k_gemm_wg_nn" if wg else "k_gemm_tc_nn" if tc else "k_sgemm_nn"), kernel
     assert [p[0] for p in plan[1:3]] == 2 * ["k_gemm_tc_nn" if tc else "k_sgemm_nn"], plan
@@ -465,17 +483,18 @@ def test_the_tensor_core_paths_follow_the_architecture(fake, arch, tc, wg):
     assert (block, shared) == ((sizes["TC_WG_THREADS"], sizes["TC_WG_SMEM_BYTES"]) if wg else
                                (K.BLOCK, sizes["TC_SMEM_BYTES"]) if tc else (K.BLOCK, 0)), (kernel, block, shared)
     split = [p[0] for p in plan[3:]]
-    assert split == (["k_tf32_split", "k_tf32_split_t", "k_gemm_wg_split"] if wg else [kernel]), split
+    assert split == (["k_tf32_split_t", "k_gemm_wg_areg"] if wg else [kernel]), split
     if wg:
-        assert plan[-1][4:] == (sizes["TC_SPLIT_SMEM_BYTES"], sizes["TC_WG_THREADS"]), plan[-1]
+        assert plan[-1][4:] == (sizes["TC_AREG_SMEM_BYTES"], sizes["TC_WG_THREADS"]), plan[-1]
 
 
 def test_split_operands_share_the_plans_workspace(fake):
-    """On sm_90a one product of A stored M x K that takes the wgmma kernel runs from split operands instead: A's
-    hi then lo (M_pad x K_pad each, rows padded to 128 and K to 32) and B's (N_pad x K_pad, transposed on the way
-    where B is stored K x N) in the plan's workspace, then k_gemm_wg_split on a grid of whole 128 x 128 tiles.
-    Later products of the plan reuse the workspace and a larger one takes its place; batched and causal products,
-    A transposed (the dW products) and products split over K keep the wgmma kernel."""
+    """On sm_90a one product of A stored M x K that takes the wgmma kernel reads A as it lies, split in its
+    registers, and B split beforehand: B's hi then lo (N_pad x K_pad each, rows padded to 128 and K to 32,
+    transposed on the way where B is stored K x N) in the plan's workspace, then k_gemm_wg_areg on a grid of whole
+    128 x 128 tiles. Later products of the plan reuse the workspace and a larger one takes its place; batched and
+    causal products and products split over K keep the wgmma kernel, and A transposed (the dW products) takes
+    k_gemm_wg_areg_tn."""
     sizes = K.int_constants()
     assert (sizes["TC_SPLIT_ROWS"], sizes["TC_SPLIT_K"]) == (128, 32)
     a1, b1, c1, bias1 = f32(1000, 300), f32(300, 333), f32(1000, 333), f32(333)
@@ -485,25 +504,25 @@ def test_split_operands_share_the_plans_workspace(fake):
     # larger: a workspace of its own
     K.sgemm(f32(2000, 400), f32(2000, 512), f32(512, 400), bias=f32(400), stream=plan, units="tc")
     names = [p[0] for p in plan]
-    assert names == ["k_tf32_split", "k_tf32_split_t", "k_gemm_wg_split", "k_tf32_split", "k_tf32_split",
-                     "k_gemm_wg_split", "k_tf32_split", "k_tf32_split_t", "k_gemm_wg_split"], names
-    (_, _, g_a, split_a, _, _), (_, _, g_b, split_b, _, _), (_, _, g_c, product, shared, block) = plan[:3]
-    a_n, b_n = 1024 * 320, 384 * 320  # floats of each operand's hi
-    ws = split_a[0]
-    assert split_a == [ws, ws + 4 * a_n, a1.gpudata, 1000, 300, 300, 320, a_n // 4] and g_a[0] * K.BLOCK >= a_n // 4
-    assert split_b == [ws + 8 * a_n, ws + 8 * a_n + 4 * b_n, b1.gpudata, 333, 300, 333, 320] and g_b[:2] == (10, 12)
-    assert product == [c1.gpudata, ws, ws + 8 * a_n, bias1.gpudata, 1000, 333, 320, 333, 0.5, 2.0]
-    assert g_c[:2] == (3, 8) and (shared, block) == (sizes["TC_SPLIT_SMEM_BYTES"], sizes["TC_WG_THREADS"])
-    assert plan[3][3][0] == ws and plan[4][3][0] == ws + 8 * 384 * 256  # the second product: the same workspace
-    assert plan[6][3][0] != ws and plan[6][3][0] == plan.workspace.gpudata
-    assert plan.workspace.size == 2 * (2048 * 512 + 512 * 512)
+    assert names == ["k_tf32_split_t", "k_gemm_wg_areg", "k_tf32_split", "k_gemm_wg_areg", "k_tf32_split_t",
+                     "k_gemm_wg_areg"], names
+    (_, _, g_b, split_b, _, _), (_, _, g_c, product, shared, block) = plan[:2]
+    b_n = 384 * 320  # floats of B's hi
+    ws = split_b[0]
+    assert split_b == [ws, ws + 4 * b_n, b1.gpudata, 333, 300, 333, 320] and g_b[:2] == (10, 12)
+    assert product == [c1.gpudata, a1.gpudata, ws, bias1.gpudata, 1000, 333, 300, 300, 320, 333, 0.5, 2.0]
+    assert g_c[:2] == (3, 8) and (shared, block) == (sizes["TC_AREG_SMEM_BYTES"], sizes["TC_WG_THREADS"])
+    assert plan[2][3][0] == ws and plan[3][3][2] == ws  # the second product: the same workspace
+    assert plan[4][3][0] != ws and plan[4][3][0] == plan.workspace.gpudata
+    assert plan.workspace.size == 2 * 512 * 512
     plan = K.Plan(fake)
     K.sgemm(f32(3, 300, 200), f32(3, 300, 256), f32(3, 256, 200), stream=plan, units="tc")  # a batch
     K.sgemm(f32(300, 200), f32(256, 300), f32(256, 200), trans_a=True, stream=plan, units="tc")  # A transposed
     K.sgemm(f32(4099, 130), f32(4099, 772), f32(772, 130), stream=plan, units="tc")  # plain, few tiles: split over K
     K.matmul_fwd_tc(f32(2, 300, 200), f32(2, 300, 256), f32(200, 256), f32(200), stream=plan)  # a linear layer: split
-    assert [p[0] for p in plan] == ["k_gemm_wg_nn", "k_gemm_wg_tn", "k_gemm_wg_nn", "k_splitk_reduce",
-                                    "k_tf32_split", "k_tf32_split", "k_gemm_wg_split"], plan
+    assert [p[0] for p in plan] == ["k_gemm_wg_nn", "k_gemm_wg_areg_tn", "k_gemm_wg_nn", "k_splitk_reduce",
+                                    "k_tf32_split", "k_gemm_wg_areg"], plan
+    assert plan[1][4] == sizes["TC_AREG_TN_SMEM_BYTES"], plan[1]
     assert plan[2][2][2] > 1  # the split-K slices, a batch of the wgmma kernel
     for N, split in ((16383 * 128, True), (16383 * 128 + 1, False)):  # k_tf32_split_t's grid: N_pad / 32 <= 65535
         g = K.Gemm.dense(256, N, 256)
@@ -551,15 +570,14 @@ def test_weights_split_once_go_first_in_the_plan_and_replace_the_products_own_sp
         # no candidate: its own
         O.select("tc").matmul_fwd(f32(600, 200), f32(600, 512), f32(200, 512), f32(200), stream=plan)
     names = [p[0] for p in plan]
-    assert names == ["k_tf32_split_batch", "k_tf32_split_batch", "k_tf32_split", "k_gemm_wg_split", "k_tf32_split",
-                     "k_gemm_wg_split", "k_tf32_split", "k_gemm_wg_split", "k_tf32_split", "k_tf32_split",
-                     "k_gemm_wg_split"], names
+    assert names == ["k_tf32_split_batch", "k_tf32_split_batch", "k_gemm_wg_areg", "k_gemm_wg_areg",
+                     "k_gemm_wg_areg", "k_tf32_split", "k_gemm_wg_areg"], names
     assert (len(fwd), len(bwd)) == (1, 1)
     (w1_hi, w1_buf), = [(int(b.gpudata), b) for b in fwd.found.values()]
     (w2_hi, w2_buf), = [(int(b.gpudata), b) for b in bwd.found.values()]
     assert w1_buf.size == 2 * 384 * 288 and w2_buf.size == 2 * 384 * 1024  # rows to 128, K to 32
-    assert plan[3][3][2] == w1_hi and plan[5][3][2] == w2_hi and plan[7][3][2] == w2_hi
-    assert plan[10][3][2] != w1_hi  # the last product's B split in the workspace, by its own pass
+    assert plan[2][3][2] == w1_hi and plan[3][3][2] == w2_hi and plan[4][3][2] == w2_hi
+    assert plan[6][3][2] == plan[5][3][0] != w1_hi  # the last product's B split in the workspace, by its own pass
     rows = {(f, tuple(t.shape)) for f, t in [(0, fwd.tables[-1][1]), (1, bwd.tables[-1][1])]}
     assert rows == {(0, (1, 10)), (1, (1, 10))}
     field = {name: sizes[name] for name in sizes if name.startswith("JOB_")}
@@ -605,9 +623,10 @@ def _matmul_layernorm_bwd_args(N, C, OUT):
     ("sm_90a", 300, 768, 128, False),   # K too short for the wgmma kernel
     ("sm_80", 8192, 768, 3072, False)])  # no wgmma
 def test_tc_fuses_the_layernorm_backward_into_the_dx_product_where_it_can(fake, arch, N, C, OUT, fused):
-    """On sm_90a, where the dX product would run from split operands on rows of at most MAX_ROW_TILES tiles, tc's
-    matmul_layernorm_bwd queues the dW product, the splits and k_gemm_wg_split_ln_bwd on the product's grid, which
-    adds into dw and db itself; elsewhere its matmul_bwd, then layernorm_bwd_fast."""
+    """On sm_90a, where the dX product would run with B split beforehand on rows of at most MAX_ROW_TILES tiles, tc's
+    matmul_layernorm_bwd queues the dW product, the weight's split and k_gemm_wg_split_ln_bwd (dout read as it lies,
+    split in registers) on the product's grid, which adds into dw and db itself; elsewhere its matmul_bwd, then
+    layernorm_bwd_fast."""
     args, dinp = _matmul_layernorm_bwd_args(N, C, OUT)
     fake.arch = arch
     plan = K.Plan(fake)
@@ -616,13 +635,14 @@ def test_tc_fuses_the_layernorm_backward_into_the_dx_product_where_it_can(fake, 
     if not fused:
         assert "k_gemm_wg_split_ln_bwd" not in names and names[-1] == "k_layernorm_bwd_fast", names
         return
-    assert names[-3:] == ["k_tf32_split", "k_tf32_split_t", "k_gemm_wg_split_ln_bwd"] \
-        and "k_layernorm_bwd_fast" not in names, names
+    assert names[-2:] == ["k_tf32_split_t", "k_gemm_wg_split_ln_bwd"] and "k_layernorm_bwd_fast" not in names, names
     name, _, grid, kargs, shared, block = plan[-1]
     tiles, row_tiles = math.ceil(C / 128), math.ceil(N / 128)
-    assert grid[:2] == (tiles, row_tiles) and kargs[:3] == [a.gpudata for a in args[:3]] and kargs[-4:] == [
-        N, C, 32 * math.ceil(OUT / 32), 1], kargs  # dx, dw, db
-    assert kargs[8:12] == [a.gpudata for a in args[8:12]], kargs  # x, w, mean, rstd
+    assert grid[:2] == (tiles, row_tiles) and kargs[:3] == [a.gpudata for a in args[:3]] and kargs[-5:] == [
+        N, C, OUT, 32 * math.ceil(OUT / 32), 1], kargs  # dx, dw, db
+    assert kargs[6:8] == [args[5].gpudata, OUT] and kargs[8] == plan[-2][3][0], kargs  # dout as it lies, W split
+    assert kargs[9:13] == [a.gpudata for a in args[8:12]], kargs  # x, w, mean, rstd
+    assert (shared, block) == (K.int_constants()["TC_AREG_SMEM_BYTES"], K.int_constants()["TC_WG_THREADS"])
 
 
 @pytest.mark.parametrize("variant", list(O.VARIANTS))
@@ -657,10 +677,10 @@ def _matmul_attention_bwd_args(B, T, C, NH):
     ("sm_90a", 2, 100, 256, 4, False),    # T below flash attention's
     ("sm_80", 8, 1024, 768, 12, False)])  # no wgmma
 def test_tc_sums_flash_attentions_delta_in_the_dx_product_where_it_can(fake, arch, B, T, C, NH, fused):
-    """On sm_90a, where the output projection's dX product runs from split operands and its tiles hold whole heads,
-    tc's matmul_attention_bwd queues the splits and k_gemm_wg_split_delta (dy, delta and the counters of the rows past
-    the pass kernel's), then the pass kernel, flash attention's backward and the dW product, and no
-    k_flash_bwd_delta_rows; elsewhere its matmul_bwd, then its fused_attention_bwd."""
+    """On sm_90a, where the output projection's dX product runs with B split beforehand and its tiles hold whole
+    heads, tc's matmul_attention_bwd queues the weight's split and k_gemm_wg_split_delta (dout read as it lies; dy,
+    delta and the counters of the rows past the pass kernel's), then the pass kernel, flash attention's backward and
+    the dW product, and no k_flash_bwd_delta_rows; elsewhere its matmul_bwd, then its fused_attention_bwd."""
     args, dy = _matmul_attention_bwd_args(B, T, C, NH), f32(B, T, C)
     fake.arch = arch
     plan = K.Plan(fake)
@@ -674,14 +694,15 @@ def test_tc_sums_flash_attentions_delta_in_the_dx_product_where_it_can(fake, arc
         return
     D = C // NH
     at = names.index("k_gemm_wg_split_delta")
-    assert names[at - 2:at] == ["k_tf32_split", "k_tf32_split_t"] and "k_flash_bwd_delta_rows" not in names, names
+    assert names[at - 1] == "k_tf32_split_t" and "k_flash_bwd_delta_rows" not in names, names
     assert names[at + 1:at + 3] == [f"k_flash_bwd_delta_d{D}", f"k_flash_bwd_d{D}"] \
-        and names[at + 3] == "k_gemm_wg_tn", names  # then the dW product (and split-K's reduction where it cuts)
+        and names[at + 3] == "k_gemm_wg_areg_tn", names  # then the dW product (and split-K's reduction where it cuts)
     _, _, grid, kargs, shared, block = plan[at]
     delta, sync = plan[at + 1][3][:2]  # the pass kernel's, which the backward reads
     assert grid[:2] == (math.ceil(C / 128), math.ceil(B * T / 128)), grid
-    assert kargs[:3] == [dy.gpudata, delta, sync] and kargs[5] == args[4].gpudata, kargs  # y
-    assert kargs[-5:] == [B * T, C, 32 * math.ceil(C / 32), T, D], kargs
+    assert kargs[:3] == [dy.gpudata, delta, sync] and kargs[6] == args[4].gpudata, kargs  # y
+    assert kargs[3:6] == [args[3].gpudata, C, plan[at - 1][3][0]], kargs  # dout as it lies, W_O split
+    assert kargs[-6:] == [B * T, C, C, 32 * math.ceil(C / 32), T, D], kargs
     assert plan[at + 2][3][-5] == delta, plan[at + 2]  # the backward reads the delta the product wrote
 
 

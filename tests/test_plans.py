@@ -53,7 +53,7 @@ def test_explain_says_why_on_hopper_and_on_ampere():
     for kernel, why in [("k_gemm_wg_split_ln_bwd", "fused: the dX product's tiles go straight into the layernorm"),
                         ("k_gemm_wg_split_delta", "sums flash attention's delta"),
                         ("k_flash_fwd_d64", "d_k 64 in [20, 128], T 1024 >= 128"),
-                        ("k_gemm_wg_tn", "split-K, 8 slices of K = 8192"),
+                        ("k_gemm_wg_areg_tn", "split-K, 8 slices of K = 8192"),
                         ("k_tf32_split_batch", "split once into TF32 hi and lo"),
                         ("k_layernorm_fwd_staged", "staged through shared memory")]:
         assert any(kernel in line and why in line for line in hopper.splitlines()), (kernel, why)

@@ -332,7 +332,7 @@ def test_the_ceiling_is_the_best_measured_product_rate(monkeypatch, fake_engine)
 
     def measure(M, N, K_, trans_a, trans_b, stream):
         measured.append((M, N, K_, trans_a, trans_b))
-        return (170.0 if M == N == K_ == 8192 else 150.0), ["k_gemm_wg_split"]
+        return (170.0 if M == N == K_ == 8192 else 150.0), ["k_gemm_wg_areg"]
     c = timing.product_ceiling([(gpt2, 8, 1024)], None, measure)
     N, V, C = 8 * 1024, 50257, 768
     assert measured == [(8192, 8192, 8192, False, True), (N, V, C, False, True), (N, C, V, False, False),

@@ -161,7 +161,8 @@ def random_array(shape, rng, block=1 << 24):
 
 def product_tflops(M, N, K, trans_a, trans_b, stream, iters=CEILING_ITERS) -> tuple[float, list[str]]:
     """TFLOP/s of the tc variant's product c = op(a) @ op(b) at M x N x K (the best of `iters` launches) on random
-    operands, its split into TF32 hi and lo done once beforehand and not timed; and the kernels it ran."""
+    operands, the split of B into TF32 hi and lo (where the product reads one) done once beforehand and not timed, as
+    the model's weights are split once a pass; and the kernels it ran."""
     rng = np.random.default_rng(0)
     a, b = random_array((K, M) if trans_a else (M, K), rng), random_array((N, K) if trans_b else (K, N), rng)
     c = kernels.engine().ga.empty((M, N), np.float32)

@@ -11,12 +11,11 @@
 //      lo*hi + hi*lo + hi*hi of each k8 step into a zeroed fragment, then added into an FP32 running sum
 //   4  k_gemm_wg_nt: 3xTF32 on wgmma (sm_90a): a producer warpgroup copies and splits each 32-wide slice of K
 //      into swizzled shared memory, two consumer warpgroups multiply it, 12 wgmma a slice, FP32 adds between
-//   5  k_tf32_split of both operands, then k_gemm_wg_split (sm_90a): version 4 from operands split before the
-//      product, so that its producer only copies; the same bits as 4. Timed with its two split passes.
-//   6  k_tf32_split of the weight, then k_gemm_wg_areg (sm_90a): inp read raw and split by the consumers into the
-//      registers wgmma takes A from, so that no pass splits it; the same bits as 5. Timed with the weight's split
-//      pass, which the engine makes once a forward for every product.
-// Versions 3-6 are as accurate as FP32 (their error is printed beside the others'), not TF32's.
+//   5  k_tf32_split of the weight, then k_gemm_wg_areg (sm_90a): 4's product with the weight split before it, so
+//      that the producer only copies, and inp copied raw and split by the consumers into the registers wgmma takes A
+//      from, so that no pass splits it; the same bits as 4. Timed with the weight's split pass, which the engine
+//      makes once a forward for every product, and without.
+// Versions 3-5 are as accurate as FP32 (their error is printed beside the others'), not TF32's.
 #include "common.h"
 
 #include "../../cuda/matmul.cuh"
@@ -35,9 +34,9 @@ void matmul_forward_cpu(double* out, const float* inp, const float* weight, cons
 }
 
 // ---------------------------------------------------------------------------------------------- the versions
-// Version 5's operands: hi then lo, each rows_pad x K_pad K-major (whole 128 x 32 tiles), zero past the matrix.
+// Version 5's weight: hi then lo, each rows_pad x K_pad K-major (whole 128 x 32 tiles), zero past the matrix.
 struct Splits {
-    uint32_t *a, *b;
+    uint32_t* b;
 };
 int rows_pad(int rows) { return ceil_div(rows, (int)TC_SPLIT_ROWS) * TC_SPLIT_ROWS; }
 int k_pad(int K) { return ceil_div(K, (int)TC_SPLIT_K) * TC_SPLIT_K; }
@@ -78,28 +77,16 @@ void split_operand(uint32_t* split, const float* src, int rows, int K) {
     k_tf32_split<<<(unsigned)ceil_div(quads, 256LL), 256>>>(split, split + plane, src, rows, K, K, k_pad(K), quads);
 }
 
-void matmul_product5(float* out, const float* bias, int M, int N, int K, Splits s) {
-    const dim3 grid(ceil_div(N, 128), ceil_div(M, 128));
-    k_gemm_wg_split<<<grid, TC_WG_THREADS, TC_SPLIT_SMEM_BYTES>>>(out, s.a, s.b, bias, M, N, k_pad(K), N, 1.0f, 0.0f);
-}
-
-void matmul_forward5(float* out, const float* inp, const float* weight, const float* bias, int M, int N, int K,
-                     Splits s) {
-    split_operand(s.a, inp, M, K);
-    split_operand(s.b, weight, N, K);  // op(B)^T = weight, N x K as it lies
-    matmul_product5(out, bias, M, N, K, s);
-}
-
-void matmul_product6(float* out, const float* inp, const float* bias, int M, int N, int K, Splits s) {
+void matmul_product5(float* out, const float* inp, const float* bias, int M, int N, int K, Splits s) {
     const dim3 grid(ceil_div(N, 128), ceil_div(M, 128));
     k_gemm_wg_areg<<<grid, TC_WG_THREADS, TC_AREG_SMEM_BYTES>>>(out, inp, s.b, bias, M, N, K, K, k_pad(K), N, 1.0f,
                                                                  0.0f);
 }
 
-void matmul_forward6(float* out, const float* inp, const float* weight, const float* bias, int M, int N, int K,
+void matmul_forward5(float* out, const float* inp, const float* weight, const float* bias, int M, int N, int K,
                      Splits s) {
-    split_operand(s.b, weight, N, K);
-    matmul_product6(out, inp, bias, M, N, K, s);
+    split_operand(s.b, weight, N, K);  // op(B)^T = weight, N x K as it lies
+    matmul_product5(out, inp, bias, M, N, K, s);
 }
 
 void matmul_forward(int version, float* out, const float* inp, const float* weight, const float* bias, int M, int N,
@@ -110,7 +97,6 @@ void matmul_forward(int version, float* out, const float* inp, const float* weig
         case 3: matmul_forward3(out, inp, weight, bias, M, N, K, s); break;
         case 4: matmul_forward4(out, inp, weight, bias, M, N, K, s); break;
         case 5: matmul_forward5(out, inp, weight, bias, M, N, K, s); break;
-        case 6: matmul_forward6(out, inp, weight, bias, M, N, K, s); break;
     }
     cudaCheck(cudaGetLastError());
 }
@@ -125,7 +111,6 @@ struct Problem {
         weight = to_device(make_random_float((size_t)N * K));
         bias = to_device(make_random_float(N));
         out = device_nan((size_t)M * N);
-        cudaCheck(cudaMalloc(&s.a, 2 * sizeof(uint32_t) * rows_pad(M) * k_pad(K)));
         cudaCheck(cudaMalloc(&s.b, 2 * sizeof(uint32_t) * rows_pad(N) * k_pad(K)));
     }
     void run(int version) { matmul_forward(version, out, inp, weight, bias, M, N, K, s); }
@@ -137,7 +122,6 @@ int main(int argc, char** argv) {
     if (gpu.arch >= 800) allow_shared(k_gemm_tc_nt, TC_SMEM_BYTES);
     if (gpu.wgmma) {
         allow_shared(k_gemm_wg_nt, TC_WG_SMEM_BYTES);
-        allow_shared(k_gemm_wg_split, TC_SPLIT_SMEM_BYTES);
         allow_shared(k_gemm_wg_areg, TC_AREG_SMEM_BYTES);
     }
 
@@ -152,8 +136,8 @@ int main(int argc, char** argv) {
 
     printf("\nchecked at %d x %d x %d, timed at %d x %d x %d (M x N x K)\n", check.M, check.N, check.K, bench.M,
            bench.N, bench.K);
-    std::vector<float> out5;  // version 5's output, whose bits version 6 gives
-    for (int v = 1; v <= 6; v++) {
+    std::vector<float> out4;  // version 4's output, whose bits version 5 gives
+    for (int v = 1; v <= 5; v++) {
         if (only && v != only) continue;
         char name[32];
         snprintf(name, sizeof(name), "version %d", v);
@@ -163,22 +147,21 @@ int main(int argc, char** argv) {
         poison(check.out, (size_t)check.M * check.N);
         check.run(v);
         validate_result(check.out, out_ref.data(), "out", out_ref.size(), 1e-4);
-        if (v == 5 || v == 6) {
+        if (v == 4 || v == 5) {
             std::vector<float> out(out_ref.size());
             cudaCheck(cudaMemcpy(out.data(), check.out, out.size() * sizeof(float), cudaMemcpyDeviceToHost));
-            if (v == 5) out5 = out;
-            else if (!out5.empty())
-                printf("  bits: %s version 5's\n",
-                       memcmp(out.data(), out5.data(), out.size() * sizeof(float)) ? "differ from" : "the same as");
+            if (v == 4) out4 = out;
+            else if (!out4.empty())
+                printf("  bits: %s version 4's\n",
+                       memcmp(out.data(), out4.data(), out.size() * sizeof(float)) ? "differ from" : "the same as");
         }
         const int repeats = v == 1 ? 5 : 50;
         const float ms = benchmark_kernel(repeats, [&] { bench.run(v); });
         const double flops = 2.0 * bench.M * bench.N * bench.K;
         printf("  time %.4f ms, %.1f TFLOP/s", ms, flops / ms / 1e9);
-        if (v >= 5) {
+        if (v == 5) {
             const float product = benchmark_kernel(repeats, [&] {
-                if (v == 5) matmul_product5(bench.out, bench.bias, bench.M, bench.N, bench.K, bench.s);
-                else matmul_product6(bench.out, bench.inp, bench.bias, bench.M, bench.N, bench.K, bench.s);
+                matmul_product5(bench.out, bench.inp, bench.bias, bench.M, bench.N, bench.K, bench.s);
             });
             printf("; the product alone %.4f ms, %.1f TFLOP/s", product, flops / product / 1e9);
         }

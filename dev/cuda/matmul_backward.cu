@@ -6,16 +6,19 @@
 //   make -C dev/cuda && dev/cuda/build/matmul_backward    # both products, every version
 //   dev/cuda/build/matmul_backward dw 2                   # one product (dx or dw), then its version
 //
-// dx: M = the rows, N = C_in, K = C_out; the weight split transposed beforehand, as the engine's backward splits its
-//     weights once a pass (not timed)
-//   1  k_tf32_split of dout, then k_gemm_wg_split: the engine's, timed with dout's split pass
-//   2  k_gemm_wg_areg: dout read raw and split by the consumers into the registers wgmma takes A from; no split
-//      pass, the same bits as 1
+// dx: M = the rows, N = C_in, K = C_out
+//   1  k_gemm_tc_nn: 3xTF32 on mma.sync, each operand split as its fragment is read (sm_80)
+//   2  k_gemm_wg_nn: 3xTF32 on wgmma, the producer warpgroup copying and splitting both operands (sm_90a)
+//   3  k_gemm_wg_areg: dout read raw and split by the consumers into the registers wgmma takes A from, the weight
+//      split transposed beforehand, as the engine's backward splits its weights once a pass (not timed); 2's bits
 // dw: M = C_out, N = C_in, K = the rows, cut into slices where the tiles are few as the engine's gemm() cuts it
-//     (products.Gemm.splits, one block an SM), k_splitk_reduce adding the slices and their bias sums
-//   1  k_gemm_wg_tn: the producer copies and splits both operands, transposing them; dbias from the dout it splits
-//   2  k_gemm_wg_areg_tn: the consumers split dout in registers as they read it, the producer only inp
-// All are sm_90a's, and as accurate as FP32 (their errors are printed), not TF32's.
+//     (products.Gemm.splits, one block an SM), k_splitk_reduce adding the slices (and their bias sums)
+//   1  k_gemm_tc_tn: mma.sync; dbias is not summed (the engine adds it by a column-sum pass there)
+//   2  k_gemm_wg_tn_n64: wgmma on 128 x 64 tiles, the producer splitting and transposing both; dbias from the dout
+//      it splits
+//   3  k_gemm_wg_areg_tn: the consumers split dout in registers as they read it, the producer only inp; dbias summed
+//      by the consumers
+// All are as accurate as FP32 (their errors are printed), not TF32's.
 #include "common.h"
 
 #include "../../cuda/tf32_split.cuh"  // and matmul_tc.cuh, matmul_fast.cuh
@@ -73,7 +76,7 @@ struct Problem {
     const char* name;
     int rows, C_out, C_in, splits;
     float *dout, *inp, *weight, *dinp, *dweight, *dbias, *partials;
-    uint32_t *dout_split, *weight_split;  // hi then lo: dout (rows x C_out), weight^T (C_in x C_out)
+    uint32_t* weight_split;  // hi then lo: weight^T (C_in x C_out), as the engine's backward splits it
     Problem(const char* name_, int rows_, int C_out_, int C_in_, int sm_count)
         : name(name_), rows(rows_), C_out(C_out_), C_in(C_in_), splits(splits_for(C_out_, C_in_, rows_, sm_count)) {
         dout = to_device(make_random_float((size_t)rows * C_out));
@@ -83,7 +86,6 @@ struct Problem {
         dweight = to_device(make_random_float((size_t)C_out * C_in));
         dbias = to_device(make_random_float(C_out));
         partials = device_nan((size_t)splits * ((size_t)C_out * C_in + C_out));
-        cudaCheck(cudaMalloc(&dout_split, 2 * sizeof(uint32_t) * rows_pad(rows) * k_pad(C_out)));
         cudaCheck(cudaMalloc(&weight_split, 2 * sizeof(uint32_t) * rows_pad(C_in) * k_pad(C_out)));
         const long long plane = (long long)rows_pad(C_in) * k_pad(C_out);
         const dim3 grid(k_pad(C_out) / 32, rows_pad(C_in) / 32);  // weight stored K x N: transposed on the way
@@ -92,28 +94,23 @@ struct Problem {
     }
     ~Problem() {
         for (void* p : {(void*)dout, (void*)inp, (void*)weight, (void*)dinp, (void*)dweight, (void*)dbias,
-                        (void*)partials, (void*)dout_split, (void*)weight_split})
+                        (void*)partials, (void*)weight_split})
             cudaCheck(cudaFree(p));
     }
 
-    // dx: version 1's split pass of dout, its product, version 2's product
-    void split_dout() {
-        const long long plane = (long long)rows_pad(rows) * k_pad(C_out), quads = plane / 4;
-        k_tf32_split<<<(unsigned)ceil_div(quads, 256LL), 256>>>(dout_split, dout_split + plane, dout, rows, C_out,
-                                                                 C_out, k_pad(C_out), quads);
-    }
-    void dx_product(int version) {
-        const dim3 grid(ceil_div(C_in, 128), ceil_div(rows, 128));
-        if (version == 1)
-            k_gemm_wg_split<<<grid, TC_WG_THREADS, TC_SPLIT_SMEM_BYTES>>>(dinp, dout_split, weight_split, nullptr,
-                                                                          rows, C_in, k_pad(C_out), C_in, 1.0f, 0.0f);
-        else
-            k_gemm_wg_areg<<<grid, TC_WG_THREADS, TC_AREG_SMEM_BYTES>>>(dinp, dout, weight_split, nullptr, rows, C_in,
-                                                                        C_out, C_out, k_pad(C_out), C_in, 1.0f, 0.0f);
-    }
+    // dx = dout @ weight: dout stored M x K, weight K x N
     void dx(int version) {
-        if (version == 1) split_dout();
-        dx_product(version);
+        const int M = rows, N = C_in, K = C_out;
+        const dim3 grid(ceil_div(N, 128), ceil_div(M, 128));
+        if (version == 1)
+            k_gemm_tc_nn<<<grid, TC_THREADS, TC_SMEM_BYTES>>>(dinp, dout, weight, nullptr, M, N, K, K, N, N, 0, 0, 0,
+                                                              1.0f, 0.0f, CAUSAL_NONE, 0.0f, nullptr);
+        else if (version == 2)
+            k_gemm_wg_nn<<<grid, TC_WG_THREADS, TC_WG_SMEM_BYTES>>>(dinp, dout, weight, nullptr, M, N, K, K, N, N, 0, 0,
+                                                                    0, 1.0f, 0.0f, CAUSAL_NONE, 0.0f, nullptr);
+        else
+            k_gemm_wg_areg<<<grid, TC_WG_THREADS, TC_AREG_SMEM_BYTES>>>(dinp, dout, weight_split, nullptr, M, N, K, K,
+                                                                        k_pad(K), N, 1.0f, 0.0f);
         cudaCheck(cudaGetLastError());
     }
 
@@ -121,21 +118,27 @@ struct Problem {
     void dw(int version) {
         const int M = C_out, N = C_in, K = rows, k_slice = K / splits;
         const long long MN = (long long)M * N;
-        const dim3 grid(ceil_div(N, 128), ceil_div(M, 128), splits);
         float* out = splits == 1 ? dweight : partials;
-        float* sums = splits == 1 ? dbias : partials + splits * MN;
+        float* sums = version == 1 ? nullptr : splits == 1 ? dbias : partials + splits * MN;
         const float beta = splits == 1 ? 1.0f : 0.0f;
         const long long stride_a = (long long)k_slice * M, stride_b = (long long)k_slice * N, stride_c = MN;
+        const dim3 grid(ceil_div(N, version == 2 ? 64 : 128), ceil_div(M, 128), splits);
         if (version == 1)
-            k_gemm_wg_tn<<<grid, TC_WG_THREADS, TC_WG_SMEM_BYTES>>>(out, dout, inp, nullptr, M, N, k_slice, M, N, N,
-                                                                    stride_a, stride_b, stride_c, 1.0f, beta,
-                                                                    CAUSAL_NONE, 0.0f, sums);
+            k_gemm_tc_tn<<<grid, TC_THREADS, TC_SMEM_BYTES>>>(out, dout, inp, nullptr, M, N, k_slice, M, N, N, stride_a,
+                                                              stride_b, stride_c, 1.0f, beta, CAUSAL_NONE, 0.0f, sums);
+        else if (version == 2)
+            k_gemm_wg_tn_n64<<<grid, TC_WG_THREADS, TC_WG_SMEM_BYTES>>>(out, dout, inp, nullptr, M, N, k_slice, M, N, N,
+                                                                        stride_a, stride_b, stride_c, 1.0f, beta,
+                                                                        CAUSAL_NONE, 0.0f, sums);
         else
             k_gemm_wg_areg_tn<<<grid, TC_WG_THREADS, TC_AREG_TN_SMEM_BYTES>>>(out, dout, inp, nullptr, M, N, k_slice,
                                                                               M, N, N, stride_a, stride_b, stride_c,
                                                                               1.0f, beta, CAUSAL_NONE, 0.0f, sums);
-        if (splits > 1)
-            k_splitk_reduce<<<(unsigned)ceil_div(MN + M, 256LL), 256>>>(dweight, partials, splits, MN, 1.0f, dbias, M);
+        if (splits > 1) {  // the slices' bias sums too, where the product took them (as the engine: M 0 where not)
+            const int M_sums = sums ? M : 0;
+            k_splitk_reduce<<<(unsigned)ceil_div(MN + M_sums, 256LL), 256>>>(dweight, partials, splits, MN, 1.0f,
+                                                                             sums ? dbias : nullptr, M_sums);
+        }
         cudaCheck(cudaGetLastError());
     }
 };
@@ -159,17 +162,29 @@ int main(int argc, char** argv) {
         printf("usage: %s [dx|dw] [version]\n", argv[0]);
         return EXIT_FAILURE;
     }
-    if (!runs_here("every version", gpu.wgmma, "the sm_90a build on compute capability 9.0 (wgmma)")) return 0;
-    allow_shared(k_gemm_wg_split, TC_SPLIT_SMEM_BYTES);
-    allow_shared(k_gemm_wg_areg, TC_AREG_SMEM_BYTES);
-    allow_shared(k_gemm_wg_tn, TC_WG_SMEM_BYTES);
-    allow_shared(k_gemm_wg_areg_tn, TC_AREG_TN_SMEM_BYTES);
+    if (gpu.arch >= 800) {
+        allow_shared(k_gemm_tc_nn, TC_SMEM_BYTES);
+        allow_shared(k_gemm_tc_tn, TC_SMEM_BYTES);
+    }
+    if (gpu.wgmma) {
+        allow_shared(k_gemm_wg_nn, TC_WG_SMEM_BYTES);
+        allow_shared(k_gemm_wg_tn_n64, TC_WG_SMEM_BYTES);
+        allow_shared(k_gemm_wg_areg, TC_AREG_SMEM_BYTES);
+        allow_shared(k_gemm_wg_areg_tn, TC_AREG_TN_SMEM_BYTES);
+    }
     const int sms = gpu.prop.multiProcessorCount;
+    auto runs = [&](const char* what, int v) {  // whether version v runs here; if not, says why
+        char name[32];
+        snprintf(name, sizeof(name), "%s %d", what, v);
+        return v == 1 ? runs_here(name, gpu.arch >= 800, "sm_80 (mma.sync TF32)")
+                      : runs_here(name, gpu.wgmma, "the sm_90a build on compute capability 9.0 (wgmma)");
+    };
 
-    // checked at odd sizes: partial tiles everywhere, K = 1000 rows that split-K cuts in two, dout's rows of C_out
-    // 16-byte aligned (700) and not (701: the copies' unaligned path)
-    for (int C_out : {700, 701}) {
-        Problem p("check", 1000, C_out, 300, sms);
+    // checked at odd sizes, partial tiles everywhere: 1000 rows (K of dw, which split-K cuts in two) and dout's rows of
+    // C_out = 700 16-byte aligned; 1001 rows (one slice, the product adding into dw and dbias itself) and C_out = 701
+    // (the copies' unaligned path)
+    for (int odd = 0; odd < 2; odd++) {
+        Problem p("check", 1000 + odd, 700 + odd, 300, sms);
         const size_t dx_n = (size_t)p.rows * p.C_in, dw_n = (size_t)p.C_out * p.C_in;
         const std::vector<float> dout = to_host(p.dout, (size_t)p.rows * p.C_out);
         const std::vector<float> inp = to_host(p.inp, (size_t)p.rows * p.C_in), weight = to_host(p.weight, dw_n);
@@ -179,31 +194,27 @@ int main(int argc, char** argv) {
         matmul_dw_cpu(dw_ref.data(), db_ref.data(), dweight0.data(), dbias0.data(), dout.data(), inp.data(), p.rows,
                       p.C_out, p.C_in);
         printf("\nchecked at %d rows, C_out %d, C_in %d (dw in %d slices of K)\n", p.rows, p.C_out, p.C_in, p.splits);
-        std::vector<float> dx1, dw1;
-        for (int v = 1; v <= 2; v++) {
+        std::vector<float> dx2;  // version 2's, whose bits version 3 gives
+        for (int v = 1; v <= 3; v++) {
             if (only && v != only) continue;
-            if (strcmp(dir, "dw") != 0) {
+            if (strcmp(dir, "dw") != 0 && runs("dx", v)) {
                 printf("dx %d\n", v);
                 poison(p.dinp, dx_n);
                 p.dx(v);
                 validate_result(p.dinp, dx_ref.data(), "dinp", dx_n, 1e-4);
                 const std::vector<float> dx = to_host(p.dinp, dx_n);
-                if (v == 1) dx1 = dx;
-                else if (!dx1.empty())
-                    printf("  bits: %s dx 1's\n", same_bits(dx, dx1) ? "the same as" : "differ from");
+                if (v == 2) dx2 = dx;
+                if (v == 3 && !dx2.empty())
+                    printf("  bits: %s dx 2's\n", same_bits(dx, dx2) ? "the same as" : "differ from");
             }
-            if (strcmp(dir, "dx") != 0) {
+            if (strcmp(dir, "dx") != 0 && runs("dw", v)) {
                 printf("dw %d\n", v);
                 cudaCheck(cudaMemcpy(p.dweight, dweight0.data(), dw_n * sizeof(float), cudaMemcpyHostToDevice));
                 cudaCheck(cudaMemcpy(p.dbias, dbias0.data(), p.C_out * sizeof(float), cudaMemcpyHostToDevice));
                 poison(p.partials, (size_t)p.splits * (dw_n + p.C_out));
                 p.dw(v);
                 validate_result(p.dweight, dw_ref.data(), "dweight", dw_n, 1e-4);  // sums over 1000 rows
-                validate_result(p.dbias, db_ref.data(), "dbias", p.C_out, 1e-4);
-                const std::vector<float> dw = to_host(p.dweight, dw_n);
-                if (v == 1) dw1 = dw;
-                else if (!dw1.empty())
-                    printf("  bits: %s dw 1's\n", same_bits(dw, dw1) ? "the same as" : "differ from");
+                if (v > 1) validate_result(p.dbias, db_ref.data(), "dbias", p.C_out, 1e-4);
             }
         }
     }
@@ -215,7 +226,7 @@ int main(int argc, char** argv) {
     };
     const Shape shapes[] = {{"attn.qkv", 2304, 768}, {"attn.proj", 768, 768}, {"mlp.fc", 3072, 768},
                             {"mlp.proj", 768, 3072}, {"lm_head", 8449, 768}};
-    printf("\ntimed at 8192 rows; ms (TFLOP/s), and version 1's time over each version's\n");
+    printf("\ntimed at 8192 rows; ms (TFLOP/s) of each version, and the last's speed-up over the one before\n");
     for (const Shape& s : shapes) {
         Problem p(s.name, 8192, s.C_out, s.C_in, sms);
         const double flops = 2.0 * p.rows * p.C_out * p.C_in;
@@ -224,17 +235,13 @@ int main(int argc, char** argv) {
             if (strcmp(dir, is_dx ? "dw" : "dx") == 0) continue;
             printf("%-10s %s", s.name, is_dx ? "dx" : "dw");
             if (!is_dx) printf(" (%d slices)", p.splits);
-            float base = 0.0f;
-            for (int v = 1; v <= 2; v++) {
-                if (only && v != only) continue;
+            float before = 0.0f;
+            for (int v = 1; v <= 3; v++) {
+                if ((only && v != only) || (v == 1 ? gpu.arch < 800 : !gpu.wgmma)) continue;
                 const float ms = benchmark_kernel(20, [&] { is_dx ? p.dx(v) : p.dw(v); });
-                if (v == 1) base = ms;
                 printf("   %d: %.4f (%.1f)", v, ms, flops / ms / 1e9);
-                if (v > 1 && base > 0.0f) printf(" %.2fx", base / ms);
-                if (is_dx && v == 1) {  // the product alone, without dout's split pass
-                    const float product = benchmark_kernel(20, [&] { p.dx_product(1); });
-                    printf(" [product %.4f]", product);
-                }
+                if (v == 3 && before > 0.0f) printf(" %.2fx", before / ms);
+                before = ms;
             }
             printf("\n");
         }

@@ -24,31 +24,31 @@ unfused = matmul_then_attention_bwd(matmul_bwd_tc, fused_attention_bwd_tc, "matm
 
 def fuses(g: Gemm, B: int, T: int, n_head: int, device) -> bool:
     """Whether the dX product g (B T rows of C = g.N, K = C) sums delta on `device` (an engine): where it would run
-    from split operands (split_operands: sm_90a, a product the wgmma kernel takes), flash attention runs the backward
-    (flash_attention.runs) and its heads are whole in the product's tiles (d_k in D_K), on a grid within CUDA's
-    limits."""
+    with B split beforehand (split_operands: sm_90a, a product the wgmma kernel takes), flash attention runs the
+    backward (flash_attention.runs) and its heads are whole in the product's tiles (d_k in D_K), on a grid within
+    CUDA's limits."""
     d_k = g.N // n_head
     return (d_k in D_K and flash_attention.runs(B, n_head, d_k, T, device) and split_operands(g, tc_kernel(g, device))
             and math.ceil(g.M / 128) <= 65535)
 
 
 def matmul_attention_bwd_tc(dqkv, dweight, dbias, dout, y, weight, qkv, lse, n_head, *, dy, stream=None):
-    """As matmul_attention_bwd: where fuses(), the dX product dout @ weight from split operands with
-    k_gemm_wg_split_delta as its epilogue, which writes dy and the delta of the rows past the pass kernel's query
-    tiles; then the rest of flash attention's backward (flash_attention.backward) and the dW product (its bias
+    """As matmul_attention_bwd: where fuses(), the dX product dout @ weight (dout split in registers, the weight
+    beforehand) with k_gemm_wg_split_delta as its epilogue, which writes dy and the delta of the rows past the pass
+    kernel's query tiles; then the rest of flash attention's backward (flash_attention.backward) and the dW product (its bias
     gradient summed by the wgmma kernel) as in matmul_bwd. Otherwise the two ops one after the other."""
     B, T, C, d_k, p = matmul_attention_bwd_args(dqkv, dweight, dbias, dout, y, weight, qkv, lse, n_head, dy)
     g = Gemm.dense(B * T, C, C, units="tc")
     if not fuses(g, B, T, n_head, device_of(stream)):
         with noting(stream, "unfused: flash attention does not run, d_k is not 32, 64 or 128, or the product is not "
-                            "one the wgmma kernel takes from split operands"):
+                            "one the wgmma kernel takes with B split beforehand"):
             unfused(dqkv, dweight, dbias, dout, y, weight, qkv, lse, n_head, dy=dy, stream=stream)
         return
 
     def product_and_delta(p_delta, p_sync):
-        def delta_epilogue(a_split, b_split, K_pad, grid):
-            launch("k_gemm_wg_split_delta", [p["dy"], p_delta, p_sync, a_split, b_split, p["y"], B * T, C, K_pad, T,
-                                             d_k], grid, stream, shared=int_constant("TC_SPLIT_SMEM_BYTES"),
+        def delta_epilogue(a, b_split, K_pad, grid):
+            launch("k_gemm_wg_split_delta", [p["dy"], p_delta, p_sync, a, g.lda, b_split, p["y"], B * T, C, g.K, K_pad,
+                                             T, d_k], grid, stream, shared=int_constant("TC_AREG_SMEM_BYTES"),
                    block=int_constant("TC_WG_THREADS"),
                    why="fused: the dX product making dy sums flash attention's delta in its epilogue")
         gemm(dataclasses.replace(g, epilogue=delta_epilogue), 0, p["dout"], p["weight"], stream=stream)

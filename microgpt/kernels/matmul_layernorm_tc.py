@@ -27,7 +27,7 @@ unfused = matmul_then_layernorm_bwd(matmul_bwd_tc, layernorm_bwd_fast, "matmul_l
 
 def fuses(g: Gemm, device) -> bool:
     """Whether the dX product g (N x C, K = OUT) runs fused with the layernorm backward on `device` (an engine):
-    where it would run from split operands (split_operands: sm_90a, a product the wgmma kernel takes), on rows of at
+    where it would run with B split beforehand (split_operands: sm_90a, a product the wgmma kernel takes), on rows of at
     most max_row_tiles() tiles (and no more tiles than the GPU has SMs), and a grid within CUDA's limits."""
     tiles = math.ceil(g.N / 128)
     return (split_operands(g, tc_kernel(g, device)) and tiles <= min(max_row_tiles(), device.sm_count)
@@ -37,14 +37,14 @@ def fuses(g: Gemm, device) -> bool:
 def matmul_layernorm_bwd_tc(dx, dw, db, dweight, dbias, dout, inp, weight, x, w, mean, rstd, *, dinp,
                             accumulate=False, stream=None):
     """As matmul_layernorm_bwd: the dW product (its bias gradient summed by the wgmma kernel) as in matmul_bwd; then,
-    where fuses(), the dX product dout @ weight from split operands with k_gemm_wg_split_ln_bwd as its epilogue, whose
-    blocks' column sums of dw and db the last block of each column tile adds in row-tile order; dinp is not written.
-    Otherwise the two ops one after the other."""
+    where fuses(), the dX product dout @ weight (dout split in registers, the weight beforehand) with
+    k_gemm_wg_split_ln_bwd as its epilogue, whose blocks' column sums of dw and db the last block of each column tile
+    adds in row-tile order; dinp is not written. Otherwise the two ops one after the other."""
     N, C, OUT, acc, p = matmul_layernorm_bwd_args(dx, dw, db, dweight, dbias, dout, inp, weight, x, w, mean, rstd,
                                                   dinp, accumulate)
     g = Gemm.dense(N, C, OUT, units="tc")
     if not fuses(g, device_of(stream)):
-        with noting(stream, "unfused: the dX product is not one the wgmma kernel takes from split operands, or "
+        with noting(stream, "unfused: the dX product is not one the wgmma kernel takes with B split beforehand, or "
                             f"rows of C = {C} span more than {max_row_tiles()} tiles"):
             unfused(dx, dw, db, dweight, dbias, dout, inp, weight, x, w, mean, rstd, dinp=dinp,
                     accumulate=accumulate, stream=stream)
@@ -52,13 +52,13 @@ def matmul_layernorm_bwd_tc(dx, dw, db, dweight, dbias, dout, inp, weight, x, w,
     gemm(Gemm.dense(OUT, C, N, trans_a=True, beta=1.0, units="tc"), p["dweight"], p["dout"], p["inp"], stream=stream,
          sums=p["dbias"])
 
-    def layernorm_epilogue(a_split, b_split, K_pad, grid):
+    def layernorm_epilogue(a, b_split, K_pad, grid):
         tiles, row_tiles = grid
         partials, row_sums = scratch(2 * row_tiles * C, stream), scratch(2 * N * tiles, stream)
         done = counters(2 * row_tiles + tiles + 1, stream)  # rows arrived and done, column tiles done, the ticket
         launch("k_gemm_wg_split_ln_bwd",
-               [p["dx"], p["dw"], p["db"], int(partials.gpudata), int(row_sums.gpudata), int(done.gpudata), a_split,
-                b_split, p["x"], p["w"], p["mean"], p["rstd"], N, C, K_pad, acc],
-               grid, stream, shared=int_constant("TC_SPLIT_SMEM_BYTES"), block=int_constant("TC_WG_THREADS"),
+               [p["dx"], p["dw"], p["db"], int(partials.gpudata), int(row_sums.gpudata), int(done.gpudata), a, g.lda,
+                b_split, p["x"], p["w"], p["mean"], p["rstd"], N, C, g.K, K_pad, acc],
+               grid, stream, shared=int_constant("TC_AREG_SMEM_BYTES"), block=int_constant("TC_WG_THREADS"),
                why="fused: the dX product's tiles go straight into the layernorm backward (dinp never written)")
     gemm(dataclasses.replace(g, epilogue=layernorm_epilogue), 0, p["dout"], p["weight"], stream=stream)

@@ -3,9 +3,10 @@ FP32 accuracy (3xTF32), and the choice of its kernel.
 
 tc_kernel chooses: the wgmma kernel on sm_90a for products long and large enough, mma.sync elsewhere from sm_80,
 and None (the SIMT SGEMM) before sm_80 or for K < TC_MIN_K, so that the tc variant runs everywhere and never less
-accurately than 1.5x the SIMT kernel. On sm_90a a single product of A stored M x K runs from operands split into
-TF32 hi and lo by a pass before it (split_operands, split_launch), the same bits faster; the wgmma kernel sums a
-linear layer's bias gradient from the dout its dW product reads.
+accurately than 1.5x the SIMT kernel. On sm_90a the wgmma kernels of 128 x 128 tiles split A in registers as they
+read it: a single product of A stored M x K reads B split into TF32 hi and lo beforehand (split_operands,
+areg_launch: k_gemm_wg_areg), a dW product (A stored K x M, B stored K x N) has its producer split B
+(k_gemm_wg_areg_tn); the wgmma kernel sums a linear layer's bias gradient from the dout its dW product reads.
 """
 from __future__ import annotations
 
@@ -38,12 +39,15 @@ def tc_kernel(g, device, wgmma: bool | None = None) -> tuple[str, int, int] | No
     SGEMM runs it (no tensor cores, or K too short for them to be as accurate). On sm_90a the wgmma one for
     products of at least WG_MIN_K and WG_MIN_OUTPUTS (wgmma=False asks for the mma.sync one, which tests and
     tools also check there; wgmma=True for the wgmma one at any size, to measure it), the mma.sync one
-    otherwise; either for the 128 x 128 tile or the 128 x 64 one (_n64)."""
+    otherwise; either for the 128 x 128 tile or the 128 x 64 one (_n64); for A stored K x M and B stored K x N on the
+    128 x 128 tile, the wgmma kernel that splits A in registers (k_gemm_wg_areg_tn)."""
     if g.K < TC_MIN_K or not tensor_cores(device):
         return None
     ops = ("t" if g.trans_a else "n") + ("t" if g.trans_b else "n") + ("_n64" if g.tile_n == 64 else "")
     large = g.K >= WG_MIN_K and g.M * g.N * g.batch >= WG_MIN_OUTPUTS
     if warpgroup_mma(device) and (wgmma or (wgmma is None and large)):
+        if ops == "tn":  # a dW product (or attention's dK, dV at d_k 128): A split in registers, B by the producer
+            return "k_gemm_wg_areg_tn", int_constant("TC_AREG_TN_SMEM_BYTES"), int_constant("TC_WG_THREADS")
         return f"k_gemm_wg_{ops}", int_constant("TC_WG_SMEM_BYTES"), int_constant("TC_WG_THREADS")
     return f"k_gemm_tc_{ops}", int_constant("TC_SMEM_BYTES"), BLOCK
 
@@ -53,6 +57,8 @@ def tc_reason(g, kernel: tuple[str, int, int] | None, device) -> str:
     if kernel is None:
         return (f"SIMT: K = {g.K} < TC_MIN_K = {TC_MIN_K}, too short for 3xTF32 to keep the SIMT error"
                 if tensor_cores(device) else "SIMT: no TF32 tensor cores before sm_80")
+    if kernel[0] == "k_gemm_wg_areg_tn":
+        return "3xTF32 wgmma, A split in registers, B by the producer (sm_90a)"
     if kernel[0].startswith("k_gemm_wg"):
         return "3xTF32 wgmma (sm_90a)"
     small = (f"K = {g.K} < WG_MIN_K = {WG_MIN_K}" if g.K < WG_MIN_K else
@@ -61,20 +67,20 @@ def tc_reason(g, kernel: tuple[str, int, int] | None, device) -> str:
 
 
 def split_operands(g, kernel: tuple[str, int, int] | None) -> bool:
-    """Whether g, where tc_kernel chose the wgmma kernel, runs from split operands instead (split_launch): one
+    """Whether g, where tc_kernel chose the wgmma kernel, runs with B split beforehand instead (areg_launch): one
     product (no batch, no causal skipping) of A stored M x K, on the 128 x 128 tile. The dW products (A
-    transposed; the wgmma kernel's producer sums their bias gradients) and attention's batches keep the wgmma
-    kernel."""
+    transposed: k_gemm_wg_areg_tn, which sums their bias gradients) and attention's batches keep tc_kernel's
+    choice."""
     return (kernel is not None and kernel[0].startswith("k_gemm_wg") and g.batch == 1 and not g.trans_a
             and g.causal == Causal.NONE and g.tile_n == 128 and math.ceil(g.N / 128) * 4 <= 65535)  # split_t's grid
 
 
-def split_launch(g, c: int, a_split: int, b_split: int, bias: int, K_pad: int, grid, stream) -> None:
-    """g (a products.Gemm) from its operands split into TF32 hi and lo (products.split_into_workspace), by
-    k_gemm_wg_split, which only copies them: the wgmma kernel's bits."""
-    launch("k_gemm_wg_split", [c, a_split, b_split, bias, g.M, g.N, K_pad, g.ldc, float(g.alpha), float(g.beta)],
-           grid, stream, why="3xTF32 wgmma from split operands (one product of A stored M x K, sm_90a)",
-           shared=int_constant("TC_SPLIT_SMEM_BYTES"), block=int_constant("TC_WG_THREADS"))
+def areg_launch(g, c: int, a: int, b_split: int, bias: int, K_pad: int, grid, stream) -> None:
+    """g (a products.Gemm) from A as it lies and B split into TF32 hi and lo (products.split_b_into_workspace), by
+    k_gemm_wg_areg, whose consumers split A in registers: the wgmma kernel's bits with no pass splitting A."""
+    launch("k_gemm_wg_areg", [c, a, b_split, bias, g.M, g.N, g.K, g.lda, K_pad, g.ldc, float(g.alpha), float(g.beta)],
+           grid, stream, why="3xTF32 wgmma, A split in registers, B beforehand (one product of A stored M x K, sm_90a)",
+           shared=int_constant("TC_AREG_SMEM_BYTES"), block=int_constant("TC_WG_THREADS"))
 
 
 def tc_launch(g, kernel: tuple[str, int, int], c: int, a: int, b: int, bias: int, sums: int, stream, device) -> None:

@@ -7,10 +7,10 @@ an epilogue), and planned and launched by one function, gemm(), for every varian
 
 gemm() cuts K into slices where a product has too few tiles to fill the GPU (split-K: each slice its partial
 product, k_splitk_reduce adding them in slice order), runs each on the units' kernel (the SIMT SGEMM; on "tc" the
-kernel matmul_tc.tc_kernel chooses, from operands split once into TF32 hi and lo where the wgmma kernel takes a
-product of A stored M x K, and the SIMT SGEMM where the tensor cores would not be as accurate), and adds a linear
-layer's bias gradient (the row sums of op(A)) in the wgmma kernel or by a column-sum pass. An epilogue is a fused
-kernel reading the split operands in place of the product's own (matmul_layernorm_tc, matmul_attention_tc).
+kernel matmul_tc.tc_kernel chooses, from B split once into TF32 hi and lo where the wgmma kernel takes a product of
+A stored M x K, and the SIMT SGEMM where the tensor cores would not be as accurate), and adds a linear layer's bias
+gradient (the row sums of op(A)) in the wgmma kernel or by a column-sum pass. An epilogue is a fused kernel reading
+A and the split B in place of the product's own (matmul_layernorm_tc, matmul_attention_tc).
 MatrixProducts writes the model's products once over gemm(); its launchers are the fast and tc variants'.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from ..reference import MASK_VALUE, attn_scale
 from .checks import head_dims, opt_ptr, ptr, rows, shape_of
 from .colsum import add_column_sums
 from .matmul_fast import GEMM_TILE, Causal, sgemm_launch, splitk_reduce
-from .matmul_tc import split_launch, split_operands, tc_kernel, tc_launch, tc_reason
+from .matmul_tc import areg_launch, split_operands, tc_kernel, tc_launch, tc_reason
 from .matvec import matvec, matvec_launch
 from .runtime import device_of, noting, scratch, workspace
 from .source import int_constant
@@ -37,8 +37,8 @@ class Gemm:
     """One product: C[z] (M x N, ldc) = alpha * op(A[z]) @ op(B[z]) + bias + beta * C[z] for z < batch, op(X) = X^T
     where trans_x. A is stored M x K (lda), or K x M transposed; B K x N (ldb), or N x K. units: "simt" or "tc";
     wgmma and split: on "tc", force the wgmma (True) or mma.sync (False) kernel, or (split=False) never split
-    operands, to measure or check them; epilogue(a_split, b_split, K_pad, grid): launches a fused kernel on the
-    split operands in place of the product's own."""
+    operands, to measure or check them; epilogue(a, b_split, K_pad, grid): launches a fused kernel on A (as it lies,
+    lda) and the split B in place of the product's own."""
     M: int
     N: int
     K: int
@@ -159,37 +159,36 @@ def _product(g: Gemm, c: int, a: int, b: int, bias: int, stream, sums: int = 0) 
         raise ValueError(f"sums: only the wgmma kernel with A transposed takes row sums, not {kernel} for {g}")
     from_splits = kernel is not None and g.split is not False and split_operands(g, kernel)
     if g.epilogue is not None and not from_splits:
-        raise ValueError(f"an epilogue reads split operands, which the wgmma kernel takes for a product of A stored "
-                         f"M x K on sm_90a only, not {g}")
+        raise ValueError(f"an epilogue reads a split B, which the wgmma kernel takes for a product of A stored M x K "
+                         f"on sm_90a only, not {g}")
     if kernel is None:
         with noting(stream, tc_reason(g, kernel, device) if g.units == "tc" else ""):
             sgemm_launch(g, c, a, b, bias, stream)
     elif from_splits:
-        ws, a_split, b_split, K_pad, grid = split_into_workspace(g, a, b, stream)  # noqa: F841 (held until queued)
+        ws, b_split, K_pad, grid = split_b_into_workspace(g, b, stream)  # noqa: F841 (held until queued)
         if g.epilogue is not None:
-            g.epilogue(a_split, b_split, K_pad, grid)
+            g.epilogue(a, b_split, K_pad, grid)
         else:
-            split_launch(g, c, a_split, b_split, bias, K_pad, grid, stream)
+            areg_launch(g, c, a, b_split, bias, K_pad, grid, stream)
     else:
         tc_launch(g, kernel, c, a, b, bias, sums, stream, device)
 
 
-def split_into_workspace(g: Gemm, a: int, b: int, stream):
-    """op(A) and op(B)^T of g split into TF32 hi and lo (tf32_split; B stored K x N transposed on the way) in the
-    plan's workspace, or op(B)^T's found split already (a weight, tf32_split.SplitOperands.reading): (the workspace,
-    which the caller holds until its product is queued, a_split, b_split, K_pad, the grid of 128 x 128 tiles)."""
+def split_b_into_workspace(g: Gemm, b: int, stream):
+    """op(B)^T of g split into TF32 hi and lo (tf32_split; B stored K x N transposed on the way) in the plan's
+    workspace, or found split already (a weight, tf32_split.SplitOperands.reading); A is read as it lies and split in
+    the product's registers: (the workspace, which the caller holds until its product is queued, or None, b_split,
+    K_pad, the grid of 128 x 128 tiles)."""
     (M_pad, K_pad), (N_pad, _) = split_padding(g.M, g.K), split_padding(g.N, g.K)
-    a_n, b_n = M_pad * K_pad, N_pad * K_pad  # floats of each operand's hi (and of its lo)
-    b_split = find_split(stream, b, g.N, g.K, g.ldb, not g.trans_b)
-    ws = workspace(2 * (a_n + (b_n if b_split is None else 0)), stream)
-    a_split = int(ws.gpudata)
-    tf32_split(a_split, a_split + 4 * a_n, a, g.M, g.K, g.lda, K_pad, stream, why="A into TF32 hi and lo")
+    b_n = N_pad * K_pad  # floats of B's hi (and of its lo)
+    ws, b_split = None, find_split(stream, b, g.N, g.K, g.ldb, not g.trans_b)
     if b_split is None:
-        b_split = a_split + 8 * a_n
+        ws = workspace(2 * b_n, stream)
+        b_split = int(ws.gpudata)
         tf32_split(b_split, b_split + 4 * b_n, b, g.N, g.K, g.ldb, K_pad, stream, transposed=not g.trans_b,
                    why="B into TF32 hi and lo")
     rows = int_constant("TC_SPLIT_ROWS")
-    return ws, a_split, b_split, K_pad, (N_pad // rows, M_pad // rows)
+    return ws, b_split, K_pad, (N_pad // rows, M_pad // rows)
 
 
 def sgemm(c, a, b, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, bias=None, stream=None, units="simt",

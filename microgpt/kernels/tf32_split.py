@@ -1,5 +1,5 @@
 """Launchers of cuda/tf32_split.cuh: FP32 operands split into the TF32 hi and lo that the tensor cores' products
-from split operands read (gemm.split_into_workspace, matmul_tc.split_launch, the fused epilogues).
+read B from (products.split_b_into_workspace, matmul_tc.areg_launch, the fused epilogues).
 
     tf32_split(hi, lo, src, rows, K, ld, K_pad, stream)   # one operand, before the product that reads it
     splits = SplitOperands([(w, rows, K, ld, transposed), ...])   # the operands that may be split once
@@ -24,7 +24,7 @@ from .source import int_constant
 
 def split_padding(rows: int, K: int) -> tuple[int, int]:
     """(rows_pad, K_pad) of a split operand: whole tiles, rows to TC_SPLIT_ROWS and K to TC_SPLIT_K, so that
-    k_gemm_wg_split's copies check no bounds."""
+    k_gemm_wg_areg's copies of it check no bounds."""
     tile_rows, tile_k = int_constant("TC_SPLIT_ROWS"), int_constant("TC_SPLIT_K")
     return math.ceil(rows / tile_rows) * tile_rows, math.ceil(K / tile_k) * tile_k
 
