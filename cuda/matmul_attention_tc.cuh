@@ -7,7 +7,7 @@
 #pragma once
 #include "flash_attention.cuh"      // FA_KEYS, FA_DELTA_PASS_TILES
 #include "matmul_layernorm_tc.cuh"  // tile_copy, consumers_sync, LN_TILE_LD
-#include "matmul_tc.cuh"            // wg_areg_tile, wg_store
+#include "matmul_tc.cuh"            // wg_areg_tiles, wg_store
 
 // The delta of a consumer's share of the tile (m0, n0) of dO (d, as wg_store lays it out: element i is row
 // r0 + 8 ((i % 4) / 2), column n0 + 8 (i / 4) + 2t + i % 2, r0 = m0 + 16 * wg_warp + lane / 4), O's tile in os
@@ -47,7 +47,7 @@ __device__ __forceinline__ void wg_delta_epilogue(const float (&d)[64], const fl
     }
 }
 
-// d_o (M x N) = dY @ W_O (wg_areg_tile: dY raw, M x K, ld; b_split: W_O^T's rows split, N_pad x K_pad), and for
+// d_o (M x N) = dY @ W_O (wg_areg_tiles: dY raw, M x K, ld; b_split: W_O^T's rows split, N_pad x K_pad), and for
 // the rows at t >= FA_DELTA_PASS_TILES * FA_KEYS of each batch row: delta (B, N / d_k, T) = the sums of d_o * o
 // (o: M x N) over each head's d_k columns, and sync's counters of those query tiles (B, N / d_k, ceil(T / 64)) set to
 // 0; the first query tiles' are k_flash_bwd_delta_d*'s. d_k: 32, 64 or 128 (traps otherwise). Grid and dynamic
@@ -59,7 +59,7 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
     extern __shared__ __align__(1024) float split_smem[];
     if (d_k != 32 && d_k != 64 && d_k != 128) __trap();
     const int m0 = blockIdx.y * 128, n0 = blockIdx.x * 128;
-    wg_areg_tile(split_smem, dY, ld, M, K, b_split, m0, n0, K_pad, [&](const float (&acc)[64]) {
+    auto epilogue = [&](const float (&acc)[64], int, int) {
         const bool vec4 = N % 4 == 0 && reinterpret_cast<uintptr_t>(o) % 16 == 0;
         consumers_sync();  // every consumer's last wgmma has read the stages, which O's tile now takes
         tile_copy<false>(split_smem, o, M, N, m0, n0, vec4);
@@ -72,7 +72,9 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
             wg_delta_epilogue<128>(acc, split_smem, delta, sync, M, N, T, m0, n0);
         // stored after the sums: stored before them, its 64 addresses held registers and the sums spilled
         wg_store(d_o, acc, m0 + (threadIdx.x / 128 - 1) * 64, n0, M, N, N, nullptr, 1.0f, 0.0f, CAUSAL_NONE, 0.0f);
-    });
+    };
+    wg_areg_tiles(split_smem, dY, ld, M, K, b_split, gridDim.x, K_pad, blockIdx.y * gridDim.x + blockIdx.x, 1, 1,
+                  epilogue);
 #else
     __trap();  // the launcher chooses this kernel on sm_90a only
 #endif

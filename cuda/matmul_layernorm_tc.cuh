@@ -2,7 +2,7 @@
 //   dout = dY @ W                           (M x C: the layernorm output's gradient, never stored)
 //   dx  (+)= rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)),   dxhat = dout * w, xhat = (x - mean) * rstd
 //   dw += sum over rows of dout * xhat,   db += sum over rows of dout
-// The product is k_gemm_wg_areg's (wg_areg_tile: dY raw, W split); a row's column tiles exchange their shares of the
+// The product is k_gemm_wg_areg's (wg_areg_tiles: dY raw, W split); a row's column tiles exchange their shares of the
 // row's two sums through global memory and add them in tile order (the same bits every run); the last block of each
 // column tile adds dw and db.
 #pragma once
@@ -10,7 +10,7 @@
 
 #include "colsum.cuh"          // colsum_chunks
 #include "layernorm_fast.cuh"  // ln_xhat, ln_bwd_dx: the fast backward's roundings
-#include "matmul_tc.cuh"       // wg_areg_tile
+#include "matmul_tc.cuh"       // wg_areg_tiles
 
 // the two consumer warpgroups (the producer has left: bar 0, __syncthreads, would wait for it)
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
@@ -249,14 +249,15 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
     }
     __syncthreads();
     const int m0 = (int)(ticket / gridDim.x) * 128, n0 = (int)(ticket % gridDim.x) * 128;
-    wg_areg_tile(split_smem, dY, ld, M, K, b_split, m0, n0, K_pad, [&](const float (&acc)[64]) {
+    auto epilogue = [&](const float (&acc)[64], int, int) {
         if (accumulate)
             wg_ln_bwd_epilogue<true>(acc, dx, dw, db, partials, row_sums, counters, split_smem, x, w, mean, rstd, M,
                                      C, m0, n0);
         else
             wg_ln_bwd_epilogue<false>(acc, dx, dw, db, partials, row_sums, counters, split_smem, x, w, mean, rstd, M,
                                       C, m0, n0);
-    });
+    };
+    wg_areg_tiles(split_smem, dY, ld, M, K, b_split, gridDim.x, K_pad, ticket, 1, 1, epilogue);
 #else
     __trap();  // the launcher chooses this kernel on sm_90a only
 #endif

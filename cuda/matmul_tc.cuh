@@ -757,13 +757,13 @@ __device__ __forceinline__ void wg_areg_products(float (&part)[64], float (&row_
     }
 }
 
-// The consumers of both kernels: slice after slice of the stages (each B hi, B lo, then raw A at A_AT floats), into
-// acc as wg_store lays it out. Where row_sums is given (TA), op(A)'s row sums of the warpgroup's 64 rows: each
-// thread's slices by a compensated running sum, then the 4 threads of a row (t) in a fixed tree; thread t = 0 of each
-// row holds its sum in row_sums[0] (row r) and row_sums[1] (row r + 8).
+// The consumers of both kernels: the n_tiles slices of one tile, the producer's slices q0, q0 + 1, .. of the stages
+// (each B hi, B lo, then raw A at A_AT floats), into acc as wg_store lays it out. Where row_sums is given (TA), op(A)'s
+// row sums of the warpgroup's 64 rows: each thread's slices by a compensated running sum, then the 4 threads of a row
+// (t) in a fixed tree; thread t = 0 of each row holds its sum in row_sums[0] (row r) and row_sums[1] (row r + 8).
 template <bool TA, int STAGES, int STAGE, int A_AT>
 __device__ __forceinline__ void wg_areg_consume(float (&acc)[64], float (&row_sums)[2], bool sum_rows, float* stages,
-                                                uint64_t* full, uint64_t* empty, int n_tiles) {
+                                                uint64_t* full, uint64_t* empty, int q0, int n_tiles) {
     const int half = threadIdx.x / 128 - 1;
     const uint64_t d = wg_desc(stages);
     float part[64], row_part[2];
@@ -771,8 +771,8 @@ __device__ __forceinline__ void wg_areg_consume(float (&acc)[64], float (&row_su
 #pragma unroll
     for (int i = 0; i < 64; i++) acc[i] = 0.0f;
     for (int kt = 0; kt < n_tiles; kt++) {
-        const int s = kt % STAGES;
-        mbar_wait(&full[s], (kt / STAGES) & 1);
+        const int q = q0 + kt, s = q % STAGES;
+        mbar_wait(&full[s], (q / STAGES) & 1);
         const uint64_t b_hi = d + s * STAGE / 4;
         const float* raw = stages + s * STAGE + A_AT;
         if (TA && sum_rows) wg_areg_products<TA, true>(part, row_part, raw, half, b_hi, b_hi + WG_SPLIT / 4);
@@ -792,72 +792,86 @@ __device__ __forceinline__ void wg_areg_consume(float (&acc)[64], float (&row_su
     }
 }
 
-// The 128 x 128 tile (m0, n0) of A @ op(B), A stored M x K (lda) as it lies and B split beforehand (b_split: N_pad x
-// K_pad, hi then lo, as tf32_split.cuh makes it; K_pad = ceil(K / 32) * 32), then epilogue(acc) in the consumers, in
-// the kernel's dynamic shared memory (TC_AREG_SMEM_BYTES): warpgroup 0 copies B's split slices and A's raw ones,
-// WG_AREG_STAGES deep; warpgroups 1 and 2 split A as they read it and multiply, each ending with its 64 rows (m0 + 64
-// * (warpgroup - 1) ..) in acc, as wg_store lays them out, and call the epilogue, which may reuse the stages once the
-// two have passed consumers_sync(). The epilogue is called inside the consumers' branch, so that ptxas gives it the
-// consumers' registers (setmaxnreg).
+// Tiles first, first + stride, .. (count of them) of A @ op(B), tile t the 128 x 128 one at rows 128 (t / n_cols) and
+// columns 128 (t % n_cols), A stored M x K (lda) as it lies and B split beforehand (b_split: n_cols * 128 x K_pad, hi
+// then lo, as tf32_split.cuh makes it; K_pad = ceil(K / 32) * 32), each tile then epilogue(acc, m0, n0) in the
+// consumers; in the kernel's dynamic shared memory (TC_AREG_SMEM_BYTES). Warpgroup 0 copies B's split slices and A's
+// raw ones, WG_AREG_STAGES deep, on into the next tile's while the consumers finish this one; warpgroups 1 and 2
+// split A as they read it and multiply, each ending a tile with its 64 rows (m0 + 64 * (warpgroup - 1) ..) in acc,
+// as wg_store lays them out. An epilogue that reuses the stages (once the two have passed consumers_sync()) takes one
+// tile: the next tile's slices would be copied into them. The epilogue is called inside the consumers' branch, so
+// that ptxas gives it the consumers' registers (setmaxnreg).
 template <class Epilogue>
-__device__ __forceinline__ void wg_areg_tile(float* stages, const float* A, int lda, int M, int K,
-                                             const uint32_t* b_split, int m0, int n0, int K_pad, Epilogue epilogue) {
+__device__ __forceinline__ void wg_areg_tiles(float* stages, const float* A, int lda, int M, int K,
+                                              const uint32_t* b_split, int n_cols, int K_pad, int first, int stride,
+                                              int count, Epilogue epilogue) {
 #if WG_AVAILABLE
     constexpr int S = WG_AREG_STAGES, STAGE = 2 * WG_SPLIT + WgRawA<false>::FLOATS;  // B hi, B lo, raw A
     static_assert(STAGE % 256 == 0, "every stage's B tiles 1024-byte aligned, as their swizzle needs");
     static_assert(S * STAGE * 4 + 2 * S * 8 <= TC_AREG_SMEM_BYTES, "TC_AREG_SMEM_BYTES holds the stages");
     uint64_t* full = reinterpret_cast<uint64_t*>(stages + S * STAGE);
     uint64_t* empty = full + S;
-    const int n_tiles = K_pad / WG_BK;
+    const int slices = K_pad / WG_BK;
     if (threadIdx.x == 0)
         for (int s = 0; s < S; s++) {
             mbar_init(&full[s], WG_PRODUCERS);
             mbar_init(&empty[s], TC_WG_THREADS - WG_PRODUCERS);
         }
     __syncthreads();
-    if (threadIdx.x < WG_PRODUCERS) {  // the producer: copy. Slice kt = j - (S - 1) is handed over before slice j's
-        wg_producer_registers();       // stage is waited for: the consumers, done with slice j - S, want kt next
-        const int tid = threadIdx.x;
-        const long long b_lo = (long long)(gridDim.x * 128) * K_pad;
+    if (threadIdx.x < WG_PRODUCERS) {  // the producer: copy the tiles' slices, one after another (q). Slice q - (S -
+        wg_producer_registers();       // 1) is handed over before slice q's stage is waited for: the consumers, done
+        const int tid = threadIdx.x;   // with slice q - S, want q - (S - 1) next
+        const long long b_lo = (long long)n_cols * 128 * K_pad;
         const bool vec_a = aligned16(A, lda);
-        for (int j = 0; j < n_tiles + S - 1; j++) {
-            const int kt = j - (S - 1);
-            if (kt >= 0) {
-                cp_async_wait<S - 2>();  // groups 0 .. j - 1 committed: this thread's slice kt landed
+        const int jobs = count * slices;
+        int tile = first, j = 0;  // slice q's tile and its slice of it
+        for (int q = 0; q < jobs + S - 1; q++) {
+            if (q >= S - 1) {
+                cp_async_wait<S - 2>();  // groups 0 .. q - 1 committed: this thread's slice q - (S - 1) landed
                 asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-                mbar_arrive(&full[kt % S]);
+                mbar_arrive(&full[(q - (S - 1)) % S]);
             }
-            if (j < n_tiles) {
-                const int s = j % S;
-                mbar_wait(&empty[s], ((j / S) & 1) ^ 1);  // the consumers are done with slice j - S
+            if (q < jobs) {
+                const int s = q % S, m0 = tile / n_cols * 128, n0 = tile % n_cols * 128;
+                mbar_wait(&empty[s], ((q / S) & 1) ^ 1);  // the consumers are done with slice q - S
                 float* t = stages + s * STAGE;
                 copy_split_slice(t, b_split, n0, K_pad, j * WG_BK, tid);
                 copy_split_slice(t + WG_SPLIT, b_split + b_lo, n0, K_pad, j * WG_BK, tid);
                 copy_raw<WgRawA<false>>(t + 2 * WG_SPLIT, A, lda, m0, j * WG_BK, M, K, vec_a, tid);  // M x K
+                if (++j == slices) j = 0, tile += stride;
             }
             cp_async_commit();
         }
-    } else {  // the consumers: split A, multiply and sum, then the epilogue
+    } else {  // the consumers: split A, multiply and sum, then the epilogue, tile after tile
         wg_consumer_registers();
-        float acc[64], no_sums[2];
-        wg_areg_consume<false, S, STAGE, 2 * WG_SPLIT>(acc, no_sums, false, stages, full, empty, n_tiles);
-        epilogue(acc);
+        for (int i = 0; i < count; i++) {
+            const int tile = first + i * stride;
+            float acc[64], no_sums[2];
+            wg_areg_consume<false, S, STAGE, 2 * WG_SPLIT>(acc, no_sums, false, stages, full, empty, i * slices,
+                                                           slices);
+            epilogue(acc, tile / n_cols * 128, tile % n_cols * 128);
+        }
     }
 #endif
 }
 
 // C (M x N, ldc) = alpha * A @ op(B) + bias[n] + beta * C, A stored M x K (lda) as it lies and B split beforehand
-// (wg_areg_tile): the forward's and the dX products, with no pass splitting A. One block per SM (TC_AREG_SMEM_BYTES),
-// a grid of (ceil(N / 128), ceil(M / 128)).
+// (wg_areg_tiles): the forward's and the dX products, with no pass splitting A. One block per SM
+// (TC_AREG_SMEM_BYTES), gridDim.x of them, each taking the tiles blockIdx.x, blockIdx.x + gridDim.x, .. of the
+// ceil(M / 128) x ceil(N / 128) in row-major order: a grid of one block a tile, or fewer, each block's next tile's
+// first slices then copied while it stores the last one's.
 extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
     k_gemm_wg_areg(float* C, const float* A, const uint32_t* b_split, const float* bias, int M, int N, int K,
                    int lda, int K_pad, int ldc, float alpha, float beta) {
 #if WG_AVAILABLE
     extern __shared__ __align__(1024) float areg_smem[];  // [WG_AREG_STAGES][B hi, B lo, raw A], the barriers
-    const int m0 = blockIdx.y * 128, n0 = blockIdx.x * 128;
-    wg_areg_tile(areg_smem, A, lda, M, K, b_split, m0, n0, K_pad, [&](const float (&acc)[64]) {
-        wg_store(C, acc, m0 + (threadIdx.x / 128 - 1) * 64, n0, M, N, ldc, bias, alpha, beta, CAUSAL_NONE, 0.0f);
-    });
+    const int n_cols = (N + 127) / 128, tiles = n_cols * ((M + 127) / 128);
+    const int count = (int)blockIdx.x < tiles ? (tiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+    wg_areg_tiles(areg_smem, A, lda, M, K, b_split, n_cols, K_pad, blockIdx.x, gridDim.x, count,
+                  [&](const float (&acc)[64], int m0, int n0) {
+                      wg_store(C, acc, m0 + (threadIdx.x / 128 - 1) * 64, n0, M, N, ldc, bias, alpha, beta,
+                               CAUSAL_NONE, 0.0f);
+                  });
 #else
     __trap();  // the launchers choose this kernel on sm_90a only
 #endif
@@ -930,7 +944,7 @@ __device__ __forceinline__ void gemm_wg_areg_tile(float* C, const float* A, cons
     } else {  // the consumers: split A, multiply and sum
         wg_consumer_registers();
         float acc[64], row_sums[2];
-        wg_areg_consume<true, S, STAGE, A_AT>(acc, row_sums, sum_rows, tc_smem, full, empty, n_tiles);
+        wg_areg_consume<true, S, STAGE, A_AT>(acc, row_sums, sum_rows, tc_smem, full, empty, 0, n_tiles);
         const int row0 = m0 + (threadIdx.x / 128 - 1) * 64;
         wg_store(C, acc, row0, n0, M, N, ldc, bias, alpha, beta, causal, fill);
         const int lane = threadIdx.x % 32, r = row0 + (threadIdx.x % 128) / 32 * 16 + lane / 4;

@@ -511,10 +511,17 @@ def test_split_operands_share_the_plans_workspace(fake):
     ws = split_b[0]
     assert split_b == [ws, ws + 4 * b_n, b1.gpudata, 333, 300, 333, 320] and g_b[:2] == (10, 12)
     assert product == [c1.gpudata, a1.gpudata, ws, bias1.gpudata, 1000, 333, 300, 300, 320, 333, 0.5, 2.0]
-    assert g_c[:2] == (3, 8) and (shared, block) == (sizes["TC_AREG_SMEM_BYTES"], sizes["TC_WG_THREADS"])
+    assert g_c[:2] == (3 * 8, 1) and (shared, block) == (sizes["TC_AREG_SMEM_BYTES"], sizes["TC_WG_THREADS"])
     assert plan[2][3][0] == ws and plan[3][3][2] == ws  # the second product: the same workspace
     assert plan[4][3][0] != ws and plan[4][3][0] == plan.workspace.gpudata
     assert plan.workspace.size == 2 * 512 * 512
+    # a block an SM at most, each taking every sm_count-th of the grid's tiles (the third product: 4 x 16 of them)
+    assert plan[5][2][:2] == (min(4 * 16, fake.sm_count), 1) and "64 tiles over" in plan[5].why, plan[5]
+    sms, fake.sm_count = fake.sm_count, 40
+    plan = K.Plan(fake)
+    K.sgemm(f32(2000, 400), f32(2000, 512), f32(512, 400), stream=plan, units="tc")
+    assert plan[-1][2][:2] == (40, 1) and "64 tiles over 40 blocks" in plan[-1].why, plan[-1]
+    fake.sm_count = sms
     plan = K.Plan(fake)
     K.sgemm(f32(3, 300, 200), f32(3, 300, 256), f32(3, 256, 200), stream=plan, units="tc")  # a batch
     K.sgemm(f32(300, 200), f32(256, 300), f32(256, 200), trans_a=True, stream=plan, units="tc")  # A transposed

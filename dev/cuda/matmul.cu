@@ -11,11 +11,13 @@
 //      lo*hi + hi*lo + hi*hi of each k8 step into a zeroed fragment, then added into an FP32 running sum
 //   4  k_gemm_wg_nt: 3xTF32 on wgmma (sm_90a): a producer warpgroup copies and splits each 32-wide slice of K
 //      into swizzled shared memory, two consumer warpgroups multiply it, 12 wgmma a slice, FP32 adds between
-//   5  k_tf32_split of the weight, then k_gemm_wg_areg (sm_90a): 4's product with the weight split before it, so
-//      that the producer only copies, and inp copied raw and split by the consumers into the registers wgmma takes A
-//      from, so that no pass splits it; the same bits as 4. Timed with the weight's split pass, which the engine
-//      makes once a forward for every product, and without.
-// Versions 3-5 are as accurate as FP32 (their error is printed beside the others'), not TF32's.
+//   5  k_tf32_split of the weight, then k_gemm_wg_areg (sm_90a) on a block a tile: 4's product with the weight split
+//      before it, so that the producer only copies, and inp copied raw and split by the consumers into the registers
+//      wgmma takes A from, so that no pass splits it; the same bits as 4. Timed with the weight's split pass, which
+//      the engine makes once a forward for every product, and without.
+//   6  5 on a block an SM, each taking every SM-count-th tile (as the engine launches it): a block copies its next
+//      tile's first slices while it stores the last one's; the same bits as 4.
+// Versions 3-6 are as accurate as FP32 (their error is printed beside the others'), not TF32's.
 #include "common.h"
 
 #include "../../cuda/matmul.cuh"
@@ -34,9 +36,11 @@ void matmul_forward_cpu(double* out, const float* inp, const float* weight, cons
 }
 
 // ---------------------------------------------------------------------------------------------- the versions
-// Version 5's weight: hi then lo, each rows_pad x K_pad K-major (whole 128 x 32 tiles), zero past the matrix.
+// Versions 5 and 6: the weight's hi then lo, each rows_pad x K_pad K-major (whole 128 x 32 tiles), zero past the
+// matrix; and the GPU's SMs, the most blocks version 6 launches.
 struct Splits {
     uint32_t* b;
+    int sms;
 };
 int rows_pad(int rows) { return ceil_div(rows, (int)TC_SPLIT_ROWS) * TC_SPLIT_ROWS; }
 int k_pad(int K) { return ceil_div(K, (int)TC_SPLIT_K) * TC_SPLIT_K; }
@@ -77,16 +81,17 @@ void split_operand(uint32_t* split, const float* src, int rows, int K) {
     k_tf32_split<<<(unsigned)ceil_div(quads, 256LL), 256>>>(split, split + plane, src, rows, K, K, k_pad(K), quads);
 }
 
-void matmul_product5(float* out, const float* inp, const float* bias, int M, int N, int K, Splits s) {
-    const dim3 grid(ceil_div(N, 128), ceil_div(M, 128));
-    k_gemm_wg_areg<<<grid, TC_WG_THREADS, TC_AREG_SMEM_BYTES>>>(out, inp, s.b, bias, M, N, K, K, k_pad(K), N, 1.0f,
-                                                                 0.0f);
+// k_gemm_wg_areg: a block a tile (version 5), or a block an SM (6)
+void matmul_product56(int version, float* out, const float* inp, const float* bias, int M, int N, int K, Splits s) {
+    const int tiles = ceil_div(N, 128) * ceil_div(M, 128), blocks = version == 5 ? tiles : std::min(tiles, s.sms);
+    k_gemm_wg_areg<<<blocks, TC_WG_THREADS, TC_AREG_SMEM_BYTES>>>(out, inp, s.b, bias, M, N, K, K, k_pad(K), N, 1.0f,
+                                                                   0.0f);
 }
 
-void matmul_forward5(float* out, const float* inp, const float* weight, const float* bias, int M, int N, int K,
-                     Splits s) {
+void matmul_forward56(int version, float* out, const float* inp, const float* weight, const float* bias, int M,
+                      int N, int K, Splits s) {
     split_operand(s.b, weight, N, K);  // op(B)^T = weight, N x K as it lies
-    matmul_product5(out, inp, bias, M, N, K, s);
+    matmul_product56(version, out, inp, bias, M, N, K, s);
 }
 
 void matmul_forward(int version, float* out, const float* inp, const float* weight, const float* bias, int M, int N,
@@ -96,7 +101,8 @@ void matmul_forward(int version, float* out, const float* inp, const float* weig
         case 2: matmul_forward2(out, inp, weight, bias, M, N, K, s); break;
         case 3: matmul_forward3(out, inp, weight, bias, M, N, K, s); break;
         case 4: matmul_forward4(out, inp, weight, bias, M, N, K, s); break;
-        case 5: matmul_forward5(out, inp, weight, bias, M, N, K, s); break;
+        case 5:
+        case 6: matmul_forward56(version, out, inp, weight, bias, M, N, K, s); break;
     }
     cudaCheck(cudaGetLastError());
 }
@@ -106,7 +112,8 @@ struct Problem {
     int M, N, K;
     float *inp, *weight, *bias, *out;
     Splits s;
-    Problem(int M_, int N_, int K_) : M(M_), N(N_), K(K_) {
+    Problem(int M_, int N_, int K_, int sms) : M(M_), N(N_), K(K_) {
+        s.sms = sms;
         inp = to_device(make_random_float((size_t)M * K));
         weight = to_device(make_random_float((size_t)N * K));
         bias = to_device(make_random_float(N));
@@ -125,8 +132,9 @@ int main(int argc, char** argv) {
         allow_shared(k_gemm_wg_areg, TC_AREG_SMEM_BYTES);
     }
 
-    // checked at a shape of partial tiles, timed at mlp.fc's forward (B * T = 8192, C = 768, 4 C = 3072)
-    Problem check(1000, 700, 768), bench(8192, 3072, 768);
+    // checked at a shape of partial tiles (version 6 on 7 blocks: 6 or 7 tiles each), timed at mlp.fc's forward
+    // (B * T = 8192, C = 768, 4 C = 3072)
+    Problem check(1000, 700, 768, 7), bench(8192, 3072, 768, gpu.prop.multiProcessorCount);
     std::vector<float> h_inp((size_t)check.M * check.K), h_weight((size_t)check.N * check.K), h_bias(check.N);
     cudaCheck(cudaMemcpy(h_inp.data(), check.inp, h_inp.size() * sizeof(float), cudaMemcpyDeviceToHost));
     cudaCheck(cudaMemcpy(h_weight.data(), check.weight, h_weight.size() * sizeof(float), cudaMemcpyDeviceToHost));
@@ -136,8 +144,8 @@ int main(int argc, char** argv) {
 
     printf("\nchecked at %d x %d x %d, timed at %d x %d x %d (M x N x K)\n", check.M, check.N, check.K, bench.M,
            bench.N, bench.K);
-    std::vector<float> out4;  // version 4's output, whose bits version 5 gives
-    for (int v = 1; v <= 5; v++) {
+    std::vector<float> out4;  // version 4's output, whose bits versions 5 and 6 give
+    for (int v = 1; v <= 6; v++) {
         if (only && v != only) continue;
         char name[32];
         snprintf(name, sizeof(name), "version %d", v);
@@ -147,7 +155,7 @@ int main(int argc, char** argv) {
         poison(check.out, (size_t)check.M * check.N);
         check.run(v);
         validate_result(check.out, out_ref.data(), "out", out_ref.size(), 1e-4);
-        if (v == 4 || v == 5) {
+        if (v >= 4) {
             std::vector<float> out(out_ref.size());
             cudaCheck(cudaMemcpy(out.data(), check.out, out.size() * sizeof(float), cudaMemcpyDeviceToHost));
             if (v == 4) out4 = out;
@@ -159,9 +167,9 @@ int main(int argc, char** argv) {
         const float ms = benchmark_kernel(repeats, [&] { bench.run(v); });
         const double flops = 2.0 * bench.M * bench.N * bench.K;
         printf("  time %.4f ms, %.1f TFLOP/s", ms, flops / ms / 1e9);
-        if (v == 5) {
+        if (v >= 5) {
             const float product = benchmark_kernel(repeats, [&] {
-                matmul_product5(bench.out, bench.inp, bench.bias, bench.M, bench.N, bench.K, bench.s);
+                matmul_product56(v, bench.out, bench.inp, bench.bias, bench.M, bench.N, bench.K, bench.s);
             });
             printf("; the product alone %.4f ms, %.1f TFLOP/s", product, flops / product / 1e9);
         }

@@ -10,7 +10,8 @@
 //   1  k_gemm_tc_nn: 3xTF32 on mma.sync, each operand split as its fragment is read (sm_80)
 //   2  k_gemm_wg_nn: 3xTF32 on wgmma, the producer warpgroup copying and splitting both operands (sm_90a)
 //   3  k_gemm_wg_areg: dout read raw and split by the consumers into the registers wgmma takes A from, the weight
-//      split transposed beforehand, as the engine's backward splits its weights once a pass (not timed); 2's bits
+//      split transposed beforehand, as the engine's backward splits its weights once a pass (not timed), a block an
+//      SM as the engine launches it; 2's bits
 // dw: M = C_out, N = C_in, K = the rows, cut into slices where the tiles are few as the engine's gemm() cuts it
 //     (products.Gemm.splits, one block an SM), k_splitk_reduce adding the slices (and their bias sums)
 //   1  k_gemm_tc_tn: mma.sync; dbias is not summed (the engine adds it by a column-sum pass there)
@@ -74,11 +75,12 @@ int splits_for(int M, int N, int K, int sm_count) {
 
 struct Problem {
     const char* name;
-    int rows, C_out, C_in, splits;
+    int rows, C_out, C_in, splits, sms;
     float *dout, *inp, *weight, *dinp, *dweight, *dbias, *partials;
     uint32_t* weight_split;  // hi then lo: weight^T (C_in x C_out), as the engine's backward splits it
     Problem(const char* name_, int rows_, int C_out_, int C_in_, int sm_count)
-        : name(name_), rows(rows_), C_out(C_out_), C_in(C_in_), splits(splits_for(C_out_, C_in_, rows_, sm_count)) {
+        : name(name_), rows(rows_), C_out(C_out_), C_in(C_in_), splits(splits_for(C_out_, C_in_, rows_, sm_count)),
+          sms(sm_count) {
         dout = to_device(make_random_float((size_t)rows * C_out));
         inp = to_device(make_random_float((size_t)rows * C_in));
         weight = to_device(make_random_float((size_t)C_out * C_in));
@@ -109,8 +111,8 @@ struct Problem {
             k_gemm_wg_nn<<<grid, TC_WG_THREADS, TC_WG_SMEM_BYTES>>>(dinp, dout, weight, nullptr, M, N, K, K, N, N, 0, 0,
                                                                     0, 1.0f, 0.0f, CAUSAL_NONE, 0.0f, nullptr);
         else
-            k_gemm_wg_areg<<<grid, TC_WG_THREADS, TC_AREG_SMEM_BYTES>>>(dinp, dout, weight_split, nullptr, M, N, K, K,
-                                                                        k_pad(K), N, 1.0f, 0.0f);
+            k_gemm_wg_areg<<<std::min((int)(grid.x * grid.y), sms), TC_WG_THREADS, TC_AREG_SMEM_BYTES>>>(
+                dinp, dout, weight_split, nullptr, M, N, K, K, k_pad(K), N, 1.0f, 0.0f);  // a block an SM
         cudaCheck(cudaGetLastError());
     }
 
@@ -185,6 +187,7 @@ int main(int argc, char** argv) {
     // (the copies' unaligned path)
     for (int odd = 0; odd < 2; odd++) {
         Problem p("check", 1000 + odd, 700 + odd, 300, sms);
+        p.sms = 5;  // dx 3 on 5 blocks, 4 or 5 tiles each
         const size_t dx_n = (size_t)p.rows * p.C_in, dw_n = (size_t)p.C_out * p.C_in;
         const std::vector<float> dout = to_host(p.dout, (size_t)p.rows * p.C_out);
         const std::vector<float> inp = to_host(p.inp, (size_t)p.rows * p.C_in), weight = to_host(p.weight, dw_n);

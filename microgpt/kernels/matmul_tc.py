@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from .matmul_fast import Causal
-from .runtime import BLOCK, launch, sm_version
+from .runtime import BLOCK, device_of, launch, sm_version
 from .source import int_constant
 
 # Below this K the split's rounding and the tensor cores' truncating sums outweigh the FP32 sum's rounding, and
@@ -77,9 +77,15 @@ def split_operands(g, kernel: tuple[str, int, int] | None) -> bool:
 
 def areg_launch(g, c: int, a: int, b_split: int, bias: int, K_pad: int, grid, stream) -> None:
     """g (a products.Gemm) from A as it lies and B split into TF32 hi and lo (products.split_b_into_workspace), by
-    k_gemm_wg_areg, whose consumers split A in registers: the wgmma kernel's bits with no pass splitting A."""
+    k_gemm_wg_areg, whose consumers split A in registers: the wgmma kernel's bits with no pass splitting A. Its
+    grid's tiles (grid: 128 x 128 tiles across, down) go to a block an SM, each block taking every sm_count-th tile,
+    so that a block copies its next tile's first slices while it stores the last one's; which block takes a tile
+    changes no bit."""
+    tiles = grid[0] * grid[1]
+    blocks = min(tiles, device_of(stream).sm_count)
     launch("k_gemm_wg_areg", [c, a, b_split, bias, g.M, g.N, g.K, g.lda, K_pad, g.ldc, float(g.alpha), float(g.beta)],
-           grid, stream, why="3xTF32 wgmma, A split in registers, B beforehand (one product of A stored M x K, sm_90a)",
+           blocks, stream, why=f"3xTF32 wgmma, A split in registers, B beforehand (one product of A stored M x K, "
+                               f"sm_90a); {tiles} tiles over {blocks} blocks",
            shared=int_constant("TC_AREG_SMEM_BYTES"), block=int_constant("TC_WG_THREADS"))
 
 
