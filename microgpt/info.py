@@ -3,7 +3,7 @@
 
     microgpt info --explain --preset andrea-120m --variant tc -B 8 -T 1024
     phase     op                 kernel            grid     block  smem   why
-    forward   matmul_fwd (tc)    k_gemm_wg_areg    18x64    384    ...    3xTF32 wgmma, A split in registers ...
+    forward   matmul_fwd (tc)    k_gemm_wg_areg    132x1    384    ...    3xTF32 wgmma, A split in registers ...
 
 A plan is the cuda backend's own (CudaBackend.plan) on microgpt.kernels.virtual's described device, a Plan for it:
 the same launchers, the same choices, nothing run.

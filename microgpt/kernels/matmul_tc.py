@@ -78,9 +78,9 @@ def split_operands(g, kernel: tuple[str, int, int] | None) -> bool:
 def areg_launch(g, c: int, a: int, b_split: int, bias: int, K_pad: int, grid, stream) -> None:
     """g (a products.Gemm) from A as it lies and B split into TF32 hi and lo (products.split_b_into_workspace), by
     k_gemm_wg_areg, whose consumers split A in registers: the wgmma kernel's bits with no pass splitting A. Its
-    grid's tiles (grid: 128 x 128 tiles across, down) go to a block an SM, each block taking every sm_count-th tile,
-    so that a block copies its next tile's first slices while it stores the last one's; which block takes a tile
-    changes no bit."""
+    grid's tiles (grid: 128 x 128 tiles across, down) go to min(tiles, sm_count) blocks, each taking every
+    blocks-th tile, so that a block copies its next tile's first slices while it stores the last one's; which block
+    takes a tile changes no bit."""
     tiles = grid[0] * grid[1]
     blocks = min(tiles, device_of(stream).sm_count)
     launch("k_gemm_wg_areg", [c, a, b_split, bias, g.M, g.N, g.K, g.lda, K_pad, g.ldc, float(g.alpha), float(g.beta)],
