@@ -612,7 +612,7 @@ __device__ __forceinline__ void gemm_wg_tile(float* C, const float* A, const flo
 }
 
 // One kernel per layout and tile width, k_gemm_wg_<op(A)><op(B)>[_n64]; the SGEMM's arguments (a_sums: the
-// _t* kernels'). The 128 x 128 tile of A and B both stored K x * is k_gemm_wg_areg_tn's (below).
+// _t* kernels'). The 128 x 128 tile of A stored K x M and B stored K x N is k_gemm_wg_areg_tn's (below).
 #define GEMM_WG_KERNEL(name, TA, TB, BN) GEMM_KERNEL(name, gemm_wg_tile, TA, TB, BN, TC_WG_THREADS, 1)
 GEMM_WG_KERNEL(k_gemm_wg_nn, false, false, 128)
 GEMM_WG_KERNEL(k_gemm_wg_nt, false, true, 128)
