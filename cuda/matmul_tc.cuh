@@ -417,6 +417,17 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {  // until
 #endif
 }
 
+// count pairs of the buffers' barriers, full[i] (the producer's arrivals complete a phase: filled) and empty[i] (the
+// consumers': multiplied), set up by thread 0 before any thread of the block uses them
+__device__ __forceinline__ void wg_init_barriers(uint64_t* full, uint64_t* empty, int count) {
+    if (threadIdx.x == 0)
+        for (int i = 0; i < count; i++) {
+            mbar_init(&full[i], WG_PRODUCERS);
+            mbar_init(&empty[i], TC_WG_THREADS - WG_PRODUCERS);
+        }
+    __syncthreads();
+}
+
 // d (+)= a @ b over one k8 step for the warpgroup's 64 x 128 tile; accumulate = 0 overwrites d
 __device__ __forceinline__ void wgmma_tf32(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
 #if WG_AVAILABLE
@@ -522,13 +533,7 @@ __device__ __forceinline__ void gemm_wg_tile(float* C, const float* A, const flo
     const int k_begin = causal == CAUSAL_A_UPPER ? m0 : 0;
     const int k_end = causal == CAUSAL_A_LOWER ? min(K, m0 + 128) : K;
     const int n_tiles = k_end > k_begin ? (k_end - k_begin + WG_BK - 1) / WG_BK : 0;
-    if (threadIdx.x == 0) {
-        for (int b = 0; b < WG_BUFS; b++) {
-            mbar_init(&full[b], WG_PRODUCERS);
-            mbar_init(&empty[b], TC_WG_THREADS - WG_PRODUCERS);
-        }
-    }
-    __syncthreads();
+    wg_init_barriers(full, empty, WG_BUFS);
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
 
     if (wg == 0) {  // ------------------------------------------------ the producer: copy and split
@@ -812,12 +817,7 @@ __device__ __forceinline__ void wg_areg_tiles(float* stages, const float* A, int
     uint64_t* full = reinterpret_cast<uint64_t*>(stages + S * STAGE);
     uint64_t* empty = full + S;
     const int slices = K_pad / WG_BK;
-    if (threadIdx.x == 0)
-        for (int s = 0; s < S; s++) {
-            mbar_init(&full[s], WG_PRODUCERS);
-            mbar_init(&empty[s], TC_WG_THREADS - WG_PRODUCERS);
-        }
-    __syncthreads();
+    wg_init_barriers(full, empty, S);
     if (threadIdx.x < WG_PRODUCERS) {  // the producer: copy the tiles' slices, one after another (q). Slice q - (S -
         wg_producer_registers();       // 1) is handed over before slice q's stage is waited for: the consumers, done
         const int tid = threadIdx.x;   // with slice q - S, want q - (S - 1) next
@@ -908,12 +908,7 @@ __device__ __forceinline__ void gemm_wg_areg_tile(float* C, const float* A, cons
     const int k_begin = causal == CAUSAL_A_UPPER ? m0 : 0;
     const int k_end = causal == CAUSAL_A_LOWER ? min(K, m0 + 128) : K;
     const int n_tiles = k_end > k_begin ? (k_end - k_begin + WG_BK - 1) / WG_BK : 0;
-    if (threadIdx.x == 0)
-        for (int s = 0; s < S; s++) {
-            mbar_init(&full[s], WG_PRODUCERS);
-            mbar_init(&empty[s], TC_WG_THREADS - WG_PRODUCERS);
-        }
-    __syncthreads();
+    wg_init_barriers(full, empty, S);
     const bool sum_rows = a_sums != nullptr && blockIdx.x == 0;
     if (threadIdx.x < WG_PRODUCERS) {  // the producer: copy both, then split B
         wg_producer_registers();
