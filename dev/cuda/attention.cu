@@ -223,7 +223,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
 
     if (wg == 0) {  // ------------------------------------------------ the producer: copy and split K and V
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 64;" ::: "memory");  // 128 x 64 + 256 x 224 registers
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 72;" ::: "memory");  // 128 x 72 + 256 x 216: the 384 x 168
         const bool vec = d_k % 4 == 0 && ld_in % 4 == 0 && fa_aligned(k, v, k);
         auto load = [&](int stage, int k0) {
             fw_load(raw + stage * FW_RAW, k, k0, T, d_k, ld_in, vec, tid);
@@ -250,7 +250,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     }
 
     // ---------------------------------------------------------------- the consumers: 64 query rows each
-    wg_consumer_registers();
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 216;" ::: "memory");  // ptxas gives the block, shared anew
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int first = q0 + 64 * (wg - 1), warp_first = first + 16 * warp;
     const int row_a = warp_first + g, row_b = row_a + 8;
@@ -340,6 +340,10 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 }
 
 void attention_forward4(Attention& a) {
+    if (a.d_k > 64) {
+        printf("forward 4 takes d_k <= 64, not %d\n", a.d_k);
+        exit(EXIT_FAILURE);
+    }
     const dim3 grid(ceil_div(a.T, FW_ROWS), a.NH, a.B);
     k_flash_fwd_wg_d64<<<grid, 384, FW_BYTES>>>(a.y, a.lse, a.qkv, a.qkv + a.C, a.qkv + 2 * a.C, a.T, a.d_k,
                                                3 * a.C, a.C);
