@@ -1,5 +1,5 @@
-// Flash attention on the tensor cores at FP32 accuracy (3xTF32, mma.sync): the tc variant's fused attention, no
-// T x T buffer. The forward streams 64-key tiles of K and V with an online softmax, keeping O and one log-sum-exp per
+// Flash attention on the tensor cores at FP32 accuracy (3xTF32, mma.sync; on sm_90a the forward of d_k <= 64 on
+// wgmma): the tc variant's fused attention, no T x T buffer. The forward streams 64-key tiles of K and V with an online softmax, keeping O and one log-sum-exp per
 // row; the backward recomputes the probabilities from it: delta (k_flash_bwd_delta_*, k_flash_bwd_delta_rows), then
 // one kernel for dQ, dK and dV. Deterministic: every sum in a fixed order, no float atomics. Heads are read where the
 // QKV projection leaves them and written where W_O reads them: head h of batch row b is columns h * d_k .. + d_k of
@@ -43,6 +43,13 @@
 // does (so p = 1 gives ds = 0 exactly); the rest from dO * O in FP64 (dO * O alone put dQ and dK past the
 // accuracy bar at T <= 77)
 #define FA_DELTA_PASS_TILES 2
+// The wgmma forward (sm_90a, D = 64): query rows a block (two consumer warpgroups of 64), split buffers (K hi and lo
+// in 2 tiles of 64 keys x 32 of d, V^T hi and lo in 2 of 64 d x 32 keys) and raw stages (K, V as they lie)
+#define FA_WG_ROWS 128
+#define FA_WG_BUFS 2
+#define FA_WG_RAWS 3
+#define FA_WG_TILE (64 * 32)
+#define FA_SMEM_FWD_WG ((FA_WG_BUFS * 8 * FA_WG_TILE + FA_WG_RAWS * 2 * FA_KEYS * 64) * 4 + 2 * FA_WG_BUFS * 8)
 enum FlashLaunch : int {
     FA_KEYS_A_TILE = FA_KEYS,
     FA_DELTA_W = FA_DELTA_WARPS,
@@ -59,6 +66,8 @@ enum FlashLaunch : int {
     FA_FWD_BYTES32 = FA_SMEM_FWD(32, FA_FWD_WARPS(32), FA_FWD_SPLIT(32)) * 4,
     FA_FWD_BYTES64 = FA_SMEM_FWD(64, FA_FWD_WARPS(64), FA_FWD_SPLIT(64)) * 4,
     FA_FWD_BYTES128 = FA_SMEM_FWD(128, FA_FWD_WARPS(128), FA_FWD_SPLIT(128)) * 4,
+    FA_FWD_WG_ROWS = FA_WG_ROWS,
+    FA_FWD_WG_BYTES = FA_SMEM_FWD_WG,
     FA_DELTA_BYTES32 = FA_SMEM_DELTA(32, FA_DELTA_WARPS) * 4,
     FA_DELTA_BYTES64 = FA_SMEM_DELTA(64, FA_DELTA_WARPS) * 4,
     FA_DELTA_BYTES128 = FA_SMEM_DELTA(128, FA_DELTA_WARPS) * 4,
@@ -401,6 +410,218 @@ __device__ void flash_fwd(float* o, float* lse, const float* q, const float* k, 
     }
 #else
     __trap();  // mma.sync TF32 needs sm_80
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------- forward on wgmma
+// The same forward on sm_90a's wgmma, d_k <= 64: a block of FA_WG_ROWS query rows of one head, two consumer
+// warpgroups of 64 rows and a producer warpgroup. The producer copies each 64-key tile of K and V raw (cp.async,
+// FA_WG_RAWS deep) and splits it into hi and lo where wgmma reads B: K as it lies (keys x d), V transposed (d x
+// keys) with each 8 keys relabelled (logical k t = key 2t, t + 4 = key 2t + 1), so that P, in S's accumulators, is
+// wgmma's A fragment unmoved. Q and P are A from registers, split by each consumer; every 32-long slice of a product
+// goes into a zeroed fragment added in FP32, as in the tensor-core products.
+
+// d = one 32-long slice of A @ B over the warpgroup's 64 rows: A's raw fragments a[K0 .. K0 + 3] (a[kk][v]: rows g,
+// g + 8, g, g + 8 of the warp's 16, k 8kk + t, t, t + 4, t + 4) split here, B's hi and lo 64 x 32 tiles at
+// descriptors b_hi and b_lo; lo*hi, hi*lo, hi*hi of each k8 step, waited for
+template <int K0, int N>
+__device__ __forceinline__ void fa_wg_slice(float (&d)[32], const float (&a)[N][4], uint64_t b_hi, uint64_t b_lo) {
+#if WG_AVAILABLE
+    uint32_t hi[4][4], lo[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+        for (int v = 0; v < 4; v++) tf32_split(a[K0 + kk][v], hi[kk][v], lo[kk][v]);
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        wgmma_tf32_rs(d, lo[kk], b_hi + 2 * kk, kk > 0);
+        wgmma_tf32_rs(d, hi[kk], b_lo + 2 * kk, 1);
+        wgmma_tf32_rs(d, hi[kk], b_hi + 2 * kk, 1);
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+    for (int i = 0; i < 32; i++) asm volatile("" : "+f"(d[i])::"memory");  // read only after the wait
+#endif
+}
+
+// rows r0 .. r0 + 63 of a head (ld floats apart) into s (64 x 64, as they lie) by producer thread tid, zero past T
+// and d_k
+__device__ __forceinline__ void fa_wg_load(float* s, const float* p, int r0, int T, int d_k, int ld, bool vec,
+                                           int tid) {
+    if (vec) {
+#pragma unroll 2
+        for (int i = 0; i < FA_KEYS * 64 / 4 / 128; i++) {
+            const int e = tid + 128 * i, r = e / 16, d = e % 16 * 4;
+            const bool in = r0 + r < T && d < d_k;
+            cp_async16(s + r * 64 + d, in ? p + (long long)(r0 + r) * ld + d : p, in ? 16 : 0);
+        }
+    } else {
+        for (int i = 0; i < FA_KEYS * 64 / 128; i++) {
+            const int e = tid + 128 * i, r = e / 64, d = e % 64;
+            const bool in = r0 + r < T && d < d_k;
+            cp_async4(s + r * 64 + d, in ? p + (long long)(r0 + r) * ld + d : p, in ? 4 : 0);
+        }
+    }
+}
+
+// a raw stage (K, V) split into a buffer (K hi, K lo, V^T hi, V^T lo; each two tiles of FA_WG_TILE, 128B-swizzled)
+// by producer thread tid
+__device__ __forceinline__ void fa_wg_split(float* buf, const float* raw, int tid) {
+    const float* vr = raw + FA_KEYS * 64;
+#pragma unroll 1
+    for (int i = 0; i < FA_KEYS * 64 / 4 / 128; i++) {  // K: key e / 16, d 4 (e % 16) ..: a row's chunks across lanes
+        const int e = tid + 128 * i, key = e / 16, d4 = e % 16 * 4;
+        const int at = d4 / 32 * FA_WG_TILE + wg_swizzled(key, d4 % 32);
+        tf32_split_store(buf, buf + 2 * FA_WG_TILE, at, *reinterpret_cast<const float4*>(raw + key * 64 + d4));
+    }
+#pragma unroll 1
+    for (int i = 0; i < FA_KEYS * 64 / 4 / 128; i++) {  // V^T: row d = e % 64 across lanes, logical keys c4 ..
+        const int e = tid + 128 * i, d = e % 64, c4 = e / 64 * 4;
+        const int key = (c4 & ~7) + (c4 & 4 ? 1 : 0);  // logical c4 .. c4 + 3: keys key, key + 2, key + 4, key + 6
+        const float4 x = make_float4(vr[key * 64 + d], vr[(key + 2) * 64 + d], vr[(key + 4) * 64 + d],
+                                     vr[(key + 6) * 64 + d]);
+        tf32_split_store(buf + 4 * FA_WG_TILE, buf + 6 * FA_WG_TILE, c4 / 32 * FA_WG_TILE + wg_swizzled(d, c4 % 32),
+                         x);
+    }
+}
+
+// k_flash_fwd_d64's function and arguments; grid (ceil(T / FA_WG_ROWS), NH, B), TC_WG_THREADS threads,
+// FA_FWD_WG_BYTES of dynamic shared memory. setmaxnreg shares the block's 384 x 168 registers as 128 x 72 (the
+// producer) and 256 x 216.
+extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
+    k_flash_fwd_wg_d64(float* o, float* lse, const float* q, const float* k, const float* v, int T, int d_k,
+                       int ld_in, int ld_out) {
+#if WG_AVAILABLE
+    constexpr int BUF = 8 * FA_WG_TILE, RAW = 2 * FA_KEYS * 64;
+    extern __shared__ __align__(1024) float fa_wg_smem[];
+    float* split = fa_wg_smem;               // [FA_WG_BUFS][BUF]
+    float* raw = split + FA_WG_BUFS * BUF;   // [FA_WG_RAWS][RAW]
+    uint64_t* full = reinterpret_cast<uint64_t*>(raw + FA_WG_RAWS * RAW);
+    uint64_t* empty = full + FA_WG_BUFS;
+    const long long in = fa_head(T, d_k, ld_in);
+    q += in, k += in, v += in;
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * FA_WG_ROWS;  // the longest rows first
+    const int n_tiles = (min(q0 + FA_WG_ROWS, T) - 1) / FA_KEYS + 1;
+    wg_init_barriers(full, empty, FA_WG_BUFS);
+    const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+
+    if (wg == 0) {  // ------------------------------------------------ the producer: copy and split K and V
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 72;" ::: "memory");
+        const bool vec = d_k % 4 == 0 && ld_in % 4 == 0 && fa_aligned(k, v, k);
+        auto load = [&](int stage, int k0) {
+            fa_wg_load(raw + stage * RAW, k, k0, T, d_k, ld_in, vec, tid);
+            fa_wg_load(raw + stage * RAW + FA_KEYS * 64, v, k0, T, d_k, ld_in, vec, tid);
+        };
+#pragma unroll
+        for (int i = 0; i < FA_WG_RAWS - 1; i++) {
+            if (i < n_tiles) load(i, i * FA_KEYS);
+            cp_async_commit();
+        }
+        for (int kt = 0; kt < n_tiles; kt++) {
+            cp_async_wait<FA_WG_RAWS - 2>();  // this thread's copies of tile kt have landed
+            asm volatile("bar.sync 1, 128;" ::: "memory");  // ... every producer's, and all are done splitting kt - 1
+            const int next = kt + FA_WG_RAWS - 1;
+            if (next < n_tiles) load(next % FA_WG_RAWS, next * FA_KEYS);
+            cp_async_commit();
+            const int buf = kt % FA_WG_BUFS;
+            mbar_wait(&empty[buf], ((kt / FA_WG_BUFS) & 1) ^ 1);  // the consumers are done with its last tile
+            fa_wg_split(split + buf * BUF, raw + (kt % FA_WG_RAWS) * RAW, tid);
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // what was stored, the tensor cores read
+            mbar_arrive(&full[buf]);
+        }
+        return;
+    }
+
+    // ---------------------------------------------------------------- the consumers: 64 query rows each
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 216;" ::: "memory");
+    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int first = q0 + 64 * (wg - 1), warp_first = first + 16 * warp;
+    const int row_a = warp_first + g, row_b = row_a + 8;
+    const float scale = 1.0f / sqrtf((float)d_k);
+    float qf[8][4];  // Q's raw A fragments: k8 step kk, (row_a, d 8kk + t), (row_b, ..), (row_a, + 4), (row_b, + 4)
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const int row = r % 2 ? row_b : row_a, d = 8 * kk + t + 4 * (r / 2);
+            qf[kk][r] = row < T && d < d_k ? q[(long long)row * ld_in + d] : 0.0f;
+        }
+    float acc[32];  // O: (row_a, 8 (i / 4) + 2t + i % 2) for i % 4 < 2, else row_b's
+#pragma unroll
+    for (int i = 0; i < 32; i++) acc[i] = 0.0f;
+    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
+    const uint64_t desc = wg_desc(split);
+    for (int kt = 0; kt < n_tiles; kt++) {
+        const int buf = kt % FA_WG_BUFS, k0 = kt * FA_KEYS;
+        mbar_wait(&full[buf], (kt / FA_WG_BUFS) & 1);
+        if (k0 > first + 63 || first >= T) {  // every key of the tile masked, or no row of the warpgroup's
+            mbar_arrive(&empty[buf]);
+            continue;
+        }
+        const uint64_t k_hi = desc + buf * BUF / 4, k_lo = k_hi + 2 * FA_WG_TILE / 4;
+        const uint64_t v_hi = k_hi + 4 * FA_WG_TILE / 4, v_lo = k_hi + 6 * FA_WG_TILE / 4;
+        float s[32], part[32];
+        fa_wg_slice<0>(s, qf, k_hi, k_lo);  // S = Q K^T: d 0 .. 31, then 32 .. 63
+        fa_wg_slice<4>(part, qf, k_hi + FA_WG_TILE / 4, k_lo + FA_WG_TILE / 4);
+#pragma unroll
+        for (int i = 0; i < 32; i++) s[i] += part[i];
+
+        // scale, as the literal line does, and mask; the online softmax of rows a (i % 4 < 2) and b
+        const bool whole = k0 + FA_KEYS - 1 <= warp_first && k0 + FA_KEYS <= T;  // no key hidden from any row
+        float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            const int key = k0 + 8 * (i / 4) + 2 * t + i % 2;
+            const bool b = i % 4 >= 2;
+            s[i] = (whole || (key <= (b ? row_b : row_a) && key < T)) ? s[i] * scale : -INFINITY;
+            if (b) mx_b = fmaxf(mx_b, s[i]);
+            else mx_a = fmaxf(mx_a, s[i]);
+        }
+        // finite: tile 0 came first, and its key 0 is every row's
+        const float new_a = fmaxf(m_a, fa_quad_max(mx_a)), new_b = fmaxf(m_b, fa_quad_max(mx_b));
+        const float alpha_a = expf(m_a - new_a), alpha_b = expf(m_b - new_b);
+        float sum_a = 0.0f, sum_b = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            const bool b = i % 4 >= 2;
+            s[i] = expf(s[i] - (b ? new_b : new_a));
+            if (b) sum_b += s[i];
+            else sum_a += s[i];
+        }
+        l_a = l_a * alpha_a + fa_quad_sum(sum_a);
+        l_b = l_b * alpha_b + fa_quad_sum(sum_b);
+        m_a = new_a, m_b = new_b;
+#pragma unroll
+        for (int i = 0; i < 32; i++) acc[i] *= i % 4 < 2 ? alpha_a : alpha_b;
+
+        float pf[8][4];  // P as A fragments: keys 8kb + 2t (logical t) and 8kb + 2t + 1 (logical t + 4)
+#pragma unroll
+        for (int kb = 0; kb < 8; kb++)
+            pf[kb][0] = s[4 * kb], pf[kb][1] = s[4 * kb + 2], pf[kb][2] = s[4 * kb + 1], pf[kb][3] = s[4 * kb + 3];
+        fa_wg_slice<0>(part, pf, v_hi, v_lo);  // O += P V: keys 0 .. 31, then 32 .. 63
+#pragma unroll
+        for (int i = 0; i < 32; i++) acc[i] += part[i];
+        fa_wg_slice<4>(part, pf, v_hi + FA_WG_TILE / 4, v_lo + FA_WG_TILE / 4);
+        mbar_arrive(&empty[buf]);
+#pragma unroll
+        for (int i = 0; i < 32; i++) acc[i] += part[i];
+    }
+
+    o += fa_head(T, d_k, ld_out);
+    lse += fa_row(T);
+#pragma unroll
+    for (int i = 0; i < 32; i++) {
+        const int d = 8 * (i / 4) + 2 * t + i % 2, row = i % 4 < 2 ? row_a : row_b;
+        if (d < d_k && row < T) o[(long long)row * ld_out + d] = acc[i] / (i % 4 < 2 ? l_a : l_b);
+    }
+    if (t == 0) {
+        if (row_a < T) lse[row_a] = m_a + logf(l_a);
+        if (row_b < T) lse[row_b] = m_b + logf(l_b);
+    }
+#else
+    __trap();  // the launcher chooses this kernel on sm_90a only
 #endif
 }
 

@@ -18,9 +18,10 @@ BAR = 1.5  # flash attention's error at most this times the fast pipeline's on t
 REDUCTION = 1e-5  # the reference kernels' error against float64
 # (B, T, NH, d_k): T = 128 (the shortest flash attention takes: two key tiles, delta from P and dP), 130, 200,
 # 1000 (a partial last tile), 1024, 2048; d_k 32 and 64 (the presets), 128 (the widest), 20 (the narrowest), odd
-# widths. T = 1, 7 and 33 below.
+# widths (48 and 37 padded to 64, which on sm_90a the wgmma forward takes). T = 1, 7 and 33 below.
 CASES = [(2, 128, 3, 64), (1, 130, 2, 20), (1, 200, 1, 80), (1, 1000, 2, 64), (1, 1024, 2, 64), (1, 1024, 1, 128),
-         (1, 2048, 1, 64), (3, 192, 4, 96), (2, 129, 2, 20), (2, 256, 2, 32), (1, 160, 2, 21), (1, 131, 3, 32)]
+         (1, 2048, 1, 64), (3, 192, 4, 96), (2, 129, 2, 20), (2, 256, 2, 32), (1, 160, 2, 21), (1, 131, 3, 32),
+         (2, 300, 2, 48), (1, 257, 2, 37)]
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +112,42 @@ def test_flash_attention_against_float64_within_1_5x_the_fast_pipeline(ga, rng, 
     again = fused(ga, "tc", qkv, dy, NH)
     for name, a, b in zip(("y", "lse", "dqkv"), (y_t, lse_t, dqkv_t), again):
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"{name}: a second run gave other bits"
+
+
+# (B, T, NH, d_k): one position, a block's partial first tile, two blocks, odd widths (the copies 4 bytes at a time),
+# the model's length
+WG_CASES = [(1, 1, 2, 64), (2, 77, 3, 64), (1, 129, 2, 40), (1, 300, 2, 37), (2, 1024, 2, 64)]
+
+
+@pytest.mark.parametrize("B,T,NH,d_k", WG_CASES, ids=[f"B{b}-T{t}-NH{h}-dk{d}" for b, t, h, d in WG_CASES])
+def test_the_wgmma_forward_against_float64_within_1_5x_the_mma_sync_one(ga, rng, B, T, NH, d_k):
+    """k_flash_fwd_wg_d64 (sm_90a) and k_flash_fwd_d64 on the same inputs: the wgmma kernel's y no further from
+    float64 than 1.5x the mma.sync kernel's, its lse within the reduction's bar, and the same bits run twice."""
+    if not K.flash_attention.forward_on_wgmma(d_k, K.engine()):
+        pytest.skip("the wgmma forward runs on sm_90a")
+    C = NH * d_k
+    qkv_h = rng.standard_normal((B, T, 3 * C)).astype(np.float32)
+    qkv_h[..., :C] *= 2.0
+    y64, lse64, _ = float64_attention(qkv_h, np.zeros((B, T, C), np.float32), NH)
+    qkv = ga.to_gpu(qkv_h)
+
+    def forward(wgmma):
+        y, lse = poisoned(ga, B, T, C), poisoned(ga, B, NH, T)
+        plan = K.Plan()
+        K.flash_attention.forward(y, lse, qkv, NH, plan, wgmma=wgmma)
+        K.replay(plan, None, "test")
+        K.engine().cuda.Context.synchronize()
+        return y.get(), lse.get(), [e[0] for e in plan]
+
+    y_wg, lse_wg, ran_wg = forward(None)
+    y_mma, _, ran_mma = forward(False)
+    assert ran_wg == ["k_flash_fwd_wg_d64"] and ran_mma == ["k_flash_fwd_d64"], (ran_wg, ran_mma)
+    e_wg, e_mma = record("flash forward (wgmma) vs float64", "y", err(y_wg, y64)), err(y_mma, y64)
+    assert e_wg <= BAR * max(e_mma, 2 ** -23), f"y: the wgmma forward's error {e_wg:.2e} (mma.sync: {e_mma:.2e})"
+    assert record("flash forward (wgmma) vs float64", "lse", rel_err(lse_wg, lse64)) < REDUCTION
+    y_again, lse_again, _ = forward(None)
+    assert np.array_equal(y_wg.view(np.uint32), y_again.view(np.uint32))
+    assert np.array_equal(lse_wg.view(np.uint32), lse_again.view(np.uint32))
 
 
 @pytest.mark.parametrize("B,T,NH,d_k", [(2, 1, 3, 8), (2, 7, 2, 32), (1, 70, 2, 5), (1, 257, 2, 64)])

@@ -275,6 +275,14 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
                 lambda s, qkv_w=qkv_w, y_w=y_w, lse_w=lse_w, nh=nh, dqkv_w=dqkv_w: K.fused_attention_bwd_tc(
                     dqkv_w, y_w, qkv_w, y_w, lse_w, nh, stream=s),
                 F * (8 * N * cw + B * nh * T), 10 * B * nh * T * (T + 1) // 2 * width)
+    mma_case = "fused_attention_fwd_tc (d_k 64, mma.sync)"  # where the wgmma kernel takes the width of 64
+    if "tc" in variants and K.flash_attention.forward_on_wgmma(64, K.engine()) and want(mma_case):
+        nh = max(1, C // 64)
+        qkv_m, y_m, lse_m = draws_for(mma_case).randn(B, T, 3 * nh * 64), empty(B, T, nh * 64), empty(B, nh, T)
+        add(mma_case,
+            lambda s, qkv_m=qkv_m, y_m=y_m, lse_m=lse_m, nh=nh: K.flash_attention.forward(y_m, lse_m, qkv_m, nh, s,
+                                                                                       wgmma=False),
+            F * (4 * N * nh * 64 + B * nh * T), 4 * B * nh * T * (T + 1) // 2 * 64)
 
 
     # sampling: one new position a sequence, against caches of T positions (the new one the last)

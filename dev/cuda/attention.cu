@@ -13,6 +13,8 @@
 //   2  k_fused_attention_fwd: a thread a query row, every score recomputed by the literal line (the reference)
 //   3  k_flash_fwd_d64: flash attention, 3xTF32 mma.sync (sm_80): a block of query rows streams 64-key tiles
 //      through shared memory with an online softmax; no T x T buffer
+//   4  k_flash_fwd_wg_d64: the same on wgmma (sm_90a): a producer warpgroup splits each tile of K and V into
+//      wgmma's B layout, two consumer warpgroups of 64 query rows take Q and P as A from registers
 // backward: dqkv (B, T, 3C) from dy (B, T, C), the forward's y and lse
 //   1  k_fused_attention_bwd_dq, k_fused_attention_bwd_dkdv: a thread a query row, then a thread a key row
 //   2  flash attention's backward (sm_80): delta (a row's sum of p dp) by k_flash_bwd_delta_rows and
@@ -116,237 +118,10 @@ void attention_forward3(Attention& a) {
                                                               a.d_k, 3 * a.C, a.C);
 }
 
-// ---------------------------------------------------------------------------------------------- forward 4 (sm_90a)
-// Flash attention's forward on wgmma (a prototype, d_k <= 64): a block of 128 query rows of one head, two consumer
-// warpgroups of 64 rows and a producer warpgroup. The producer copies each 64-key tile of K and V raw (cp.async,
-// FW_RAWS deep) and splits it into hi and lo where wgmma reads B: K as it lies (keys x d, 32 of d a tile), V
-// transposed (d x keys, 32 keys a tile), each 8 keys relabelled (logical k t = key 2t, t + 4 = key 2t + 1) so that
-// P, from S's accumulators, is wgmma's A fragment unmoved. Q and P are A from registers, split by each consumer.
-// Every 32-long slice of a product goes into a zeroed fragment added in FP32, as in the tensor-core products.
-constexpr int FW_KEYS = 64, FW_ROWS = 128, FW_BUFS = 2, FW_RAWS = 3;
-constexpr int FW_TILE = 64 * 32;                                // a split tile: 64 rows x 32, 128B-swizzled
-constexpr int FW_BUF = 8 * FW_TILE;                             // K hi (2 tiles of d), K lo, V^T hi (2 of keys), V^T lo
-constexpr int FW_RAW = 2 * FW_KEYS * 64;                        // K, then V, 64 x 64 as they lie
-constexpr int FW_BYTES = (FW_BUFS * FW_BUF + FW_RAWS * FW_RAW) * 4 + 2 * FW_BUFS * 8;
-
-// d (+)= a @ b over one k8 step, the warpgroup's 64 x 64 tile, a from registers as wg_load_a lays it out
-__device__ __forceinline__ void wgmma_tf32_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b, int accumulate) {
-#if WG_AVAILABLE
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
-        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
-#endif
-}
-
-// d = one 32-long slice of A @ B: A's raw fragments a[K0 .. K0 + 3] (a[kk][v]: rows g, g + 8, g, g + 8 of the warp's
-// 16, k t, t, t + 4, t + 4) split here, B's hi and lo tiles at descriptors b_hi, b_lo; lo*hi, hi*lo, hi*hi of each k8
-// step, waited for
-template <int K0, int N>
-__device__ __forceinline__ void fw_slice(float (&d)[32], const float (&a)[N][4], uint64_t b_hi, uint64_t b_lo) {
-    uint32_t hi[4][4], lo[4][4];
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++)
-#pragma unroll
-        for (int v = 0; v < 4; v++) tf32_split(a[K0 + kk][v], hi[kk][v], lo[kk][v]);
-    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++) {
-        wgmma_tf32_rs(d, lo[kk], b_hi + 2 * kk, kk > 0);
-        wgmma_tf32_rs(d, hi[kk], b_lo + 2 * kk, 1);
-        wgmma_tf32_rs(d, hi[kk], b_hi + 2 * kk, 1);
-    }
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-#pragma unroll
-    for (int i = 0; i < 32; i++) asm volatile("" : "+f"(d[i])::"memory");  // read only after the wait
-}
-
-// rows r0 .. r0 + 63 of a head (ld floats apart) into s (64 x 64, as they lie) by the producer's thread tid, zero
-// past T and d_k
-__device__ __forceinline__ void fw_load(float* s, const float* p, int r0, int T, int d_k, int ld, bool vec, int tid) {
-    if (vec) {
-#pragma unroll 2
-        for (int i = 0; i < FW_KEYS * 64 / 4 / 128; i++) {
-            const int e = tid + 128 * i, r = e / 16, d = e % 16 * 4;
-            const bool in = r0 + r < T && d < d_k;
-            cp_async16(s + r * 64 + d, in ? p + (long long)(r0 + r) * ld + d : p, in ? 16 : 0);
-        }
-    } else {
-        for (int i = 0; i < FW_KEYS * 64 / 128; i++) {
-            const int e = tid + 128 * i, r = e / 64, d = e % 64;
-            const bool in = r0 + r < T && d < d_k;
-            cp_async4(s + r * 64 + d, in ? p + (long long)(r0 + r) * ld + d : p, in ? 4 : 0);
-        }
-    }
-}
-
-// a raw stage (K, V) split into a buffer (K hi, K lo, V^T hi, V^T lo) by the producer's thread tid
-__device__ __forceinline__ void fw_split(float* buf, const float* raw, int tid) {
-    const float* vr = raw + FW_KEYS * 64;
-#pragma unroll 1
-    for (int i = 0; i < FW_KEYS * 64 / 4 / 128; i++) {  // K: key e / 16, d 4 (e % 16) ..: a row's chunks across lanes
-        const int e = tid + 128 * i, key = e / 16, d4 = e % 16 * 4;
-        const int at = d4 / 32 * FW_TILE + wg_swizzled(key, d4 % 32);
-        tf32_split_store(buf, buf + 2 * FW_TILE, at, *reinterpret_cast<const float4*>(raw + key * 64 + d4));
-    }
-#pragma unroll 1
-    for (int i = 0; i < FW_KEYS * 64 / 4 / 128; i++) {  // V^T: row d = e % 64 (across lanes), logical keys c4 ..
-        const int e = tid + 128 * i, d = e % 64, c4 = e / 64 * 4;
-        const int key = (c4 & ~7) + (c4 & 4 ? 1 : 0);  // logical c4 .. c4 + 3: keys key, key + 2, key + 4, key + 6
-        const float4 x = make_float4(vr[key * 64 + d], vr[(key + 2) * 64 + d], vr[(key + 4) * 64 + d],
-                                     vr[(key + 6) * 64 + d]);
-        tf32_split_store(buf + 4 * FW_TILE, buf + 6 * FW_TILE, c4 / 32 * FW_TILE + wg_swizzled(d, c4 % 32), x);
-    }
-}
-
-extern "C" __global__ void __launch_bounds__(384, 1)
-    k_flash_fwd_wg_d64(float* o, float* lse, const float* q, const float* k, const float* v, int T, int d_k,
-                       int ld_in, int ld_out) {
-#if WG_AVAILABLE
-    extern __shared__ __align__(1024) float fw_smem[];
-    float* split = fw_smem;                     // [FW_BUFS][FW_BUF]
-    float* raw = split + FW_BUFS * FW_BUF;      // [FW_RAWS][FW_RAW]
-    uint64_t* full = reinterpret_cast<uint64_t*>(raw + FW_RAWS * FW_RAW);
-    uint64_t* empty = full + FW_BUFS;
-    const long long in = fa_head(T, d_k, ld_in);
-    q += in, k += in, v += in;
-    const int q0 = (gridDim.x - 1 - blockIdx.x) * FW_ROWS;   // the longest rows first
-    const int n_tiles = (min(q0 + FW_ROWS, T) - 1) / FW_KEYS + 1;
-    wg_init_barriers(full, empty, FW_BUFS);
-    const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
-
-    if (wg == 0) {  // ------------------------------------------------ the producer: copy and split K and V
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 72;" ::: "memory");  // 128 x 72 + 256 x 216: the 384 x 168
-        const bool vec = d_k % 4 == 0 && ld_in % 4 == 0 && fa_aligned(k, v, k);
-        auto load = [&](int stage, int k0) {
-            fw_load(raw + stage * FW_RAW, k, k0, T, d_k, ld_in, vec, tid);
-            fw_load(raw + stage * FW_RAW + FW_KEYS * 64, v, k0, T, d_k, ld_in, vec, tid);
-        };
-#pragma unroll
-        for (int i = 0; i < FW_RAWS - 1; i++) {
-            if (i < n_tiles) load(i, i * FW_KEYS);
-            cp_async_commit();
-        }
-        for (int kt = 0; kt < n_tiles; kt++) {
-            cp_async_wait<FW_RAWS - 2>();  // this thread's copies of tile kt have landed
-            asm volatile("bar.sync 1, 128;" ::: "memory");  // ... every producer's, and all are done splitting kt - 1
-            const int next = kt + FW_RAWS - 1;
-            if (next < n_tiles) load(next % FW_RAWS, next * FW_KEYS);
-            cp_async_commit();
-            const int buf = kt % FW_BUFS;
-            mbar_wait(&empty[buf], ((kt / FW_BUFS) & 1) ^ 1);  // the consumers are done with its last tile
-            fw_split(split + buf * FW_BUF, raw + (kt % FW_RAWS) * FW_RAW, tid);
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // what was stored, the tensor cores read
-            mbar_arrive(&full[buf]);
-        }
-        return;
-    }
-
-    // ---------------------------------------------------------------- the consumers: 64 query rows each
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 216;" ::: "memory");  // ptxas gives the block, shared anew
-    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-    const int first = q0 + 64 * (wg - 1), warp_first = first + 16 * warp;
-    const int row_a = warp_first + g, row_b = row_a + 8;
-    const float scale = 1.0f / sqrtf((float)d_k);
-    float qf[8][4];  // Q's raw A fragments: k8 step kk, (row_a, d 8kk + t), (row_b, ..), (row_a, + 4), (row_b, + 4)
-#pragma unroll
-    for (int kk = 0; kk < 8; kk++)
-#pragma unroll
-        for (int r = 0; r < 4; r++) {
-            const int row = r % 2 ? row_b : row_a, d = 8 * kk + t + 4 * (r / 2);
-            qf[kk][r] = row < T && d < d_k ? q[(long long)row * ld_in + d] : 0.0f;
-        }
-    float acc[32];  // O: (row_a, 8 (i / 4) + 2t + i % 2) for i % 4 < 2, else row_b's
-#pragma unroll
-    for (int i = 0; i < 32; i++) acc[i] = 0.0f;
-    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
-    const uint64_t desc = wg_desc(split);
-    for (int kt = 0; kt < n_tiles; kt++) {
-        const int buf = kt % FW_BUFS, k0 = kt * FW_KEYS;
-        mbar_wait(&full[buf], (kt / FW_BUFS) & 1);
-        if (k0 > first + 63 || first >= T) {  // every key of the tile masked, or no row of the warpgroup's
-            mbar_arrive(&empty[buf]);
-            continue;
-        }
-        const uint64_t k_hi = desc + buf * FW_BUF / 4, k_lo = k_hi + 2 * FW_TILE / 4;
-        const uint64_t v_hi = k_hi + 4 * FW_TILE / 4, v_lo = k_hi + 6 * FW_TILE / 4;
-        float s[32], part[32];
-        fw_slice<0>(s, qf, k_hi, k_lo);  // S = Q K^T: d 0 .. 31, then 32 .. 63
-        fw_slice<4>(part, qf, k_hi + FW_TILE / 4, k_lo + FW_TILE / 4);
-#pragma unroll
-        for (int i = 0; i < 32; i++) s[i] += part[i];
-
-        // scale, as the literal line does, and mask; the online softmax of rows a (i % 4 < 2) and b
-        const bool whole = k0 + FW_KEYS - 1 <= warp_first && k0 + FW_KEYS <= T;  // no key hidden from any row
-        float mx_a = -INFINITY, mx_b = -INFINITY;
-#pragma unroll
-        for (int i = 0; i < 32; i++) {
-            const int key = k0 + 8 * (i / 4) + 2 * t + i % 2;
-            const bool b = i % 4 >= 2;
-            s[i] = (whole || (key <= (b ? row_b : row_a) && key < T)) ? s[i] * scale : -INFINITY;
-            if (b) mx_b = fmaxf(mx_b, s[i]);
-            else mx_a = fmaxf(mx_a, s[i]);
-        }
-        const float new_a = fmaxf(m_a, fa_quad_max(mx_a)), new_b = fmaxf(m_b, fa_quad_max(mx_b));
-        const float alpha_a = expf(m_a - new_a), alpha_b = expf(m_b - new_b);
-        float sum_a = 0.0f, sum_b = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 32; i++) {
-            const bool b = i % 4 >= 2;
-            s[i] = expf(s[i] - (b ? new_b : new_a));
-            if (b) sum_b += s[i];
-            else sum_a += s[i];
-        }
-        l_a = l_a * alpha_a + fa_quad_sum(sum_a);
-        l_b = l_b * alpha_b + fa_quad_sum(sum_b);
-        m_a = new_a, m_b = new_b;
-#pragma unroll
-        for (int i = 0; i < 32; i++) acc[i] *= i % 4 < 2 ? alpha_a : alpha_b;
-
-        float pf[8][4];  // P as A fragments: keys 8kb + 2t (logical t) and 8kb + 2t + 1 (logical t + 4)
-#pragma unroll
-        for (int kb = 0; kb < 8; kb++)
-            pf[kb][0] = s[4 * kb], pf[kb][1] = s[4 * kb + 2], pf[kb][2] = s[4 * kb + 1], pf[kb][3] = s[4 * kb + 3];
-        fw_slice<0>(part, pf, v_hi, v_lo);  // O += P V: keys 0 .. 31, then 32 .. 63
-#pragma unroll
-        for (int i = 0; i < 32; i++) acc[i] += part[i];
-        fw_slice<4>(part, pf, v_hi + FW_TILE / 4, v_lo + FW_TILE / 4);
-        mbar_arrive(&empty[buf]);
-#pragma unroll
-        for (int i = 0; i < 32; i++) acc[i] += part[i];
-    }
-
-    o += fa_head(T, d_k, ld_out);
-    lse += fa_row(T);
-#pragma unroll
-    for (int i = 0; i < 32; i++) {
-        const int d = 8 * (i / 4) + 2 * t + i % 2, row = i % 4 < 2 ? row_a : row_b;
-        if (d < d_k && row < T) o[(long long)row * ld_out + d] = acc[i] / (i % 4 < 2 ? l_a : l_b);
-    }
-    if (t == 0) {
-        if (row_a < T) lse[row_a] = m_a + logf(l_a);
-        if (row_b < T) lse[row_b] = m_b + logf(l_b);
-    }
-#else
-    __trap();  // wgmma is sm_90a's
-#endif
-}
-
 void attention_forward4(Attention& a) {
-    if (a.d_k > 64) {
-        printf("forward 4 takes d_k <= 64, not %d\n", a.d_k);
-        exit(EXIT_FAILURE);
-    }
-    const dim3 grid(ceil_div(a.T, FW_ROWS), a.NH, a.B);
-    k_flash_fwd_wg_d64<<<grid, 384, FW_BYTES>>>(a.y, a.lse, a.qkv, a.qkv + a.C, a.qkv + 2 * a.C, a.T, a.d_k,
-                                               3 * a.C, a.C);
+    const dim3 grid(ceil_div(a.T, (int)FA_FWD_WG_ROWS), a.NH, a.B);
+    k_flash_fwd_wg_d64<<<grid, TC_WG_THREADS, FA_FWD_WG_BYTES>>>(a.y, a.lse, a.qkv, a.qkv + a.C, a.qkv + 2 * a.C, a.T,
+                                                                a.d_k, 3 * a.C, a.C);
 }
 
 void attention_forward(int version, Attention& a) {
@@ -404,8 +179,8 @@ int main(int argc, char** argv) {
     char flash_needs[96];
     snprintf(flash_needs, sizeof(flash_needs), "sm_80 (mma.sync TF32) and %d KB of shared memory a block",
              flash_shared / 1024);
-    const bool flash_wg = gpu.wgmma && FW_BYTES <= (int)gpu.prop.sharedMemPerBlockOptin;
-    if (flash_wg) allow_shared(k_flash_fwd_wg_d64, FW_BYTES);
+    const bool flash_wg = gpu.wgmma && FA_FWD_WG_BYTES <= (int)gpu.prop.sharedMemPerBlockOptin;
+    if (flash_wg) allow_shared(k_flash_fwd_wg_d64, FA_FWD_WG_BYTES);
     if (flash) {
         allow_shared(k_flash_fwd_d64, FA_FWD_BYTES64);
         allow_shared(k_flash_bwd_delta_d64, FA_DELTA_BYTES64);

@@ -11,7 +11,7 @@ import math
 
 from .attention import fused_attention_bwd, fused_attention_fwd, qkv_dims
 from .checks import ptr
-from .matmul_tc import tensor_cores
+from .matmul_tc import tensor_cores, warpgroup_mma
 from .runtime import blocks, device_of, launch, noting, scratch
 from .source import int_constants
 
@@ -35,7 +35,8 @@ def _sizes(D: int) -> dict:
     c = int_constants()
     return dict(fwd_warps=c[f"FA_FWD_W{D}"], delta_warps=c["FA_DELTA_W"], bwd_warps=c[f"FA_BWD_W{D}"],
                 bwd_tiles=c[f"FA_BWD_KT{D}"], keys=c["FA_KEYS_A_TILE"], pass_tiles=c["FA_PASS_TILES"],
-                fwd=c[f"FA_FWD_BYTES{D}"], delta=c[f"FA_DELTA_BYTES{D}"], bwd=c[f"FA_BWD_BYTES{D}"])
+                fwd=c[f"FA_FWD_BYTES{D}"], delta=c[f"FA_DELTA_BYTES{D}"], bwd=c[f"FA_BWD_BYTES{D}"],
+                wg_rows=c["FA_FWD_WG_ROWS"], wg_threads=c["TC_WG_THREADS"], fwd_wg=c["FA_FWD_WG_BYTES"])
 
 
 def supported(d_k: int, T: int, device) -> bool:
@@ -72,13 +73,32 @@ def fused_attention_fwd_tc(y, lse, qkv, n_head, *, stream=None):
     if not runs(B, n_head, d_k, T, device):
         with noting(stream, reason(B, n_head, d_k, T, device)):
             return fused_attention_fwd(y, lse, qkv, n_head, stream=stream)
+    forward(y, lse, qkv, n_head, stream)
+
+
+def forward(y, lse, qkv, n_head, stream, wgmma: bool | None = None):
+    """fused_attention_fwd_tc's launch, where runs(): on sm_90a at the width of 64 the wgmma kernel
+    (forward_on_wgmma), elsewhere the mma.sync one, which wgmma=False asks for there (tests and tools check both)."""
+    B, T, C, d_k = qkv_dims(qkv, n_head)
+    device = device_of(stream)
     D = width(d_k)
     s = _sizes(D)
     p_qkv = ptr("qkv", qkv, (B, T, 3 * C))
     args = [ptr("y", y, (B, T, C)), ptr("lse", lse, (B, n_head, T)), p_qkv, p_qkv + 4 * C, p_qkv + 8 * C, T, d_k,
             3 * C, C]
-    launch(f"k_flash_fwd_d{D}", args, (math.ceil(T / (16 * s["fwd_warps"])), n_head, B), stream, shared=s["fwd"],
-           block=32 * s["fwd_warps"], why=reason(B, n_head, d_k, T, device))
+    why = reason(B, n_head, d_k, T, device)
+    if forward_on_wgmma(d_k, device) and wgmma is not False:
+        launch("k_flash_fwd_wg_d64", args, (math.ceil(T / s["wg_rows"]), n_head, B), stream, shared=s["fwd_wg"],
+               block=s["wg_threads"], why=f"{why}; on wgmma (sm_90a, d_k <= 64)")
+    else:
+        launch(f"k_flash_fwd_d{D}", args, (math.ceil(T / (16 * s["fwd_warps"])), n_head, B), stream,
+               shared=s["fwd"], block=32 * s["fwd_warps"], why=why)
+
+
+def forward_on_wgmma(d_k: int, device) -> bool:
+    """Whether the forward of heads of d_k takes the wgmma kernel (sm_90a, the width of 64) on `device`, where
+    flash attention runs."""
+    return warpgroup_mma(device) and width(d_k) == 64 and _sizes(64)["fwd_wg"] <= device.max_shared
 
 
 def fused_attention_bwd_tc(dqkv, dy, qkv, y, lse, n_head, *, stream=None):
