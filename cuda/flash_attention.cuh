@@ -1,9 +1,10 @@
 // Flash attention on the tensor cores at FP32 accuracy (3xTF32, mma.sync; on sm_90a the forward of d_k <= 64 on
-// wgmma): the tc variant's fused attention, no T x T buffer. The forward streams 64-key tiles of K and V with an online softmax, keeping O and one log-sum-exp per
-// row; the backward recomputes the probabilities from it: delta (k_flash_bwd_delta_*, k_flash_bwd_delta_rows), then
-// one kernel for dQ, dK and dV. Deterministic: every sum in a fixed order, no float atomics. Heads are read where the
-// QKV projection leaves them and written where W_O reads them: head h of batch row b is columns h * d_k .. + d_k of
-// rows b * T .. + T of a matrix whose rows are ld floats apart (qkv and dqkv: 3C; y and dy: C).
+// wgmma): the tc variant's fused attention, no T x T buffer. The forward streams 64-key tiles of K and V with an
+// online softmax, keeping O and one log-sum-exp per row; the backward recomputes the probabilities from it: delta
+// (k_flash_bwd_delta_*, k_flash_bwd_delta_rows), then one kernel for dQ, dK and dV. Deterministic: every sum in a
+// fixed order, no float atomics. Heads are read where the QKV projection leaves them and written where W_O reads
+// them: head h of batch row b is columns h * d_k .. + d_k of rows b * T .. + T of a matrix whose rows are ld floats
+// apart (qkv and dqkv: 3C; y and dy: C).
 #pragma once
 #include "matmul_tc.cuh"  // tf32_split(_store), mma_tf32, mma_tf32_first, cp_async16, cp_async4, TC_AVAILABLE
 

@@ -250,7 +250,8 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
     wg_init_barriers(full, empty, FB_WG_BUFS);  // its barrier makes the ticket seen
     const int ticket = *ticket_s, m = ticket / heads, bh = ticket % heads;  // block major: every head's longest first
     const int b = bh / (int)gridDim.y, h = bh - b * (int)gridDim.y;
-    const long long in = (long long)b * T * ld_in + (long long)h * d_k, out = (long long)b * T * ld_out + (long long)h * d_k;
+    const long long in = (long long)b * T * ld_in + (long long)h * d_k;
+    const long long out = (long long)b * T * ld_out + (long long)h * d_k;
     const int j0 = 2 * m, k0 = j0 * FA_KEYS;  // the block's first key tile, and its first key
     const int last = (T - 1) / FB_WG_Q, n_steps = last - k0 / FB_WG_Q + 1;  // 32-query steps: the last down to k0
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
@@ -378,8 +379,10 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
             }
             float af[4][4];  // P^T as A fragments: queries 8kb + 2t (logical t) and 8kb + 2t + 1 (logical t + 4)
 #pragma unroll
-            for (int kb = 0; kb < 4; kb++)
-                af[kb][0] = st[4 * kb], af[kb][1] = st[4 * kb + 2], af[kb][2] = st[4 * kb + 1], af[kb][3] = st[4 * kb + 3];
+            for (int kb = 0; kb < 4; kb++) {
+                af[kb][0] = st[4 * kb], af[kb][1] = st[4 * kb + 2];
+                af[kb][2] = st[4 * kb + 1], af[kb][3] = st[4 * kb + 3];
+            }
             fb_wg_slice<0, 4, 32, false>(part, af, dt_hi, dt_lo);  // dV += P^T dO
 #pragma unroll
             for (int r = 0; r < 32; r++) acc_v[r] += part[r];
@@ -403,8 +406,10 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
             for (int r = 0; r < 16; r++)
                 ds[(8 * (r / 4) + 2 * t + r % 2) * FB_WG_DS_LD + kw + 16 * warp + g + 8 * ((r % 4) / 2)] = st[r];
 #pragma unroll
-            for (int kb = 0; kb < 4; kb++)
-                af[kb][0] = st[4 * kb], af[kb][1] = st[4 * kb + 2], af[kb][2] = st[4 * kb + 1], af[kb][3] = st[4 * kb + 3];
+            for (int kb = 0; kb < 4; kb++) {
+                af[kb][0] = st[4 * kb], af[kb][1] = st[4 * kb + 2];
+                af[kb][2] = st[4 * kb + 1], af[kb][3] = st[4 * kb + 3];
+            }
             fb_wg_slice<0, 4, 32, false>(part, af, qt_hi, qt_lo);  // dK += dS^T Q
 #pragma unroll
             for (int r = 0; r < 32; r++) acc_k[r] += part[r];
