@@ -1,10 +1,10 @@
-// Flash attention on the tensor cores at FP32 accuracy (3xTF32, mma.sync; on sm_90a the forward of d_k <= 64 on
-// wgmma): the tc variant's fused attention, no T x T buffer. The forward streams 64-key tiles of K and V with an
-// online softmax, keeping O and one log-sum-exp per row; the backward recomputes the probabilities from it: delta
-// (k_flash_bwd_delta_*, k_flash_bwd_delta_rows), then one kernel for dQ, dK and dV. Deterministic: every sum in a
-// fixed order, no float atomics. Heads are read where the QKV projection leaves them and written where W_O reads
-// them: head h of batch row b is columns h * d_k .. + d_k of rows b * T .. + T of a matrix whose rows are ld floats
-// apart (qkv and dqkv: 3C; y and dy: C).
+// Flash attention on the tensor cores at FP32 accuracy (3xTF32, mma.sync; on sm_90a at d_k <= 64, the forward and
+// the backward's dQ, dK and dV on wgmma): the tc variant's fused attention, no T x T buffer. The forward streams
+// 64-key tiles of K and V with an online softmax, keeping O and one log-sum-exp per row; the backward recomputes
+// the probabilities from it: delta (k_flash_bwd_delta_*, k_flash_bwd_delta_rows), then one kernel for dQ, dK and
+// dV. Deterministic: every sum in a fixed order, no float atomics. Heads are read where the QKV projection leaves
+// them and written where W_O reads them: head h of batch row b is columns h * d_k .. + d_k of rows b * T .. + T of a
+// matrix whose rows are ld floats apart (qkv and dqkv: 3C; y and dy: C).
 #pragma once
 #include "matmul_tc.cuh"  // tf32_split(_store), mma_tf32, mma_tf32_first, cp_async16, cp_async4, TC_AVAILABLE
 
@@ -51,6 +51,24 @@
 #define FA_WG_RAWS 3
 #define FA_WG_TILE (64 * 32)
 #define FA_SMEM_FWD_WG ((FA_WG_BUFS * 8 * FA_WG_TILE + FA_WG_RAWS * 2 * FA_KEYS * 64) * 4 + 2 * FA_WG_BUFS * 8)
+// The wgmma backward (sm_90a, D = 64): queries a step, split buffers (Q hi, Q lo, dO hi, dO lo as they lie: 32
+// queries x 32 of d, two slices each; then Q^T and dO^T hi and lo: 64 d x 32 queries), raw stages (Q, dO as they
+// lie, lse, delta), the block's K (128 keys, rows FB_WG_KS_LD apart) and the step's dS (32 queries x 128 keys)
+#define FB_WG_Q 32
+#define FB_WG_BUFS 2
+#define FB_WG_RAWS 2
+#define FB_WG_QN (FB_WG_Q * 32)
+#define FB_WG_QT (64 * FB_WG_Q)
+#define FB_WG_BUF (8 * FB_WG_QN + 4 * FB_WG_QT)
+#define FB_WG_RAW (2 * FB_WG_Q * 64 + 2 * FB_WG_Q)
+#define FB_WG_KS_LD (64 + 4)
+#define FB_WG_KS (2 * FA_KEYS * FB_WG_KS_LD)
+#define FB_WG_DS_LD (128 + 8)
+#define FB_WG_DS (FB_WG_Q * FB_WG_DS_LD)
+// floats, then the full and empty barriers of each buffer and the ticket (4 floats)
+#define FA_SMEM_BWD_WG                                                                                        \
+    ((FB_WG_BUFS * FB_WG_BUF + FB_WG_RAWS * FB_WG_RAW + FB_WG_KS + FB_WG_DS + FB_WG_BUFS * 2 * FB_WG_Q) * 4 + \
+     2 * FB_WG_BUFS * 8 + 16)
 enum FlashLaunch : int {
     FA_KEYS_A_TILE = FA_KEYS,
     FA_DELTA_W = FA_DELTA_WARPS,
@@ -69,6 +87,7 @@ enum FlashLaunch : int {
     FA_FWD_BYTES128 = FA_SMEM_FWD(128, FA_FWD_WARPS(128), FA_FWD_SPLIT(128)) * 4,
     FA_FWD_WG_ROWS = FA_WG_ROWS,
     FA_FWD_WG_BYTES = FA_SMEM_FWD_WG,
+    FA_BWD_WG_BYTES = FA_SMEM_BWD_WG,
     FA_DELTA_BYTES32 = FA_SMEM_DELTA(32, FA_DELTA_WARPS) * 4,
     FA_DELTA_BYTES64 = FA_SMEM_DELTA(64, FA_DELTA_WARPS) * 4,
     FA_DELTA_BYTES128 = FA_SMEM_DELTA(128, FA_DELTA_WARPS) * 4,
@@ -422,11 +441,12 @@ __device__ void flash_fwd(float* o, float* lse, const float* q, const float* k, 
 // wgmma's A fragment unmoved. Q and P are A from registers, split by each consumer; every 32-long slice of a product
 // goes into a zeroed fragment added in FP32, as in the tensor-core products.
 
-// d = one 32-long slice of A @ B over the warpgroup's 64 rows: A's raw fragments a[K0 .. K0 + 3] (a[kk][v]: rows g,
-// g + 8, g, g + 8 of the warp's 16, k 8kk + t, t, t + 4, t + 4) split here, B's hi and lo 64 x 32 tiles at
-// descriptors b_hi and b_lo; lo*hi, hi*lo, hi*hi of each k8 step, waited for
-template <int K0, int N>
-__device__ __forceinline__ void fa_wg_slice(float (&d)[32], const float (&a)[N][4], uint64_t b_hi, uint64_t b_lo) {
+// d = one 32-long slice of A @ B over the warpgroup's 64 rows, d the accumulators of m64nNk8 (FRAG = N / 2): A's raw
+// fragments a[K0 .. K0 + 3] (a[kk][v]: rows g, g + 8, g, g + 8 of the warp's 16, k 8kk + t, t, t + 4, t + 4) split
+// here, B's hi and lo N x 32 tiles at descriptors b_hi and b_lo; lo*hi, hi*lo, hi*hi of each k8 step (TRANS: hi*lo,
+// lo*hi, hi*hi, so that A B computed as (B^T A^T)^T sums the same terms), waited for
+template <int K0, bool TRANS = false, int FRAG, int NA>
+__device__ __forceinline__ void fa_wg_slice(float (&d)[FRAG], const float (&a)[NA][4], uint64_t b_hi, uint64_t b_lo) {
 #if WG_AVAILABLE
     uint32_t hi[4][4], lo[4][4];
 #pragma unroll
@@ -436,30 +456,37 @@ __device__ __forceinline__ void fa_wg_slice(float (&d)[32], const float (&a)[N][
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) {
-        wgmma_tf32_rs(d, lo[kk], b_hi + 2 * kk, kk > 0);
-        wgmma_tf32_rs(d, hi[kk], b_lo + 2 * kk, 1);
+        if constexpr (TRANS) {
+            wgmma_tf32_rs(d, hi[kk], b_lo + 2 * kk, kk > 0);
+            wgmma_tf32_rs(d, lo[kk], b_hi + 2 * kk, 1);
+        } else {
+            wgmma_tf32_rs(d, lo[kk], b_hi + 2 * kk, kk > 0);
+            wgmma_tf32_rs(d, hi[kk], b_lo + 2 * kk, 1);
+        }
         wgmma_tf32_rs(d, hi[kk], b_hi + 2 * kk, 1);
     }
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
-    for (int i = 0; i < 32; i++) asm volatile("" : "+f"(d[i])::"memory");  // read only after the wait
+    for (int i = 0; i < FRAG; i++) asm volatile("" : "+f"(d[i])::"memory");  // read only after the wait
 #endif
 }
 
-// rows r0 .. r0 + 63 of a head (ld floats apart) into s (64 x 64, as they lie) by producer thread tid, zero past T
-// and d_k
+// rows r0 .. r0 + ROWS - 1 of a head (ld floats apart) into s (ROWS x 64, as they lie) by producer thread tid, zero
+// past T and d_k
+template <int ROWS>
 __device__ __forceinline__ void fa_wg_load(float* s, const float* p, int r0, int T, int d_k, int ld, bool vec,
                                            int tid) {
     if (vec) {
 #pragma unroll 2
-        for (int i = 0; i < FA_KEYS * 64 / 4 / 128; i++) {
+        for (int i = 0; i < ROWS * 64 / 4 / 128; i++) {
             const int e = tid + 128 * i, r = e / 16, d = e % 16 * 4;
             const bool in = r0 + r < T && d < d_k;
             cp_async16(s + r * 64 + d, in ? p + (long long)(r0 + r) * ld + d : p, in ? 16 : 0);
         }
     } else {
-        for (int i = 0; i < FA_KEYS * 64 / 128; i++) {
+#pragma unroll 1
+        for (int i = 0; i < ROWS * 64 / 128; i++) {
             const int e = tid + 128 * i, r = e / 64, d = e % 64;
             const bool in = r0 + r < T && d < d_k;
             cp_async4(s + r * 64 + d, in ? p + (long long)(r0 + r) * ld + d : p, in ? 4 : 0);
@@ -512,8 +539,8 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;" ::: "memory");
         const bool vec = d_k % 4 == 0 && ld_in % 4 == 0 && fa_aligned(k, v, k);
         auto load = [&](int stage, int k0) {
-            fa_wg_load(raw + stage * RAW, k, k0, T, d_k, ld_in, vec, tid);
-            fa_wg_load(raw + stage * RAW + FA_KEYS * 64, v, k0, T, d_k, ld_in, vec, tid);
+            fa_wg_load<FA_KEYS>(raw + stage * RAW, k, k0, T, d_k, ld_in, vec, tid);
+            fa_wg_load<FA_KEYS>(raw + stage * RAW + FA_KEYS * 64, v, k0, T, d_k, ld_in, vec, tid);
         };
 #pragma unroll
         for (int i = 0; i < FA_WG_RAWS - 1; i++) {
@@ -1022,3 +1049,345 @@ FLASH_KERNELS(32)
 FLASH_KERNELS(64)
 FLASH_KERNELS(128)
 #undef FLASH_KERNELS
+
+// ---------------------------------------------------------------------------------------------- backward on wgmma
+// Flash attention's backward on sm_90a's wgmma, d_k <= 64 (D = 64): k_flash_bwd_d64's work (a block two 64-key tiles,
+// (m, head) from the same ticket, query tiles from the last down to the diagonal, dQ added in the same fixed order
+// behind the same counters) by three warpgroups. The producer (warpgroup 0) copies each step's 32 queries of Q and
+// dO raw, with their lse and delta (cp.async, FB_WG_RAWS deep), and splits them into hi and lo where wgmma reads B
+// (128B-swizzled K-major tiles of 32 floats a row, FB_WG_BUFS buffers): Q and dO as they lie (queries x d) for
+// S^T = K Q^T and dP^T = V dO^T, and transposed (d x queries, each 8 queries relabelled: logical k t = query 2t,
+// t + 4 = query 2t + 1) for dV += P^T dO and dK += dS^T Q, so that P^T and dS^T, in the accumulators of S^T, are
+// wgmma's A fragments unmoved. Each consumer (warpgroups 1, 2) owns 64 keys: K's A fragments read from the block's
+// resident K in shared memory, V's held raw in registers, dK and dV in registers. dS^T goes to shared memory, and
+// the consumers' 8 warps add dS K into dQ by mma.sync (3xTF32, fa_mma3) over the block's keys, key tile by key
+// tile. Every 32-long slice of a wgmma product into a zeroed fragment, added in FP32.
+static_assert(FA_BWD_TILES(64) == 2, "k_flash_bwd_d64's grid, which the launcher gives both: two key tiles a block");
+static_assert(FA_SMEM_BWD_WG <= 232448, "the opt-in limit of shared memory a block (227 KB)");
+static_assert(FB_WG_BUF % 256 == 0 && (FB_WG_BUFS * FB_WG_BUF + FB_WG_RAWS * FB_WG_RAW) % 4 == 0, "alignment");
+
+// K's element (key, d) in the block's resident tile. Rows 68 floats apart: both its readers are free of bank
+// conflicts (S^T's A fragments: keys g, g + 8, d t, t + 4 of a k8 step; dQ's mma.sync B fragments: keys 2t, 2t + 1,
+// d g), and every address is a lane's base and a constant (an XOR swizzle's, hoisted out of the loop, spilled)
+__device__ __forceinline__ int fb_ks_at(int key, int d) { return key * FB_WG_KS_LD + d; }
+
+// a raw stage (Q, dO, lse, delta) split into a buffer (Q and dO natural, then transposed and relabelled; lse and
+// delta to ls) by producer thread tid
+__device__ __forceinline__ void fb_wg_split(float* buf, float* ls, const float* raw, int tid) {
+#pragma unroll 1
+    for (int x = 0; x < 2; x++) {  // Q, dO: query e / 16, d 4 (e % 16) ..: a row's chunks across lanes
+        const float* r = raw + x * FB_WG_Q * 64;
+        float* hi = buf + 4 * x * FB_WG_QN;
+#pragma unroll
+        for (int i = 0; i < FB_WG_Q * 64 / 4 / 128; i++) {
+            const int e = tid + 128 * i, qi = e / 16, d4 = e % 16 * 4;
+            tf32_split_store(hi, hi + 2 * FB_WG_QN, d4 / 32 * FB_WG_QN + wg_swizzled(qi, d4 % 32),
+                             *reinterpret_cast<const float4*>(r + qi * 64 + d4));
+        }
+    }
+#pragma unroll 1
+    for (int x = 0; x < 2; x++) {  // Q^T, dO^T: row d = e % 64 across lanes, logical queries c4 ..
+        const float* r = raw + x * FB_WG_Q * 64;
+        float* hi = buf + 8 * FB_WG_QN + 2 * x * FB_WG_QT;
+#pragma unroll
+        for (int i = 0; i < 64 * FB_WG_Q / 4 / 128; i++) {
+            const int e = tid + 128 * i, d = e % 64, c4 = e / 64 * 4;
+            const int qi = (c4 & ~7) + (c4 & 4 ? 1 : 0);  // logical c4 .. c4 + 3: queries qi, + 2, + 4, + 6
+            const float4 y = make_float4(r[qi * 64 + d], r[(qi + 2) * 64 + d], r[(qi + 4) * 64 + d],
+                                         r[(qi + 6) * 64 + d]);
+            tf32_split_store(hi, hi + FB_WG_QT, wg_swizzled(d, c4), y);
+        }
+    }
+    if (tid < 2 * FB_WG_Q) ls[tid] = raw[2 * FB_WG_Q * 64 + tid];
+}
+
+// out = the warp's 16 query rows of the staged dS (a: its row 0, rows FB_WG_DS_LD apart: the float2 reads of a
+// quarter warp fall on distinct banks; the stores from the accumulators two to a bank)
+// times key tile kt's 64 rows of K (ks, fb_ks_at), columns c0 + 8n + (0..7) of d: fa_dq_part's products (keys 2t,
+// 2t + 1 of each k8 step as logical k t, t + 4 on both sides)
+template <int NQ>
+__device__ __forceinline__ void fb_wg_dq_part(float (&out)[NQ][4], const float* a, const float* ks, int kt, int c0) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int c = 0; c < NQ; c++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) out[c][r] = 0.0f;
+#pragma unroll
+    for (int kb = 0; kb < 8; kb++) {
+        const int key = FA_KEYS * kt + 8 * kb + 2 * t;
+        const float2 u = *reinterpret_cast<const float2*>(a + g * FB_WG_DS_LD + key);
+        const float2 w = *reinterpret_cast<const float2*>(a + (g + 8) * FB_WG_DS_LD + key);
+        const float av[4] = {u.x, w.x, u.y, w.y};
+        uint32_t a_hi[4], a_lo[4];
+#pragma unroll
+        for (int r = 0; r < 4; r++) tf32_split(av[r], a_hi[r], a_lo[r]);
+#pragma unroll
+        for (int c = 0; c < NQ; c++) {
+            const int d = c0 + 8 * c + g;
+            fa_mma3(out[c], a_hi, a_lo, ks[fb_ks_at(key, d)], ks[fb_ks_at(key + 1, d)]);
+        }
+    }
+}
+
+// grid (ceil(T / 128), NH, B) as k_flash_bwd_d64's (its work from the ticket), TC_WG_THREADS threads,
+// FA_BWD_WG_BYTES of dynamic shared memory; after k_flash_bwd_delta_rows and k_flash_bwd_delta_d64 (delta, and the
+// counters and ticket zeroed). setmaxnreg shares the block's 384 x 168 registers as 128 x 72 and 256 x 216.
+extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
+    k_flash_bwd_wg_d64(float* dq, float* dk, float* dv, int* sync, const float* q, const float* k, const float* v,
+                       const float* d_o, const float* lse, const float* delta, int T, int d_k, int ld_in,
+                       int ld_out) {
+#if WG_AVAILABLE
+    extern __shared__ __align__(1024) float fb_smem[];
+    float* split = fb_smem;                             // [FB_WG_BUFS][FB_WG_BUF]
+    float* raw = split + FB_WG_BUFS * FB_WG_BUF;        // [FB_WG_RAWS][FB_WG_RAW]
+    float* ks = raw + FB_WG_RAWS * FB_WG_RAW;           // the block's 128 keys of K
+    float* ds = ks + FB_WG_KS;                          // dS of the step: 32 queries x 128 keys
+    float* ls = ds + FB_WG_DS;                          // [FB_WG_BUFS][lse 32, delta 32] of each buffer's step
+    uint64_t* full = reinterpret_cast<uint64_t*>(ls + FB_WG_BUFS * 2 * FB_WG_Q);
+    uint64_t* empty = full + FB_WG_BUFS;
+    int* ticket_s = reinterpret_cast<int*>(empty + FB_WG_BUFS);
+    const int n = (T - 1) / FA_KEYS + 1, blocks = (n - 1) / 2 + 1, heads = gridDim.y * gridDim.z;
+    if (threadIdx.x == 0) {
+        const int ticket = atomicAdd(sync + heads * n, 1);
+        if (ticket == heads * blocks - 1) sync[heads * n] = 0;  // the last ticket drawn: left 0 for the next launch
+        *ticket_s = ticket;
+    }
+    wg_init_barriers(full, empty, FB_WG_BUFS);  // its barrier makes the ticket seen
+    const int ticket = *ticket_s, m = ticket / heads, bh = ticket % heads;  // block major: every head's longest first
+    const int b = bh / (int)gridDim.y, h = bh - b * (int)gridDim.y;
+    const long long in = (long long)b * T * ld_in + (long long)h * d_k;
+    const long long out = (long long)b * T * ld_out + (long long)h * d_k;
+    const int j0 = 2 * m, k0 = j0 * FA_KEYS;  // the block's first key tile, and its first key
+    const int last = (T - 1) / FB_WG_Q, n_steps = last - k0 / FB_WG_Q + 1;  // 32-query steps: the last down to k0
+    const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+
+    if (wg == 0) {  // ------------------------------------------------ the producer: copy and split Q and dO
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 72;" ::: "memory");
+        const float *qh = q + in, *doh = d_o + out, *lh = lse + (long long)bh * T, *dh = delta + (long long)bh * T;
+        const bool vec = d_k % 4 == 0 && ld_in % 4 == 0 && ld_out % 4 == 0 && fa_aligned(qh, doh, qh);
+        auto load = [&](int stage, int q0) {
+            float* r = raw + stage * FB_WG_RAW;
+            fa_wg_load<FB_WG_Q>(r, qh, q0, T, d_k, ld_in, vec, tid);
+            fa_wg_load<FB_WG_Q>(r + FB_WG_Q * 64, doh, q0, T, d_k, ld_out, vec, tid);
+            if (tid < 2 * FB_WG_Q) {
+                const int qi = q0 + tid % FB_WG_Q;
+                const float* src = tid < FB_WG_Q ? lh : dh;
+                cp_async4(r + 2 * FB_WG_Q * 64 + tid, qi < T ? src + qi : src, qi < T ? 4 : 0);
+            }
+        };
+#pragma unroll
+        for (int i = 0; i < FB_WG_RAWS - 1; i++) {
+            if (i < n_steps) load(i, (last - i) * FB_WG_Q);
+            cp_async_commit();
+        }
+#pragma unroll 1
+        for (int s = 0; s < n_steps; s++) {
+            cp_async_wait<FB_WG_RAWS - 2>();  // this thread's copies of step s have landed
+            asm volatile("bar.sync 1, 128;" ::: "memory");  // ... every producer's, and all are done splitting s - 1
+            const int next = s + FB_WG_RAWS - 1;
+            if (next < n_steps) load(next % FB_WG_RAWS, (last - next) * FB_WG_Q);
+            cp_async_commit();
+            const int buf = s % FB_WG_BUFS;
+            mbar_wait(&empty[buf], ((s / FB_WG_BUFS) & 1) ^ 1);  // the consumers are done with its last step
+            fb_wg_split(split + buf * FB_WG_BUF, ls + buf * 2 * FB_WG_Q, raw + (s % FB_WG_RAWS) * FB_WG_RAW, tid);
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // what was stored, the tensor cores read
+            mbar_arrive(&full[buf]);
+        }
+        return;
+    }
+
+    // ---------------------------------------------------------------- the consumers: 64 keys each
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 216;" ::: "memory");
+    const int ctid = threadIdx.x - 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int kw = FA_KEYS * (wg - 1), kw0 = k0 + kw;      // the warpgroup's keys: row kw of ks, key kw0
+    const int key_a = kw0 + 16 * warp + g, key_b = key_a + 8;
+    const float scale = 1.0f / sqrtf((float)d_k);
+    {  // the block's K into ks (cp.async, the consumers' 256 threads), zero past T and d_k
+        const float* kh = k + in;
+        if (d_k % 4 == 0 && ld_in % 4 == 0 && fa_aligned(kh, kh, kh)) {
+#pragma unroll
+            for (int i = 0; i < FB_WG_KS / 4 / 256; i++) {
+                const int e = ctid + 256 * i, key = e / 16, d = e % 16 * 4;
+                const bool ok = k0 + key < T && d < d_k;
+                cp_async16(ks + fb_ks_at(key, d), ok ? kh + (long long)(k0 + key) * ld_in + d : kh, ok ? 16 : 0);
+            }
+        } else {
+#pragma unroll 1
+            for (int i = 0; i < FB_WG_KS / 256; i++) {
+                const int e = ctid + 256 * i, key = e / 64, d = e % 64;
+                const bool ok = k0 + key < T && d < d_k;
+                cp_async4(ks + fb_ks_at(key, d), ok ? kh + (long long)(k0 + key) * ld_in + d : kh, ok ? 4 : 0);
+            }
+        }
+        cp_async_commit();
+    }
+    float vf[8][4];  // V's raw A fragments: k8 step kk, (key_a, d 8kk + t), (key_b, ..), (key_a, + 4), (key_b, + 4)
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const int key = r % 2 ? key_b : key_a, d = 8 * kk + t + 4 * (r / 2);
+            vf[kk][r] = key < T && d < d_k ? v[in + (long long)key * ld_in + d] : 0.0f;
+        }
+    float acc_k[32], acc_v[32];  // (key_a, d 8 (i / 4) + 2t + i % 2) for i % 4 < 2, else key_b's
+#pragma unroll
+    for (int i = 0; i < 32; i++) acc_k[i] = 0.0f, acc_v[i] = 0.0f;
+    cp_async_wait<0>();  // this thread's copies of K (the first step's barrier: every thread's)
+    const uint64_t desc = wg_desc(split);
+    int* publish = nullptr;  // consumer thread 0's: the counter of the last 64-query tile added, set once all stored
+#pragma unroll 1
+    for (int s = 0; s < n_steps; s++) {
+        const int h32 = last - s, q0 = h32 * FB_WG_Q, i = h32 / 2;  // 32 queries from q0, of 64-query tile i
+        const int buf = s % FB_WG_BUFS;
+        // every consumer is done with the last step's dS and its dQ stores (K is in, at the first)
+        asm volatile("bar.sync 2, 256;" ::: "memory");
+        if (publish != nullptr) {
+            __threadfence();
+            fa_store_release(publish, m + 1);
+            publish = nullptr;
+        }
+        mbar_wait(&full[buf], (s / FB_WG_BUFS) & 1);
+        float st[16];  // S^T, P^T, then dS^T: (key_a, query q0 + 8 (i / 4) + 2t + i % 2) for i % 4 < 2, else key_b's
+        const bool seen = kw0 <= q0 + FB_WG_Q - 1 && kw0 < T;  // a key of the warpgroup's sees a query of the step
+        if (seen) {
+            const float* l = ls + buf * 2 * FB_WG_Q;
+            const uint64_t b0 = desc + buf * FB_WG_BUF / 4;
+            const uint64_t qn_hi = b0, qn_lo = b0 + 2 * FB_WG_QN / 4, dn_hi = b0 + 4 * FB_WG_QN / 4,
+                           dn_lo = b0 + 6 * FB_WG_QN / 4, qt_hi = b0 + 8 * FB_WG_QN / 4,
+                           qt_lo = qt_hi + FB_WG_QT / 4, dt_hi = qt_hi + 2 * FB_WG_QT / 4,
+                           dt_lo = qt_hi + 3 * FB_WG_QT / 4;
+            // S^T = K Q^T: d 0 .. 31, then 32 .. 63 (the forward's S in the transposed order)
+            float part[32];
+#pragma unroll
+            for (int sl = 0; sl < 2; sl++) {
+                float kf[4][4];
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+                    for (int r = 0; r < 4; r++)
+                        kf[kk][r] = ks[fb_ks_at(kw + 16 * warp + g + 8 * (r % 2), 32 * sl + 8 * kk + t + 4 * (r / 2))];
+                if (sl == 0) {
+                    fa_wg_slice<0, true>(st, kf, qn_hi, qn_lo);
+                } else {
+                    float p2[16];
+                    fa_wg_slice<0, true>(p2, kf, qn_hi + FB_WG_QN / 4, qn_lo + FB_WG_QN / 4);
+#pragma unroll
+                    for (int r = 0; r < 16; r++) st[r] += p2[r];
+                }
+            }
+            // P^T = exp(scale S^T - lse), where key <= query < T
+#pragma unroll
+            for (int r = 0; r < 16; r++) {
+                const int c = 8 * (r / 4) + 2 * t + r % 2, qi = q0 + c, key = r % 4 < 2 ? key_a : key_b;
+                // _rn: s * scale rounded as the forward rounds it (no FMA with lse)
+                st[r] = key <= qi && qi < T ? expf(__fmul_rn(st[r], scale) - l[c]) : 0.0f;
+            }
+            float af[4][4];  // P^T as A fragments: queries 8kb + 2t (logical t) and 8kb + 2t + 1 (logical t + 4)
+#pragma unroll
+            for (int kb = 0; kb < 4; kb++) {
+                af[kb][0] = st[4 * kb], af[kb][1] = st[4 * kb + 2];
+                af[kb][2] = st[4 * kb + 1], af[kb][3] = st[4 * kb + 3];
+            }
+            fa_wg_slice<0>(part, af, dt_hi, dt_lo);  // dV += P^T dO
+#pragma unroll
+            for (int r = 0; r < 32; r++) acc_v[r] += part[r];
+            // dP^T = V dO^T: d 0 .. 31, then 32 .. 63; dS^T = P^T (dP^T - delta). V's split is made a step's
+            // work: hoisted out of the loop, its 64 registers of hi and lo spilled
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++)
+#pragma unroll
+                for (int r = 0; r < 4; r++) asm volatile("" : "+f"(vf[kk][r]));
+            float dp[16], p2[16];
+            fa_wg_slice<0, true>(dp, vf, dn_hi, dn_lo);
+            fa_wg_slice<4, true>(p2, vf, dn_hi + FB_WG_QN / 4, dn_lo + FB_WG_QN / 4);
+#pragma unroll
+            for (int r = 0; r < 16; r++) {
+                const int c = 8 * (r / 4) + 2 * t + r % 2;
+                st[r] = st[r] * ((dp[r] + p2[r]) - l[FB_WG_Q + c]);
+            }
+            // dS for dQ (row = query, column = the block's key; a warpgroup that sees no query of the step adds
+            // nothing to dQ, which does not read its columns), stored before dK's product: its registers free
+#pragma unroll
+            for (int r = 0; r < 16; r++)
+                ds[(8 * (r / 4) + 2 * t + r % 2) * FB_WG_DS_LD + kw + 16 * warp + g + 8 * ((r % 4) / 2)] = st[r];
+#pragma unroll
+            for (int kb = 0; kb < 4; kb++) {
+                af[kb][0] = st[4 * kb], af[kb][1] = st[4 * kb + 2];
+                af[kb][2] = st[4 * kb + 1], af[kb][3] = st[4 * kb + 3];
+            }
+            fa_wg_slice<0>(part, af, qt_hi, qt_lo);  // dK += dS^T Q
+#pragma unroll
+            for (int r = 0; r < 32; r++) acc_k[r] += part[r];
+        }
+        mbar_arrive(&empty[buf]);  // its tiles read (each slice waited for its wgmmas), and its lse and delta
+        asm volatile("bar.sync 2, 256;" ::: "memory");  // dS is whole
+
+        // dQ's rows q0 + rq + g (+ 8), columns c0 .. c0 + 15 (warp cw of the 8) += dS K over the block's key tiles
+        // in order, after block m - 1's add to tile i: key tile 0 writes, key tile i scales (k_flash_bwd_d64's order)
+        const int cw = 4 * (wg - 1) + warp, rq = 16 * (cw % 2), c0 = 16 * (cw / 2);
+        const int row_a = q0 + rq + g, row_b = row_a + 8;
+        const int tiles = min(2, i - j0 + 1);  // the block's key tiles that see query tile i
+        if (q0 + rq < T) {
+            float* dq_h = dq + in;
+            if (m > 0)
+                while (fa_load_acquire(sync + bh * n + i) != m) __nanosleep(100);
+            float x[2][4];  // the sum so far, loaded before the product, to land while it runs
+            if (m > 0)
+#pragma unroll
+                for (int c = 0; c < 2; c++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int d = c0 + 8 * c + 2 * t + e;
+                        x[c][e] = __ldcg(row_a < T && d < d_k ? dq_h + (long long)row_a * ld_in + d : dq_h);
+                        x[c][2 + e] = __ldcg(row_b < T && d < d_k ? dq_h + (long long)row_b * ld_in + d : dq_h);
+                    }
+#pragma unroll
+            for (int kt = 0; kt < 2; kt++) {
+                if (kt >= tiles) break;
+                float part[2][4];
+                fb_wg_dq_part<2>(part, ds + rq * FB_WG_DS_LD, ks, kt, c0);
+#pragma unroll
+                for (int c = 0; c < 2; c++)
+#pragma unroll
+                    for (int r = 0; r < 4; r++) x[c][r] = m > 0 || kt > 0 ? x[c][r] + part[c][r] : part[c][r];
+            }
+#pragma unroll
+            for (int c = 0; c < 2; c++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int d = c0 + 8 * c + 2 * t + e;
+                    if (d >= d_k) continue;
+                    float x_a = x[c][e], x_b = x[c][2 + e];
+                    if (i < j0 + 2) x_a *= scale, x_b *= scale;  // key tile i is the block's
+                    if (row_a < T) __stcg(dq_h + (long long)row_a * ld_in + d, x_a);
+                    if (row_b < T) __stcg(dq_h + (long long)row_b * ld_in + d, x_b);
+                }
+        }
+        // the tile's last step (its lower 32 queries): published at the next step's first barrier, unless this
+        // block's key tiles hold the diagonal (the last add: no one waits)
+        if (ctid == 0 && h32 % 2 == 0 && i >= j0 + 2) publish = sync + bh * n + i;
+    }
+    // every consumer's stores are done, and every warp has seen the counters at m (one may still be in its spin
+    // until this barrier): the last adds to query tiles j0, j0 + 1 were this block's, their counters back to 0
+    asm volatile("bar.sync 2, 256;" ::: "memory");
+    if (ctid == 0) {
+        if (publish != nullptr) {
+            __threadfence();
+            fa_store_release(publish, m + 1);
+        }
+        if (m > 0)
+            for (int i = j0; i < min(j0 + 2, n); i++) sync[bh * n + i] = 0;
+    }
+    dk += in, dv += in;
+#pragma unroll
+    for (int r = 0; r < 32; r++) {
+        const int d = 8 * (r / 4) + 2 * t + r % 2, key = r % 4 < 2 ? key_a : key_b;
+        if (d < d_k && key < T) {
+            dk[(long long)key * ld_in + d] = acc_k[r] * scale;
+            dv[(long long)key * ld_in + d] = acc_v[r];
+        }
+    }
+#else
+    __trap();  // the launcher chooses this kernel on sm_90a only
+#endif
+}

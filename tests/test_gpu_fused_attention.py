@@ -114,44 +114,59 @@ def test_flash_attention_against_float64_within_1_5x_the_fast_pipeline(ga, rng, 
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"{name}: a second run gave other bits"
 
 
-# (B, T, NH, d_k): one position, a block's partial first tile, two blocks, odd widths (the copies 4 bytes at a time),
-# the model's length
-WG_CASES = [(1, 1, 2, 64), (2, 77, 3, 64), (1, 129, 2, 40), (1, 300, 2, 37), (2, 1024, 2, 64)]
+# (B, T, NH, d_k): one position, a block's partial first tile (both below MIN_T, where the model never takes flash
+# attention: held to the reference kernels' bound), two blocks, odd widths (the copies 4 bytes at a time), a partial
+# last tile, the model's length
+WG_CASES = [(1, 1, 2, 64), (2, 77, 3, 64), (1, 129, 2, 40), (1, 300, 2, 37), (2, 200, 3, 64), (2, 1024, 2, 64)]
 
 
 @pytest.mark.parametrize("B,T,NH,d_k", WG_CASES, ids=[f"B{b}-T{t}-NH{h}-dk{d}" for b, t, h, d in WG_CASES])
-def test_the_wgmma_forward_against_float64_within_1_5x_the_fast_pipeline(ga, rng, B, T, NH, d_k):
-    """k_flash_fwd_wg_d64 (sm_90a) held to the whole attention's bar: its y no further from float64 than 1.5x the
-    fast pipeline's on the same inputs, its lse within the reduction's, the same bits run twice; the mma.sync
-    kernel's error recorded beside it."""
-    if not K.flash_attention.forward_on_wgmma(d_k, K.engine()):
-        pytest.skip("the wgmma forward runs on sm_90a")
+def test_the_wgmma_kernels_against_float64_within_1_5x_the_fast_pipeline(ga, rng, B, T, NH, d_k):
+    """k_flash_fwd_wg_d64 and k_flash_bwd_wg_d64 (sm_90a) held to the whole attention's bar: y, dQ, dK and dV no
+    further from float64 than 1.5x the fast pipeline's on the same inputs (below MIN_T, within the reference
+    kernels' bound), lse within the reduction's, the same bits run twice; the mma.sync kernels' errors recorded
+    beside them. The backward reads the wgmma forward's y and lse, as the model's step does."""
+    if not K.flash_attention.on_wgmma(d_k, K.engine()):
+        pytest.skip("the wgmma kernels run on sm_90a")
     C = NH * d_k
     qkv_h = rng.standard_normal((B, T, 3 * C)).astype(np.float32)
     qkv_h[..., :C] *= 2.0
-    dy_h = np.zeros((B, T, C), np.float32)
-    y64, lse64, _ = float64_attention(qkv_h, dy_h, NH)
-    qkv = ga.to_gpu(qkv_h)
-    y_fast, _ = fast_pipeline(ga, qkv, ga.to_gpu(dy_h), NH)
+    dy_h = rng.standard_normal((B, T, C)).astype(np.float32)
+    y64, lse64, dqkv64 = float64_attention(qkv_h, dy_h, NH)
+    qkv, dy = ga.to_gpu(qkv_h), ga.to_gpu(dy_h)
+    y_fast, dqkv_fast = fast_pipeline(ga, qkv, dy, NH)
 
-    def forward(wgmma):
-        y, lse = poisoned(ga, B, T, C), poisoned(ga, B, NH, T)
+    def run(wgmma):
+        y, lse, dqkv = poisoned(ga, B, T, C), poisoned(ga, B, NH, T), poisoned(ga, B, T, 3 * C)
         plan = K.Plan()
         K.flash_attention.forward(y, lse, qkv, NH, plan, wgmma=wgmma)
+        K.flash_attention.backward(dqkv, dy, qkv, y, lse, NH, plan, wgmma=wgmma)
         K.replay(plan, None, "test")
         K.engine().cuda.Context.synchronize()
-        return y.get(), lse.get(), [e[0] for e in plan]
+        return y.get(), lse.get(), dqkv.get(), [e[0] for e in plan]
 
-    y_wg, lse_wg, ran_wg = forward(None)
-    y_mma, _, ran_mma = forward(False)
-    assert ran_wg == ["k_flash_fwd_wg_d64"] and ran_mma == ["k_flash_fwd_d64"], (ran_wg, ran_mma)
-    e_wg, e_fast = record("flash forward (wgmma) vs float64", "y", err(y_wg, y64)), err(y_fast, y64)
-    record("flash forward (mma.sync) vs float64", "y", err(y_mma, y64))
-    assert e_wg <= BAR * max(e_fast, 2 ** -23), f"y: the wgmma forward's error {e_wg:.2e} (fast: {e_fast:.2e})"
-    assert record("flash forward (wgmma) vs float64", "lse", rel_err(lse_wg, lse64)) < REDUCTION
-    y_again, lse_again, _ = forward(None)
-    assert np.array_equal(y_wg.view(np.uint32), y_again.view(np.uint32))
-    assert np.array_equal(lse_wg.view(np.uint32), lse_again.view(np.uint32))
+    y_wg, lse_wg, dqkv_wg, ran_wg = run(None)
+    y_mma, _, dqkv_mma, ran_mma = run(False)
+    assert (ran_wg[0], ran_wg[-1]) == ("k_flash_fwd_wg_d64", "k_flash_bwd_wg_d64"), ran_wg
+    assert (ran_mma[0], ran_mma[-1]) == ("k_flash_fwd_d64", "k_flash_bwd_d64"), ran_mma
+    want = {"y": y64, **parts(dqkv64, C)}
+    for name, got_wg, got_mma, got_fast in [("y", y_wg, y_mma, y_fast),
+                                            *((k, parts(dqkv_wg, C)[k], parts(dqkv_mma, C)[k], parts(dqkv_fast, C)[k])
+                                              for k in ("dQ", "dK", "dV"))]:
+        e_wg = record("flash attention (wgmma) vs float64", name, err(got_wg, want[name]))
+        record("flash attention (mma.sync) vs float64", name, err(got_mma, want[name]))
+        e_fast = err(got_fast, want[name])
+        if np.linalg.norm(want[name]) == 0:
+            limit = 1e-6
+        elif T < K.flash_attention.MIN_T:
+            limit = REDUCTION
+        else:
+            limit = BAR * max(e_fast, 2 ** -23)
+        assert e_wg <= limit, f"{name}: the wgmma kernels' error {e_wg:.2e} > {limit:.2e} (fast: {e_fast:.2e})"
+    assert record("flash attention (wgmma) vs float64", "lse", rel_err(lse_wg, lse64)) < REDUCTION
+    again = run(None)
+    for name, a, b in zip(("y", "lse", "dqkv"), (y_wg, lse_wg, dqkv_wg), again):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"{name}: a second run gave other bits"
 
 
 @pytest.mark.parametrize("B,T,NH,d_k", [(2, 1, 3, 8), (2, 7, 2, 32), (1, 70, 2, 5), (1, 257, 2, 64)])

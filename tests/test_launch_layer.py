@@ -676,6 +676,12 @@ def _matmul_attention_bwd_args(B, T, C, NH):
             f32(B, NH, T), NH]
 
 
+def _flash_bwd_kernel(d_k, device):
+    """The kernel of flash attention's dQ, dK and dV for heads of d_k on `device`."""
+    D = K.flash_attention.width(d_k)
+    return "k_flash_bwd_wg_d64" if K.flash_attention.on_wgmma(d_k, device) else f"k_flash_bwd_d{D}"
+
+
 @pytest.mark.parametrize("arch,B,T,C,NH,fused", [
     ("sm_90a", 8, 1024, 768, 12, True), ("sm_90a", 3, 200, 256, 8, True), ("sm_90a", 1, 300, 512, 4, True),
     ("sm_90a", 2, 128, 384, 3, True),    # T = 128: no rows past the pass kernel's, the kernel writes no delta
@@ -696,13 +702,13 @@ def test_tc_sums_flash_attentions_delta_in_the_dx_product_where_it_can(fake, arc
     if not fused:
         assert "k_gemm_wg_split_delta" not in names, names
         flash = K.flash_attention.runs(B, NH, C // NH, T, fake)
-        assert ("k_flash_bwd_delta_rows" in names) == flash and names[-1].startswith(
-            "k_flash_bwd_d" if flash else "k_fused_attention_bwd"), names
+        assert ("k_flash_bwd_delta_rows" in names) == flash and names[-1] == (
+            _flash_bwd_kernel(C // NH, fake) if flash else "k_fused_attention_bwd_dkdv"), names
         return
     D = C // NH
     at = names.index("k_gemm_wg_split_delta")
     assert names[at - 1] == "k_tf32_split_t" and "k_flash_bwd_delta_rows" not in names, names
-    assert names[at + 1:at + 3] == [f"k_flash_bwd_delta_d{D}", f"k_flash_bwd_d{D}"] \
+    assert names[at + 1:at + 3] == [f"k_flash_bwd_delta_d{D}", _flash_bwd_kernel(D, fake)] \
         and names[at + 3] == "k_gemm_wg_areg_tn", names  # then the dW product (and split-K's reduction where it cuts)
     _, _, grid, kargs, shared, block = plan[at]
     delta, sync = plan[at + 1][3][:2]  # the pass kernel's, which the backward reads

@@ -275,14 +275,23 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
                 lambda s, qkv_w=qkv_w, y_w=y_w, lse_w=lse_w, nh=nh, dqkv_w=dqkv_w: K.fused_attention_bwd_tc(
                     dqkv_w, y_w, qkv_w, y_w, lse_w, nh, stream=s),
                 F * (8 * N * cw + B * nh * T), 10 * B * nh * T * (T + 1) // 2 * width)
-    mma_case = "fused_attention_fwd_tc (d_k 64, mma.sync)"  # where the wgmma kernel takes the width of 64
-    if "tc" in variants and K.flash_attention.forward_on_wgmma(64, K.engine()) and want(mma_case):
+    # where the wgmma kernels take the width of 64, the mma.sync ones beside them
+    fwd_mma, bwd_mma = "fused_attention_fwd_tc (d_k 64, mma.sync)", "fused_attention_bwd_tc (d_k 64, mma.sync)"
+    if "tc" in variants and K.flash_attention.on_wgmma(64, K.engine()) and (want(fwd_mma) or want(bwd_mma)):
         nh = max(1, C // 64)
-        qkv_m, y_m, lse_m = draws_for(mma_case).randn(B, T, 3 * nh * 64), empty(B, T, nh * 64), empty(B, nh, T)
-        add(mma_case,
-            lambda s, qkv_m=qkv_m, y_m=y_m, lse_m=lse_m, nh=nh: K.flash_attention.forward(y_m, lse_m, qkv_m, nh, s,
-                                                                                       wgmma=False),
-            F * (4 * N * nh * 64 + B * nh * T), 4 * B * nh * T * (T + 1) // 2 * 64)
+        qkv_m, y_m, lse_m = draws_for(fwd_mma).randn(B, T, 3 * nh * 64), empty(B, T, nh * 64), empty(B, nh, T)
+        if want(fwd_mma):
+            add(fwd_mma,
+                lambda s, qkv_m=qkv_m, y_m=y_m, lse_m=lse_m, nh=nh: K.flash_attention.forward(y_m, lse_m, qkv_m, nh,
+                                                                                           s, wgmma=False),
+                F * (4 * N * nh * 64 + B * nh * T), 4 * B * nh * T * (T + 1) // 2 * 64)
+        if want(bwd_mma):
+            dqkv_m = empty(B, T, 3 * nh * 64)
+            K.flash_attention.forward(y_m, lse_m, qkv_m, nh, None)  # a softmax's lse, so the backward's p <= 1
+            add(bwd_mma,
+                lambda s, qkv_m=qkv_m, y_m=y_m, lse_m=lse_m, nh=nh, dqkv_m=dqkv_m: K.flash_attention.backward(
+                    dqkv_m, y_m, qkv_m, y_m, lse_m, nh, s, wgmma=False),
+                F * (8 * N * nh * 64 + B * nh * T), 10 * B * nh * T * (T + 1) // 2 * 64)
 
 
     # sampling: one new position a sequence, against caches of T positions (the new one the last)

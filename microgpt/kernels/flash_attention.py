@@ -36,7 +36,8 @@ def _sizes(D: int) -> dict:
     return dict(fwd_warps=c[f"FA_FWD_W{D}"], delta_warps=c["FA_DELTA_W"], bwd_warps=c[f"FA_BWD_W{D}"],
                 bwd_tiles=c[f"FA_BWD_KT{D}"], keys=c["FA_KEYS_A_TILE"], pass_tiles=c["FA_PASS_TILES"],
                 fwd=c[f"FA_FWD_BYTES{D}"], delta=c[f"FA_DELTA_BYTES{D}"], bwd=c[f"FA_BWD_BYTES{D}"],
-                wg_rows=c["FA_FWD_WG_ROWS"], wg_threads=c["TC_WG_THREADS"], fwd_wg=c["FA_FWD_WG_BYTES"])
+                wg_rows=c["FA_FWD_WG_ROWS"], wg_threads=c["TC_WG_THREADS"], fwd_wg=c["FA_FWD_WG_BYTES"],
+                bwd_wg=c["FA_BWD_WG_BYTES"])
 
 
 def supported(d_k: int, T: int, device) -> bool:
@@ -77,8 +78,8 @@ def fused_attention_fwd_tc(y, lse, qkv, n_head, *, stream=None):
 
 
 def forward(y, lse, qkv, n_head, stream, wgmma: bool | None = None):
-    """fused_attention_fwd_tc's launch, where runs(): on sm_90a at the width of 64 the wgmma kernel
-    (forward_on_wgmma), elsewhere the mma.sync one, which wgmma=False asks for there (tests and tools check both)."""
+    """fused_attention_fwd_tc's launch, where runs(): the wgmma kernel where on_wgmma(), elsewhere the mma.sync one,
+    which wgmma=False asks for there too (tests and tools check both)."""
     B, T, C, d_k = qkv_dims(qkv, n_head)
     device = device_of(stream)
     D = width(d_k)
@@ -87,7 +88,7 @@ def forward(y, lse, qkv, n_head, stream, wgmma: bool | None = None):
     args = [ptr("y", y, (B, T, C)), ptr("lse", lse, (B, n_head, T)), p_qkv, p_qkv + 4 * C, p_qkv + 8 * C, T, d_k,
             3 * C, C]
     why = reason(B, n_head, d_k, T, device)
-    if forward_on_wgmma(d_k, device) and wgmma is not False:
+    if on_wgmma(d_k, device) and wgmma is not False:
         launch("k_flash_fwd_wg_d64", args, (math.ceil(T / s["wg_rows"]), n_head, B), stream, shared=s["fwd_wg"],
                block=s["wg_threads"], why=f"{why}; on wgmma (sm_90a, d_k <= 64)")
     else:
@@ -95,10 +96,11 @@ def forward(y, lse, qkv, n_head, stream, wgmma: bool | None = None):
                shared=s["fwd"], block=32 * s["fwd_warps"], why=why)
 
 
-def forward_on_wgmma(d_k: int, device) -> bool:
-    """Whether the forward of heads of d_k takes the wgmma kernel (sm_90a, the width of 64) on `device`, where
-    flash attention runs."""
-    return warpgroup_mma(device) and width(d_k) == 64 and _sizes(64)["fwd_wg"] <= device.max_shared
+def on_wgmma(d_k: int, device) -> bool:
+    """Whether flash attention of heads of d_k takes its wgmma kernels on `device`, where it runs: sm_90a, the width
+    of 64 (the forward's, and the backward's kernel of dQ, dK and dV after the same delta kernels)."""
+    s = _sizes(64)
+    return warpgroup_mma(device) and width(d_k) == 64 and max(s["fwd_wg"], s["bwd_wg"]) <= device.max_shared
 
 
 def fused_attention_bwd_tc(dqkv, dy, qkv, y, lse, n_head, *, stream=None):
@@ -114,11 +116,11 @@ def fused_attention_bwd_tc(dqkv, dy, qkv, y, lse, n_head, *, stream=None):
         backward(dqkv, dy, qkv, y, lse, n_head, stream)
 
 
-def backward(dqkv, dy, qkv, y, lse, n_head, stream, delta_rows=None):
+def backward(dqkv, dy, qkv, y, lse, n_head, stream, delta_rows=None, wgmma: bool | None = None):
     """fused_attention_bwd_tc's launches, where runs(): delta_rows(p_delta, p_sync) first, which queues what writes
     delta of the rows past the pass kernel's query tiles and zeroes their counters (None: k_flash_bwd_delta_rows,
     a warp a (b, t) row, all heads; matmul_attention_tc has the product that makes dy do it), then the pass kernel
-    (which reads dy) and the kernel of dQ, dK and dV."""
+    (which reads dy) and the kernel of dQ, dK and dV: on wgmma where on_wgmma(), unless wgmma=False."""
     B, T, C, d_k = qkv_dims(qkv, n_head)
     D = width(d_k)
     s = _sizes(D)
@@ -141,6 +143,11 @@ def backward(dqkv, dy, qkv, y, lse, n_head, stream, delta_rows=None):
     launch(f"k_flash_bwd_delta_d{D}", [p_delta, p_sync, q, k, v, p_dy, p_lse, T, d_k, 3 * C, C],
            (pass_tiles, n_head, B), stream, shared=s["delta"], block=block,
            why=f"delta of the first {pass_tiles} query tiles, by a pass over P and dP")
-    launch(f"k_flash_bwd_d{D}", [dq, dk, dv, p_sync, q, k, v, p_dy, p_lse, p_delta, T, d_k, 3 * C, C],
-           (math.ceil(tiles / s["bwd_tiles"]), n_head, B), stream, shared=s["bwd"], block=32 * s["bwd_warps"],
-           why="dQ, dK and dV: a block of key tiles against the query tiles down to the diagonal")
+    args = [dq, dk, dv, p_sync, q, k, v, p_dy, p_lse, p_delta, T, d_k, 3 * C, C]
+    grid = (math.ceil(tiles / s["bwd_tiles"]), n_head, B)  # the wgmma kernel's blocks take as many key tiles
+    why = "dQ, dK and dV: a block of key tiles against the query tiles down to the diagonal"
+    if on_wgmma(d_k, device_of(stream)) and wgmma is not False:
+        launch("k_flash_bwd_wg_d64", args, grid, stream, shared=s["bwd_wg"], block=s["wg_threads"],
+               why=f"{why}; on wgmma (sm_90a, d_k <= 64)")
+    else:
+        launch(f"k_flash_bwd_d{D}", args, grid, stream, shared=s["bwd"], block=32 * s["bwd_warps"], why=why)
