@@ -65,6 +65,9 @@
 #define FB_WG_KS (2 * FA_KEYS * FB_WG_KS_LD)
 #define FB_WG_DS_LD (128 + 8)
 #define FB_WG_DS (FB_WG_Q * FB_WG_DS_LD)
+// the wgmma backward's delta pass: the split buffers of FA_DELTA_PASS_TILES key tiles (K hi, K lo, V hi, V lo, as
+// they lie), then their raw K and V
+#define FA_SMEM_DELTA_WG ((FA_DELTA_PASS_TILES * 8 * FA_WG_TILE + 2 * FA_DELTA_PASS_TILES * FA_KEYS * 64) * 4)
 // floats, then the full and empty barriers of each buffer and the ticket (4 floats)
 #define FA_SMEM_BWD_WG                                                                                        \
     ((FB_WG_BUFS * FB_WG_BUF + FB_WG_RAWS * FB_WG_RAW + FB_WG_KS + FB_WG_DS + FB_WG_BUFS * 2 * FB_WG_Q) * 4 + \
@@ -88,6 +91,7 @@ enum FlashLaunch : int {
     FA_FWD_WG_ROWS = FA_WG_ROWS,
     FA_FWD_WG_BYTES = FA_SMEM_FWD_WG,
     FA_BWD_WG_BYTES = FA_SMEM_BWD_WG,
+    FA_DELTA_WG_BYTES = FA_SMEM_DELTA_WG,
     FA_DELTA_BYTES32 = FA_SMEM_DELTA(32, FA_DELTA_WARPS) * 4,
     FA_DELTA_BYTES64 = FA_SMEM_DELTA(64, FA_DELTA_WARPS) * 4,
     FA_DELTA_BYTES128 = FA_SMEM_DELTA(128, FA_DELTA_WARPS) * 4,
@@ -494,16 +498,22 @@ __device__ __forceinline__ void fa_wg_load(float* s, const float* p, int r0, int
     }
 }
 
+// a raw 64 x 64 tile (rows of 64 floats) split as it lies into hi (2 tiles of FA_WG_TILE: d 0 .. 31, 32 .. 63,
+// 128B-swizzled) and lo (the 2 after them), by the 128 threads of a warpgroup (tid)
+__device__ __forceinline__ void fa_wg_split_rows(float* hi, const float* raw, int tid) {
+#pragma unroll 1
+    for (int i = 0; i < FA_KEYS * 64 / 4 / 128; i++) {  // row e / 16, d 4 (e % 16) ..: a row's chunks across lanes
+        const int e = tid + 128 * i, r = e / 16, d4 = e % 16 * 4;
+        const int at = d4 / 32 * FA_WG_TILE + wg_swizzled(r, d4 % 32);
+        tf32_split_store(hi, hi + 2 * FA_WG_TILE, at, *reinterpret_cast<const float4*>(raw + r * 64 + d4));
+    }
+}
+
 // a raw stage (K, V) split into a buffer (K hi, K lo, V^T hi, V^T lo; each two tiles of FA_WG_TILE, 128B-swizzled)
 // by producer thread tid
 __device__ __forceinline__ void fa_wg_split(float* buf, const float* raw, int tid) {
     const float* vr = raw + FA_KEYS * 64;
-#pragma unroll 1
-    for (int i = 0; i < FA_KEYS * 64 / 4 / 128; i++) {  // K: key e / 16, d 4 (e % 16) ..: a row's chunks across lanes
-        const int e = tid + 128 * i, key = e / 16, d4 = e % 16 * 4;
-        const int at = d4 / 32 * FA_WG_TILE + wg_swizzled(key, d4 % 32);
-        tf32_split_store(buf, buf + 2 * FA_WG_TILE, at, *reinterpret_cast<const float4*>(raw + key * 64 + d4));
-    }
+    fa_wg_split_rows(buf, raw, tid);  // K as it lies
 #pragma unroll 1
     for (int i = 0; i < FA_KEYS * 64 / 4 / 128; i++) {  // V^T: row d = e % 64 across lanes, logical keys c4 ..
         const int e = tid + 128 * i, d = e % 64, c4 = e / 64 * 4;
@@ -1386,6 +1396,91 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
             dk[(long long)key * ld_in + d] = acc_k[r] * scale;
             dv[(long long)key * ld_in + d] = acc_v[r];
         }
+    }
+#else
+    __trap();  // the launcher chooses this kernel on sm_90a only
+#endif
+}
+
+// delta of the first FA_DELTA_PASS_TILES query tiles for k_flash_bwd_wg_d64: flash_bwd_delta's sum of p dp, with p
+// and dp bit for bit as that kernel recomputes them (S = Q K^T in the wgmma forward's order; dP = dO V^T, whose
+// transpose V dO^T it runs with the small terms swapped), so that ds = 0 exactly where p = 1. A block the pass's
+// FA_WG_ROWS query rows of head blockIdx.y of batch row blockIdx.z, two warpgroups of 64 rows; K and V of the key
+// tiles they see split once into shared memory as they lie (warpgroup 0 K's, 1 V's). It also zeroes those tiles'
+// counters (block (0, 0, 0): the ticket too). grid (1, NH, B), 256 threads, FA_DELTA_WG_BYTES of shared memory.
+extern "C" __global__ void __launch_bounds__(256, 1)
+    k_flash_bwd_delta_wg_d64(float* delta, int* sync, const float* q, const float* k, const float* v,
+                             const float* d_o, const float* lse, int T, int d_k, int ld_in, int ld_out) {
+#if WG_AVAILABLE
+    static_assert(FA_WG_ROWS == FA_DELTA_PASS_TILES * FA_KEYS, "a block the pass's query tiles");
+    constexpr int BUF = 8 * FA_WG_TILE, RAW = FA_KEYS * 64;
+    extern __shared__ __align__(1024) float fa_wg_smem[];
+    float* split = fa_wg_smem;                          // [key tile][K hi, K lo, V hi, V lo]
+    float* raw = split + FA_DELTA_PASS_TILES * BUF;     // [K, V][key tile]
+    const int n = (T - 1) / FA_KEYS + 1, tiles = min(n, FA_DELTA_PASS_TILES);
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < tiles; i++) sync[fa_row(n) + i] = 0;  // (b, h, query tile): the backward's counters
+        if (blockIdx.y == 0 && blockIdx.z == 0) sync[n * gridDim.y * gridDim.z] = 0;
+    }
+    const long long in = fa_head(T, d_k, ld_in);
+    q += in, k += in, v += in, d_o += fa_head(T, d_k, ld_out);
+    lse += fa_row(T), delta += fa_row(T);
+    const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+    {
+        const bool vec = d_k % 4 == 0 && ld_in % 4 == 0 && fa_aligned(k, v, k);
+        float* mine = raw + wg * FA_DELTA_PASS_TILES * RAW;
+        for (int i = 0; i < tiles; i++) fa_wg_load<FA_KEYS>(mine + i * RAW, wg ? v : k, i * FA_KEYS, T, d_k, ld_in,
+                                                            vec, tid);
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();  // every thread's copies have landed
+        for (int i = 0; i < tiles; i++) fa_wg_split_rows(split + i * BUF + 4 * wg * FA_WG_TILE, mine + i * RAW, tid);
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // what was stored, the tensor cores read
+    }
+    __syncthreads();
+    const int first = FA_KEYS * wg;  // the warpgroup's rows: it sees key tiles 0 .. wg
+    if (first >= T) return;
+    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int row_a = first + 16 * warp + g, row_b = row_a + 8;
+    const float scale = 1.0f / sqrtf((float)d_k);
+    float qf[8][4], df[8][4];  // Q's and dO's raw A fragments, as k_flash_fwd_wg_d64 reads Q
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const int row = r % 2 ? row_b : row_a, d = 8 * kk + t + 4 * (r / 2);
+            const bool ok = row < T && d < d_k;
+            qf[kk][r] = ok ? q[(long long)row * ld_in + d] : 0.0f;
+            df[kk][r] = ok ? d_o[(long long)row * ld_out + d] : 0.0f;
+        }
+    const float lse_a = row_a < T ? lse[row_a] : 0.0f, lse_b = row_b < T ? lse[row_b] : 0.0f;
+    float delta_a = 0.0f, delta_b = 0.0f;
+    const uint64_t desc = wg_desc(split);
+    for (int kt = 0; kt <= wg && kt < tiles; kt++) {
+        const uint64_t k_hi = desc + kt * BUF / 4, k_lo = k_hi + 2 * FA_WG_TILE / 4;
+        const uint64_t v_hi = k_hi + 4 * FA_WG_TILE / 4, v_lo = k_hi + 6 * FA_WG_TILE / 4;
+        float s[32], dp[32], part[32];
+        fa_wg_slice<0>(s, qf, k_hi, k_lo);  // S = Q K^T: d 0 .. 31, then 32 .. 63
+        fa_wg_slice<4>(part, qf, k_hi + FA_WG_TILE / 4, k_lo + FA_WG_TILE / 4);
+#pragma unroll
+        for (int i = 0; i < 32; i++) s[i] += part[i];
+        fa_wg_slice<0>(dp, df, v_hi, v_lo);  // dP = dO V^T, likewise
+        fa_wg_slice<4>(part, df, v_hi + FA_WG_TILE / 4, v_lo + FA_WG_TILE / 4);
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            const int key = FA_KEYS * kt + 8 * (i / 4) + 2 * t + i % 2;
+            const bool b = i % 4 >= 2;
+            // _rn: s * scale rounded as the backward rounds it (no FMA with lse)
+            const float p = key <= (b ? row_b : row_a) && key < T
+                                ? expf(__fmul_rn(s[i], scale) - (b ? lse_b : lse_a)) : 0.0f;
+            if (b) delta_b += p * (dp[i] + part[i]);
+            else delta_a += p * (dp[i] + part[i]);
+        }
+    }
+    delta_a = fa_quad_sum(delta_a), delta_b = fa_quad_sum(delta_b);
+    if (t == 0) {
+        if (row_a < T) delta[row_a] = delta_a;
+        if (row_b < T) delta[row_b] = delta_b;
     }
 #else
     __trap();  // the launcher chooses this kernel on sm_90a only

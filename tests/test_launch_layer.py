@@ -676,10 +676,12 @@ def _matmul_attention_bwd_args(B, T, C, NH):
             f32(B, NH, T), NH]
 
 
-def _flash_bwd_kernel(d_k, device):
-    """The kernel of flash attention's dQ, dK and dV for heads of d_k on `device`."""
+def _flash_bwd_kernels(d_k, device):
+    """Flash attention's pass over P and dP, and its kernel of dQ, dK and dV, for heads of d_k on `device`."""
     D = K.flash_attention.width(d_k)
-    return "k_flash_bwd_wg_d64" if K.flash_attention.on_wgmma(d_k, device) else f"k_flash_bwd_d{D}"
+    if K.flash_attention.on_wgmma(d_k, device):
+        return ["k_flash_bwd_delta_wg_d64", "k_flash_bwd_wg_d64"]
+    return [f"k_flash_bwd_delta_d{D}", f"k_flash_bwd_d{D}"]
 
 
 @pytest.mark.parametrize("arch,B,T,C,NH,fused", [
@@ -703,12 +705,12 @@ def test_tc_sums_flash_attentions_delta_in_the_dx_product_where_it_can(fake, arc
         assert "k_gemm_wg_split_delta" not in names, names
         flash = K.flash_attention.runs(B, NH, C // NH, T, fake)
         assert ("k_flash_bwd_delta_rows" in names) == flash and names[-1] == (
-            _flash_bwd_kernel(C // NH, fake) if flash else "k_fused_attention_bwd_dkdv"), names
+            _flash_bwd_kernels(C // NH, fake)[1] if flash else "k_fused_attention_bwd_dkdv"), names
         return
     D = C // NH
     at = names.index("k_gemm_wg_split_delta")
     assert names[at - 1] == "k_tf32_split_t" and "k_flash_bwd_delta_rows" not in names, names
-    assert names[at + 1:at + 3] == [f"k_flash_bwd_delta_d{D}", _flash_bwd_kernel(D, fake)] \
+    assert names[at + 1:at + 3] == _flash_bwd_kernels(D, fake) \
         and names[at + 3] == "k_gemm_wg_areg_tn", names  # then the dW product (and split-K's reduction where it cuts)
     _, _, grid, kargs, shared, block = plan[at]
     delta, sync = plan[at + 1][3][:2]  # the pass kernel's, which the backward reads

@@ -54,13 +54,14 @@ def test_explain_says_why_on_hopper_and_on_ampere():
                         ("k_gemm_wg_split_delta", "sums flash attention's delta"),
                         ("k_flash_fwd_wg_d64", "d_k 64 in [20, 128], T 1024 >= 128; on wgmma"),
                         ("k_flash_bwd_wg_d64", "the query tiles down to the diagonal; on wgmma"),
+                        ("k_flash_bwd_delta_wg_d64", "on wgmma, as the backward recomputes them"),
                         ("k_gemm_wg_areg_tn", "split-K, 8 slices of K = 8192"),
                         ("k_tf32_split_batch", "split once into TF32 hi and lo"),
                         ("k_layernorm_fwd_staged", "staged through shared memory")]:
         assert any(kernel in line and why in line for line in hopper.splitlines()), (kernel, why)
     ampere = explain(GPTConfig.preset("andrea-120m"), "tc", 8, 1024, device="a100")
     assert "k_gemm_wg" not in ampere and "3xTF32 mma.sync (no wgmma before sm_90a)" in ampere
-    assert "k_flash_fwd_wg" not in ampere and "k_flash_bwd_wg" not in ampere
+    assert "_wg_d64" not in ampere
     short = explain(SMALL, "tc", 2, 64)
     assert "attention: the reference kernels: T = 64 < 128" in short and "split_heads_fwd (fast)" in short
     assert "K = 32 < TC_MIN_K = 128" in short  # the scores' product: d_k too short for the tensor cores

@@ -20,9 +20,10 @@
 //   2  flash attention's backward (sm_80): delta (a row's sum of p dp) by k_flash_bwd_delta_rows and
 //      k_flash_bwd_delta_d64, then k_flash_bwd_d64: a block of key tiles against the query tiles from the last down
 //      to the diagonal, dK and dV in registers, dQ added in global memory in a fixed order behind counters
-//   3  the same delta kernels, then k_flash_bwd_wg_d64 on wgmma (sm_90a): a producer warpgroup splits each step's 32
-//      queries of Q and dO into wgmma's B layouts (as they lie, and transposed), two consumer warpgroups of 64 keys
-//      each take K, V, P^T and dS^T as A; dQ by mma.sync over the block's 128 keys, behind the same counters
+//   3  on wgmma (sm_90a): k_flash_bwd_delta_rows, then the pass over P and dP (k_flash_bwd_delta_wg_d64, p and dp
+//      bit for bit as the backward recomputes them) and k_flash_bwd_wg_d64: a producer warpgroup splits each step's
+//      32 queries of Q and dO into wgmma's B layouts (as they lie, and transposed), two consumer warpgroups of 64
+//      keys each take K, V, P^T and dS^T as A; dQ by mma.sync over the block's 128 keys, behind the same counters
 #include "common.h"
 
 #include "../../cuda/attention.cuh"
@@ -158,15 +159,15 @@ void attention_backward2(Attention& a) {
         a.dqkv, a.dqkv + a.C, a.dqkv + 2 * a.C, a.sync, q, k, v, a.dy, a.lse_in, a.delta, a.T, a.d_k, 3 * a.C, a.C);
 }
 
-// the same delta kernels, then the backward on wgmma (sm_90a)
+// the rows' delta kernel, then the pass and the backward on wgmma (sm_90a)
 void attention_backward3(Attention& a) {
     const int tiles = ceil_div(a.T, (int)FA_KEYS_A_TILE), pass = std::min(tiles, (int)FA_PASS_TILES);
     const long long rows = (long long)a.B * (a.T - pass * FA_KEYS_A_TILE);
     const float *q = a.qkv, *k = a.qkv + a.C, *v = a.qkv + 2 * a.C;
     if (rows > 0)
         k_flash_bwd_delta_rows<<<grid_for(32 * rows), 256>>>(a.delta, a.sync, a.y_in, a.dy, a.B, a.NH, a.T, a.d_k, a.C);
-    k_flash_bwd_delta_d64<<<dim3(pass, a.NH, a.B), 32 * FA_DELTA_W, FA_DELTA_BYTES64>>>(
-        a.delta, a.sync, q, k, v, a.dy, a.lse_in, a.T, a.d_k, 3 * a.C, a.C);
+    k_flash_bwd_delta_wg_d64<<<dim3(1, a.NH, a.B), 256, FA_DELTA_WG_BYTES>>>(a.delta, a.sync, q, k, v, a.dy, a.lse_in,
+                                                                          a.T, a.d_k, 3 * a.C, a.C);
     k_flash_bwd_wg_d64<<<dim3(ceil_div(tiles, 2), a.NH, a.B), TC_WG_THREADS, FA_BWD_WG_BYTES>>>(
         a.dqkv, a.dqkv + a.C, a.dqkv + 2 * a.C, a.sync, q, k, v, a.dy, a.lse_in, a.delta, a.T, a.d_k, 3 * a.C, a.C);
 }
@@ -199,7 +200,10 @@ int main(int argc, char** argv) {
     const bool flash_wg = gpu.wgmma && FA_FWD_WG_BYTES <= (int)gpu.prop.sharedMemPerBlockOptin;
     if (flash_wg) allow_shared(k_flash_fwd_wg_d64, FA_FWD_WG_BYTES);
     const bool flash_wg_bwd = gpu.wgmma && flash && FA_BWD_WG_BYTES <= (int)gpu.prop.sharedMemPerBlockOptin;
-    if (flash_wg_bwd) allow_shared(k_flash_bwd_wg_d64, FA_BWD_WG_BYTES);
+    if (flash_wg_bwd) {
+        allow_shared(k_flash_bwd_delta_wg_d64, FA_DELTA_WG_BYTES);
+        allow_shared(k_flash_bwd_wg_d64, FA_BWD_WG_BYTES);
+    }
     if (flash) {
         allow_shared(k_flash_fwd_d64, FA_FWD_BYTES64);
         allow_shared(k_flash_bwd_delta_d64, FA_DELTA_BYTES64);

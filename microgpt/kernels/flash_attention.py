@@ -37,7 +37,7 @@ def _sizes(D: int) -> dict:
                 bwd_tiles=c[f"FA_BWD_KT{D}"], keys=c["FA_KEYS_A_TILE"], pass_tiles=c["FA_PASS_TILES"],
                 fwd=c[f"FA_FWD_BYTES{D}"], delta=c[f"FA_DELTA_BYTES{D}"], bwd=c[f"FA_BWD_BYTES{D}"],
                 wg_rows=c["FA_FWD_WG_ROWS"], wg_threads=c["TC_WG_THREADS"], fwd_wg=c["FA_FWD_WG_BYTES"],
-                bwd_wg=c["FA_BWD_WG_BYTES"])
+                bwd_wg=c["FA_BWD_WG_BYTES"], delta_wg=c["FA_DELTA_WG_BYTES"])
 
 
 def supported(d_k: int, T: int, device) -> bool:
@@ -98,9 +98,10 @@ def forward(y, lse, qkv, n_head, stream, wgmma: bool | None = None):
 
 def on_wgmma(d_k: int, device) -> bool:
     """Whether flash attention of heads of d_k takes its wgmma kernels on `device`, where it runs: sm_90a, the width
-    of 64 (the forward's, and the backward's kernel of dQ, dK and dV after the same delta kernels)."""
+    of 64 (the forward, the backward's pass over P and dP, and its kernel of dQ, dK and dV)."""
     s = _sizes(64)
-    return warpgroup_mma(device) and width(d_k) == 64 and max(s["fwd_wg"], s["bwd_wg"]) <= device.max_shared
+    return warpgroup_mma(device) and width(d_k) == 64 and max(s["fwd_wg"], s["bwd_wg"],
+                                                               s["delta_wg"]) <= device.max_shared
 
 
 def fused_attention_bwd_tc(dqkv, dy, qkv, y, lse, n_head, *, stream=None):
@@ -120,7 +121,7 @@ def backward(dqkv, dy, qkv, y, lse, n_head, stream, delta_rows=None, wgmma: bool
     """fused_attention_bwd_tc's launches, where runs(): delta_rows(p_delta, p_sync) first, which queues what writes
     delta of the rows past the pass kernel's query tiles and zeroes their counters (None: k_flash_bwd_delta_rows,
     a warp a (b, t) row, all heads; matmul_attention_tc has the product that makes dy do it), then the pass kernel
-    (which reads dy) and the kernel of dQ, dK and dV: on wgmma where on_wgmma(), unless wgmma=False."""
+    (which reads dy) and the kernel of dQ, dK and dV: both on wgmma where on_wgmma(), unless wgmma=False."""
     B, T, C, d_k = qkv_dims(qkv, n_head)
     D = width(d_k)
     s = _sizes(D)
@@ -140,13 +141,19 @@ def backward(dqkv, dy, qkv, y, lse, n_head, stream, delta_rows=None, wgmma: bool
     elif rows > 0:  # a warp each, all heads
         launch("k_flash_bwd_delta_rows", [p_delta, p_sync, p_y, p_dy, B, n_head, T, d_k, C], blocks(32 * rows), stream,
                why="delta of the rows past the pass's query tiles, from dO * O")
-    launch(f"k_flash_bwd_delta_d{D}", [p_delta, p_sync, q, k, v, p_dy, p_lse, T, d_k, 3 * C, C],
-           (pass_tiles, n_head, B), stream, shared=s["delta"], block=block,
-           why=f"delta of the first {pass_tiles} query tiles, by a pass over P and dP")
+    args = [p_delta, p_sync, q, k, v, p_dy, p_lse, T, d_k, 3 * C, C]
+    why = f"delta of the first {pass_tiles} query tiles, by a pass over P and dP"
+    wg = on_wgmma(d_k, device_of(stream)) and wgmma is not False
+    if wg:  # p and dp as the wgmma kernel recomputes them: a block the pass's query rows of a head
+        launch("k_flash_bwd_delta_wg_d64", args, (1, n_head, B), stream, shared=s["delta_wg"], block=256,
+               why=f"{why}; on wgmma, as the backward recomputes them")
+    else:
+        launch(f"k_flash_bwd_delta_d{D}", args, (pass_tiles, n_head, B), stream, shared=s["delta"], block=block,
+               why=why)
     args = [dq, dk, dv, p_sync, q, k, v, p_dy, p_lse, p_delta, T, d_k, 3 * C, C]
     grid = (math.ceil(tiles / s["bwd_tiles"]), n_head, B)  # the wgmma kernel's blocks take as many key tiles
     why = "dQ, dK and dV: a block of key tiles against the query tiles down to the diagonal"
-    if on_wgmma(d_k, device_of(stream)) and wgmma is not False:
+    if wg:
         launch("k_flash_bwd_wg_d64", args, grid, stream, shared=s["bwd_wg"], block=s["wg_threads"],
                why=f"{why}; on wgmma (sm_90a, d_k <= 64)")
     else:
