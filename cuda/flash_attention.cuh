@@ -447,8 +447,9 @@ __device__ void flash_fwd(float* o, float* lse, const float* q, const float* k, 
 
 // d = one 32-long slice of A @ B over the warpgroup's 64 rows, d the accumulators of m64nNk8 (FRAG = N / 2): A's raw
 // fragments a[K0 .. K0 + 3] (a[kk][v]: rows g, g + 8, g, g + 8 of the warp's 16, k 8kk + t, t, t + 4, t + 4) split
-// here, B's hi and lo N x 32 tiles at descriptors b_hi and b_lo; lo*hi, hi*lo, hi*hi of each k8 step (TRANS: hi*lo,
-// lo*hi, hi*hi, so that A B computed as (B^T A^T)^T sums the same terms), waited for
+// here, B's hi and lo N x 32 tiles at descriptors b_hi and b_lo, into a zeroed fragment, waited for. The small terms
+// of every k8 step first (lo*hi, hi*lo; TRANS: hi*lo, lo*hi, so that A B computed as (B^T A^T)^T sums the same
+// terms), then the hi*hi: the tensor cores' sums lose bits below the running sum's, which stays small until then.
 template <int K0, bool TRANS = false, int FRAG, int NA>
 __device__ __forceinline__ void fa_wg_slice(float (&d)[FRAG], const float (&a)[NA][4], uint64_t b_hi, uint64_t b_lo) {
 #if WG_AVAILABLE
@@ -467,8 +468,9 @@ __device__ __forceinline__ void fa_wg_slice(float (&d)[FRAG], const float (&a)[N
             wgmma_tf32_rs(d, lo[kk], b_hi + 2 * kk, kk > 0);
             wgmma_tf32_rs(d, hi[kk], b_lo + 2 * kk, 1);
         }
-        wgmma_tf32_rs(d, hi[kk], b_hi + 2 * kk, 1);
     }
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) wgmma_tf32_rs(d, hi[kk], b_hi + 2 * kk, 1);
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
