@@ -1294,15 +1294,20 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
                 // _rn: s * scale rounded as the forward rounds it (no FMA with lse)
                 st[r] = key <= qi && qi < T ? expf(__fmul_rn(st[r], scale) - l[c]) : 0.0f;
             }
-            float af[4][4];  // P^T as A fragments: queries 8kb + 2t (logical t) and 8kb + 2t + 1 (logical t + 4)
+            // acc += st's X^T (P^T, then dS^T) times the step's transposed tile at b_hi, b_lo: st read as A fragments
+            // (queries 8kb + 2t as logical t, 8kb + 2t + 1 as t + 4)
+            auto add_product = [&](float(&acc)[32], uint64_t b_hi, uint64_t b_lo) {
+                float af[4][4];
 #pragma unroll
-            for (int kb = 0; kb < 4; kb++) {
-                af[kb][0] = st[4 * kb], af[kb][1] = st[4 * kb + 2];
-                af[kb][2] = st[4 * kb + 1], af[kb][3] = st[4 * kb + 3];
-            }
-            fa_wg_slice<0>(part, af, dt_hi, dt_lo);  // dV += P^T dO
+                for (int kb = 0; kb < 4; kb++) {
+                    af[kb][0] = st[4 * kb], af[kb][1] = st[4 * kb + 2];
+                    af[kb][2] = st[4 * kb + 1], af[kb][3] = st[4 * kb + 3];
+                }
+                fa_wg_slice<0>(part, af, b_hi, b_lo);
 #pragma unroll
-            for (int r = 0; r < 32; r++) acc_v[r] += part[r];
+                for (int r = 0; r < 32; r++) acc[r] += part[r];
+            };
+            add_product(acc_v, dt_hi, dt_lo);  // dV += P^T dO
             // dP^T = V dO^T: d 0 .. 31, then 32 .. 63; dS^T = P^T (dP^T - delta). V's split is made a step's
             // work: hoisted out of the loop, its 64 registers of hi and lo spilled
 #pragma unroll
@@ -1322,14 +1327,7 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
 #pragma unroll
             for (int r = 0; r < 16; r++)
                 ds[(8 * (r / 4) + 2 * t + r % 2) * FB_WG_DS_LD + kw + 16 * warp + g + 8 * ((r % 4) / 2)] = st[r];
-#pragma unroll
-            for (int kb = 0; kb < 4; kb++) {
-                af[kb][0] = st[4 * kb], af[kb][1] = st[4 * kb + 2];
-                af[kb][2] = st[4 * kb + 1], af[kb][3] = st[4 * kb + 3];
-            }
-            fa_wg_slice<0>(part, af, qt_hi, qt_lo);  // dK += dS^T Q
-#pragma unroll
-            for (int r = 0; r < 32; r++) acc_k[r] += part[r];
+            add_product(acc_k, qt_hi, qt_lo);  // dK += dS^T Q
         }
         mbar_arrive(&empty[buf]);  // its tiles read (each slice waited for its wgmmas), and its lse and delta
         asm volatile("bar.sync 2, 256;" ::: "memory");  // dS is whole
