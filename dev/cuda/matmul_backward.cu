@@ -13,7 +13,8 @@
 //      split transposed beforehand, as the engine's backward splits its weights once a pass (not timed), a block an
 //      SM as the engine launches it; 2's bits
 // dw: M = C_out, N = C_in, K = the rows, cut into slices where the tiles are few as the engine's gemm() cuts it
-//     (products.Gemm.splits, one block an SM), k_splitk_reduce adding the slices (and their bias sums)
+//     (products.Gemm.splits, one block an SM), k_splitk_reduce adding the slices (and their bias sums); then dw 3
+//     timed at every count of slices the rule weighs
 //   1  k_gemm_tc_tn: mma.sync; dbias is not summed (the engine adds it by a column-sum pass there)
 //   2  k_gemm_wg_tn_n64: wgmma on 128 x 64 tiles, the producer splitting and transposing both; dbias from the dout
 //      it splits
@@ -73,6 +74,8 @@ int splits_for(int M, int N, int K, int sm_count) {
     return best;
 }
 
+constexpr int MAX_SPLITS = 8;  // splits_for's most
+
 struct Problem {
     const char* name;
     int rows, C_out, C_in, splits, sms;
@@ -87,7 +90,7 @@ struct Problem {
         dinp = device_nan((size_t)rows * C_in);
         dweight = to_device(make_random_float((size_t)C_out * C_in));
         dbias = to_device(make_random_float(C_out));
-        partials = device_nan((size_t)splits * ((size_t)C_out * C_in + C_out));
+        partials = device_nan((size_t)MAX_SPLITS * ((size_t)C_out * C_in + C_out));  // any count the sweep tries
         cudaCheck(cudaMalloc(&weight_split, 2 * sizeof(uint32_t) * rows_pad(C_in) * k_pad(C_out)));
         const long long plane = (long long)rows_pad(C_in) * k_pad(C_out);
         const dim3 grid(k_pad(C_out) / 32, rows_pad(C_in) / 32);  // weight stored K x N: transposed on the way
@@ -246,6 +249,25 @@ int main(int argc, char** argv) {
                 if (v == 3 && before > 0.0f) printf(" %.2fx", before / ms);
                 before = ms;
             }
+            printf("\n");
+        }
+    }
+    // dw 3 at each count of slices splits_for weighs (1, 2, 4, 8 where K allows), the one it picks marked: how well
+    // its last-wave rule, less 0.02 a halving, stands for the time
+    if (gpu.wgmma && strcmp(dir, "dx") != 0 && (!only || only == 3)) {
+        printf("\ndw 3 by slices of K, ms (TFLOP/s); * splits_for's choice on %d SMs\n", sms);
+        for (const Shape& s : shapes) {
+            Problem p(s.name, 8192, s.C_out, s.C_in, sms);
+            const double flops = 2.0 * p.rows * p.C_out * p.C_in;
+            const int chosen = p.splits;
+            printf("%-10s", s.name);
+            for (int n = 1; n <= MAX_SPLITS; n *= 2) {
+                if (n > 1 && (p.rows % n != 0 || p.rows / n < 256)) continue;
+                p.splits = n;
+                const float ms = benchmark_kernel(20, [&] { p.dw(3); });
+                printf("   %d%s: %.4f (%.1f)", n, n == chosen ? "*" : "", ms, flops / ms / 1e9);
+            }
+            p.splits = chosen;
             printf("\n");
         }
     }
