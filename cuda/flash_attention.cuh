@@ -65,8 +65,9 @@
 #define FB_WG_KS (2 * FA_KEYS * FB_WG_KS_LD)
 #define FB_WG_DS_LD (128 + 8)
 #define FB_WG_DS (FB_WG_Q * FB_WG_DS_LD)
-// the wgmma backward's delta pass: the split buffers of FA_DELTA_PASS_TILES key tiles (K hi, K lo, V hi, V lo, as
-// they lie), then their raw K and V
+// the wgmma backward's delta pass: two warpgroups (a block the pass's FA_WG_ROWS rows); the split buffers of
+// FA_DELTA_PASS_TILES key tiles (K hi, K lo, V hi, V lo, as they lie), then their raw K and V
+#define FA_DELTA_WG_THREADS 256
 #define FA_SMEM_DELTA_WG ((FA_DELTA_PASS_TILES * 8 * FA_WG_TILE + 2 * FA_DELTA_PASS_TILES * FA_KEYS * 64) * 4)
 // floats, then the full and empty barriers of each buffer and the ticket (4 floats)
 #define FA_SMEM_BWD_WG                                                                                        \
@@ -92,6 +93,7 @@ enum FlashLaunch : int {
     FA_FWD_WG_BYTES = FA_SMEM_FWD_WG,
     FA_BWD_WG_BYTES = FA_SMEM_BWD_WG,
     FA_DELTA_WG_BYTES = FA_SMEM_DELTA_WG,
+    FA_DELTA_WG_BLOCK = FA_DELTA_WG_THREADS,
     FA_DELTA_BYTES32 = FA_SMEM_DELTA(32, FA_DELTA_WARPS) * 4,
     FA_DELTA_BYTES64 = FA_SMEM_DELTA(64, FA_DELTA_WARPS) * 4,
     FA_DELTA_BYTES128 = FA_SMEM_DELTA(128, FA_DELTA_WARPS) * 4,
@@ -1407,12 +1409,14 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
 // transpose V dO^T it runs with the small terms swapped), so that ds = 0 exactly where p = 1. A block the pass's
 // FA_WG_ROWS query rows of head blockIdx.y of batch row blockIdx.z, two warpgroups of 64 rows; K and V of the key
 // tiles they see split once into shared memory as they lie (warpgroup 0 K's, 1 V's). It also zeroes those tiles'
-// counters (block (0, 0, 0): the ticket too). grid (1, NH, B), 256 threads, FA_DELTA_WG_BYTES of shared memory.
-extern "C" __global__ void __launch_bounds__(256, 1)
+// counters (block (0, 0, 0): the ticket too). grid (1, NH, B), FA_DELTA_WG_THREADS threads, FA_DELTA_WG_BYTES of
+// shared memory.
+extern "C" __global__ void __launch_bounds__(FA_DELTA_WG_THREADS, 1)
     k_flash_bwd_delta_wg_d64(float* delta, int* sync, const float* q, const float* k, const float* v,
                              const float* d_o, const float* lse, int T, int d_k, int ld_in, int ld_out) {
 #if WG_AVAILABLE
     static_assert(FA_WG_ROWS == FA_DELTA_PASS_TILES * FA_KEYS, "a block the pass's query tiles");
+    static_assert(FA_DELTA_WG_THREADS == 2 * 128, "two warpgroups of 64 rows: K's and V's split");
     constexpr int BUF = 8 * FA_WG_TILE, RAW = FA_KEYS * 64;
     extern __shared__ __align__(1024) float fa_wg_smem[];
     float* split = fa_wg_smem;                          // [key tile][K hi, K lo, V hi, V lo]

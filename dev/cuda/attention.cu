@@ -145,30 +145,34 @@ void attention_backward1(Attention& a) {
     k_fused_attention_bwd_dkdv<<<grid, 256>>>(a.dqkv, a.dy, a.qkv, a.lse_in, a.delta, a.B, a.T, a.NH, a.d_k);
 }
 
-// as microgpt/kernels/flash_attention.py launches it: delta of the first FA_PASS_TILES query tiles by a pass over P
-// and dP, of the rows past them from dO * O (a warp a (b, t) row); both zero the counters the backward then uses
-void attention_backward2(Attention& a) {
+// as microgpt/kernels/flash_attention.py launches it, before either pass over P and dP: delta of the rows past the
+// first FA_PASS_TILES query tiles from dO * O (a warp a (b, t) row), their counters zeroed; returns the query tiles
+int flash_delta_rows(Attention& a) {
     const int tiles = ceil_div(a.T, (int)FA_KEYS_A_TILE), pass = std::min(tiles, (int)FA_PASS_TILES);
     const long long rows = (long long)a.B * (a.T - pass * FA_KEYS_A_TILE);
-    const float *q = a.qkv, *k = a.qkv + a.C, *v = a.qkv + 2 * a.C;
     if (rows > 0)
         k_flash_bwd_delta_rows<<<grid_for(32 * rows), 256>>>(a.delta, a.sync, a.y_in, a.dy, a.B, a.NH, a.T, a.d_k, a.C);
+    return tiles;
+}
+
+// flash_delta_rows, then delta of the first FA_PASS_TILES query tiles by a pass over P and dP (zeroing the counters
+// the backward then uses), and the backward
+void attention_backward2(Attention& a) {
+    const int tiles = flash_delta_rows(a), pass = std::min(tiles, (int)FA_PASS_TILES);
+    const float *q = a.qkv, *k = a.qkv + a.C, *v = a.qkv + 2 * a.C;
     k_flash_bwd_delta_d64<<<dim3(pass, a.NH, a.B), 32 * FA_DELTA_W, FA_DELTA_BYTES64>>>(
         a.delta, a.sync, q, k, v, a.dy, a.lse_in, a.T, a.d_k, 3 * a.C, a.C);
     k_flash_bwd_d64<<<dim3(ceil_div(tiles, (int)FA_BWD_KT64), a.NH, a.B), 32 * FA_BWD_W64, FA_BWD_BYTES64>>>(
         a.dqkv, a.dqkv + a.C, a.dqkv + 2 * a.C, a.sync, q, k, v, a.dy, a.lse_in, a.delta, a.T, a.d_k, 3 * a.C, a.C);
 }
 
-// the rows' delta kernel, then the pass and the backward on wgmma (sm_90a)
+// flash_delta_rows, then the pass and the backward on wgmma (sm_90a)
 void attention_backward3(Attention& a) {
-    const int tiles = ceil_div(a.T, (int)FA_KEYS_A_TILE), pass = std::min(tiles, (int)FA_PASS_TILES);
-    const long long rows = (long long)a.B * (a.T - pass * FA_KEYS_A_TILE);
+    const int tiles = flash_delta_rows(a);
     const float *q = a.qkv, *k = a.qkv + a.C, *v = a.qkv + 2 * a.C;
-    if (rows > 0)
-        k_flash_bwd_delta_rows<<<grid_for(32 * rows), 256>>>(a.delta, a.sync, a.y_in, a.dy, a.B, a.NH, a.T, a.d_k, a.C);
-    k_flash_bwd_delta_wg_d64<<<dim3(1, a.NH, a.B), 256, FA_DELTA_WG_BYTES>>>(a.delta, a.sync, q, k, v, a.dy, a.lse_in,
-                                                                          a.T, a.d_k, 3 * a.C, a.C);
-    k_flash_bwd_wg_d64<<<dim3(ceil_div(tiles, 2), a.NH, a.B), TC_WG_THREADS, FA_BWD_WG_BYTES>>>(
+    k_flash_bwd_delta_wg_d64<<<dim3(1, a.NH, a.B), FA_DELTA_WG_BLOCK, FA_DELTA_WG_BYTES>>>(
+        a.delta, a.sync, q, k, v, a.dy, a.lse_in, a.T, a.d_k, 3 * a.C, a.C);
+    k_flash_bwd_wg_d64<<<dim3(ceil_div(tiles, (int)FA_BWD_KT64), a.NH, a.B), TC_WG_THREADS, FA_BWD_WG_BYTES>>>(
         a.dqkv, a.dqkv + a.C, a.dqkv + 2 * a.C, a.sync, q, k, v, a.dy, a.lse_in, a.delta, a.T, a.d_k, 3 * a.C, a.C);
 }
 

@@ -37,7 +37,8 @@ def _sizes(D: int) -> dict:
                 bwd_tiles=c[f"FA_BWD_KT{D}"], keys=c["FA_KEYS_A_TILE"], pass_tiles=c["FA_PASS_TILES"],
                 fwd=c[f"FA_FWD_BYTES{D}"], delta=c[f"FA_DELTA_BYTES{D}"], bwd=c[f"FA_BWD_BYTES{D}"],
                 wg_rows=c["FA_FWD_WG_ROWS"], wg_threads=c["TC_WG_THREADS"], fwd_wg=c["FA_FWD_WG_BYTES"],
-                bwd_wg=c["FA_BWD_WG_BYTES"], delta_wg=c["FA_DELTA_WG_BYTES"])
+                bwd_wg=c["FA_BWD_WG_BYTES"], delta_wg=c["FA_DELTA_WG_BYTES"],
+                delta_wg_threads=c["FA_DELTA_WG_BLOCK"])
 
 
 def supported(d_k: int, T: int, device) -> bool:
@@ -145,8 +146,8 @@ def backward(dqkv, dy, qkv, y, lse, n_head, stream, delta_rows=None, wgmma: bool
     why = f"delta of the first {pass_tiles} query tiles, by a pass over P and dP"
     wg = on_wgmma(d_k, device_of(stream)) and wgmma is not False
     if wg:  # p and dp as the wgmma kernel recomputes them: a block the pass's query rows of a head
-        launch("k_flash_bwd_delta_wg_d64", args, (1, n_head, B), stream, shared=s["delta_wg"], block=256,
-               why=f"{why}; on wgmma, as the backward recomputes them")
+        launch("k_flash_bwd_delta_wg_d64", args, (1, n_head, B), stream, shared=s["delta_wg"],
+               block=s["delta_wg_threads"], why=f"{why}; on wgmma, as the backward recomputes them")
     else:
         launch(f"k_flash_bwd_delta_d{D}", args, (pass_tiles, n_head, B), stream, shared=s["delta"], block=block,
                why=why)
