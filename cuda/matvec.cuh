@@ -7,148 +7,196 @@
 #include "common.cuh"
 #include "pointwise_fast.cuh"  // gelu_fwd_of
 #include "rows_fast.cuh"       // warp_sum
+#include "matmul_tc.cuh"       // cp_async16, cp_async4, cp_async_commit, cp_async_wait, TC_AVAILABLE
 
 // Read by microgpt/kernels/matvec.py: which products come here, and the grid and block of their launch.
 enum MatvecLaunch : int {
-    MATVEC_ROWS = 8,    // products of at most this many rows take k_matvec
-    MATVEC_WARPS = 4,   // warps a block, one output column each
-    MATVEC_BATCH = 8,   // weight loads a lane has in flight at once: all of a column's at K = 1024 (16-byte loads)
-    MATVEC_SPLIT_BELOW = 1024,  // products of fewer columns split K over a block's warps
+    MATVEC_ROWS = 8,           // products of at most this many rows take k_matvec
+    MATVEC_THREADS = 128,      // a block: 4 warps
+    MATVEC_CHUNK = 24 * 1024,  // bytes of W a block stages in shared memory, whole columns (at least COLS of them)
+    MATVEC_BLOCKS = 256,       // a product of enough columns is cut into at least this many blocks
+    MATVEC_GROUP_FEW = 2,      // the columns a warp takes at once in k_matvec_1 and _2: each load of an input
+    MATVEC_GROUP = 4,          // row serves that many; in k_matvec_4 and _8, MATVEC_GROUP
 };
 static_assert(MATVEC_ROWS == 8, "k_matvec_1 .. k_matvec_8 cover every M up to MATVEC_ROWS");
+static_assert(MATVEC_THREADS == 128, "matvec_block's reductions take 4 warps");
+
+__host__ __device__ constexpr int matvec_cols(int rows) { return rows <= 2 ? MATVEC_GROUP_FEW : MATVEC_GROUP; }
 
 __device__ __forceinline__ float madd(float acc, float x, float w) { return fmaf(x, w, acc); }
 __device__ __forceinline__ float madd(float acc, float4 x, float4 w) {
     return fmaf(x.w, w.w, fmaf(x.z, w.z, fmaf(x.y, w.y, fmaf(x.x, w.x, acc))));
 }
+__device__ __forceinline__ float sum_of(float v) { return v; }
+__device__ __forceinline__ float sum_of(float4 v) { return ((v.x + v.y) + v.z) + v.w; }
 
-// Row r of the M input rows in shared memory, layernormed: (x - mean) * rstd * w + b with mean, rstd over K as
-// k_layernorm_fwd computes them (biased variance, LN_EPS), a warp a row.
+// n floats from global src to shared dst, asynchronously (cp.async from sm_80, 16 bytes at a time with Vec =
+// float4: both 16-byte aligned); cp_async_wait<0>() and a __syncthreads() before they are read.
 template <typename Vec>
-__device__ void matvec_layernorm(float* xs, const float* inp, const float* ln_w, const float* ln_b, int M, int K) {
+__device__ void matvec_stage(float* dst, const float* src, int n) {
     constexpr int WIDTH = sizeof(Vec) / sizeof(float);
-    const int lane = threadIdx.x % 32, KV = K / WIDTH;
-    for (int r = threadIdx.x / 32; r < M; r += MATVEC_WARPS) {
-        const Vec* x = reinterpret_cast<const Vec*>(inp + (long long)r * K);
-        float sum = 0.0f;
-        for (int kv = lane; kv < KV; kv += 32) {
-            const Vec t = x[kv];
-            const float* v = reinterpret_cast<const float*>(&t);
-#pragma unroll
-            for (int e = 0; e < WIDTH; e++) sum += v[e];
-        }
-        const float m = warp_sum(sum) / K;
-        float var = 0.0f;
-        for (int kv = lane; kv < KV; kv += 32) {
-            const Vec t = x[kv];
-            const float* v = reinterpret_cast<const float*>(&t);
-#pragma unroll
-            for (int e = 0; e < WIDTH; e++) var += (v[e] - m) * (v[e] - m);
-        }
-        const float s = 1.0f / sqrtf(warp_sum(var) / K + LN_EPS);
-        for (int kv = lane; kv < KV; kv += 32) {
-            Vec t = x[kv];
-            float* v = reinterpret_cast<float*>(&t);
-#pragma unroll
-            for (int e = 0; e < WIDTH; e++) v[e] = (v[e] - m) * s * ln_w[kv * WIDTH + e] + ln_b[kv * WIDTH + e];
-            reinterpret_cast<Vec*>(xs + (long long)r * K)[kv] = t;
-        }
+    for (int i = threadIdx.x * WIDTH; i < n; i += MATVEC_THREADS * WIDTH) {
+#if TC_AVAILABLE
+        if (WIDTH == 4) cp_async16(dst + i, src + i, 16);
+        else cp_async4(dst + i, src + i, 4);
+#else
+        *reinterpret_cast<Vec*>(dst + i) = *reinterpret_cast<const Vec*>(src + i);
+#endif
     }
+    cp_async_commit();
 }
 
-// Warp w of the block takes column n = blockIdx.x * (MATVEC_WARPS / split) + w / split of every row, and part
-// w % split of its K (in units of Vec; split 1: all of it): lane i sums k = i, i + 32, ... of the part in order,
-// MATVEC_BATCH loads of W at a time; a fixed shuffle tree adds the lanes, and the parts are added in order. The
-// first batch of W is read before pdl_wait(): the weights do not depend on the kernel before.
+// The sums over the block's 4 warps of each thread's s[r], r < ROWS, added in warp order; every thread gets
+// them. red: 4 x ROWS floats of shared memory, free again on return.
+template <int ROWS>
+__device__ void matvec_block_sum(float (&s)[ROWS], float* red) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) s[r] = warp_sum(s[r]);
+    if (lane == 0)
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) red[warp * ROWS + r] = s[r];
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) s[r] = ((red[r] + red[ROWS + r]) + red[2 * ROWS + r]) + red[3 * ROWS + r];
+    __syncthreads();
+}
+
+// The M input rows layernormed into shared memory xs (M x K): (x - mean) * rstd * w + b, mean and biased variance
+// over K as k_layernorm_fwd takes them (two passes, LN_EPS), the block's threads over each row's K together.
+template <int ROWS, typename Vec>
+__device__ void matvec_layernorm(float* xs, const float* inp, const float* ln_w, const float* ln_b, int M, int K,
+                                 float* red) {
+    constexpr int WIDTH = sizeof(Vec) / sizeof(float);
+    const int KV = K / WIDTH;
+    float s[ROWS] = {};
+    for (int kv = threadIdx.x; kv < KV; kv += MATVEC_THREADS)
+#pragma unroll
+        for (int r = 0; r < ROWS; r++)
+            if (r < M) {
+                const Vec t = reinterpret_cast<const Vec*>(inp + (long long)r * K)[kv];
+                reinterpret_cast<Vec*>(xs + r * K)[kv] = t;
+                s[r] += sum_of(t);
+            }
+    matvec_block_sum<ROWS>(s, red);
+    float mean[ROWS], var[ROWS] = {};
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) mean[r] = s[r] / K;
+    for (int kv = threadIdx.x; kv < KV; kv += MATVEC_THREADS)  // the thread's own elements: no sync needed
+#pragma unroll
+        for (int r = 0; r < ROWS; r++)
+            if (r < M) {
+                const float* v = xs + r * K + kv * WIDTH;
+#pragma unroll
+                for (int e = 0; e < WIDTH; e++) var[r] += (v[e] - mean[r]) * (v[e] - mean[r]);
+            }
+    matvec_block_sum<ROWS>(var, red);
+    for (int kv = threadIdx.x; kv < KV; kv += MATVEC_THREADS)
+#pragma unroll
+        for (int r = 0; r < ROWS; r++)
+            if (r < M) {
+                const float rstd = 1.0f / sqrtf(var[r] / K + LN_EPS);
+                float* v = xs + r * K + kv * WIDTH;
+#pragma unroll
+                for (int e = 0; e < WIDTH; e++) {
+                    const int k = kv * WIDTH + e;
+                    v[e] = (v[e] - mean[r]) * rstd * ln_w[k] + ln_b[k];
+                }
+            }
+    __syncthreads();
+}
+
+// Block b takes columns n0 = b * cols .. n0 + cols - 1 of every row (fewer in the last block). Before pdl_wait()
+// (the weights do not depend on the kernel before) it copies their rows of W, one contiguous run, into shared
+// memory, and reads its bias. Then, for each unit u = warp, warp + 4, ... of (cols / COLS groups of COLS columns)
+// x (parts of K): lane i sums k = i, i + 32, ... of the part in order, each input element read once for the
+// group's COLS columns; a fixed shuffle tree adds the lanes; the parts are added in order. `parts` (4 / gcd(groups,
+// 4)) makes the units a multiple of the 4 warps; it and cols depend on N and K alone, so no bit depends on the GPU.
 template <int ROWS, typename Vec>
 __device__ void matvec_block(float* out, const float* inp, const float* W, const float* bias, const float* ln_w,
-                             const float* ln_b, const float* resid, int M, int K, int N, int gelu, int split) {
-    extern __shared__ float4 matvec_rows[];  // with ln_w: the M layernormed rows
-    __shared__ float parts[MATVEC_WARPS][ROWS];
-    constexpr int WIDTH = sizeof(Vec) / sizeof(float);
+                             const float* ln_b, const float* resid, int M, int K, int N, int gelu, int cols,
+                             int parts) {
+    constexpr int WIDTH = sizeof(Vec) / sizeof(float), COLS = matvec_cols(ROWS);
+    extern __shared__ float4 matvec_smem[];
+    __shared__ float red[4 * ROWS];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, KV = K / WIDTH;
-    const int n = blockIdx.x * (MATVEC_WARPS / split) + warp / split, part = warp % split;
-    const int per_part = (KV + split - 1) / split, k_begin = part * per_part, k_end = min(KV, k_begin + per_part);
-    const Vec* w = reinterpret_cast<const Vec*>(W + (long long)min(n, N - 1) * K);
-    Vec wv[MATVEC_BATCH];
-#pragma unroll
-    for (int i = 0; i < MATVEC_BATCH; i++)
-        if (k_begin + lane + 32 * i < k_end) wv[i] = __ldg(w + k_begin + lane + 32 * i);
-    const float b_n = bias && n < N ? __ldg(bias + n) : 0.0f;
+    const int n0 = blockIdx.x * cols, ncols = min(cols, N - n0);
+    const int groups = (cols + COLS - 1) / COLS, units = groups * parts;
+    float* ws = reinterpret_cast<float*>(matvec_smem);  // cols x K
+    float* xs = ws + cols * K;                           // M x K, the layernormed rows (with ln_w)
+    float* sums = xs + (ln_w ? M * K : 0);               // units x COLS x ROWS
+    matvec_stage<Vec>(ws, W + (long long)n0 * K, ncols * K);
+    const int t0 = threadIdx.x;  // the first output of the epilogue this thread writes, if any: row t0 / ncols
+    const float b0 = bias && t0 < ncols * M ? __ldg(bias + n0 + t0 % ncols) : 0.0f;
     if (ln_w)  // the layernorm's gains and biases into L1, where its last pass reads them
-        for (int k = threadIdx.x * 32; k < K; k += MATVEC_WARPS * 32 * 32) {
+        for (int k = threadIdx.x * 32; k < K; k += MATVEC_THREADS * 32) {
             asm volatile("prefetch.global.L1 [%0];" ::"l"(ln_w + k));
             asm volatile("prefetch.global.L1 [%0];" ::"l"(ln_b + k));
         }
     pdl_wait();
     pdl_launch_dependents();
-    // the residual this lane adds (row `lane`), read now: its latency under the product's
-    const float r_n = resid && lane < M && n < N ? resid[(long long)lane * N + n] : 0.0f;
-    const float* xs = inp;
+    // the residual of that first output, read now: its latency under the product's
+    const float r0 = resid && t0 < ncols * M ? resid[(long long)(t0 / ncols) * N + n0 + t0 % ncols] : 0.0f;
+    const float* x = inp;
     if (ln_w) {
-        matvec_layernorm<Vec>(reinterpret_cast<float*>(matvec_rows), inp, ln_w, ln_b, M, K);
-        __syncthreads();
-        xs = reinterpret_cast<const float*>(matvec_rows);
+        matvec_layernorm<ROWS, Vec>(xs, inp, ln_w, ln_b, M, K, red);
+        x = xs;
     }
-    float acc[ROWS] = {};
-    for (int k0 = k_begin; k0 < k_end; k0 += 32 * MATVEC_BATCH) {
-        if (k0 > k_begin) {
+    cp_async_wait<0>();
+    __syncthreads();
+    const int per_part = (KV + parts - 1) / parts;
+    for (int u = warp; u < units; u += 4) {
+        const int c0 = (u / parts) * COLS, k_begin = (u % parts) * per_part, k_end = min(KV, k_begin + per_part);
+        float acc[COLS][ROWS] = {};
+        for (int kv = k_begin + lane; kv < k_end; kv += 32) {
+            Vec xv[ROWS];
 #pragma unroll
-            for (int i = 0; i < MATVEC_BATCH; i++)
-                if (k0 + lane + 32 * i < k_end) wv[i] = __ldg(w + k0 + lane + 32 * i);
+            for (int r = 0; r < ROWS; r++)
+                if (r < M) xv[r] = reinterpret_cast<const Vec*>(x + (long long)r * K)[kv];
+#pragma unroll
+            for (int c = 0; c < COLS; c++)
+                if (c0 + c < ncols) {
+                    const Vec w = reinterpret_cast<const Vec*>(ws + (c0 + c) * K)[kv];
+#pragma unroll
+                    for (int r = 0; r < ROWS; r++)
+                        if (r < M) acc[c][r] = madd(acc[c][r], xv[r], w);
+                }
         }
 #pragma unroll
-        for (int i = 0; i < MATVEC_BATCH; i++) {
-            const int kv = k0 + lane + 32 * i;
-            if (kv < k_end) {
+        for (int c = 0; c < COLS; c++)
 #pragma unroll
-                for (int r = 0; r < ROWS; r++)
-                    if (r < M) acc[r] = madd(acc[r], reinterpret_cast<const Vec*>(xs + (long long)r * K)[kv], wv[i]);
+            for (int r = 0; r < ROWS; r++) {
+                const float v = warp_sum(acc[c][r]);
+                if (lane == 0) sums[(u * COLS + c) * ROWS + r] = v;
             }
-        }
     }
-#pragma unroll
-    for (int r = 0; r < ROWS; r++) acc[r] = warp_sum(acc[r]);  // every lane holds the sums
-    if (split > 1) {
-        if (lane == 0) {
-#pragma unroll
-            for (int r = 0; r < ROWS; r++) parts[warp][r] = acc[r];
-        }
-        __syncthreads();
-        if (part > 0) return;
-#pragma unroll
-        for (int r = 0; r < ROWS; r++) {
-            float s = 0.0f;
-            for (int p = 0; p < split; p++) s += parts[warp + p][r];
-            acc[r] = s;
-        }
-    }
-    if (n >= N) return;
-#pragma unroll
-    for (int r = 0; r < ROWS; r++) {
-        if (lane == r && r < M) {
-            float v = acc[r] + b_n;
-            if (gelu) v = gelu_fwd_of(v);
-            if (resid) v += r_n;
-            out[(long long)r * N + n] = v;
-        }
+    __syncthreads();
+    for (int t = t0; t < ncols * M; t += MATVEC_THREADS) {
+        const int r = t / ncols, c = t % ncols, g = c / COLS;
+        float v = 0.0f;
+        for (int p = 0; p < parts; p++) v += sums[((g * parts + p) * COLS + c % COLS) * ROWS + r];
+        const long long at = (long long)r * N + n0 + c;
+        v += t == t0 ? b0 : bias ? __ldg(bias + n0 + c) : 0.0f;
+        if (gelu) v = gelu_fwd_of(v);
+        if (resid) v += t == t0 ? r0 : resid[at];
+        out[at] = v;
     }
 }
 
-// Grid: one block of MATVEC_WARPS warps a MATVEC_WARPS / split columns, split 1 or MATVEC_WARPS (its warps share
-// a column where N < MATVEC_SPLIT_BELOW, so that a short N still fills the GPU; a constant, so that the bits of
-// out do not depend on the GPU). k_matvec_<R> takes M <= R rows (one accumulator a row: a kernel each, so that
-// M = 1 keeps few registers). ln_w (with ln_b): inp layernormed first, into M * K floats of dynamic shared memory;
-// gelu: GELU of the product plus bias; resid (M, N), which may be out: added last (the residual stream's x = x +
+// Grid: ceil(N / cols) blocks of MATVEC_THREADS. Dynamic shared memory: 4 * (cols * K + (ln_w ? M * K : 0) +
+// ceil(cols / COLS) * parts * COLS * R) bytes. k_matvec_<R> takes M <= R rows (an accumulator a row and column
+// of the group: a kernel each, so that M = 1 keeps few registers). ln_w (with ln_b): inp layernormed first; gelu:
+// GELU of the product plus bias; resid (M, N), which may be out: added last (the residual stream's x = x +
 // branch). vec4: K % 4 == 0 and inp, W 16-byte aligned (the launcher checks).
 #define MATVEC_KERNEL(R, MIN_BLOCKS)                                                                                \
-    extern "C" __global__ void __launch_bounds__(MATVEC_WARPS * 32, MIN_BLOCKS)                                     \
+    extern "C" __global__ void __launch_bounds__(MATVEC_THREADS, MIN_BLOCKS)                                        \
         k_matvec_##R(float* out, const float* inp, const float* W, const float* bias, const float* ln_w,            \
-                     const float* ln_b, const float* resid, int M, int K, int N, int gelu, int split, int vec4) {   \
-        if (vec4) matvec_block<R, float4>(out, inp, W, bias, ln_w, ln_b, resid, M, K, N, gelu, split);              \
-        else matvec_block<R, float>(out, inp, W, bias, ln_w, ln_b, resid, M, K, N, gelu, split);                    \
+                     const float* ln_b, const float* resid, int M, int K, int N, int gelu, int cols, int parts,     \
+                     int vec4) {                                                                                    \
+        if (vec4) matvec_block<R, float4>(out, inp, W, bias, ln_w, ln_b, resid, M, K, N, gelu, cols, parts);        \
+        else matvec_block<R, float>(out, inp, W, bias, ln_w, ln_b, resid, M, K, N, gelu, cols, parts);              \
     }
-MATVEC_KERNEL(1, 6)  // MIN_BLOCKS: as many blocks an SM holds at once as the registers of R rows allow
-MATVEC_KERNEL(2, 6)
-MATVEC_KERNEL(4, 4)
-MATVEC_KERNEL(8, 3)
+MATVEC_KERNEL(1, 8)  // MIN_BLOCKS: as many blocks an SM holds at once as the registers of R rows allow
+MATVEC_KERNEL(2, 8)
+MATVEC_KERNEL(4, 6)
+MATVEC_KERNEL(8, 4)

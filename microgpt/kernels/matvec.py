@@ -6,8 +6,7 @@ layernorm, GELU and residual add fused in where it asks for them (microgpt.kerne
     matvec(x, inp, weight, bias, M, K, N, stream, resid=x)                 # x += inp @ weight^T + bias
     matvec(out, x, weight, bias, M, K, N, stream, ln=(w, b), gelu=True)    # out = gelu(layernorm(x) @ weight^T + bias)
 
-The header's enum MatvecLaunch is read here for the row limit, the block, and the columns below which a block's
-warps split K.
+The header's enum MatvecLaunch is read here for the row limit, the block, and how a product is cut into blocks.
 """
 from __future__ import annotations
 
@@ -19,18 +18,32 @@ from .source import int_constants
 
 
 @functools.cache  # (read from the preprocessed source once)
-def matvec_launch() -> tuple[int, int, int]:
-    """(MATVEC_ROWS, MATVEC_WARPS, MATVEC_SPLIT_BELOW) of cuda/matvec.cuh (enum MatvecLaunch): the most rows a
-    product may have to come here, the warps of a block (a column each), and the columns below which a block's
-    warps share one column, each a part of K."""
+def matvec_launch() -> dict:
+    """cuda/matvec.cuh's enum MatvecLaunch: ROWS (the most rows a product may have to come here), THREADS (a block),
+    CHUNK (the bytes of W a block stages), BLOCKS (the fewest blocks a product of enough columns is cut into),
+    GROUP_FEW and GROUP (the columns a warp takes at once in k_matvec_1, _2 and in k_matvec_4, _8)."""
     c = int_constants()
-    return c["MATVEC_ROWS"], c["MATVEC_WARPS"], c["MATVEC_SPLIT_BELOW"]
+    return {k: c[f"MATVEC_{k}"] for k in ("ROWS", "THREADS", "CHUNK", "BLOCKS", "GROUP_FEW", "GROUP")}
+
+
+def plan(M: int, K: int, N: int, layernorm: bool) -> tuple[int, int, int, int]:
+    """(R, cols, parts, shared) of a product of M rows of K by N columns: k_matvec_<R>, cols columns a block,
+    parts of K a group of columns is split into (so that the block's units are a multiple of its 4 warps), and
+    the block's dynamic shared memory in bytes. From M, K and N alone, so that no bit depends on the GPU."""
+    c = matvec_launch()
+    R = 1 << (M - 1).bit_length()  # k_matvec_1, _2, _4 or _8
+    group = c["GROUP_FEW"] if R <= 2 else c["GROUP"]
+    fit = max(1, c["CHUNK"] // (4 * K))
+    cols = min(fit, N, group * math.ceil(math.ceil(N / c["BLOCKS"]) / group))
+    groups = math.ceil(cols / group)
+    parts = 4 // math.gcd(groups, 4)
+    return R, cols, parts, 4 * (cols * K + (M * K if layernorm else 0) + groups * parts * group * R)
 
 
 def fits(M: int, K: int, layernorm: bool, stream=None) -> bool:
-    """Whether a product of M rows of K takes k_matvec: M <= MATVEC_ROWS, and with the layernorm its M rows fit
-    in a block's shared memory."""
-    return 0 < M <= matvec_launch()[0] and (not layernorm or 4 * M * K <= device_of(stream).max_shared)
+    """Whether a product of M rows of K takes k_matvec: M <= MATVEC_ROWS, and a block's columns of W (with the
+    layernorm, its M rows too) fit in its shared memory."""
+    return 0 < M <= matvec_launch()["ROWS"] and plan(M, K, 1, layernorm)[3] <= device_of(stream).max_shared
 
 
 def matvec(out: int, inp: int, weight: int, bias: int, M: int, K: int, N: int, stream=None, *, ln=(0, 0),
@@ -38,16 +51,14 @@ def matvec(out: int, inp: int, weight: int, bias: int, M: int, K: int, N: int, s
     """out (M, N) = inp (M, K) @ weight (N, K)^T + bias (N; 0 for none), 1 <= M <= MATVEC_ROWS, on pointers already
     checked; ln = (w, b): inp layernormed first; gelu: GELU of that; resid (M, N; may be out): added last. float4
     loads where K % 4 == 0 and inp, weight lie on 16-byte boundaries."""
-    max_rows, warps, split_below = matvec_launch()
-    if not fits(M, K, False, stream):
-        raise ValueError(f"M must be in [1, {max_rows}] for k_matvec, got {M}")
-    rows_kernel = 1 << (M - 1).bit_length()  # k_matvec_1, _2, _4 or _8
+    if not fits(M, K, bool(ln[0]), stream):
+        raise ValueError(f"M must be in [1, {matvec_launch()['ROWS']}] for k_matvec, got {M}")
+    R, cols, parts, shared = plan(M, K, N, bool(ln[0]))
     vec4 = int(K % 4 == 0 and inp % 16 == 0 and weight % 16 == 0)
-    split = warps if N < split_below else 1
     fused = [what for what, on in (("the layernorm", ln[0]), ("GELU", gelu), ("the residual add", resid)) if on]
-    why = [f"{M} rows <= MATVEC_ROWS = {max_rows}: one pass over the weights, not a 128-row tile",
-           f"N = {N} < MATVEC_SPLIT_BELOW = {split_below}: K split over a block's warps" if split > 1 else "",
+    why = [f"{M} rows <= MATVEC_ROWS = {matvec_launch()['ROWS']}: one pass over the weights, not a 128-row tile",
+           f"{cols} columns a block staged in shared memory" + (f", K in {parts} parts" if parts > 1 else ""),
            f"{' and '.join(fused)} fused in" if fused else ""]
-    launch(f"k_matvec_{rows_kernel}", [out, inp, weight, bias, ln[0], ln[1], resid, M, K, N, int(gelu), split, vec4],
-           max(1, math.ceil(N * split / warps)), stream, shared=4 * M * K if ln[0] else 0, block=32 * warps,
-           dependent=True, why="; ".join(filter(None, why)))
+    launch(f"k_matvec_{R}", [out, inp, weight, bias, ln[0], ln[1], resid, M, K, N, int(gelu), cols, parts, vec4],
+           math.ceil(N / cols), stream, shared=shared, block=matvec_launch()["THREADS"], dependent=True,
+           why="; ".join(filter(None, why)))

@@ -26,7 +26,7 @@ from .checks import head_dims, opt_ptr, ptr, rows, shape_of
 from .colsum import add_column_sums
 from .matmul_fast import GEMM_TILE, Causal, sgemm_launch, splitk_reduce
 from .matmul_tc import areg_launch, split_operands, tc_kernel, tc_launch, tc_reason
-from .matvec import matvec, matvec_launch
+from .matvec import fits, matvec
 from .runtime import device_of, noting, scratch, workspace
 from .source import int_constant
 from .tf32_split import find_split, split_padding, tf32_split
@@ -261,7 +261,7 @@ class MatrixProducts:
         OUT = shape_of("weight", weight, 2)[0]
         p_out, p_inp = ptr("out", out, shape[:-1] + (OUT,)), ptr("inp", inp, shape)
         p_w, p_b = ptr("weight", weight, (OUT, IN)), opt_ptr("bias", bias, (OUT,))
-        if 0 < N <= matvec_launch()[0]:  # a few positions (sampling's decode step): one pass over the weights
+        if fits(N, IN, False, stream):  # a few positions (sampling's decode step): one pass over the weights
             matvec(p_out, p_inp, p_w, p_b, N, IN, OUT, stream)
         else:
             gemm(self.dense(N, OUT, IN, trans_b=True), p_out, p_inp, p_w, p_b, stream)
