@@ -13,7 +13,9 @@
 // buckets are doubles, as is the exp). Read by microgpt/kernels/sampling.py.
 enum SampleLaunch : int {
     SAMPLE_THREADS = 512,
-    SAMPLE_BUCKETS = 16,  // candidate thresholds per pass: 4 bits of the key
+    SAMPLE_BUCKETS = 16,      // candidate thresholds per pass: 4 bits of the key
+    SAMPLE_STATIC = 4096,     // bytes of static shared memory k_sample takes at most, besides its row
+    SAMPLE_IN_FLIGHT = 8,     // loads of the row a thread has in flight in the first pass
 };
 constexpr int SAMPLE_WARPS = SAMPLE_THREADS / 32;
 constexpr int SAMPLE_BITS = 4;  // log2(SAMPLE_BUCKETS)
@@ -52,6 +54,7 @@ struct SampleShared {
     int max_index[SAMPLE_WARPS];
     int first[SAMPLE_WARPS];
 };
+static_assert(sizeof(SampleShared) <= SAMPLE_STATIC, "the launcher leaves SAMPLE_STATIC bytes beside the row");
 
 // The block's largest logit and its first index; every thread gets them.
 __device__ void block_argmax(float& v, int& i, SampleShared& sh) {
@@ -185,19 +188,39 @@ __device__ unsigned threshold_search(const float* row, int V, SearchWeight weigh
 // ------------------------------------------------------------------------------ the kernel
 // One block per row b (blockIdx.x), SAMPLE_THREADS threads: tokens[b] = choose(logits[b], temperature, top_k,
 // top_p, u[b]), logits (B, V). top_k >= V cuts nothing, nor does top_p >= 1; temperature 0 takes the first
-// largest logit and reads no u (which may then be null). The logits are expected free of NaN.
+// largest logit and reads no u (which may then be null). The logits are expected free of NaN. staged: the first
+// pass copies the row into V floats of dynamic shared memory, where the searches and the draw read it (each
+// reads the whole row again); the launcher stages it where it fits and temperature > 0.
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
-k_sample(int* tokens, const float* logits, const double* u, int V, double temperature, int top_k, double top_p) {
+k_sample(int* tokens, const float* logits, const double* u, int V, double temperature, int top_k, double top_p,
+         int staged) {
     __shared__ SampleShared sh;
+    extern __shared__ float sample_row[];
     pdl_wait();
     pdl_launch_dependents();
     const float* row = logits + (long long)blockIdx.x * V;
 
-    // the largest logit (the greedy token, and the max that z subtracts)
+    // the largest logit (the greedy token, and the max that z subtracts): SAMPLE_IN_FLIGHT loads at a time
     float max_value = -INFINITY;
     int max_index = INT_MAX;
-    for (int j = threadIdx.x; j < V; j += SAMPLE_THREADS) argmax_pair(max_value, max_index, row[j], j);
-    block_argmax(max_value, max_index, sh);
+    for (int j0 = threadIdx.x; j0 < V; j0 += SAMPLE_IN_FLIGHT * SAMPLE_THREADS) {
+        float l[SAMPLE_IN_FLIGHT];
+#pragma unroll
+        for (int i = 0; i < SAMPLE_IN_FLIGHT; i++) {
+            const int j = j0 + i * SAMPLE_THREADS;
+            l[i] = j < V ? row[j] : -INFINITY;
+        }
+#pragma unroll
+        for (int i = 0; i < SAMPLE_IN_FLIGHT; i++) {
+            const int j = j0 + i * SAMPLE_THREADS;
+            if (j < V) {
+                argmax_pair(max_value, max_index, l[i], j);
+                if (staged) sample_row[j] = l[i];
+            }
+        }
+    }
+    block_argmax(max_value, max_index, sh);  // (its barrier also makes the staged row whole)
+    if (staged) row = sample_row;
     if (temperature == 0.0) {
         if (threadIdx.x == 0) tokens[blockIdx.x] = max_index;
         return;

@@ -42,9 +42,10 @@ def same_as_host(ga, logits, u, temperature, top_k=None, top_p=None):
     return got
 
 
-# B from 1 to 8; V of 1 and 2, below a block (97), a block's 512 and one past it, and not multiples of it
+# B from 1 to 8; V of 1 and 2, below a block (97), a block's 512 and one past it, and not multiples of it; past
+# what a block's shared memory holds (60,000: the row read from global memory in every pass)
 @pytest.mark.parametrize("B,V", [(1, 1), (3, 2), (2, 97), (8, 97), (4, 512), (5, 513), (1, 8449), (8, 8449),
-                                 (2, 50257), (8, 50257)])
+                                 (2, 50257), (8, 50257), (2, 60000)])
 @pytest.mark.parametrize("temperature", TEMPERATURES)
 def test_k_sample_chooses_the_hosts_token(ga, rng, B, V, temperature):
     scale = rng.choice([0.5, 2.0, 8.0])  # flat to peaked distributions

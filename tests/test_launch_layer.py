@@ -382,10 +382,11 @@ def test_the_sampling_launcher_refuses_bad_arguments_by_name(fake):
     plan = K.Plan(fake)
     K.sample(tokens, logits, None, 0, stream=plan)  # greedy draws nothing: u may be None
     K.sample(tokens, logits, u, 0.5, stream=plan)
-    # top_k and top_p left out become "no cut": V and 1.0; one block of SAMPLE_THREADS a row
-    assert [(p[0], p[2], p[3][3:], p[5]) for p in plan] == [
-        ("k_sample", (3, 1), [20, 0.0, 20, 1.0], K.int_constants()["SAMPLE_THREADS"]),
-        ("k_sample", (3, 1), [20, 0.5, 20, 1.0], K.int_constants()["SAMPLE_THREADS"])]
+    # top_k and top_p left out become "no cut": V and 1.0; one block of SAMPLE_THREADS a row; the row staged in
+    # shared memory where it is read more than once (temperature > 0)
+    assert [(p[0], p[2], p[3][3:], p[4], p[5]) for p in plan] == [
+        ("k_sample", (3, 1), [20, 0.0, 20, 1.0, 0], 0, K.int_constants()["SAMPLE_THREADS"]),
+        ("k_sample", (3, 1), [20, 0.5, 20, 1.0, 1], 4 * 20, K.int_constants()["SAMPLE_THREADS"])]
     assert plan[0][3][2] == 0  # a null pointer for u
 
 
