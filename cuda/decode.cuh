@@ -5,6 +5,7 @@
 #pragma once
 #include "common.cuh"
 #include "rows_fast.cuh"  // warp_sum, warp_max
+#include "matmul_tc.cuh"  // copy_to_shared, cp_async_commit, cp_async_wait
 
 // one thread per element of x (B, 1, C): x[b, 0, :] = wte[tokens[b], :] + wpe[p, :]
 extern "C" __global__ void k_embed_decode(float* x, const int* tokens, const float* wte, const float* wpe,
@@ -53,57 +54,63 @@ __device__ void attention_decode_merge(float* out, const float* part, int used, 
     }
 }
 
-// Grid (chunks, B * NH), blockIdx.y = b * NH + h; a block whose chunk starts past p does nothing. The block holding
-// p writes the new key and value from qkv (B, 1, 3C) into the caches (B, NH, T_max, d_k) at row p. Then, a thread
-// per row j <= p of the chunk (no mask needed), scores[j] = dot(Q, K[j]) * (1.0f / sqrtf(d_k)) summed over d in
-// order, and the chunk's partial = (sum_j e_j V[j], m, sum_j e_j), e_j = exp(scores[j] - m), m its largest score,
-// into partial (B * NH, chunks, DECODE_PARTIAL(d_k)). The last of the head's p / DECODE_CHUNK + 1 blocks to count
-// itself in done[bh] writes y (B, 1, C), heads side by side, and sets done[bh] back to zero for the next launch;
-// where the head has one chunk (p < DECODE_CHUNK), its block writes y itself, sum_j e_j V[j] / sum_j e_j. Dynamic
-// shared memory: DECODE_CHUNK + d_k + blockDim.x floats. A p outside [0, T_max) writes nothing (the caller keeps
-// it in range).
-extern "C" __global__ void k_attention_decode(float* y, float* partial, unsigned* done, float* k_cache, float* v_cache,
-                                              const float* qkv, const int* pos, int NH, int d_k, int T_max) {
-    extern __shared__ float decode_smem[];
-    float* e = decode_smem;  // the chunk's scores, then exp(score - m)
-    float* q = e + DECODE_CHUNK;
-    float* part = q + d_k;
+// A row of the staged keys and values in shared memory: d_k rounded up to 4, and 4 more, so that rows stay 16-byte
+// aligned and a thread a row reading float4s meets no bank conflict (each quarter-warp's 8 rows start on 8
+// different groups of 4 banks).
+__host__ __device__ constexpr int decode_row(int d_k) { return (d_k + 3) / 4 * 4 + 4; }
+
+// The block's query and its new row p (from qkv, after the wait) and its chunk's scores and products.
+template <typename Vec>
+__device__ void attention_decode_chunk(float* y, float* partial, unsigned* done, float* k_cache, float* v_cache,
+                                       const float* qkv, int p, int NH, int d_k, int T_max) {
+    constexpr int WIDTH = sizeof(Vec) / sizeof(float);
+    extern __shared__ float4 decode_smem[];
+    const int KS = decode_row(d_k), start = blockIdx.x * DECODE_CHUNK;
+    float* ks = reinterpret_cast<float*>(decode_smem);  // DECODE_CHUNK x KS: the chunk's keys
+    float* vs = ks + DECODE_CHUNK * KS;                   // and values
+    float* e = vs + DECODE_CHUNK * KS;                    // DECODE_CHUNK: the chunk's scores, then exp(score - m)
+    float* q = e + DECODE_CHUNK;                          // d_k rounded up to 4
+    float* part = q + (d_k + 3) / 4 * 4;                  // blockDim.x: the groups' partial sums
     __shared__ float m_sum[2];
     __shared__ bool last;
-    const int p = pos[0];  // copied in before the step: no launch of it writes pos
-    const int start = blockIdx.x * DECODE_CHUNK;
-    if (p < 0 || p >= T_max || start > p) {
-        pdl_launch_dependents();
-        return;
-    }
     const int n = min(DECODE_CHUNK, p + 1 - start);  // the chunk's positions, start .. start + n - 1
+    const bool holds_p = p < start + DECODE_CHUNK;
     const int bh = blockIdx.y, b = bh / NH, h = bh % NH, C = NH * d_k;
     const float* row = qkv + (long long)b * 3 * C + h * d_k;
     float* k_h = k_cache + (long long)bh * T_max * d_k;
     float* v_h = v_cache + (long long)bh * T_max * d_k;
-    // the chunk's cached keys and values (those before p, which earlier steps wrote) into L2 while the launch
-    // before finishes
-    for (long long i = threadIdx.x * 32LL; i < (long long)n * d_k; i += blockDim.x * 32LL) {
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(k_h + (long long)start * d_k + i));
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(v_h + (long long)start * d_k + i));
+    // the chunk's cached keys and values (the rows before p, which earlier steps wrote) into shared memory while
+    // the launch before finishes
+    const int cached = n - holds_p, per_row = d_k / WIDTH;
+    for (int i = threadIdx.x; i < cached * per_row; i += blockDim.x) {
+        const int r = i / per_row, d = i % per_row * WIDTH;
+        copy_to_shared<Vec>(ks + r * KS + d, k_h + (long long)(start + r) * d_k + d);
+        copy_to_shared<Vec>(vs + r * KS + d, v_h + (long long)(start + r) * d_k + d);
     }
+    cp_async_commit();
     pdl_wait();
     pdl_launch_dependents();
-    const bool holds_p = p < start + DECODE_CHUNK;
     for (int d = threadIdx.x; d < d_k; d += blockDim.x) {
         q[d] = row[d];
         if (holds_p) {
-            k_h[(long long)p * d_k + d] = row[C + d];
-            v_h[(long long)p * d_k + d] = row[2 * C + d];
+            const float k = row[C + d], v = row[2 * C + d];
+            k_h[(long long)p * d_k + d] = k, v_h[(long long)p * d_k + d] = v;
+            ks[(p - start) * KS + d] = k, vs[(p - start) * KS + d] = v;
         }
     }
-    __syncthreads();  // the query and row p of the caches, for every thread of the block
+    cp_async_wait<0>();
+    __syncthreads();  // the query, the chunk's keys and values, row p among them, for every thread of the block
 
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {  // a thread a row: its d_k loads in flight together
-        const float* k_j = k_h + (long long)(start + i) * d_k;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {  // a thread a row, over d in order
+        const float* k_j = ks + i * KS;
         float s = 0.0f;
-#pragma unroll 8
-        for (int d = 0; d < d_k; d++) s += q[d] * k_j[d];
+        for (int d = 0; d < d_k; d += WIDTH) {
+            const Vec kv = *reinterpret_cast<const Vec*>(k_j + d), qv = *reinterpret_cast<const Vec*>(q + d);
+            const float* kf = reinterpret_cast<const float*>(&kv);
+            const float* qf = reinterpret_cast<const float*>(&qv);
+#pragma unroll
+            for (int w = 0; w < WIDTH; w++) s += qf[w] * kf[w];
+        }
         e[i] = s * (1.0f / sqrtf(d_k));
     }
     __syncthreads();
@@ -127,28 +134,19 @@ extern "C" __global__ void k_attention_decode(float* y, float* partial, unsigned
     float* head = partial + (long long)bh * gridDim.x * DECODE_PARTIAL(d_k);
     float* out = used == 1 ? y + (long long)b * C + h * d_k : head + blockIdx.x * DECODE_PARTIAL(d_k);
     const float scale = used == 1 ? 1.0f / m_sum[1] : 1.0f;
-    const int G = blockDim.x / d_k;  // groups of d_k threads, each summing every G-th row
-    if (G > 1) {
-        const int g = threadIdx.x / d_k, d = threadIdx.x % d_k;
-        if (g < G) {
+    const int G = max(1, (int)blockDim.x / d_k);  // groups of d_k threads, each summing every G-th row
+    const int g = threadIdx.x / d_k;
+    if (g < G)
+        for (int d = threadIdx.x % d_k; d < d_k; d += blockDim.x) {
             float s = 0.0f;
-#pragma unroll 4
-            for (int i = g; i < n; i += G) s += e[i] * v_h[(long long)(start + i) * d_k + d];
-            part[threadIdx.x] = s;
+            for (int i = g; i < n; i += G) s += e[i] * vs[i * KS + d];
+            part[g * d_k + d] = s;
         }
-        __syncthreads();
-        if (threadIdx.x < d_k) {
-            float s = 0.0f;
-            for (int k = 0; k < G; k++) s += part[k * d_k + threadIdx.x];
-            out[threadIdx.x] = used == 1 ? s * scale : s;
-        }
-    } else {
-        for (int d = threadIdx.x; d < d_k; d += blockDim.x) {
-            float s = 0.0f;
-#pragma unroll 4
-            for (int i = 0; i < n; i++) s += e[i] * v_h[(long long)(start + i) * d_k + d];
-            out[d] = used == 1 ? s * scale : s;
-        }
+    __syncthreads();
+    for (int d = threadIdx.x; d < d_k; d += blockDim.x) {
+        float s = 0.0f;
+        for (int k = 0; k < G; k++) s += part[k * d_k + d];
+        out[d] = used == 1 ? s * scale : s;
     }
     if (used == 1) return;
     if (threadIdx.x == 0) out[d_k] = m_sum[0], out[d_k + 1] = m_sum[1];
@@ -161,4 +159,27 @@ extern "C" __global__ void k_attention_decode(float* y, float* partial, unsigned
     }
     __syncthreads();
     if (last) attention_decode_merge(y + (long long)b * C + h * d_k, head, used, d_k);
+}
+
+// Grid (chunks, B * NH), blockIdx.y = b * NH + h; a block whose chunk starts past p does nothing. Before its wait
+// the block copies its chunk's cached keys and values (rows before p) into shared memory; after it, the block
+// holding p writes the new key and value from qkv (B, 1, 3C) into the caches (B, NH, T_max, d_k) at row p (and
+// into its copy). Then, a thread per row j <= p of the chunk (no mask needed), scores[j] = dot(Q, K[j]) *
+// (1.0f / sqrtf(d_k)) summed over d in order, and the chunk's partial = (sum_j e_j V[j], m, sum_j e_j), e_j =
+// exp(scores[j] - m), m its largest score, into partial (B * NH, chunks, DECODE_PARTIAL(d_k)). The last of the
+// head's p / DECODE_CHUNK + 1 blocks to count itself in done[bh] writes y (B, 1, C), heads side by side, and sets
+// done[bh] back to zero for the next launch; where the head has one chunk (p < DECODE_CHUNK), its block writes y
+// itself, sum_j e_j V[j] / sum_j e_j. Dynamic shared memory: 2 DECODE_CHUNK decode_row(d_k) + DECODE_CHUNK + d_k
+// rounded up to 4 + blockDim.x floats. vec4: d_k % 4 == 0 and the caches 16-byte aligned (the launcher checks). A
+// p outside [0, T_max) writes nothing (the caller keeps it in range).
+extern "C" __global__ void k_attention_decode(float* y, float* partial, unsigned* done, float* k_cache, float* v_cache,
+                                              const float* qkv, const int* pos, int NH, int d_k, int T_max,
+                                              int vec4) {
+    const int p = pos[0];  // copied in before the step: no launch of it writes pos
+    if (p < 0 || p >= T_max || (int)blockIdx.x * DECODE_CHUNK > p) {
+        pdl_launch_dependents();
+        return;
+    }
+    if (vec4) attention_decode_chunk<float4>(y, partial, done, k_cache, v_cache, qkv, p, NH, d_k, T_max);
+    else attention_decode_chunk<float>(y, partial, done, k_cache, v_cache, qkv, p, NH, d_k, T_max);
 }

@@ -144,6 +144,18 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
+// One Vec (float, or float4: both addresses 16-byte aligned) from global to shared memory: by cp.async from sm_80
+// (cp_async_commit, cp_async_wait and a barrier before another thread reads it), a plain copy before.
+template <typename Vec>
+__device__ __forceinline__ void copy_to_shared(float* smem, const float* gmem) {
+#if TC_AVAILABLE
+    if (sizeof(Vec) == 16) cp_async16(smem, gmem, 16);
+    else cp_async4(smem, gmem, 4);
+#else
+    *reinterpret_cast<Vec*>(smem) = *reinterpret_cast<const Vec*>(gmem);
+#endif
+}
+
 // One operand's tile in shared memory, as it lies in global memory: ROWS x COLS with COLS contiguous,
 // ROWS along K (an M/N-contiguous operand, COLS = EXTENT, its 128 or 64 rows of C) or along M/N (a
 // K-contiguous one, COLS = TC_BK). Row strides: COLS + 8 for K-contiguous tiles (8-byte fragment loads),

@@ -7,7 +7,7 @@
 #include "common.cuh"
 #include "pointwise_fast.cuh"  // gelu_fwd_of
 #include "rows_fast.cuh"       // warp_sum
-#include "matmul_tc.cuh"       // cp_async16, cp_async4, cp_async_commit, cp_async_wait, TC_AVAILABLE
+#include "matmul_tc.cuh"       // copy_to_shared, cp_async_commit, cp_async_wait
 
 // Read by microgpt/kernels/matvec.py: which products come here, and the grid and block of their launch.
 enum MatvecLaunch : int {
@@ -30,19 +30,12 @@ __device__ __forceinline__ float madd(float acc, float4 x, float4 w) {
 __device__ __forceinline__ float sum_of(float v) { return v; }
 __device__ __forceinline__ float sum_of(float4 v) { return ((v.x + v.y) + v.z) + v.w; }
 
-// n floats from global src to shared dst, asynchronously (cp.async from sm_80, 16 bytes at a time with Vec =
-// float4: both 16-byte aligned); cp_async_wait<0>() and a __syncthreads() before they are read.
+// n floats from global src to shared dst, asynchronously where the GPU can (copy_to_shared); cp_async_wait<0>()
+// and a __syncthreads() before they are read.
 template <typename Vec>
 __device__ void matvec_stage(float* dst, const float* src, int n) {
     constexpr int WIDTH = sizeof(Vec) / sizeof(float);
-    for (int i = threadIdx.x * WIDTH; i < n; i += MATVEC_THREADS * WIDTH) {
-#if TC_AVAILABLE
-        if (WIDTH == 4) cp_async16(dst + i, src + i, 16);
-        else cp_async4(dst + i, src + i, 4);
-#else
-        *reinterpret_cast<Vec*>(dst + i) = *reinterpret_cast<const Vec*>(src + i);
-#endif
-    }
+    for (int i = threadIdx.x * WIDTH; i < n; i += MATVEC_THREADS * WIDTH) copy_to_shared<Vec>(dst + i, src + i);
     cp_async_commit();
 }
 

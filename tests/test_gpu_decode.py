@@ -48,11 +48,27 @@ def pos_array(ga, p):
                                                (1, 1, 50, 300, 49), (1, 12, 1024, 64, 517), (2, 2, 130, 8, 64),
                                                (1, 3, 129, 16, 127), (1, 3, 129, 16, 128)])
 def test_attention_decode(ga, rng, B, NH, T_max, d_k, p):
+    check_attention_decode(ga, rng, B, NH, T_max, d_k, p)
+
+
+@pytest.mark.parametrize("d_k,p", [(64, 20), (64, 200), (8, 70)])
+def test_attention_decode_of_caches_off_a_16_byte_boundary(ga, rng, d_k, p):
+    """Caches one float past an allocation's start: the kernel copies their rows a float at a time."""
+    check_attention_decode(ga, rng, 1, 3, 256, d_k, p, offset=1)
+
+
+def on_gpu_at(ga, a, offset):
+    """a copied to the device `offset` floats past the start of an allocation."""
+    return ga.to_gpu(np.concatenate([np.zeros(offset, np.float32), a.ravel()]))[offset:].reshape(a.shape)
+
+
+def check_attention_decode(ga, rng, B, NH, T_max, d_k, p, offset=0):
     C = NH * d_k
     k_h = rng.standard_normal((B, NH, T_max, d_k)).astype(np.float32)
     v_h = rng.standard_normal((B, NH, T_max, d_k)).astype(np.float32)
     qkv_h = rng.standard_normal((B, 1, 3 * C)).astype(np.float32)
-    k_cache, v_cache, qkv, y = ga.to_gpu(k_h), ga.to_gpu(v_h), ga.to_gpu(qkv_h), nan(ga, B, 1, C)
+    k_cache, v_cache = on_gpu_at(ga, k_h, offset), on_gpu_at(ga, v_h, offset)
+    qkv, y = ga.to_gpu(qkv_h), nan(ga, B, 1, C)
     K.attention_decode(y, k_cache, v_cache, qkv, pos_array(ga, p))
     q, k_new, v_new = (qkv_h[:, 0, i * C:(i + 1) * C].reshape(B, NH, d_k) for i in range(3))
     k_h[:, :, p], v_h[:, :, p] = k_new, v_new  # row p written, every other row as it was

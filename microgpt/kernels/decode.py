@@ -60,16 +60,18 @@ def attention_decode(y, k_cache, v_cache, qkv, pos, *, stream=None):
     scratch); the head's last block to finish adds its chunks in order."""
     B, NH, T_max, d_k = head_dims("k_cache", k_cache)
     C = NH * d_k
-    chunk = decode_chunk()
-    shared = 4 * (chunk + d_k + BLOCK)  # a chunk's scores, the query, the partial sums
+    chunk, d_pad = decode_chunk(), -(-d_k // 4) * 4
+    # the chunk's keys and values (rows of decode_row(d_k) = d_pad + 4), its scores, the query, the partial sums
+    shared = 4 * (2 * chunk * (d_pad + 4) + chunk + d_pad + BLOCK)
     if shared > device_of(stream).max_shared:
-        raise ValueError(f"k_cache has d_k={d_k}: its query and partial sums take {shared} bytes of shared memory, "
-                         f"above this GPU's {device_of(stream).max_shared}")
+        raise ValueError(f"k_cache has d_k={d_k}: a block's chunk of keys and values, query and partial sums take "
+                         f"{shared} bytes of shared memory, above this GPU's {device_of(stream).max_shared}")
     chunks = math.ceil(T_max / chunk)
     partial, done = scratch(B * NH * chunks * (d_k + 2), stream), counters(B * NH, stream)
-    args = [ptr("y", y, (B, 1, C)), int(partial.gpudata), int(done.gpudata),
-            ptr("k_cache", k_cache, (B, NH, T_max, d_k)), ptr("v_cache", v_cache, (B, NH, T_max, d_k)),
-            ptr("qkv", qkv, (B, 1, 3 * C)), ptr("pos", pos, (1,), np.int32), NH, d_k, T_max]
+    p_k, p_v = ptr("k_cache", k_cache, (B, NH, T_max, d_k)), ptr("v_cache", v_cache, (B, NH, T_max, d_k))
+    vec4 = int(d_k % 4 == 0 and p_k % 16 == 0 and p_v % 16 == 0)
+    args = [ptr("y", y, (B, 1, C)), int(partial.gpudata), int(done.gpudata), p_k, p_v,
+            ptr("qkv", qkv, (B, 1, 3 * C)), ptr("pos", pos, (1,), np.int32), NH, d_k, T_max, vec4]
     launch("k_attention_decode", args, (chunks, B * NH), stream, shared=shared, dependent=True)
 
 
