@@ -131,7 +131,7 @@ def fused(matmul_fwd, variant: str) -> tuple:
     def layernorm_matmul_fwd(out, x, w, b, weight, bias, *, gelu=False, stream=None):
         """out = layernorm(x) @ weight^T + bias (gelu: GELU of it), x (..., C), weight (N, C)."""
         _, M, C, N, (p_out, p_x, p_w, p_b, p_weight, p_bias) = _layernorm_matmul_args(out, x, w, b, weight, bias)
-        if fits(M, C, True, stream):
+        if fits(M, C, N, True, stream):
             matvec(p_out, p_x, p_weight, p_bias, M, C, N, stream, ln=(p_w, p_b), gelu=gelu)
         else:
             unfused_ln(out, x, w, b, weight, bias, gelu=gelu, stream=stream)
@@ -139,7 +139,7 @@ def fused(matmul_fwd, variant: str) -> tuple:
     def matmul_residual_fwd(x, inp, weight, bias, *, stream=None):
         """x += inp @ weight^T + bias, inp (..., K), weight (C, K), x (..., C)."""
         _, M, K, C, (p_x, p_inp, p_weight, p_bias) = _matmul_residual_args(x, inp, weight, bias)
-        if fits(M, K, False, stream):
+        if fits(M, K, C, False, stream):
             matvec(p_x, p_inp, p_weight, p_bias, M, K, C, stream, resid=p_x)
         else:
             unfused_resid(x, inp, weight, bias, stream=stream)

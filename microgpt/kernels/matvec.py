@@ -35,15 +35,21 @@ def plan(M: int, K: int, N: int, layernorm: bool) -> tuple[int, int, int, int]:
     group = c["GROUP_FEW"] if R <= 2 else c["GROUP"]
     fit = max(1, c["CHUNK"] // (4 * K))
     cols = min(fit, N, group * math.ceil(math.ceil(N / c["BLOCKS"]) / group))
+    if cols >= 4 * group:  # whole groups for each of the 4 warps: K in one part
+        cols -= cols % (4 * group)
     groups = math.ceil(cols / group)
     parts = 4 // math.gcd(groups, 4)
     return R, cols, parts, 4 * (cols * K + (M * K if layernorm else 0) + groups * parts * group * R)
 
 
-def fits(M: int, K: int, layernorm: bool, stream=None) -> bool:
-    """Whether a product of M rows of K takes k_matvec: M <= MATVEC_ROWS, and a block's columns of W (with the
-    layernorm, its M rows too) fit in its shared memory."""
-    return 0 < M <= matvec_launch()["ROWS"] and plan(M, K, 1, layernorm)[3] <= device_of(stream).max_shared
+def fits(M: int, K: int, N: int, layernorm: bool, stream=None) -> bool:
+    """Whether a product of M rows of K by N columns takes k_matvec: M <= MATVEC_ROWS, and a block's shared memory
+    holds its staged columns of W, its partial sums (with the layernorm, its M rows too) and the kernel's static
+    4 x R floats."""
+    if not 0 < M <= matvec_launch()["ROWS"]:
+        return False
+    R, _, _, shared = plan(M, K, N, layernorm)
+    return shared + 16 * R <= device_of(stream).max_shared
 
 
 def matvec(out: int, inp: int, weight: int, bias: int, M: int, K: int, N: int, stream=None, *, ln=(0, 0),
@@ -51,8 +57,9 @@ def matvec(out: int, inp: int, weight: int, bias: int, M: int, K: int, N: int, s
     """out (M, N) = inp (M, K) @ weight (N, K)^T + bias (N; 0 for none), 1 <= M <= MATVEC_ROWS, on pointers already
     checked; ln = (w, b): inp layernormed first; gelu: GELU of that; resid (M, N; may be out): added last. float4
     loads where K % 4 == 0 and inp, weight lie on 16-byte boundaries."""
-    if not fits(M, K, bool(ln[0]), stream):
-        raise ValueError(f"M must be in [1, {matvec_launch()['ROWS']}] for k_matvec, got {M}")
+    if not fits(M, K, N, bool(ln[0]), stream):
+        raise ValueError(f"k_matvec takes M in [1, {matvec_launch()['ROWS']}] rows whose block fits in shared memory, "
+                         f"got M={M}, K={K}, N={N}")
     R, cols, parts, shared = plan(M, K, N, bool(ln[0]))
     vec4 = int(K % 4 == 0 and inp % 16 == 0 and weight % 16 == 0)
     fused = [what for what, on in (("the layernorm", ln[0]), ("GELU", gelu), ("the residual add", resid)) if on]

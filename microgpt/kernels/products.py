@@ -261,7 +261,7 @@ class MatrixProducts:
         OUT = shape_of("weight", weight, 2)[0]
         p_out, p_inp = ptr("out", out, shape[:-1] + (OUT,)), ptr("inp", inp, shape)
         p_w, p_b = ptr("weight", weight, (OUT, IN)), opt_ptr("bias", bias, (OUT,))
-        if fits(N, IN, False, stream):  # a few positions (sampling's decode step): one pass over the weights
+        if fits(N, IN, OUT, False, stream):  # a few positions (sampling's decode step): one pass over the weights
             matvec(p_out, p_inp, p_w, p_b, N, IN, OUT, stream)
         else:
             gemm(self.dense(N, OUT, IN, trans_b=True), p_out, p_inp, p_w, p_b, stream)
