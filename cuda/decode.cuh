@@ -134,19 +134,26 @@ __device__ void attention_decode_chunk(float* y, float* partial, unsigned* done,
     float* head = partial + (long long)bh * gridDim.x * DECODE_PARTIAL(d_k);
     float* out = used == 1 ? y + (long long)b * C + h * d_k : head + blockIdx.x * DECODE_PARTIAL(d_k);
     const float scale = used == 1 ? 1.0f / m_sum[1] : 1.0f;
-    const int G = max(1, (int)blockDim.x / d_k);  // groups of d_k threads, each summing every G-th row
-    const int g = threadIdx.x / d_k;
-    if (g < G)
-        for (int d = threadIdx.x % d_k; d < d_k; d += blockDim.x) {
+    const int G = blockDim.x / d_k;  // groups of d_k threads, each summing every G-th row
+    if (G > 1) {
+        const int g = threadIdx.x / d_k, d = threadIdx.x % d_k;
+        if (g < G) {
             float s = 0.0f;
             for (int i = g; i < n; i += G) s += e[i] * vs[i * KS + d];
-            part[g * d_k + d] = s;
+            part[threadIdx.x] = s;
         }
-    __syncthreads();
-    for (int d = threadIdx.x; d < d_k; d += blockDim.x) {
-        float s = 0.0f;
-        for (int k = 0; k < G; k++) s += part[k * d_k + d];
-        out[d] = used == 1 ? s * scale : s;
+        __syncthreads();
+        if (threadIdx.x < d_k) {
+            float s = 0.0f;
+            for (int k = 0; k < G; k++) s += part[k * d_k + threadIdx.x];
+            out[threadIdx.x] = used == 1 ? s * scale : s;
+        }
+    } else {  // a thread a d (looped where d_k > blockDim.x), every row
+        for (int d = threadIdx.x; d < d_k; d += blockDim.x) {
+            float s = 0.0f;
+            for (int i = 0; i < n; i++) s += e[i] * vs[i * KS + d];
+            out[d] = used == 1 ? s * scale : s;
+        }
     }
     if (used == 1) return;
     if (threadIdx.x == 0) out[d_k] = m_sum[0], out[d_k + 1] = m_sum[1];

@@ -13,9 +13,8 @@
 // buckets are doubles, as is the exp). Read by microgpt/kernels/sampling.py.
 enum SampleLaunch : int {
     SAMPLE_THREADS = 512,
-    SAMPLE_BUCKETS = 16,      // candidate thresholds per pass: 4 bits of the key
-    SAMPLE_STATIC = 4096,     // bytes of static shared memory k_sample takes at most, besides its row
-    SAMPLE_IN_FLIGHT = 8,     // loads of the row a thread has in flight in the first pass
+    SAMPLE_BUCKETS = 16,    // candidate thresholds per pass: 4 bits of the key
+    SAMPLE_IN_FLIGHT = 8,   // loads of the row a thread has in flight in the first pass
 };
 constexpr int SAMPLE_WARPS = SAMPLE_THREADS / 32;
 constexpr int SAMPLE_BITS = 4;  // log2(SAMPLE_BUCKETS)
@@ -54,7 +53,6 @@ struct SampleShared {
     int max_index[SAMPLE_WARPS];
     int first[SAMPLE_WARPS];
 };
-static_assert(sizeof(SampleShared) <= SAMPLE_STATIC, "the launcher leaves SAMPLE_STATIC bytes beside the row");
 
 // The block's largest logit and its first index; every thread gets them.
 __device__ void block_argmax(float& v, int& i, SampleShared& sh) {

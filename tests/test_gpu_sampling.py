@@ -57,6 +57,20 @@ def test_k_sample_chooses_the_hosts_token(ga, rng, B, V, temperature):
         np.testing.assert_array_equal(on_gpu(ga, logits, None, 0.0), logits.argmax(-1))
 
 
+@pytest.mark.parametrize("V", [11_800, 12_000, 12_288])
+def test_a_recorded_k_sample_with_its_row_near_48_kb_of_shared_memory(ga, rng, V):
+    """A row of 4 V bytes staged in shared memory, about the 48 KB a block takes without the opt-in (its static
+    shared memory counted), recorded into a plan (a programmatic dependent launch on sm_90) and replayed."""
+    B = 2
+    logits = (rng.standard_normal((B, V)) * 2).astype(np.float32)
+    u = rng.random(B)
+    tokens, plan = ga.to_gpu(np.full(B, -1, np.int32)), K.Plan()
+    K.sample(tokens, ga.to_gpu(logits), ga.to_gpu(u), 0.8, 50, 0.9, stream=plan)
+    assert plan[0][4] == 4 * V  # staged
+    K.replay(plan, None, "test")
+    np.testing.assert_array_equal(tokens.get(), choose(logits, 0.8, 50, 0.9, u))
+
+
 @pytest.mark.parametrize("V", [7, 97, 1000, 50257])
 @pytest.mark.parametrize("temperature", TEMPERATURES)
 def test_repeated_logits_tie_as_on_the_host(ga, rng, V, temperature):

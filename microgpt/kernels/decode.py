@@ -21,7 +21,7 @@ from .matmul import matmul_fwd
 from .matvec import fits, matvec
 from .pointwise import gelu_fwd, residual_fwd
 from .pointwise_fast import gelu_fwd_fast
-from .runtime import BLOCK, blocks, counters, device_of, launch, scratch
+from .runtime import BLOCK, blocks, counters, launch, scratch, shared_limit
 from .source import int_constants
 
 
@@ -63,9 +63,10 @@ def attention_decode(y, k_cache, v_cache, qkv, pos, *, stream=None):
     chunk, d_pad = decode_chunk(), -(-d_k // 4) * 4
     # the chunk's keys and values (rows of decode_row(d_k) = d_pad + 4), its scores, the query, the partial sums
     shared = 4 * (2 * chunk * (d_pad + 4) + chunk + d_pad + BLOCK)
-    if shared > device_of(stream).max_shared:
+    if shared > shared_limit("k_attention_decode", stream):
         raise ValueError(f"k_cache has d_k={d_k}: a block's chunk of keys and values, query and partial sums take "
-                         f"{shared} bytes of shared memory, above this GPU's {device_of(stream).max_shared}")
+                         f"{shared} bytes of shared memory, above this GPU's "
+                         f"{shared_limit('k_attention_decode', stream)}")
     chunks = math.ceil(T_max / chunk)
     partial, done = scratch(B * NH * chunks * (d_k + 2), stream), counters(B * NH, stream)
     p_k, p_v = ptr("k_cache", k_cache, (B, NH, T_max, d_k)), ptr("v_cache", v_cache, (B, NH, T_max, d_k))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import math
 
-from .runtime import device_of, launch
+from .runtime import launch, shared_limit
 from .source import int_constants
 
 
@@ -44,12 +44,11 @@ def plan(M: int, K: int, N: int, layernorm: bool) -> tuple[int, int, int, int]:
 
 def fits(M: int, K: int, N: int, layernorm: bool, stream=None) -> bool:
     """Whether a product of M rows of K by N columns takes k_matvec: M <= MATVEC_ROWS, and a block's shared memory
-    holds its staged columns of W, its partial sums (with the layernorm, its M rows too) and the kernel's static
-    4 x R floats."""
+    holds its staged columns of W and its partial sums (with the layernorm, its M rows too)."""
     if not 0 < M <= matvec_launch()["ROWS"]:
         return False
     R, _, _, shared = plan(M, K, N, layernorm)
-    return shared + 16 * R <= device_of(stream).max_shared
+    return shared <= shared_limit(f"k_matvec_{R}", stream)
 
 
 def matvec(out: int, inp: int, weight: int, bias: int, M: int, K: int, N: int, stream=None, *, ln=(0, 0),

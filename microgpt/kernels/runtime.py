@@ -194,6 +194,13 @@ def device_of(stream=None):
     return stream.device if isinstance(stream, Plan) and stream.device is not None else engine()
 
 
+def shared_limit(name: str, stream=None) -> int:
+    """The most dynamic shared memory a block of kernel `name` may take on the device of `stream`: the device's
+    most after the opt-in, less the kernel's static shared memory (none on a described device)."""
+    e = device_of(stream)
+    return e.max_shared - getattr(e.function(name), "shared_size_bytes", 0)
+
+
 def sm_version(device) -> int:
     """The compute capability `device` (an engine) is built for as one number: 80 for sm_80, 90 for sm_90a."""
     return int(re.match(r"sm_(\d+)", device.arch).group(1))

@@ -16,16 +16,14 @@ import numpy as np
 
 from ..sampling import check_sampling
 from .checks import opt_ptr, ptr, shape_of
-from .runtime import device_of, launch
+from .runtime import launch, shared_limit
 from .source import int_constants
 
 
 @functools.cache  # (read from the preprocessed source: tens of milliseconds, once)
-def sample_launch() -> tuple[int, int]:
-    """SAMPLE_THREADS and SAMPLE_STATIC of cuda/sampling.cuh (enum SampleLaunch): the threads of k_sample's block
-    per row, and the most static shared memory it takes besides the row it stages."""
-    c = int_constants()
-    return c["SAMPLE_THREADS"], c["SAMPLE_STATIC"]
+def threads() -> int:
+    """SAMPLE_THREADS of cuda/sampling.cuh (enum SampleLaunch): the threads of k_sample's block per row."""
+    return int_constants()["SAMPLE_THREADS"]
 
 
 def sample(tokens, logits, u, temperature, top_k=None, top_p=None, *, stream=None):
@@ -37,11 +35,10 @@ def sample(tokens, logits, u, temperature, top_k=None, top_p=None, *, stream=Non
     if u is None and temperature > 0:
         raise ValueError(f"u must be a float64 device array of shape ({B},) (draws in [0, 1)) where "
                          f"temperature > 0; None only at temperature 0")
-    block, static = sample_launch()
     # the searches and the draw read the row again: from shared memory, where it fits (greedy reads it once)
-    staged = temperature > 0 and 4 * V + static <= device_of(stream).max_shared
+    staged = temperature > 0 and 4 * V <= shared_limit("k_sample", stream)
     args = [ptr("tokens", tokens, (B,), np.int32), ptr("logits", logits, (B, V)),
             opt_ptr("u", u, (B,), np.float64), V, temperature, V if top_k is None else top_k,
             1.0 if top_p is None else top_p, int(staged)]
-    launch("k_sample", args, B, stream, block=block, shared=4 * V if staged else 0, dependent=True,
+    launch("k_sample", args, B, stream, block=threads(), shared=4 * V if staged else 0, dependent=True,
            why="the row staged in shared memory" if staged else "")

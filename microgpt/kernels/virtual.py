@@ -128,6 +128,8 @@ class Engine:
 class Kernel(str):
     """A kernel by its name; launching it does nothing."""
 
+    shared_size_bytes = 0  # its static shared memory: not known without the compiled kernel
+
     def prepared_async_call(self, *_, **__):
         pass
 
