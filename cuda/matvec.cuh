@@ -134,26 +134,31 @@ __device__ void matvec_block(float* out, const float* inp, const float* W, const
     if (ln_w) {
         matvec_layernorm<ROWS, Vec>(xs, inp, ln_w, ln_b, M, K, red);
         x = xs;
+    } else {  // the input rows into L1, where the loads below find them (each line asked for once a block)
+        for (long long at = threadIdx.x * 32LL; at < (long long)M * K; at += MATVEC_THREADS * 32)
+            asm volatile("prefetch.global.L1 [%0];" ::"l"(inp + at));
     }
     cp_async_wait<0>();
     __syncthreads();
     const int per_part = (KV + parts - 1) / parts;
     for (int u = warp; u < units; u += 4) {
         const int c0 = (u / parts) * COLS, k_begin = (u % parts) * per_part, k_end = min(KV, k_begin + per_part);
+        // rows past M and columns past the block's repeat the last ones: every load unguarded, so that the
+        // compiler may issue an unrolled loop's loads together; their sums are never read
+        const Vec* xr = reinterpret_cast<const Vec*>(x);
+        const Vec* wr = reinterpret_cast<const Vec*>(ws);
         float acc[COLS][ROWS] = {};
+#pragma unroll(ROWS <= 2 ? 4 : 1)  // (more would spill the accumulators of 4 and 8 rows)
         for (int kv = k_begin + lane; kv < k_end; kv += 32) {
             Vec xv[ROWS];
 #pragma unroll
-            for (int r = 0; r < ROWS; r++)
-                if (r < M) xv[r] = reinterpret_cast<const Vec*>(x + (long long)r * K)[kv];
+            for (int r = 0; r < ROWS; r++) xv[r] = xr[min(r, M - 1) * KV + kv];
 #pragma unroll
-            for (int c = 0; c < COLS; c++)
-                if (c0 + c < ncols) {
-                    const Vec w = reinterpret_cast<const Vec*>(ws + (c0 + c) * K)[kv];
+            for (int c = 0; c < COLS; c++) {
+                const Vec w = wr[min(c0 + c, ncols - 1) * KV + kv];
 #pragma unroll
-                    for (int r = 0; r < ROWS; r++)
-                        if (r < M) acc[c][r] = madd(acc[c][r], xv[r], w);
-                }
+                for (int r = 0; r < ROWS; r++) acc[c][r] = madd(acc[c][r], xv[r], w);
+            }
         }
 #pragma unroll
         for (int c = 0; c < COLS; c++)
