@@ -2,7 +2,7 @@
 """Where a decode step's time goes (sampling with the key-value cache on the cuda backend): the step as
 GPT.generate runs it (its CUDA graph, k_sample, the ids back), the graph's GPU time alone against the least time
 its reads allow, each op's share and each kernel's (its launches of one step, ten times over, as one graph: GPU
-time, no host in it), and k_sample's time for each way of choosing.
+time, no host in it), and k_sample's time for each way of choosing (recorded and timed the same way).
 
     python tools/profile_decode.py                        # andrea-120m, B 1 and 8, a prompt of 16 tokens
     python tools/profile_decode.py --preset andrea-12m -B 1 --prompt 512
@@ -107,12 +107,9 @@ def profile(cfg, B, prompt_len, steps, copy_gbs):
     for c in (greedy, Choice(1.0, None, None, u), Choice(0.9, 50, None, u), Choice(1.0, None, 0.95, u),
               Choice(0.9, 50, 0.9, u)):
         be._put_draws(d, d.ring[0], c)  # the draws in place on the device
-
-        def sample(c=c):
-            be.ops.sample(d.ids[:B], logits, d.u if c.u is not None else None, c.temperature, c.top_k, c.top_p,
-                          stream=be.stream)
-        choices.append(dict(temperature=c.temperature, top_k=c.top_k, top_p=c.top_p,
-                            us=gpu_ms(cuda, be.stream, sample, 20) * 1e3))
+        plan = K.Plan()  # recorded and timed as the step's launches are: a graph, no host between its launches
+        be.ops.on(plan).sample(d.ids[:B], logits, d.u if c.u is not None else None, c.temperature, c.top_k, c.top_p)
+        choices.append(dict(temperature=c.temperature, top_k=c.top_k, top_p=c.top_p, us=launches_us(be, plan)))
     limit_ms = sum(reads.values()) / copy_gbs / 1e6
     return dict(B=B, prompt=prompt_len, launches=len(d.step.plan), step_ms=step_ms, tokens_per_s=B / step_ms * 1e3,
                 graph_ms=graph_ms, graph=d.step.graph is not None, graph_unavailable=d.step.unavailable,
