@@ -13,7 +13,7 @@
 enum MatvecLaunch : int {
     MATVEC_ROWS = 8,           // products of at most this many rows take k_matvec
     MATVEC_THREADS = 128,      // a block: 4 warps
-    MATVEC_CHUNK = 24 * 1024,  // bytes of W a block stages in shared memory, whole columns (at least COLS of them)
+    MATVEC_CHUNK = 48 * 1024,  // bytes of W a block stages in shared memory, whole columns (at least COLS of them)
     MATVEC_BLOCKS = 256,       // a product of enough columns is cut into at least this many blocks
     MATVEC_GROUP_FEW = 2,      // the columns a warp takes at once in k_matvec_1 and _2: each load of an input
     MATVEC_GROUP = 4,          // row serves that many; in k_matvec_4 and _8, MATVEC_GROUP
