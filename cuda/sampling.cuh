@@ -65,14 +65,31 @@ __device__ void block_argmax(float& v, int& i, SampleShared& sh) {
     for (int w = 1; w < SAMPLE_WARPS; w++) argmax_pair(v, i, sh.max_value[w], sh.max_index[w]);
 }
 
-// The block's sums of each thread's 16 buckets (warps in order after each warp's tree); every thread gets them.
-__device__ void block_sum_buckets(double (&acc)[SAMPLE_BUCKETS], SampleShared& sh) {
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+// One halving of block_sum_buckets: lanes whose bit 2 HALF is set keep buckets [HALF, 2 HALF) of those they hold,
+// the others [0, HALF), each adding the half its partner (lane ^ 2 HALF) gives away; the kept ones move to [0, HALF).
+template <int HALF>
+__device__ __forceinline__ void halve_buckets(double (&acc)[SAMPLE_BUCKETS], int lane) {
+    const bool upper = lane & (2 * HALF);
 #pragma unroll
-    for (int b = 0; b < SAMPLE_BUCKETS; b++) {
-        double v = warp_sum(acc[b]);
-        if (lane == 0) sh.part[warp][b] = v;
+    for (int j = 0; j < HALF; j++) {
+        const double low = acc[j], high = acc[j + HALF];
+        acc[j] = (upper ? high : low) + __shfl_xor_sync(0xffffffff, upper ? low : high, 2 * HALF);
     }
+}
+
+// The block's sums of each thread's 16 buckets; every thread gets them. Each warp first reduces and scatters
+// them: four halvings (lane bits 16, 8, 4, 2) leave lanes 2b and 2b + 1 with bucket b over their 16 lanes, and one
+// shuffle with lane ^ 1 adds the two (16 shuffles of a double, those of a halving independent of one another, not a
+// tree of 5 for each bucket). Then the warps' sums in warp order. A fixed order every run.
+__device__ void block_sum_buckets(double (&acc)[SAMPLE_BUCKETS], SampleShared& sh) {
+    static_assert(SAMPLE_BUCKETS == 16, "four halvings leave a lane pair one bucket");
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    halve_buckets<8>(acc, lane);
+    halve_buckets<4>(acc, lane);
+    halve_buckets<2>(acc, lane);
+    halve_buckets<1>(acc, lane);
+    acc[0] += __shfl_xor_sync(0xffffffff, acc[0], 1);
+    if (lane % 2 == 0) sh.part[warp][lane / 2] = acc[0];
     __syncthreads();
     if (threadIdx.x < SAMPLE_BUCKETS) {
         double s = 0.0;
