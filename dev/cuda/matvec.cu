@@ -10,7 +10,7 @@
 //      k_residual_fwd
 //   2  k_matvec_<R>: a block's columns of W staged in shared memory by cp.async before pdl_wait(), the layernorm in
 //      its prologue, bias, GELU and the residual add in its epilogue; launched as programmatic dependents. Timed
-//      also with other MATVEC_CHUNK sizes, and without the dependent launch
+//      also with other MATVEC_CHUNK sizes, without the dependent launch, and with other MATVEC_BLOCKS counts
 #include "common.h"
 
 #include <numeric>  // std::gcd
@@ -53,11 +53,11 @@ struct Product {
 struct Plan {
     int R, cols, parts, shared;
 };
-Plan matvec_plan(int M, int K, int N, bool ln, int chunk) {
+Plan matvec_plan(int M, int K, int N, bool ln, int chunk, int blocks = MATVEC_BLOCKS) {
     Plan p;
     p.R = M <= 1 ? 1 : M <= 2 ? 2 : M <= 4 ? 4 : 8;
     const int group = matvec_cols(p.R), fit = std::max(1, chunk / (4 * K));
-    p.cols = std::min({fit, N, group * ceil_div(ceil_div(N, (int)MATVEC_BLOCKS), group)});
+    p.cols = std::min({fit, N, group * ceil_div(ceil_div(N, blocks), group)});
     if (p.cols >= 4 * group) p.cols -= p.cols % (4 * group);
     const int groups = ceil_div(p.cols, group);
     p.parts = 4 / std::gcd(groups, 4);
@@ -80,9 +80,10 @@ void product1(const Product& p, cudaStream_t s) {
     if (p.resid) k_residual_fwd<<<(unsigned)ceil_div(n, 256LL), 256, 0, s>>>(p.out, p.resid, y, n);
 }
 
-void product2(const Product& p, cudaStream_t s, int chunk = MATVEC_CHUNK, bool dependent = true) {
+void product2(const Product& p, cudaStream_t s, int chunk = MATVEC_CHUNK, bool dependent = true,
+              int blocks = MATVEC_BLOCKS) {
     static void* kernels[] = {(void*)k_matvec_1, (void*)k_matvec_2, (void*)k_matvec_4, (void*)k_matvec_8};
-    Plan plan = matvec_plan(p.M, p.K, p.N, p.ln_w, chunk);
+    Plan plan = matvec_plan(p.M, p.K, p.N, p.ln_w, chunk, blocks);
     void* kernel = kernels[plan.R == 1 ? 0 : plan.R == 2 ? 1 : plan.R == 4 ? 2 : 3];
     cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.shared));
     cudaLaunchConfig_t config = {};
@@ -220,6 +221,13 @@ int main(int argc, char** argv) {
             report("version 2, not a dependent launch", time_step(step, [](const Product& p, cudaStream_t s) {
                 product2(p, s, MATVEC_CHUNK, false);
             }));
+            for (int blocks : {132, 264, 528, 1056}) {
+                char what[64];
+                snprintf(what, sizeof(what), "version 2, at least %d blocks a product", blocks);
+                report(what, time_step(step, [blocks](const Product& p, cudaStream_t s) {
+                    product2(p, s, MATVEC_CHUNK, true, blocks);
+                }));
+            }
         }
     }
     printf("\nevery version run matches the CPU\n");
