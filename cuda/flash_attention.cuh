@@ -251,12 +251,13 @@ __device__ __forceinline__ void fa_weigh(float (&out)[D / 8][4], const float (&w
     }
 }
 
-// out = the warp's 16 rows of the staged dS^T (at a: 64 keys per row, stride FA_DS_LD) times the block's K (at
-// ks, 64 keys), columns c0 + 8n + (0..7) of K. The A fragment is read as fa_rows_dot reads its A (keys 2t and
-// 2t + 1 of a k8 step as logical k t and t + 4, one float2), the B fragment as fa_weigh reads its M (rows 2t
-// and 2t + 1, the same relabelling), so both sides sum the same key for each k.
-template <int D, int NQ>
-__device__ __forceinline__ void fa_dq_part(float (&out)[NQ][4], const float* a, const float* ks, int c0) {
+// out = one warp's 16 rows of a staged dS (or dS^T) times 64 keys of K, columns c0 + 8n + (0..7) of K. The A
+// fragment is read as fa_rows_dot reads its A (keys 2t and 2t + 1 of a k8 step as logical k t and t + 4, one
+// float2), the B fragment as fa_weigh reads its M (rows 2t and 2t + 1, the same relabelling), so both sides sum the
+// same key for each k. L lays them out: a's rows L::A_LD apart, L::a_col(key, g) the column of key in row g of a
+// (and of row g + 8), L::b_at(key, d) the index in ks of K's rows key and key + 1 at column d.
+template <class L, int NQ>
+__device__ __forceinline__ void fa_dq_product(float (&out)[NQ][4], const float* a, const float* ks, int c0) {
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int n = 0; n < NQ; n++)
@@ -264,21 +265,31 @@ __device__ __forceinline__ void fa_dq_part(float (&out)[NQ][4], const float* a, 
         for (int r = 0; r < 4; r++) out[n][r] = 0.0f;
 #pragma unroll
     for (int kb = 0; kb < 8; kb++) {
-        const int col = (8 * kb + 2 * t) ^ ((g & 4) << 1);
-        const float2 u = *reinterpret_cast<const float2*>(a + g * FA_DS_LD + col);
-        const float2 w = *reinterpret_cast<const float2*>(a + (g + 8) * FA_DS_LD + col);
+        const int key = 8 * kb + 2 * t, col = L::a_col(key, g);
+        const float2 u = *reinterpret_cast<const float2*>(a + g * L::A_LD + col);
+        const float2 w = *reinterpret_cast<const float2*>(a + (g + 8) * L::A_LD + col);
         const float av[4] = {u.x, w.x, u.y, w.y};
         uint32_t a_hi[4], a_lo[4];
 #pragma unroll
         for (int r = 0; r < 4; r++) tf32_split(av[r], a_hi[r], a_lo[r]);
-        const int r = 8 * kb + 2 * t;
 #pragma unroll
         for (int n = 0; n < NQ; n++) {
-            const int at = fa_at<D>(r, c0 + 8 * n + g);
-            fa_mma3(out[n], a_hi, a_lo, ks[at], ks[at + D + 8]);
+            const int2 at = L::b_at(key, c0 + 8 * n + g);
+            fa_mma3(out[n], a_hi, a_lo, ks[at.x], ks[at.y]);
         }
     }
 }
+
+// the mma.sync backward's dQ product: dS^T staged as fa_at<64> lays it out (FA_DS_LD), K as fa_at<D>
+template <int D>
+struct FaDqLayout {
+    static constexpr int A_LD = FA_DS_LD;
+    __device__ static int a_col(int key, int g) { return key ^ ((g & 4) << 1); }
+    __device__ static int2 b_at(int key, int d) {  // key even: key + 1 shares its swizzle
+        const int at = fa_at<D>(key, d);
+        return make_int2(at, at + D + 8);
+    }
+};
 
 __device__ __forceinline__ float fa_quad_max(float v) {
     v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, 1));
@@ -982,7 +993,8 @@ __device__ void flash_bwd(float* dq, float* dk, float* dv, int* sync, const floa
                 for (int kt = 0; kt < KT; kt++) {
                     if (kt >= tiles) break;
                     float part[NQ][4];
-                    fa_dq_part<D, NQ>(part, qs + kt * S::TILE + rows * FA_DS_LD, ks + kt * FA_KEYS * S::LD, c0);
+                    fa_dq_product<FaDqLayout<D>, NQ>(part, qs + kt * S::TILE + rows * FA_DS_LD,
+                                                       ks + kt * FA_KEYS * S::LD, c0);
 #pragma unroll
                     for (int c = 0; c < NQ; c++)
 #pragma unroll
@@ -1115,33 +1127,14 @@ __device__ __forceinline__ void fb_wg_split(float* buf, float* ls, const float* 
     if (tid < 2 * FB_WG_Q) ls[tid] = raw[2 * FB_WG_Q * 64 + tid];
 }
 
-// out = the warp's 16 query rows of the staged dS (a: its row 0, rows FB_WG_DS_LD apart: the float2 reads of a
-// quarter warp fall on distinct banks; the stores from the accumulators two to a bank)
-// times key tile kt's 64 rows of K (ks, fb_ks_at), columns c0 + 8n + (0..7) of d: fa_dq_part's products (keys 2t,
-// 2t + 1 of each k8 step as logical k t, t + 4 on both sides)
-template <int NQ>
-__device__ __forceinline__ void fb_wg_dq_part(float (&out)[NQ][4], const float* a, const float* ks, int kt, int c0) {
-    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-#pragma unroll
-    for (int c = 0; c < NQ; c++)
-#pragma unroll
-        for (int r = 0; r < 4; r++) out[c][r] = 0.0f;
-#pragma unroll
-    for (int kb = 0; kb < 8; kb++) {
-        const int key = FA_KEYS * kt + 8 * kb + 2 * t;
-        const float2 u = *reinterpret_cast<const float2*>(a + g * FB_WG_DS_LD + key);
-        const float2 w = *reinterpret_cast<const float2*>(a + (g + 8) * FB_WG_DS_LD + key);
-        const float av[4] = {u.x, w.x, u.y, w.y};
-        uint32_t a_hi[4], a_lo[4];
-#pragma unroll
-        for (int r = 0; r < 4; r++) tf32_split(av[r], a_hi[r], a_lo[r]);
-#pragma unroll
-        for (int c = 0; c < NQ; c++) {
-            const int d = c0 + 8 * c + g;
-            fa_mma3(out[c], a_hi, a_lo, ks[fb_ks_at(key, d)], ks[fb_ks_at(key + 1, d)]);
-        }
-    }
-}
+// the wgmma backward's dQ product (fa_dq_product): dS staged by query rows, FB_WG_DS_LD apart (the float2 reads of
+// a quarter warp fall on distinct banks; the stores from the accumulators two to a bank), K as fb_ks_at lays it out;
+// a and ks start at the key tile's first key
+struct FbWgDqLayout {
+    static constexpr int A_LD = FB_WG_DS_LD;
+    __device__ static int a_col(int key, int) { return key; }
+    __device__ static int2 b_at(int key, int d) { return make_int2(fb_ks_at(key, d), fb_ks_at(key + 1, d)); }
+};
 
 // grid (ceil(T / 128), NH, B) as k_flash_bwd_d64's (its work from the ticket), TC_WG_THREADS threads,
 // FA_BWD_WG_BYTES of dynamic shared memory; after k_flash_bwd_delta_rows and k_flash_bwd_delta_d64 (delta, and the
@@ -1357,7 +1350,8 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
             for (int kt = 0; kt < 2; kt++) {
                 if (kt >= tiles) break;
                 float part[2][4];
-                fb_wg_dq_part<2>(part, ds + rq * FB_WG_DS_LD, ks, kt, c0);
+                fa_dq_product<FbWgDqLayout, 2>(part, ds + rq * FB_WG_DS_LD + FA_KEYS * kt,
+                                                      ks + fb_ks_at(FA_KEYS * kt, 0), c0);
 #pragma unroll
                 for (int c = 0; c < 2; c++)
 #pragma unroll
