@@ -62,11 +62,10 @@ def attention_decode(y, k_cache, v_cache, qkv, pos, *, stream=None):
     C = NH * d_k
     chunk, d_pad = decode_chunk(), -(-d_k // 4) * 4
     # the chunk's keys and values (rows of decode_row(d_k) = d_pad + 4), its scores, the query, the partial sums
-    shared = 4 * (2 * chunk * (d_pad + 4) + chunk + d_pad + BLOCK)
-    if shared > shared_limit("k_attention_decode", stream):
+    shared, limit = 4 * (2 * chunk * (d_pad + 4) + chunk + d_pad + BLOCK), shared_limit("k_attention_decode", stream)
+    if shared > limit:
         raise ValueError(f"k_cache has d_k={d_k}: a block's chunk of keys and values, query and partial sums take "
-                         f"{shared} bytes of shared memory, above this GPU's "
-                         f"{shared_limit('k_attention_decode', stream)}")
+                         f"{shared} bytes of shared memory, above this GPU's {limit}")
     chunks = math.ceil(T_max / chunk)
     partial, done = scratch(B * NH * chunks * (d_k + 2), stream), counters(B * NH, stream)
     p_k, p_v = ptr("k_cache", k_cache, (B, NH, T_max, d_k)), ptr("v_cache", v_cache, (B, NH, T_max, d_k))
