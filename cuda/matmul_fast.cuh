@@ -55,15 +55,21 @@ __device__ __forceinline__ bool gemm_fill_above_diagonal(float* C, int m0, int n
     return true;
 }
 
-// C[m][n] = alpha * sum + bias[n] + beta * C[m][n], or fill above the diagonal of a CAUSAL_OUT_LOWER product
+// alpha * sum + bias[n] + beta * c (C[m][n] before), or fill above the diagonal of a CAUSAL_OUT_LOWER product; the
+// roundings spelled out (a fused multiply-add for each add), so that every kernel and code path gives the same float
+__device__ __forceinline__ float gemm_value(float sum, float c, int m, int n, const float* bias, float alpha,
+                                            float beta, Causal causal, float fill) {
+    float v = bias != nullptr ? __fmaf_rn(alpha, sum, bias[n]) : alpha * sum;
+    if (beta != 0.0f) v = __fmaf_rn(beta, c, v);
+    if (causal == CAUSAL_OUT_LOWER && n > m) v = fill;
+    return v;
+}
+
+// C[m][n] = gemm_value(sum, C[m][n], ..): C is read only where beta != 0
 __device__ __forceinline__ void gemm_store(float* C, float sum, int m, int n, int ldc, const float* bias,
                                            float alpha, float beta, Causal causal, float fill) {
     long long o = (long long)m * ldc + n;
-    float v = alpha * sum;
-    if (bias != nullptr) v += bias[n];
-    if (beta != 0.0f) v += beta * C[o];
-    if (causal == CAUSAL_OUT_LOWER && n > m) v = fill;
-    C[o] = v;
+    C[o] = gemm_value(sum, beta != 0.0f ? C[o] : 0.0f, m, n, bias, alpha, beta, causal, fill);
 }
 
 // One block computes a BM x BN tile of C (BN 128, or 64 for attention's narrow products, N = d_k) with 16 x 16

@@ -505,17 +505,30 @@ __device__ __forceinline__ void wg_add_slice(float (&acc)[FRAG], float (&part)[F
     for (int i = 0; i < FRAG; i++) acc[i] += part[i];
 }
 
-// the warpgroup's rows m0.. of C: acc[i] is column 8 (i / 4) + 2t (+1 for odd i), row 16 warp + g (+8 for
-// i % 4 >= 2) of its 64
+// the warpgroup's rows m0.. of C, gemm_store's values: acc[i] is column 8 (i / 4) + 2t (+1 for odd i), row 16 warp +
+// g (+8 for i % 4 >= 2) of its 64. Where beta != 0, the C of 32 values at a time is read before they are stored, so
+// that the reads overlap (a read after each store would wait for it: the compiler cannot tell C's elements apart).
 template <int FRAG>
 __device__ __forceinline__ void wg_store(float* C, const float (&acc)[FRAG], int m0, int n0, int M, int N, int ldc,
                                          const float* bias, float alpha, float beta, Causal causal, float fill) {
     const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    constexpr int AT_ONCE = FRAG < 32 ? FRAG : 32;
 #pragma unroll
-    for (int i = 0; i < FRAG; i++) {
-        const int m = m0 + warp * 16 + g + 8 * ((i % 4) / 2);
-        const int n = n0 + (i / 4) * 8 + 2 * t + i % 2;
-        if (m < M && n < N) gemm_store(C, acc[i], m, n, ldc, bias, alpha, beta, causal, fill);
+    for (int i0 = 0; i0 < FRAG; i0 += AT_ONCE) {
+        float before[AT_ONCE];
+#pragma unroll
+        for (int i = i0; i < i0 + AT_ONCE; i++) {
+            const int m = m0 + warp * 16 + g + 8 * ((i % 4) / 2);
+            const int n = n0 + (i / 4) * 8 + 2 * t + i % 2;
+            before[i - i0] = beta != 0.0f && m < M && n < N ? C[(long long)m * ldc + n] : 0.0f;
+        }
+#pragma unroll
+        for (int i = i0; i < i0 + AT_ONCE; i++) {
+            const int m = m0 + warp * 16 + g + 8 * ((i % 4) / 2);
+            const int n = n0 + (i / 4) * 8 + 2 * t + i % 2;
+            if (m < M && n < N)
+                C[(long long)m * ldc + n] = gemm_value(acc[i], before[i - i0], m, n, bias, alpha, beta, causal, fill);
+        }
     }
 }
 
@@ -918,82 +931,144 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
 #endif
 }
 
-// The SGEMM's product for A stored K x M and B stored K x N (a linear layer's dW = dout^T @ inp) with A from
-// registers: the producer copies both raw, WG_AREG_TN_STAGES deep, and splits B into its K-major tiles; the consumers
-// split A. The SGEMM's arguments and contract (batches by gridDim.z and the strides, split-K's slices among them, the
-// causal modes; where a_sums is given, op(A)'s row sums from the first column tile's blocks: a_sums[m] += for
-// gridDim.z = 1, a_sums[z * M + m] = for several). Each row's sum: each consumer thread's 8 values of a slice by a
-// pairwise tree, the slices by a compensated running sum, then the row's 4 threads in a fixed tree. One block per SM
-// (TC_AREG_TN_SMEM_BYTES), a grid of (ceil(N / 128), ceil(M / 128), batch).
-template <bool TA, bool TB, int BN>
-__device__ __forceinline__ void gemm_wg_areg_tile(float* C, const float* A, const float* B, const float* bias, int M,
-                                                  int N, int K, int lda, int ldb, int ldc, long long strideA,
-                                                  long long strideB, long long strideC, float alpha, float beta,
-                                                  Causal causal, float fill, float* a_sums) {
-    static_assert(TA && !TB && BN == 128, "A stored K x M, B stored K x N, 128 x 128 tiles");
+// The TN kernels' stage: B hi, B lo (split, swizzled), raw A (K x M, padded), raw B (K x N as it lies)
+using WgTnRawA = WgRawA<true>;
+using WgTnRawB = TcTile<false, 128, WG_BK, 0>;  // the producer reads a k's 128 floats across a warp
+constexpr int WG_TN_A_AT = 2 * WG_SPLIT, WG_TN_B_AT = WG_TN_A_AT + WgTnRawA::FLOATS;
+constexpr int WG_TN_STAGE = WG_TN_B_AT + WgTnRawB::FLOATS;
+static_assert(WG_TN_STAGE % 256 == 0, "every stage's B tiles 1024-byte aligned, as their swizzle needs");
+static_assert(WG_AREG_TN_STAGES * WG_TN_STAGE * 4 + 2 * WG_AREG_TN_STAGES * 8 <= TC_AREG_TN_SMEM_BYTES,
+              "TC_AREG_TN_SMEM_BYTES holds the stages");
+
+// producer thread tid's share of a stage's B: row tid of B's 128, split into the K-major hi and lo tiles the wgmmas
+// read; then the stores made visible to the tensor cores (async proxy)
+__device__ __forceinline__ void wg_tn_split_b(float* stage, int tid) {
+#pragma unroll
+    for (int q = 0; q < WG_BK / 4; q++)  // k 4q ..: a k's floats across the warp
+        tf32_split_store(stage, stage + WG_SPLIT, wg_swizzled(tid, 4 * q),
+                         WgTnRawB::k_quad(stage + WG_TN_B_AT, tid, 4 * q));
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// A flag between the blocks of one launch (global memory, gpu scope), a warpgroup at a time (named barrier 3 + half,
+// the consumer warpgroup's own): its thread 0 waits until *flag == value, and the warpgroup's later reads see what
+// the setter's warpgroup stored before it set the flag
+__device__ __forceinline__ void wg_flag_wait(const int* flag, int value, int half) {
 #if WG_AVAILABLE
-    using RawA = WgRawA<true>;
-    using RawB = TcTile<false, 128, WG_BK, 0>;  // K x N as it lies: the producer reads a k's 128 floats across a warp
-    constexpr int S = WG_AREG_TN_STAGES, A_AT = 2 * WG_SPLIT, B_AT = A_AT + RawA::FLOATS;
-    constexpr int STAGE = B_AT + RawB::FLOATS;  // B hi, B lo, raw A, raw B
-    static_assert(STAGE % 256 == 0, "every stage's B tiles 1024-byte aligned, as their swizzle needs");
-    static_assert(S * STAGE * 4 + 2 * S * 8 <= TC_AREG_TN_SMEM_BYTES, "TC_AREG_TN_SMEM_BYTES holds the stages");
-    extern __shared__ __align__(1024) float tc_smem[];  // [WG_AREG_TN_STAGES][B hi, B lo, raw A, raw B], the barriers
-    uint64_t* full = reinterpret_cast<uint64_t*>(tc_smem + S * STAGE);
+    if (threadIdx.x % 128 == 0) {
+        int seen;
+        do asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(flag) : "memory");
+        while (seen != value);
+    }
+    asm volatile("bar.sync %0, 128;" ::"r"(3 + half) : "memory");
+#endif
+}
+// ... once every thread of the warpgroup has stored: *flag = value
+__device__ __forceinline__ void wg_flag_set(int* flag, int value, int half) {
+#if WG_AVAILABLE
+    asm volatile("bar.sync %0, 128;" ::"r"(3 + half) : "memory");
+    if (threadIdx.x % 128 == 0) asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(flag), "r"(value) : "memory");
+#endif
+}
+
+// The SGEMM's product for A stored K x M and B stored K x N (a linear layer's dW = dout^T @ inp; attention's dK and
+// dV at d_k 128) with A from registers, on a block an SM: the producer copies both raw, WG_AREG_TN_STAGES deep, and
+// splits B into its K-major tiles; the consumers split A. The SGEMM's arguments and contract for `batch` products
+// (causal modes too), and K cut into `splits` parts added into C one after another (serial split-K). Job j = z * batch * tiles + b * tiles + t is part z of product b's tile t (128 x
+// 128, row-major), part z its slices [z S / splits, (z + 1) S / splits) of the tile's S slices of 32; block i takes
+// jobs i, i + gridDim.x, .. and its producer copies on into the next job while the consumers store. Part 0 stores
+// alpha * its product + bias + beta * C; part z > 0 waits until flags[2 (b tiles + t) + half] = z (part z - 1's rows
+// stored), then adds alpha * its product into C; the last part sets the flag back to 0 (flags: 2 batch tiles ints,
+// zero before the first launch; unread where splits = 1). Where a_sums is given (one product), a_sums[m] += op(A)'s row sums,
+// each part's from the first column tile's jobs in the same order: each row's 8 values of a slice by a pairwise
+// tree, the slices by a compensated running sum, the row's 4 threads in a fixed tree. Every output sees the parts in
+// order: the same bits every run for a given grid. Every block must be resident at once (gridDim.x at most the SMs,
+// one block each): a job waits only on a lower job of its tile.
+extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
+    k_gemm_wg_areg_tn(float* C, const float* A, const float* B, const float* bias, int M, int N, int K, int lda,
+                      int ldb, int ldc, long long strideA, long long strideB, long long strideC, float alpha,
+                      float beta, Causal causal, float fill, float* a_sums, int batch, int splits, int* flags) {
+#if WG_AVAILABLE
+    constexpr int S = WG_AREG_TN_STAGES, STAGE = WG_TN_STAGE;
+    extern __shared__ __align__(1024) float tn_smem[];  // [WG_AREG_TN_STAGES][B hi, B lo, raw A, raw B], the barriers
+    uint64_t* full = reinterpret_cast<uint64_t*>(tn_smem + S * STAGE);
     uint64_t* empty = full + S;
-    A += blockIdx.z * strideA;
-    B += blockIdx.z * strideB;
-    C += blockIdx.z * strideC;
-    const int m0 = blockIdx.y * 128, n0 = blockIdx.x * 128;
-    if (causal == CAUSAL_OUT_LOWER && gemm_fill_above_diagonal<BN>(C, m0, n0, M, N, ldc, fill)) return;
-    const int k_begin = causal == CAUSAL_A_UPPER ? m0 : 0;
-    const int k_end = causal == CAUSAL_A_LOWER ? min(K, m0 + 128) : K;
-    const int n_tiles = k_end > k_begin ? (k_end - k_begin + WG_BK - 1) / WG_BK : 0;
+    const int n_cols = (N + 127) / 128, tiles = n_cols * ((M + 127) / 128), jobs = splits * batch * tiles;
+    struct Job {
+        int b, t, z, m0, n0, k_end, lo, hi;  // its product, tile and part; the tile's corner, K's end, its slices
+    };
+    auto job_at = [&](int j) {
+        Job o;
+        o.t = j % tiles, o.b = j / tiles % batch, o.z = j / tiles / batch;
+        o.m0 = o.t / n_cols * 128, o.n0 = o.t % n_cols * 128;
+        const int k_begin = causal == CAUSAL_A_UPPER ? o.m0 : 0;  // a multiple of 32
+        o.k_end = causal == CAUSAL_A_LOWER ? min(K, o.m0 + 128) : K;
+        const bool above = causal == CAUSAL_OUT_LOWER && o.n0 > o.m0 + 127;  // all fill: no product
+        const int first = k_begin / WG_BK;
+        const int n = above || o.k_end <= k_begin ? 0 : (o.k_end + WG_BK - 1) / WG_BK - first;
+        o.lo = first + (int)((long long)o.z * n / splits), o.hi = first + (int)((long long)(o.z + 1) * n / splits);
+        return o;
+    };
     wg_init_barriers(full, empty, S);
-    const bool sum_rows = a_sums != nullptr && blockIdx.x == 0;
-    if (threadIdx.x < WG_PRODUCERS) {  // the producer: copy both, then split B
+    if (threadIdx.x < WG_PRODUCERS) {  // the producer: copy both, then split B, job after job (q: its slices in turn)
         wg_producer_registers();
         const int tid = threadIdx.x;
-        const bool vec_a = aligned16(A, lda), vec_b = aligned16(B, ldb);
-        for (int j = 0; j < n_tiles + S - 1; j++) {
-            const int kt = j - (S - 1);
+        int total = 0;
+        for (int j = blockIdx.x; j < jobs; j += gridDim.x) {
+            const Job job = job_at(j);
+            total += job.hi - job.lo;
+        }
+        int j = blockIdx.x;
+        Job job = job_at(j);
+        int k = job.lo;
+        for (int q = 0; q < total + S - 1; q++) {
+            const int kt = q - (S - 1);
             if (kt >= 0) {
                 cp_async_wait<S - 2>();  // this thread's slice kt landed, and every producer's (barrier 2: the
-                asm volatile("bar.sync 2, %0;" ::"n"(WG_PRODUCERS) : "memory");  // consumers' epilogues take 1)
-                float* t = tc_smem + (kt % S) * STAGE;
-#pragma unroll
-                for (int q = 0; q < WG_BK / 4; q++)  // row tid of B's 128, k 4q ..: a k's floats across the warp
-                    tf32_split_store(t, t + WG_SPLIT, wg_swizzled(tid, 4 * q), RawB::k_quad(t + B_AT, tid, 4 * q));
-                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // what was stored, the tensor cores read
+                asm volatile("bar.sync 2, %0;" ::"n"(WG_PRODUCERS) : "memory");  // consumers' take 3 and 4)
+                wg_tn_split_b(tn_smem + (kt % S) * STAGE, tid);
                 mbar_arrive(&full[kt % S]);
             }
-            if (j < n_tiles) {
-                const int s = j % S;
-                mbar_wait(&empty[s], ((j / S) & 1) ^ 1);  // the consumers are done with slice j - S
-                float* t = tc_smem + s * STAGE;
-                const int k0 = k_begin + j * WG_BK;
-                copy_raw<RawA>(t + A_AT, A, lda, k0, m0, k_end, M, vec_a, tid);  // K x M
-                copy_raw<RawB>(t + B_AT, B, ldb, k0, n0, k_end, N, vec_b, tid);  // K x N
+            if (q < total) {
+                while (k == job.hi) {  // this block's next job with a slice to copy
+                    j += gridDim.x;
+                    job = job_at(j);
+                    k = job.lo;
+                }
+                const int s = q % S;
+                mbar_wait(&empty[s], ((q / S) & 1) ^ 1);  // the consumers are done with slice q - S
+                float* st = tn_smem + s * STAGE;
+                const float *a = A + job.b * strideA, *b = B + job.b * strideB;
+                copy_raw<WgTnRawA>(st + WG_TN_A_AT, a, lda, k * WG_BK, job.m0, job.k_end, M, aligned16(a, lda), tid);
+                copy_raw<WgTnRawB>(st + WG_TN_B_AT, b, ldb, k * WG_BK, job.n0, job.k_end, N, aligned16(b, ldb), tid);
+                k++;
             }
             cp_async_commit();
         }
-    } else {  // the consumers: split A, multiply and sum
+    } else {  // the consumers: split A, multiply and sum, then store the job's part or add it into C
         wg_consumer_registers();
-        float acc[64], row_sums[2];
-        wg_areg_consume<true, S, STAGE, A_AT>(acc, row_sums, sum_rows, tc_smem, full, empty, 0, n_tiles);
-        const int row0 = m0 + (threadIdx.x / 128 - 1) * 64;
-        wg_store(C, acc, row0, n0, M, N, ldc, bias, alpha, beta, causal, fill);
-        const int lane = threadIdx.x % 32, r = row0 + (threadIdx.x % 128) / 32 * 16 + lane / 4;
-        if (sum_rows && lane % 4 == 0)  // the block owns rows m0.. of a_sums: no other writes them
+        const int half = threadIdx.x / 128 - 1, lane = threadIdx.x % 32;
+        int q0 = 0;
+        for (int j = blockIdx.x; j < jobs; j += gridDim.x) {
+            const Job job = job_at(j);
+            const bool sum_rows = a_sums != nullptr && job.n0 == 0;
+            float acc[64], row_sums[2];
+            wg_areg_consume<true, S, STAGE, WG_TN_A_AT>(acc, row_sums, sum_rows, tn_smem, full, empty, q0,
+                                                        job.hi - job.lo);
+            q0 += job.hi - job.lo;
+            int* flag = flags + 2 * (job.b * tiles + job.t) + half;
+            if (job.z > 0) wg_flag_wait(flag, job.z, half);
+            const int row0 = job.m0 + half * 64, r = row0 + (threadIdx.x % 128) / 32 * 16 + lane / 4;
+            wg_store(C + job.b * strideC, acc, row0, job.n0, M, N, ldc, job.z == 0 ? bias : nullptr, alpha,
+                     job.z == 0 ? beta : 1.0f, causal, fill);  // a tile above the diagonal: all fill
+            if (sum_rows && lane % 4 == 0)  // the tile's rows of a_sums: only its jobs write them
 #pragma unroll
-            for (int i = 0; i < 2; i++) {
-                if (r + 8 * i >= M) continue;
-                if (gridDim.z == 1) a_sums[r + 8 * i] += row_sums[i];
-                else a_sums[(long long)blockIdx.z * M + r + 8 * i] = row_sums[i];
-            }
+                for (int i = 0; i < 2; i++)
+                    if (r + 8 * i < M) a_sums[r + 8 * i] += row_sums[i];
+            if (splits > 1) wg_flag_set(flag, job.z + 1 == splits ? 0 : job.z + 1, half);
+        }
     }
 #else
     __trap();  // the launchers choose this kernel on sm_90a only
 #endif
 }
-GEMM_KERNEL(k_gemm_wg_areg_tn, gemm_wg_areg_tile, true, false, 128, TC_WG_THREADS, 1)

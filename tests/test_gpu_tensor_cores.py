@@ -152,11 +152,11 @@ def test_the_products_repeat_bit_for_bit(ga, rng):
         np.testing.assert_array_equal(first, second)
 
 
-# (N = B*T, OUT, IN): andrea-120m's linear layers at B*T = 8192 (dW split over K on the wgmma kernel), odd shapes
-# split (K = 1000 in two) and not (K odd), and a long K unsplit (odd: no even slices)
+# (N = B*T, OUT, IN): andrea-120m's linear layers at B*T = 8192 (dW's K in parts on the wgmma kernel), odd shapes
+# (K = 1000 and 4099), a long odd K, and K too short to cut
 BIAS_SHAPES = {"qkv": (8192, 3 * C, C), "attn.proj": (8192, C, C), "mlp.fc": (8192, 4 * C, C),
-               "mlp.proj": (8192, C, 4 * C), "odd-split": (1000, 333, 130), "odd-unsplit": (4099, 130, 772),
-               "long-unsplit": (8191, C, C)}
+               "mlp.proj": (8192, C, 4 * C), "odd": (1000, 333, 130), "odd-long": (4099, 130, 772),
+               "long": (8191, C, C), "one-part": (256, 300, 200)}
 
 
 @pytest.mark.parametrize("case", list(BIAS_SHAPES))
@@ -173,10 +173,11 @@ def test_the_bias_gradient_inside_the_weight_gradients_product(ga, rng, case):
     if K.warpgroup_mma(K.engine()):  # the path under test: the wgmma kernel, split or not as the case says
         g = K.Gemm.dense(OUT, IN, N, trans_a=True, beta=1.0)
         assert K.matmul_tc.tc_kernel(g, K.engine())[0] == "k_gemm_wg_areg_tn"
-        assert (g.splits(K.engine().sm_count, per_sm=1) == 1) == case.endswith("unsplit"), case
+        assert (K.matmul_tc.tn_parts(g, K.engine().sm_count) == 1) == (case == "one-part"), case
         plan = K.Plan()
         TC.matmul_bwd(poisoned(ga, N, IN), ga.to_gpu(dw0), ga.to_gpu(db0), d, x, w, stream=plan)
-        assert not [name for name, *_ in plan if name.startswith("k_colsum")], [name for name, *_ in plan]
+        names = [name for name, *_ in plan]
+        assert names[-1] == "k_gemm_wg_areg_tn" and not [n for n in names if n.startswith(("k_colsum", "k_splitk"))]
 
     def bwd(ops, bias=True):
         dx, dw, db = poisoned(ga, N, IN), ga.to_gpu(dw0), ga.to_gpu(db0) if bias else None
@@ -300,3 +301,47 @@ def test_products_reading_weights_split_once_give_the_same_bits(ga, rng, M, OUT,
     assert np.isfinite(own[1]).all() and np.isfinite(own[2]).all()
     np.testing.assert_array_equal(batched[1], own[1])
     np.testing.assert_array_equal(batched[2], own[2])
+
+
+# (M, N, K, parts, blocks) of k_gemm_wg_areg_tn's parts of K: chains of parts within a block and across blocks, more
+# jobs than blocks, a block whose later job waits on its own earlier one, unaligned rows (M, N odd), partial tiles,
+# parts of uneven length, and andrea-120m's qkv dW at the engine's own count
+TN_PARTS = [(1000, 333, 1000, 4, 5), (700, 301, 1001, 7, 132), (130, 130, 8192, 16, 3), (257, 129, 300, 2, 1),
+            (2304, 768, 2048, 6, 132), (129, 1, 300, 3, 2), (64, 700, 4097, 9, 40)]
+
+
+@pytest.mark.parametrize("M,N,K_,parts,blocks", TN_PARTS)
+def test_the_dw_kernels_parts_of_k_add_up_in_order(ga, rng, M, N, K_, parts, blocks):
+    """k_gemm_wg_areg_tn with K in parts, launched directly: C = beta * C + alpha * A^T B and a_sums += the row sums of
+    A^T, against float64 (1.5x the SIMT kernel's error, sums within 1e-5 of sum |a|); the same bits on a second run
+    from the same start; the flags left zero for the next launch; one part gives the unsplit product's error too."""
+    if not K.warpgroup_mma(K.engine()):
+        pytest.skip(f"{K.device_summary()}: k_gemm_wg_areg_tn is the wgmma path's (sm_90a)")
+    a_h = rng.standard_normal((K_, M)).astype(np.float32)
+    b_h = rng.standard_normal((K_, N)).astype(np.float32)
+    c0, s0 = rng.standard_normal((M, N)).astype(np.float32), rng.standard_normal(M).astype(np.float32)
+    a, b = ga.to_gpu(a_h), ga.to_gpu(b_h)
+    tiles = -(-M // 128) * -(-N // 128)
+    flags = ga.zeros(2 * tiles, np.int32)
+    sizes = K.int_constants()
+
+    def run(n_parts):
+        c, sums = ga.to_gpu(c0), ga.to_gpu(s0)
+        args = [c.gpudata, a.gpudata, b.gpudata, 0, M, N, K_, M, N, N, 0, 0, 0, 0.5, -2.0, int(K.Causal.NONE), 0.0,
+                sums.gpudata, 1, n_parts, flags.gpudata]
+        K.runtime.launch("k_gemm_wg_areg_tn", args, min(blocks, tiles * n_parts),
+                         shared=sizes["TC_AREG_TN_SMEM_BYTES"], block=sizes["TC_WG_THREADS"])
+        assert not flags.get().any(), "the last part sets its tile's flags back to zero"
+        return c.get(), sums.get()
+
+    A = a_h.astype(np.float64)
+    ref = 0.5 * (A.T @ b_h.astype(np.float64)) - 2.0 * c0
+    simt = ga.to_gpu(c0)
+    K.sgemm(simt, a, b, trans_a=True, alpha=0.5, beta=-2.0)
+    first, sums = run(parts)
+    within_bar(f"dW parts {parts}", first, simt.get(), ref)
+    np.testing.assert_allclose(sums, s0 + A.sum(axis=0), rtol=0, atol=1e-5 * (np.abs(A).sum(axis=0) + 1).max())
+    again, sums_again = run(parts)
+    np.testing.assert_array_equal(first, again)
+    np.testing.assert_array_equal(sums, sums_again)
+    within_bar("dW one part", run(1)[0], simt.get(), ref)

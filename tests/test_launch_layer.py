@@ -395,6 +395,28 @@ def test_size_one_axes_may_have_any_stride():
     assert K.ptr("x", FakeArray((1, 3, 8), strides=(7, 32, 4)), (1, 3, 8)) > 0
 
 
+def test_the_dw_kernel_cuts_k_into_the_parts_that_end_its_busiest_block_soonest():
+    """k_gemm_wg_areg_tn (a block an SM) cuts one product's K into parts of 256 or more: the count whose busiest block,
+    taking every sm_count-th part, has the fewest slices of 32 to multiply, TN_STORE_SLICES more a part; one part for
+    batches and causal products, and where K is too short to cut."""
+    def busiest(g, parts, sms):
+        tiles = math.ceil(g.M / 128) * math.ceil(g.N / 128)
+        return math.ceil(tiles * parts / sms) * (math.ceil(g.K / 32 / parts) + K.matmul_tc.TN_STORE_SLICES)
+
+    for sms in (132, 114, 78):
+        for OUT, IN in [(2304, 768), (768, 768), (3072, 768), (768, 3072), (8449, 768), (50257, 768)]:
+            g = K.Gemm.dense(OUT, IN, 8192, trans_a=True, beta=1.0)
+            parts = K.matmul_tc.tn_parts(g, sms)
+            assert 1 <= parts <= 8192 // 256 and busiest(g, parts, sms) == min(busiest(g, p, sms) for p in range(1, 33))
+            assert parts == min(p for p in range(1, 33) if busiest(g, p, sms) == busiest(g, parts, sms))
+    assert [K.matmul_tc.tn_parts(K.Gemm.dense(2304, 768, 8192, trans_a=True), 132) for _ in range(2)] == [6, 6]
+    assert K.matmul_tc.tn_parts(K.Gemm.dense(768, 768, 255, trans_a=True), 132) == 1  # 8 slices: too few to cut
+    assert K.matmul_tc.tn_parts(K.Gemm.dense(768, 768, 256, trans_a=True), 132) == 1
+    assert K.matmul_tc.tn_parts(K.Gemm.dense(768, 768, 512, trans_a=True), 132) == 2
+    assert K.matmul_tc.tn_parts(K.Gemm.dense(768, 768, 8192, trans_a=True, batch=2), 132) == 1
+    assert K.matmul_tc.tn_parts(K.Gemm.dense(768, 768, 8192, trans_a=True, causal=K.Causal.A_UPPER), 132) == 1
+
+
 def test_split_k_for_one_block_per_sm_fills_the_last_wave():
     """The wgmma kernel holds one block per SM: split-K picks the slice count whose last wave is fullest
     (fewer slices where that ties), never one that leaves a slice shorter than 256 or K uneven."""
@@ -416,31 +438,27 @@ def test_split_k_for_one_block_per_sm_fills_the_last_wave():
 def test_the_wgmma_weight_gradient_takes_the_bias_gradient_in_its_pass_over_dout(fake):
     """On sm_90a the tc variant's dW = dout^T @ inp runs on the wgmma kernel that splits dout in registers
     (k_gemm_wg_areg_tn), whose consumers sum dout's columns as they split them: no column-sum kernel reads dout
-    again. Split over K (andrea-120m's linear layers at
-    B*T = 8192), each slice writes its sums after its partial product and k_splitk_reduce adds them into dbias;
-    unsplit (K odd), the product adds them itself. Where the dW product is another kernel's (mma.sync on sm_80),
-    the column-sum pass stays."""
+    again, and no split-K reduction: the kernel cuts each tile's K into tn_parts parts, taken by a block an SM and
+    added into dW and dbias in order, with 2 flags a tile that the plan keeps. Where the dW product is another
+    kernel's (mma.sync on sm_80), split-K and the column-sum pass stay."""
     def launches(N, OUT, IN):
         db = f32(OUT)
         plan = K.Plan(fake)
         K.matmul_bwd_tc(f32(N, IN), f32(OUT, IN), db, f32(N, OUT), f32(N, IN), f32(OUT, IN), stream=plan)
         return db.gpudata, [name for name, *_ in plan], plan
 
-    for OUT, IN in [(2304, 768), (768, 768), (3072, 768), (768, 3072)]:  # qkv, attn.proj, mlp.fc, mlp.proj
-        db, names, plan = launches(8192, OUT, IN)
-        assert names[-2:] == ["k_gemm_wg_areg_tn", "k_splitk_reduce"], names
-        assert not [n for n in names if n.startswith("k_colsum")], names
-        (_, _, grid, args, _, _), (_, _, _, reduce_args, _, _) = plan[-2:]
-        splits, partials = grid[2], reduce_args[1]
-        assert splits > 1 and reduce_args[2:] == [splits, OUT * IN, 1.0, db, OUT], reduce_args
-        # the slices' partial products, then their sums ([splits][OUT]) in the same scratch
-        assert args[0] == partials and args[-1] == partials + 4 * splits * OUT * IN
-        assert plan.keep[-1].size == splits * (OUT * IN + OUT)
-        # dX = dout @ W, dout split in registers and W beforehand (stored K x N: transposed as it is split)
-        assert names[:-2] == ["k_tf32_split_t", "k_gemm_wg_areg"], names
-    db, names, plan = launches(4099, 130, 772)  # K odd: one slice, which adds into dbias itself
-    assert names[-1] == "k_gemm_wg_areg_tn" and not [n for n in names if n.startswith("k_colsum")], names
-    assert plan[-1][2][2] == 1 and plan[-1][3][-1] == db
+    for N, OUT, IN in [(8192, 2304, 768), (8192, 768, 768), (8192, 3072, 768), (8192, 768, 3072), (4099, 130, 772),
+                       (8192, 8449, 768)]:  # andrea-120m's linear layers and lm_head, and K odd
+        db, names, plan = launches(N, OUT, IN)
+        assert names[-1] == "k_gemm_wg_areg_tn" and not [n for n in names if n.startswith(("k_colsum", "k_splitk"))]
+        if OUT >= 256:  # dX = dout @ W, dout split in registers and W beforehand (stored K x N: transposed as split)
+            assert names[:-1] == ["k_tf32_split_t", "k_gemm_wg_areg"], names
+        _, _, grid, args, _, _ = plan[-1]
+        g = K.Gemm.dense(OUT, IN, N, trans_a=True, beta=1.0)
+        tiles, parts = math.ceil(OUT / 128) * math.ceil(IN / 128), K.matmul_tc.tn_parts(g, fake.sm_count)
+        assert parts > 1 and grid[0] == min(tiles * parts, fake.sm_count), (grid, parts)
+        assert args[-4:] == [db, 1, parts, plan.keep[-1].gpudata], args
+        assert plan.keep[-1].size == 2 * tiles and f"{tiles} tiles x {parts} parts of K = {N}" in plan[-1].why
     fake.arch = "sm_80"
     db, names, plan = launches(8192, 768, 768)
     assert names[:3] == ["k_gemm_tc_nn", "k_gemm_tc_tn", "k_splitk_reduce"] and names[-1].startswith("k_colsum")
@@ -495,7 +513,7 @@ def test_split_operands_share_the_plans_workspace(fake):
     transposed on the way where B is stored K x N) in the plan's workspace, then k_gemm_wg_areg on a grid of whole
     128 x 128 tiles. Later products of the plan reuse the workspace and a larger one takes its place; batched and
     causal products and products split over K keep the wgmma kernel, and A transposed (the dW products) takes
-    k_gemm_wg_areg_tn."""
+    k_gemm_wg_areg_tn, which cuts K itself."""
     sizes = K.int_constants()
     assert (sizes["TC_SPLIT_ROWS"], sizes["TC_SPLIT_K"]) == (128, 32)
     a1, b1, c1, bias1 = f32(1000, 300), f32(300, 333), f32(1000, 333), f32(333)
@@ -530,6 +548,7 @@ def test_split_operands_share_the_plans_workspace(fake):
     K.matmul_fwd_tc(f32(2, 300, 200), f32(2, 300, 256), f32(200, 256), f32(200), stream=plan)  # a linear layer: split
     assert [p[0] for p in plan] == ["k_gemm_wg_nn", "k_gemm_wg_areg_tn", "k_gemm_wg_nn", "k_splitk_reduce",
                                     "k_tf32_split", "k_gemm_wg_areg"], plan
+    assert plan[1][3][-3:] == [1, 1, 0], plan[1]  # one product, one part of K (2 x 3 tiles of 256), no flags
     assert plan[1][4] == sizes["TC_AREG_TN_SMEM_BYTES"], plan[1]
     assert plan[2][2][2] > 1  # the split-K slices, a batch of the wgmma kernel
     for N, split in ((16383 * 128, True), (16383 * 128 + 1, False)):  # k_tf32_split_t's grid: N_pad / 32 <= 65535
@@ -712,7 +731,7 @@ def test_tc_sums_flash_attentions_delta_in_the_dx_product_where_it_can(fake, arc
     at = names.index("k_gemm_wg_split_delta")
     assert names[at - 1] == "k_tf32_split_t" and "k_flash_bwd_delta_rows" not in names, names
     assert names[at + 1:at + 3] == _flash_bwd_kernels(D, fake) \
-        and names[at + 3] == "k_gemm_wg_areg_tn", names  # then the dW product (and split-K's reduction where it cuts)
+        and names[at + 3] == "k_gemm_wg_areg_tn", names  # then the dW product
     _, _, grid, kargs, shared, block = plan[at]
     delta, sync = plan[at + 1][3][:2]  # the pass kernel's, which the backward reads
     assert grid[:2] == (math.ceil(C / 128), math.ceil(B * T / 128)), grid

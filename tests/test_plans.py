@@ -55,7 +55,7 @@ def test_explain_says_why_on_hopper_and_on_ampere():
                         ("k_flash_fwd_wg_d64", "d_k 64 in [20, 128], T 1024 >= 128; on wgmma"),
                         ("k_flash_bwd_wg_d64", "the query tiles down to the diagonal; on wgmma"),
                         ("k_flash_bwd_delta_wg_d64", "on wgmma, as the backward recomputes them"),
-                        ("k_gemm_wg_areg_tn", "split-K, 8 slices of K = 8192"),
+                        ("k_gemm_wg_areg_tn", "6 parts of K = 8192, added into C in order"),
                         ("k_tf32_split_batch", "split once into TF32 hi and lo"),
                         ("k_layernorm_fwd_staged", "staged through shared memory")]:
         assert any(kernel in line and why in line for line in hopper.splitlines()), (kernel, why)

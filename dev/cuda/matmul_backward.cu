@@ -12,14 +12,14 @@
 //   3  k_gemm_wg_areg: dout read raw and split by the consumers into the registers wgmma takes A from, the weight
 //      split transposed beforehand, as the engine's backward splits its weights once a pass (not timed), a block an
 //      SM as the engine launches it; 2's bits
-// dw: M = C_out, N = C_in, K = the rows, cut into slices where the tiles are few as the engine's gemm() cuts it
-//     (products.Gemm.splits, one block an SM), k_splitk_reduce adding the slices (and their bias sums); then dw 3
-//     timed at every count of slices the rule weighs
-//   1  k_gemm_tc_tn: mma.sync; dbias is not summed (the engine adds it by a column-sum pass there)
+// dw: M = C_out, N = C_in, K = the rows
+//   1  k_gemm_tc_tn: mma.sync; dbias is not summed (the engine adds it by a column-sum pass there); K cut into slices
+//      where the tiles are few, as the engine's gemm() cuts it (products.Gemm.splits), k_splitk_reduce adding them
 //   2  k_gemm_wg_tn_n64: wgmma on 128 x 64 tiles, the producer splitting and transposing both; dbias from the dout
-//      it splits
+//      it splits; split-K as 1 (Gemm.splits for one block an SM)
 //   3  k_gemm_wg_areg_tn: the consumers split dout in registers as they read it, the producer only inp; dbias summed
-//      by the consumers
+//      by the consumers; a block an SM, each tile's K in parts (matmul_tc.tn_parts) that the blocks take in turn and
+//      add into dweight in order (no partials, no reduction); then timed at other counts of parts
 // All are as accurate as FP32 (their errors are printed), not TF32's.
 #include "common.h"
 
@@ -76,14 +76,29 @@ int splits_for(int M, int N, int K, int sm_count) {
 
 constexpr int MAX_SPLITS = 8;  // splits_for's most
 
+// matmul_tc.tn_parts: of 1 .. ceil(K / 32) / 8 parts of each tile's K, the count whose busiest block (sm_count
+// blocks taking the parts in turn) ends soonest, a part costing its slices of 32 and TN_STORE_SLICES more
+constexpr int TN_STORE_SLICES = 2;
+long long tn_busiest(int M, int N, int K, int sm_count, int parts) {
+    const long long tiles = (long long)ceil_div(N, 128) * ceil_div(M, 128);
+    return ceil_div(tiles * parts, (long long)sm_count) * (ceil_div(ceil_div(K, 32), parts) + TN_STORE_SLICES);
+}
+int tn_parts(int M, int N, int K, int sm_count) {
+    int best = 1;
+    for (int parts = 2; parts <= std::max(1, ceil_div(K, 32) / 8); parts++)
+        if (tn_busiest(M, N, K, sm_count, parts) < tn_busiest(M, N, K, sm_count, best)) best = parts;
+    return best;
+}
+
 struct Problem {
     const char* name;
-    int rows, C_out, C_in, splits, sms;
+    int rows, C_out, C_in, splits, parts, sms;
     float *dout, *inp, *weight, *dinp, *dweight, *dbias, *partials;
+    int* flags;  // version 3's, 2 a tile: zero, and left zero by every launch
     uint32_t* weight_split;  // hi then lo: weight^T (C_in x C_out), as the engine's backward splits it
     Problem(const char* name_, int rows_, int C_out_, int C_in_, int sm_count)
         : name(name_), rows(rows_), C_out(C_out_), C_in(C_in_), splits(splits_for(C_out_, C_in_, rows_, sm_count)),
-          sms(sm_count) {
+          parts(tn_parts(C_out_, C_in_, rows_, sm_count)), sms(sm_count) {
         dout = to_device(make_random_float((size_t)rows * C_out));
         inp = to_device(make_random_float((size_t)rows * C_in));
         weight = to_device(make_random_float((size_t)C_out * C_in));
@@ -92,6 +107,9 @@ struct Problem {
         dbias = to_device(make_random_float(C_out));
         partials = device_nan((size_t)MAX_SPLITS * ((size_t)C_out * C_in + C_out));  // any count the sweep tries
         cudaCheck(cudaMalloc(&weight_split, 2 * sizeof(uint32_t) * rows_pad(C_in) * k_pad(C_out)));
+        const size_t n_flags = 2 * (size_t)ceil_div(C_in, 128) * ceil_div(C_out, 128);
+        cudaCheck(cudaMalloc(&flags, n_flags * sizeof(int)));
+        cudaCheck(cudaMemset(flags, 0, n_flags * sizeof(int)));
         const long long plane = (long long)rows_pad(C_in) * k_pad(C_out);
         const dim3 grid(k_pad(C_out) / 32, rows_pad(C_in) / 32);  // weight stored K x N: transposed on the way
         k_tf32_split_t<<<grid, 256>>>(weight_split, weight_split + plane, weight, C_in, C_out, C_in, k_pad(C_out));
@@ -99,7 +117,7 @@ struct Problem {
     }
     ~Problem() {
         for (void* p : {(void*)dout, (void*)inp, (void*)weight, (void*)dinp, (void*)dweight, (void*)dbias,
-                        (void*)partials, (void*)weight_split})
+                        (void*)partials, (void*)weight_split, (void*)flags})
             cudaCheck(cudaFree(p));
     }
 
@@ -121,6 +139,14 @@ struct Problem {
 
     // dw: M = C_out, N = C_in, K = rows; A = dout stored K x M, B = inp stored K x N; split-K as the engine's gemm()
     void dw(int version) {
+        if (version == 3) {  // no partials: each part adds into dweight and dbias in order
+            const int M = C_out, N = C_in, tiles = ceil_div(N, 128) * ceil_div(M, 128);
+            k_gemm_wg_areg_tn<<<std::min(tiles * parts, sms), TC_WG_THREADS, TC_AREG_TN_SMEM_BYTES>>>(
+                dweight, dout, inp, nullptr, M, N, rows, M, N, N, 0, 0, 0, 1.0f, 1.0f, CAUSAL_NONE, 0.0f, dbias, 1,
+                parts, flags);
+            cudaCheck(cudaGetLastError());
+            return;
+        }
         const int M = C_out, N = C_in, K = rows, k_slice = K / splits;
         const long long MN = (long long)M * N;
         float* out = splits == 1 ? dweight : partials;
@@ -131,14 +157,10 @@ struct Problem {
         if (version == 1)
             k_gemm_tc_tn<<<grid, TC_THREADS, TC_SMEM_BYTES>>>(out, dout, inp, nullptr, M, N, k_slice, M, N, N, stride_a,
                                                               stride_b, stride_c, 1.0f, beta, CAUSAL_NONE, 0.0f, sums);
-        else if (version == 2)
+        else
             k_gemm_wg_tn_n64<<<grid, TC_WG_THREADS, TC_WG_SMEM_BYTES>>>(out, dout, inp, nullptr, M, N, k_slice, M, N, N,
                                                                         stride_a, stride_b, stride_c, 1.0f, beta,
                                                                         CAUSAL_NONE, 0.0f, sums);
-        else
-            k_gemm_wg_areg_tn<<<grid, TC_WG_THREADS, TC_AREG_TN_SMEM_BYTES>>>(out, dout, inp, nullptr, M, N, k_slice,
-                                                                              M, N, N, stride_a, stride_b, stride_c,
-                                                                              1.0f, beta, CAUSAL_NONE, 0.0f, sums);
         if (splits > 1) {  // the slices' bias sums too, where the product took them (as the engine: M 0 where not)
             const int M_sums = sums ? M : 0;
             k_splitk_reduce<<<(unsigned)ceil_div(MN + M_sums, 256LL), 256>>>(dweight, partials, splits, MN, 1.0f,
@@ -199,7 +221,8 @@ int main(int argc, char** argv) {
         matmul_dx_cpu(dx_ref.data(), dout.data(), weight.data(), p.rows, p.C_out, p.C_in);
         matmul_dw_cpu(dw_ref.data(), db_ref.data(), dweight0.data(), dbias0.data(), dout.data(), inp.data(), p.rows,
                       p.C_out, p.C_in);
-        printf("\nchecked at %d rows, C_out %d, C_in %d (dw in %d slices of K)\n", p.rows, p.C_out, p.C_in, p.splits);
+        printf("\nchecked at %d rows, C_out %d, C_in %d (dw 1, 2 in %d slices of K; dw 3 in %d parts on %d blocks)\n",
+               p.rows, p.C_out, p.C_in, p.splits, p.parts, p.sms);
         std::vector<float> dx2;  // version 2's, whose bits version 3 gives
         for (int v = 1; v <= 3; v++) {
             if (only && v != only) continue;
@@ -221,6 +244,15 @@ int main(int argc, char** argv) {
                 p.dw(v);
                 validate_result(p.dweight, dw_ref.data(), "dweight", dw_n, 1e-4);  // sums over 1000 rows
                 if (v > 1) validate_result(p.dbias, db_ref.data(), "dbias", p.C_out, 1e-4);
+                if (v == 3) {  // again from the same start: the parts added in the same order
+                    const std::vector<float> dw = to_host(p.dweight, dw_n), db = to_host(p.dbias, p.C_out);
+                    cudaCheck(cudaMemcpy(p.dweight, dweight0.data(), dw_n * sizeof(float), cudaMemcpyHostToDevice));
+                    cudaCheck(cudaMemcpy(p.dbias, dbias0.data(), p.C_out * sizeof(float), cudaMemcpyHostToDevice));
+                    p.dw(v);
+                    const bool same = same_bits(dw, to_host(p.dweight, dw_n)) && same_bits(db, to_host(p.dbias, p.C_out));
+                    printf("  bits: %s on a second run\n", same ? "the same" : "DIFFERENT");
+                    if (!same) exit(EXIT_FAILURE);
+                }
             }
         }
     }
@@ -240,7 +272,7 @@ int main(int argc, char** argv) {
             const bool is_dx = pass == 0;
             if (strcmp(dir, is_dx ? "dw" : "dx") == 0) continue;
             printf("%-10s %s", s.name, is_dx ? "dx" : "dw");
-            if (!is_dx) printf(" (%d slices)", p.splits);
+            if (!is_dx) printf(" (1, 2: %d slices; 3: %d parts)", p.splits, p.parts);
             float before = 0.0f;
             for (int v = 1; v <= 3; v++) {
                 if ((only && v != only) || (v == 1 ? gpu.arch < 800 : !gpu.wgmma)) continue;
@@ -252,22 +284,21 @@ int main(int argc, char** argv) {
             printf("\n");
         }
     }
-    // dw 3 at each count of slices splits_for weighs (1, 2, 4, 8 where K allows), the one it picks marked: how well
-    // its last-wave rule, less 0.02 a halving, stands for the time
+    // dw 3 at other counts of parts, the one tn_parts picks marked: how well its cost (the busiest block's slices,
+    // TN_STORE_SLICES more a part) stands for the time
     if (gpu.wgmma && strcmp(dir, "dx") != 0 && (!only || only == 3)) {
-        printf("\ndw 3 by slices of K, ms (TFLOP/s); * splits_for's choice on %d SMs\n", sms);
+        printf("\ndw 3 by parts of K, ms (TFLOP/s); * tn_parts's choice on %d SMs\n", sms);
         for (const Shape& s : shapes) {
             Problem p(s.name, 8192, s.C_out, s.C_in, sms);
             const double flops = 2.0 * p.rows * p.C_out * p.C_in;
-            const int chosen = p.splits;
+            const int chosen = p.parts;
             printf("%-10s", s.name);
-            for (int n = 1; n <= MAX_SPLITS; n *= 2) {
-                if (n > 1 && (p.rows % n != 0 || p.rows / n < 256)) continue;
-                p.splits = n;
+            for (int n : {1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 16}) {
+                p.parts = n;
                 const float ms = benchmark_kernel(20, [&] { p.dw(3); });
                 printf("   %d%s: %.4f (%.1f)", n, n == chosen ? "*" : "", ms, flops / ms / 1e9);
             }
-            p.splits = chosen;
+            p.parts = chosen;
             printf("\n");
         }
     }

@@ -6,14 +6,15 @@ and None (the SIMT SGEMM) before sm_80 or for K < TC_MIN_K, so that the tc varia
 accurately than 1.5x the SIMT kernel. On sm_90a the wgmma kernels of 128 x 128 tiles split A in registers as they
 read it: a single product of A stored M x K reads B split into TF32 hi and lo beforehand (split_operands,
 areg_launch: k_gemm_wg_areg), a dW product (A stored K x M, B stored K x N) has its producer split B
-(k_gemm_wg_areg_tn); the wgmma kernel sums a linear layer's bias gradient from the dout its dW product reads.
+(k_gemm_wg_areg_tn, tn_launch: on a block an SM, one product's K cut into parts added in order); the wgmma kernel
+sums a linear layer's bias gradient from the dout its dW product reads.
 """
 from __future__ import annotations
 
 import math
 
 from .matmul_fast import Causal
-from .runtime import BLOCK, device_of, launch, sm_version
+from .runtime import BLOCK, counters, device_of, launch, sm_version
 from .source import int_constant
 
 # Below this K the split's rounding and the tensor cores' truncating sums outweigh the FP32 sum's rounding, and
@@ -23,6 +24,11 @@ TC_MIN_K = 128
 # products: it takes those of at least WG_MIN_K of K and WG_MIN_OUTPUTS outputs (a 128 x 128 tile's), mma.sync the rest.
 WG_MIN_K = 256
 WG_MIN_OUTPUTS = 128 * 128
+# Products of A stored K x M and B stored K x N run on a block an SM; one product's tiles have their K cut into parts
+# that the blocks take in turn and add into C in order (tn_parts), a part costing about this many slices of K (32)
+# more than its own, for its store.
+TN = "k_gemm_wg_areg_tn"
+TN_STORE_SLICES = 2
 
 def tensor_cores(device) -> bool:
     """Whether `device` (an engine) runs mma.sync TF32 (compute capability 8.0 on: sm_80, sm_90a, sm_100, ...)."""
@@ -47,7 +53,7 @@ def tc_kernel(g, device, wgmma: bool | None = None) -> tuple[str, int, int] | No
     large = g.K >= WG_MIN_K and g.M * g.N * g.batch >= WG_MIN_OUTPUTS
     if warpgroup_mma(device) and (wgmma or (wgmma is None and large)):
         if ops == "tn":  # a dW product (or attention's dK, dV at d_k 128): A split in registers, B by the producer
-            return "k_gemm_wg_areg_tn", int_constant("TC_AREG_TN_SMEM_BYTES"), int_constant("TC_WG_THREADS")
+            return TN, int_constant("TC_AREG_TN_SMEM_BYTES"), int_constant("TC_WG_THREADS")
         return f"k_gemm_wg_{ops}", int_constant("TC_WG_SMEM_BYTES"), int_constant("TC_WG_THREADS")
     return f"k_gemm_tc_{ops}", int_constant("TC_SMEM_BYTES"), BLOCK
 
@@ -57,7 +63,7 @@ def tc_reason(g, kernel: tuple[str, int, int] | None, device) -> str:
     if kernel is None:
         return (f"SIMT: K = {g.K} < TC_MIN_K = {TC_MIN_K}, too short for 3xTF32 to keep the SIMT error"
                 if tensor_cores(device) else "SIMT: no TF32 tensor cores before sm_80")
-    if kernel[0] == "k_gemm_wg_areg_tn":
+    if kernel[0] == TN:
         return "3xTF32 wgmma, A split in registers, B by the producer (sm_90a)"
     if kernel[0].startswith("k_gemm_wg"):
         return "3xTF32 wgmma (sm_90a)"
@@ -95,3 +101,35 @@ def tc_launch(g, kernel: tuple[str, int, int], c: int, a: int, b: int, bias: int
     name, shared, threads = kernel
     launch(name, g.args(c, a, b, bias, sums), g.grid, stream, shared=shared, block=threads,
            why=tc_reason(g, kernel, device) + (", the bias gradient summed from the dout it reads" if sums else ""))
+
+
+def tn_parts(g, sm_count: int) -> int:
+    """How many parts k_gemm_wg_areg_tn cuts each tile's K into: one for batches and causal products; for one
+    product, of 1 .. ceil(K / 32) / 8 (parts of 256 of K at least), the count whose busiest block ends soonest,
+    sm_count blocks taking the tiles' parts in turn, a part costing its slices of 32 and TN_STORE_SLICES more; the
+    fewest where that ties."""
+    if g.batch != 1 or g.causal != Causal.NONE:
+        return 1
+    tiles = math.ceil(g.M / 128) * math.ceil(g.N / 128)
+    slices = math.ceil(g.K / 32)
+
+    def busiest(parts):
+        return math.ceil(tiles * parts / sm_count) * (math.ceil(slices / parts) + TN_STORE_SLICES)
+    return min(range(1, max(1, slices // 8) + 1), key=lambda parts: (busiest(parts), parts))
+
+
+def tn_launch(g, c: int, a: int, b: int, bias: int, sums: int, stream) -> None:
+    """g (A stored K x M, B stored K x N) on k_gemm_wg_areg_tn: its products' tiles (each K in tn_parts parts) taken in
+    turn by a block an SM (at most), each part added into C (and sums, op(A)'s row sums, where not 0) after the one
+    before it, so that the bits repeat for a given count of SMs; its flags zeroed once, the kernel leaving them
+    zero."""
+    sm_count = device_of(stream).sm_count
+    tiles = math.ceil(g.M / 128) * math.ceil(g.N / 128) * g.batch
+    parts = tn_parts(g, sm_count)
+    blocks = min(tiles * parts, sm_count)
+    flags = counters(2 * tiles, stream) if parts > 1 else None  # held by the plan, or until queued
+    launch(TN, g.args(c, a, b, bias, sums) + [g.batch, parts, 0 if flags is None else flags.gpudata], blocks, stream,
+           shared=int_constant("TC_AREG_TN_SMEM_BYTES"), block=int_constant("TC_WG_THREADS"),
+           why=f"{tc_reason(g, (TN,), device_of(stream))}; {tiles} tiles"
+               + (f" x {parts} parts of K = {g.K}, added into C in order," if parts > 1 else "")
+               + f" over {blocks} blocks" + (", the bias gradient summed from the dout it reads" if sums else ""))

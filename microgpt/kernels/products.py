@@ -6,7 +6,8 @@ an epilogue), and planned and launched by one function, gemm(), for every varian
     sgemm(c, a, b, trans_b=True, units="tc")                  # the same on device arrays, checked
 
 gemm() cuts K into slices where a product has too few tiles to fill the GPU (split-K: each slice its partial
-product, k_splitk_reduce adding them in slice order), runs each on the units' kernel (the SIMT SGEMM; on "tc" the
+product, k_splitk_reduce adding them in slice order; the wgmma kernel of A stored K x M cuts K itself, matmul_tc.
+tn_launch), runs each on the units' kernel (the SIMT SGEMM; on "tc" the
 kernel matmul_tc.tc_kernel chooses, from B split once into TF32 hi and lo where the wgmma kernel takes a product of
 A stored M x K, and the SIMT SGEMM where the tensor cores would not be as accurate), and adds a linear layer's bias
 gradient (the row sums of op(A)) in the wgmma kernel or by a column-sum pass. An epilogue is a fused kernel reading
@@ -25,7 +26,7 @@ from ..reference import MASK_VALUE, attn_scale
 from .checks import head_dims, opt_ptr, ptr, rows, shape_of
 from .colsum import add_column_sums
 from .matmul_fast import GEMM_TILE, Causal, sgemm_launch, splitk_reduce
-from .matmul_tc import areg_launch, split_operands, tc_kernel, tc_launch, tc_reason
+from .matmul_tc import TN, areg_launch, split_operands, tc_kernel, tc_launch, tc_reason, tn_launch
 from .matvec import fits, matvec
 from .runtime import device_of, noting, scratch, workspace
 from .source import int_constant
@@ -132,6 +133,9 @@ def _split_k(g: Gemm, c: int, a: int, b: int, bias: int, stream, sums: int, per_
         raise ValueError(f"M = {g.M} (at most {65535 * GEMM_TILE}) and batch = {g.batch} (at most 65535) must fit "
                          f"one grid")
     plain = g.batch == 1 and not bias and g.causal == Causal.NONE and g.ldc == g.N and g.epilogue is None
+    kernel = g.tc(device_of(stream))
+    if kernel is not None and kernel[0] == TN:  # cuts K itself, its parts added into C in order
+        plain = False
     sm_count = device_of(stream).sm_count
     splits = g.splits(sm_count, per_sm) if plain else 1
     if splits == 1:
@@ -170,6 +174,8 @@ def _product(g: Gemm, c: int, a: int, b: int, bias: int, stream, sums: int = 0) 
             g.epilogue(a, b_split, K_pad, grid)
         else:
             areg_launch(g, c, a, b_split, bias, K_pad, grid, stream)
+    elif kernel[0] == TN:
+        tn_launch(g, c, a, b, bias, sums, stream)
     else:
         tc_launch(g, kernel, c, a, b, bias, sums, stream, device)
 
