@@ -121,19 +121,18 @@ def gemm(g: Gemm, c: int, a: int, b: int, bias: int = 0, stream=None, *, sums: i
     if g.M == 0 or g.N == 0 or g.batch == 0:
         wg = False  # an empty product: nothing to write, and no pass over A to sum it in
     else:
-        _split_k(g, c, a, b, bias, stream, sums if wg else 0, per_sm=1 if wg else 2)
+        _split_k(g, kernel, c, a, b, bias, stream, sums if wg else 0, per_sm=1 if wg else 2)
     if sums and not wg and g.M > 0 and g.K > 0:
         with noting(stream, "the bias gradient: a column-sum pass over dout"):
             add_column_sums(sums, a, g.K, g.M, stream)
 
 
-def _split_k(g: Gemm, c: int, a: int, b: int, bias: int, stream, sums: int, per_sm: int) -> None:
-    """gemm's product launches, split where it pays; sums: where the product adds op(A)'s row sums, or 0."""
+def _split_k(g: Gemm, kernel, c: int, a: int, b: int, bias: int, stream, sums: int, per_sm: int) -> None:
+    """gemm's product launches (kernel: g.tc's choice), split where it pays; sums: where the product adds op(A)'s row sums, or 0."""
     if max(g.grid[1:]) > 65535:  # CUDA's limit on a grid's y and z
         raise ValueError(f"M = {g.M} (at most {65535 * GEMM_TILE}) and batch = {g.batch} (at most 65535) must fit "
                          f"one grid")
     plain = g.batch == 1 and not bias and g.causal == Causal.NONE and g.ldc == g.N and g.epilogue is None
-    kernel = g.tc(device_of(stream))
     if kernel is not None and kernel[0] == TN:  # cuts K itself, its parts added into C in order
         plain = False
     sm_count = device_of(stream).sm_count
