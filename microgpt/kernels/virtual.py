@@ -122,7 +122,8 @@ class Engine:
             raise KeyError(f"no kernel {name} in the translation unit")
         return Kernel(name)
 
-    dependent_function = function  # the launch runtime.launch(..., dependent=True) records, as the real engine's
+    def dependent_function(self, name, shared=0, cooperative=False):  # as the real engine's, a kernel by its name
+        return Engine.function(self, name, shared)
 
 
 class Kernel(str):
