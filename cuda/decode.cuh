@@ -7,17 +7,13 @@
 #include "rows_fast.cuh"  // warp_sum, warp_max
 #include "matmul_tc.cuh"  // copy_to_shared, cp_async_commit, cp_async_wait
 
-// element i of x (B, 1, C): x[b, 0, :] = wte[tokens[b], :] + wpe[p, :]
-__device__ __forceinline__ void embed_decode_at(long long i, float* x, const int* tokens, const float* wte,
-                                                const float* wpe, const int* pos, int B, int C) {
+// one thread per element of x (B, 1, C): x[b, 0, :] = wte[tokens[b], :] + wpe[p, :]
+extern "C" __global__ void k_embed_decode(float* x, const int* tokens, const float* wte, const float* wpe,
+                                          const int* pos, int B, int C) {
+    long long i = thread_index();
     if (i >= (long long)B * C) return;
     int b = i / C, c = i % C;
     x[i] = wte[(long long)tokens[b] * C + c] + wpe[(long long)pos[0] * C + c];
-}
-// one thread per element of x
-extern "C" __global__ void k_embed_decode(float* x, const int* tokens, const float* wte, const float* wpe,
-                                          const int* pos, int B, int C) {
-    embed_decode_at(thread_index(), x, tokens, wte, wpe, pos, B, C);
 }
 
 // one thread per element of src (BH, T, d_k): cache (BH, T_max, d_k)[:, :T] = src, a prefilled prompt's keys or
@@ -32,9 +28,8 @@ extern "C" __global__ void k_kv_store(float* cache, const float* src, int BH, in
 // The attention of the new position p = pos[0] of every sequence, split over the cached positions as flash
 // decoding splits them: one block per chunk of DECODE_CHUNK positions of one head, so that a long cache keeps
 // every SM busy even at B = 1; the last of a head's blocks to finish adds its chunks.
-enum DecodeLaunch : int {  // read by microgpt/kernels/decode.py
-    DECODE_CHUNK = 64,     // cached positions per block of k_attention_decode
-    DECODE_THREADS = 128,  // its block, k_matvec's: a step's launches fold into one persistent kernel (persistent.cuh)
+enum DecodeLaunch : int {
+    DECODE_CHUNK = 64,  // cached positions per block of k_attention_decode (read by microgpt/kernels/decode.py)
 };
 #define DECODE_PARTIAL(d_k) ((d_k) + 2)  // a chunk's partial: its weighted values (d_k), its max, its sum
 
@@ -64,15 +59,13 @@ __device__ void attention_decode_merge(float* out, const float* part, int used, 
 // different groups of 4 banks).
 __host__ __device__ constexpr int decode_row(int d_k) { return (d_k + 3) / 4 * 4 + 4; }
 
-// Chunk `chunk` (of `chunks`) of head bh: its cached rows staged before wait() (which returns once qkv is written),
-// then the block's query and its new row p, and its chunk's scores and products.
-template <typename Vec, typename Wait>
+// The block's query and its new row p (from qkv, after the wait) and its chunk's scores and products.
+template <typename Vec>
 __device__ void attention_decode_chunk(float* y, float* partial, unsigned* done, float* k_cache, float* v_cache,
-                                       const float* qkv, int p, int NH, int d_k, int T_max, int chunk, int bh,
-                                       int chunks, Wait wait) {
+                                       const float* qkv, int p, int NH, int d_k, int T_max) {
     constexpr int WIDTH = sizeof(Vec) / sizeof(float);
     extern __shared__ float4 decode_smem[];
-    const int KS = decode_row(d_k), start = chunk * DECODE_CHUNK;
+    const int KS = decode_row(d_k), start = blockIdx.x * DECODE_CHUNK;
     float* ks = reinterpret_cast<float*>(decode_smem);  // DECODE_CHUNK x KS: the chunk's keys
     float* vs = ks + DECODE_CHUNK * KS;                   // and values
     float* e = vs + DECODE_CHUNK * KS;                    // DECODE_CHUNK: the chunk's scores, then exp(score - m)
@@ -82,7 +75,7 @@ __device__ void attention_decode_chunk(float* y, float* partial, unsigned* done,
     __shared__ bool last;
     const int n = min(DECODE_CHUNK, p + 1 - start);  // the chunk's positions, start .. start + n - 1
     const bool holds_p = p < start + DECODE_CHUNK;
-    const int b = bh / NH, h = bh % NH, C = NH * d_k;
+    const int bh = blockIdx.y, b = bh / NH, h = bh % NH, C = NH * d_k;
     const float* row = qkv + (long long)b * 3 * C + h * d_k;
     float* k_h = k_cache + (long long)bh * T_max * d_k;
     float* v_h = v_cache + (long long)bh * T_max * d_k;
@@ -95,7 +88,8 @@ __device__ void attention_decode_chunk(float* y, float* partial, unsigned* done,
         copy_to_shared<Vec>(vs + r * KS + d, v_h + (long long)(start + r) * d_k + d);
     }
     cp_async_commit();
-    wait();
+    pdl_wait();
+    pdl_launch_dependents();
     for (int d = threadIdx.x; d < d_k; d += blockDim.x) {
         q[d] = row[d];
         if (holds_p) {
@@ -137,8 +131,8 @@ __device__ void attention_decode_chunk(float* y, float* partial, unsigned* done,
 
     // the chunk's weighted values: into y directly where it is the head's only chunk, else into its partial
     const int used = p / DECODE_CHUNK + 1;
-    float* head = partial + (long long)bh * chunks * DECODE_PARTIAL(d_k);
-    float* out = used == 1 ? y + (long long)b * C + h * d_k : head + chunk * DECODE_PARTIAL(d_k);
+    float* head = partial + (long long)bh * gridDim.x * DECODE_PARTIAL(d_k);
+    float* out = used == 1 ? y + (long long)b * C + h * d_k : head + blockIdx.x * DECODE_PARTIAL(d_k);
     const float scale = used == 1 ? 1.0f / m_sum[1] : 1.0f;
     const int G = blockDim.x / d_k;  // groups of d_k threads, each summing every G-th row
     if (G > 1) {
@@ -174,17 +168,17 @@ __device__ void attention_decode_chunk(float* y, float* partial, unsigned* done,
     if (last) attention_decode_merge(y + (long long)b * C + h * d_k, head, used, d_k);
 }
 
-// Grid (chunks, B * NH) of DECODE_THREADS, blockIdx.y = b * NH + h; a block whose chunk starts past p does nothing.
-// Before its wait the block copies its chunk's cached keys and values (rows before p) into shared memory; after it, the
-// block holding p writes the new key and value from qkv (B, 1, 3C) into the caches (B, NH, T_max, d_k) at row p (and
-// into its copy). Then, a thread per row j <= p of the chunk (no mask needed), scores[j] = dot(Q, K[j]) * (1.0f /
-// sqrtf(d_k)) summed over d in order, and the chunk's partial = (sum_j e_j V[j], m, sum_j e_j), e_j = exp(scores[j] -
-// m), m its largest score, into partial (B * NH, chunks, DECODE_PARTIAL(d_k)). The last of the head's p / DECODE_CHUNK
-// + 1 blocks to count itself in done[bh] writes y (B, 1, C), heads side by side, and sets done[bh] back to zero for the
-// next launch; where the head has one chunk (p < DECODE_CHUNK), its block writes y itself, sum_j e_j V[j] / sum_j e_j.
-// Dynamic shared memory: 2 DECODE_CHUNK decode_row(d_k) + DECODE_CHUNK + d_k rounded up to 4 + DECODE_THREADS floats.
-// vec4: d_k % 4 == 0 and the caches 16-byte aligned (the launcher checks). A p outside [0, T_max) writes nothing (the
-// caller keeps it in range).
+// Grid (chunks, B * NH), blockIdx.y = b * NH + h; a block whose chunk starts past p does nothing. Before its wait
+// the block copies its chunk's cached keys and values (rows before p) into shared memory; after it, the block
+// holding p writes the new key and value from qkv (B, 1, 3C) into the caches (B, NH, T_max, d_k) at row p (and
+// into its copy). Then, a thread per row j <= p of the chunk (no mask needed), scores[j] = dot(Q, K[j]) *
+// (1.0f / sqrtf(d_k)) summed over d in order, and the chunk's partial = (sum_j e_j V[j], m, sum_j e_j), e_j =
+// exp(scores[j] - m), m its largest score, into partial (B * NH, chunks, DECODE_PARTIAL(d_k)). The last of the
+// head's p / DECODE_CHUNK + 1 blocks to count itself in done[bh] writes y (B, 1, C), heads side by side, and sets
+// done[bh] back to zero for the next launch; where the head has one chunk (p < DECODE_CHUNK), its block writes y
+// itself, sum_j e_j V[j] / sum_j e_j. Dynamic shared memory: 2 DECODE_CHUNK decode_row(d_k) + DECODE_CHUNK + d_k
+// rounded up to 4 + blockDim.x floats. vec4: d_k % 4 == 0 and the caches 16-byte aligned (the launcher checks). A
+// p outside [0, T_max) writes nothing (the caller keeps it in range).
 extern "C" __global__ void k_attention_decode(float* y, float* partial, unsigned* done, float* k_cache, float* v_cache,
                                               const float* qkv, const int* pos, int NH, int d_k, int T_max,
                                               int vec4) {
@@ -193,11 +187,6 @@ extern "C" __global__ void k_attention_decode(float* y, float* partial, unsigned
         pdl_launch_dependents();
         return;
     }
-    auto wait = [] { pdl_wait(); pdl_launch_dependents(); };
-    if (vec4)
-        attention_decode_chunk<float4>(y, partial, done, k_cache, v_cache, qkv, p, NH, d_k, T_max, blockIdx.x,
-                                       blockIdx.y, gridDim.x, wait);
-    else
-        attention_decode_chunk<float>(y, partial, done, k_cache, v_cache, qkv, p, NH, d_k, T_max, blockIdx.x,
-                                      blockIdx.y, gridDim.x, wait);
+    if (vec4) attention_decode_chunk<float4>(y, partial, done, k_cache, v_cache, qkv, p, NH, d_k, T_max);
+    else attention_decode_chunk<float>(y, partial, done, k_cache, v_cache, qkv, p, NH, d_k, T_max);
 }

@@ -99,22 +99,21 @@ __device__ void matvec_layernorm(float* xs, const float* inp, const float* ln_w,
     __syncthreads();
 }
 
-// Block `block` takes columns n0 = block * cols .. n0 + cols - 1 of every row (fewer in the last block). Before
-// wait() (the weights do not depend on the work before) it copies their rows of W, one contiguous run, into shared
-// memory, and reads its bias; wait() returns once what the block reads next is written. Then, for each unit u =
-// warp, warp + 4, ... of (cols / COLS groups of COLS columns) x (parts of K): lane i sums k = i, i + 32, ... of the
-// part in order, each input element read once for the group's COLS columns; a fixed shuffle tree adds the lanes;
-// the parts are added in order. `parts` (4 / gcd(groups, 4)) makes the units a multiple of the 4 warps; it and cols
-// depend on N and K alone, so no bit depends on the GPU.
-template <int ROWS, typename Vec, typename Wait>
+// Block b takes columns n0 = b * cols .. n0 + cols - 1 of every row (fewer in the last block). Before pdl_wait()
+// (the weights do not depend on the kernel before) it copies their rows of W, one contiguous run, into shared
+// memory, and reads its bias. Then, for each unit u = warp, warp + 4, ... of (cols / COLS groups of COLS columns)
+// x (parts of K): lane i sums k = i, i + 32, ... of the part in order, each input element read once for the
+// group's COLS columns; a fixed shuffle tree adds the lanes; the parts are added in order. `parts` (4 / gcd(groups,
+// 4)) makes the units a multiple of the 4 warps; it and cols depend on N and K alone, so no bit depends on the GPU.
+template <int ROWS, typename Vec>
 __device__ void matvec_block(float* out, const float* inp, const float* W, const float* bias, const float* ln_w,
                              const float* ln_b, const float* resid, int M, int K, int N, int gelu, int cols,
-                             int parts, int block, Wait wait) {
+                             int parts) {
     constexpr int WIDTH = sizeof(Vec) / sizeof(float), COLS = matvec_cols(ROWS);
     extern __shared__ float4 matvec_smem[];
     __shared__ float red[4 * ROWS];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, KV = K / WIDTH;
-    const int n0 = block * cols, ncols = min(cols, N - n0);
+    const int n0 = blockIdx.x * cols, ncols = min(cols, N - n0);
     const int groups = (cols + COLS - 1) / COLS, units = groups * parts;
     float* ws = reinterpret_cast<float*>(matvec_smem);  // cols x K
     float* xs = ws + cols * K;                           // M x K, the layernormed rows (with ln_w)
@@ -127,7 +126,8 @@ __device__ void matvec_block(float* out, const float* inp, const float* W, const
             asm volatile("prefetch.global.L1 [%0];" ::"l"(ln_w + k));
             asm volatile("prefetch.global.L1 [%0];" ::"l"(ln_b + k));
         }
-    wait();
+    pdl_wait();
+    pdl_launch_dependents();
     // the residual of that first output, read now: its latency under the product's
     const float r0 = resid && t0 < ncols * M ? resid[(long long)(t0 / ncols) * N + n0 + t0 % ncols] : 0.0f;
     const float* x = inp;
@@ -191,11 +191,8 @@ __device__ void matvec_block(float* out, const float* inp, const float* W, const
         k_matvec_##R(float* out, const float* inp, const float* W, const float* bias, const float* ln_w,            \
                      const float* ln_b, const float* resid, int M, int K, int N, int gelu, int cols, int parts,     \
                      int vec4) {                                                                                    \
-        auto wait = [] { pdl_wait(); pdl_launch_dependents(); };                                                    \
-        if (vec4) matvec_block<R, float4>(out, inp, W, bias, ln_w, ln_b, resid, M, K, N, gelu, cols, parts,         \
-                                          blockIdx.x, wait);                                                        \
-        else matvec_block<R, float>(out, inp, W, bias, ln_w, ln_b, resid, M, K, N, gelu, cols, parts, blockIdx.x,   \
-                                    wait);                                                                          \
+        if (vec4) matvec_block<R, float4>(out, inp, W, bias, ln_w, ln_b, resid, M, K, N, gelu, cols, parts);        \
+        else matvec_block<R, float>(out, inp, W, bias, ln_w, ln_b, resid, M, K, N, gelu, cols, parts);              \
     }
 MATVEC_KERNEL(1, 8)  // MIN_BLOCKS: as many blocks an SM holds at once as the registers of R rows allow
 MATVEC_KERNEL(2, 8)

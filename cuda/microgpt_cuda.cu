@@ -18,7 +18,6 @@
 #include "colsum.cuh"
 #include "matmul_fast.cuh"
 #include "matvec.cuh"
-#include "persistent.cuh"
 #include "rows_fast.cuh"
 #include "layernorm_fast.cuh"
 #include "pointwise_fast.cuh"

@@ -204,15 +204,14 @@ class CudaBackend:
 
     def _decode_pass(self, d, rule):
         """One decode step recorded (one CUDA graph, captured at its first launch): its logits, and with rule
-        (temperature, top_k, top_p) k_sample's choice by it, written into ids[:B] for the next step to read. Its runs
-        of few-row launches run as one persistent kernel (kernels.fold)."""
+        (temperature, top_k, top_p) k_sample's choice by it, written into ids[:B] for the next step to read."""
         plan = K.Plan(self.device)
         ops = self.ops.on(plan)
         model.decode(ops, self.P, self.config, d.a)
         if rule is not None:
             temperature, top_k, top_p = rule
             ops.sample(d.ids[:d.B], d.logits, d.u if temperature > 0 else None, temperature, top_k, top_p)
-        return K.Pass(K.fold(plan), "decode")
+        return K.Pass(plan, "decode")
 
     def _sampled(self, d, choose):
         """The decode pass that chooses by `choose`'s rule (made at its first use)."""

@@ -334,25 +334,6 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
                 O.select("fast").layernorm_matmul_fwd(*a, gelu=True, stream=s),
                 F * (4 * C * C + 4 * C + 2 * C + rows * 5 * C), 2 * rows * 4 * C * C)
 
-    def decode_layer(rows, r):  # a decode step's layer at `rows` sequences, its launches folded into one
-        (wte, wpe), tokens = embeddings(), r.ints(V, rows, 1)
-        k_cache, v_cache, ln_w, ln_b = r.randn(rows, NH, T, d_k), r.randn(rows, NH, T, d_k), r.randn(C), r.randn(C)
-        x, qkv, y, act = (empty(rows, 1, n) for n in (C, 3 * C, C, 4 * C))
-        layer = K.Plan()
-        ops = O.select("fast").on(layer)
-        ops.embed_decode(x, tokens, wte, wpe, last(), check_token_ids=False)
-        ops.layernorm_matmul_fwd(qkv, x, ln_w, ln_b, r.randn(3 * C, C, scale=0.1), r.randn(3 * C))
-        ops.attention_decode(y, k_cache, v_cache, qkv, last())
-        ops.matmul_residual_fwd(x, y, r.randn(C, C, scale=0.1), r.randn(C))
-        ops.layernorm_matmul_fwd(act, x, ln_w, ln_b, r.randn(4 * C, C, scale=0.1), r.randn(4 * C), gelu=True)
-        ops.matmul_residual_fwd(x, act, r.randn(C, 4 * C, scale=0.1), r.randn(C))
-        return K.fold(layer)
-
-    for rows in (1, 2, 4, 8):
-        if want(f"k_persistent_{rows}"):
-            add(f"k_persistent_{rows}", lambda s, folded=decode_layer(rows, draws_for(f"k_persistent_{rows}")):
-                _run(folded, s), F * (12 * C * C + 2 * rows * NH * T * d_k), 2 * rows * (12 * C * C + 2 * NH * T * d_k))
-
     # the bias gradient of every fast variant's product, here mlp.fc's (B * T rows of 4C)
     if want("colsum (mlp.fc)"):
         r = draws_for("colsum (mlp.fc)")
@@ -381,16 +362,6 @@ def build_cases(shape: Shape, seed: int = 0, n_params: int | None = None, sets: 
             F * 8 * P, 14 * P)
     builder.declared(shape)  # an op without a case written here: one from its declaration in microgpt.ops
     return builder.cases
-
-
-def _run(plan, stream) -> None:
-    """plan's launches recorded into stream (a Plan), queued on it, or run now (None)."""
-    if isinstance(stream, K.Plan):
-        stream.extend(plan)
-        return
-    K.replay(plan, stream, "case")
-    if stream is None:
-        K.synchronize(K.engine().cuda.Context, "case")
 
 
 def model_params(shape: Shape, n_layer: int) -> int:

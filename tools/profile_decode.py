@@ -2,8 +2,7 @@
 """Where a decode step's time goes (sampling with the key-value cache on the cuda backend): the step as
 GPT.generate runs it (its CUDA graph, k_sample, the ids back), the graph's GPU time alone against the least time
 its reads allow, each op's share and each kernel's (its launches of one step, ten times over, as one graph: GPU
-time, no host in it; each launch as its own kernel, where the step runs them folded into one persistent kernel,
-microgpt.kernels.fold), and k_sample's time for each way of choosing (recorded and timed the same way).
+time, no host in it), and k_sample's time for each way of choosing (recorded and timed the same way).
 
     python tools/profile_decode.py                        # andrea-120m, B 1 and 8, a prompt of 16 tokens
     python tools/profile_decode.py --preset andrea-12m -B 1 --prompt 512
@@ -92,11 +91,11 @@ def profile(cfg, B, prompt_len, steps, copy_gbs):
     d = be._dec  # the decode state: its step's plan and graph (the tool looks inside the backend on purpose)
     graph_ms = gpu_ms(cuda, be.stream, lambda: d.step.launch(be.stream), steps)
     kernels = [dict(kernel=name, launches=len(entries), us=launches_us(be, entries))
-               for name, entries in grouped(d.step.plan.flat(), lambda e: e[0]).items()]
+               for name, entries in grouped(d.step.plan, lambda e: e[0]).items()]
     kernels.sort(key=lambda k: -k["us"])
     reads = decode_reads(cfg, B, d.length - 1)  # the graph replays the last decode step: its position
     ops = []
-    for op, entries in grouped(d.step.plan.flat(), lambda e: e.op).items():
+    for op, entries in grouped(d.step.plan, lambda e: e.op).items():
         nbytes, us = reads.get(op.split(" (")[0]), launches_us(be, entries)
         gbs = nbytes / us / 1e3 if nbytes else None
         ops.append(dict(op=op, launches=len(entries), us=us, bytes=nbytes, gbs=gbs,

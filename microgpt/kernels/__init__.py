@@ -12,8 +12,7 @@ choosing the next token by microgpt.sampling's rule; colsum,
 matmul_fast, rows_fast, layernorm_fast, pointwise_fast, heads_fast and embed_fast for the fast variant;
 matmul_tc for the tc variant's tensor-core products, tf32_split for the split passes that feed them,
 matmul_layernorm_tc for a product fused with the layernorm backward after it, flash_attention for its fused
-attention, matmul_attention_tc for the product before its backward, fused with its delta; persistent, whose fold()
-runs a recorded decode step's few-row launches as one kernel).
+attention, matmul_attention_tc for the product before its backward, fused with its delta).
 Beside them: products (every matrix product described once, a Gemm, and planned and launched by one function, gemm(),
 for every variant), source (what nvcc compiles, and the argument formats read from it), runtime (compile once,
 the primary context, launch, record and replay, KernelError), graph (a recorded plan as one CUDA graph: a
@@ -56,7 +55,6 @@ from .products import (Gemm, MatrixProducts, attn_values_bwd_fast, attn_values_b
                    sgemm, sgemm_tc)
 from .matmul_fast import GEMM_TILE, Causal
 from .matmul_tc import tensor_cores, warpgroup_mma
-from .persistent import fold
 from .pointwise import gelu_bwd, gelu_fwd, residual_bwd, residual_fwd
 from .pointwise_fast import gelu_bwd_fast, gelu_fwd_fast
 from .rows_fast import (crossentropy_bwd_fast, crossentropy_fwd_fast, embed_fwd_fast, softmax_bwd_fast,

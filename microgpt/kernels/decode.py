@@ -21,16 +21,14 @@ from .matmul import matmul_fwd
 from .matvec import fits, matvec
 from .pointwise import gelu_fwd, residual_fwd
 from .pointwise_fast import gelu_fwd_fast
-from .runtime import blocks, counters, launch, scratch, shared_limit
+from .runtime import BLOCK, blocks, counters, launch, scratch, shared_limit
 from .source import int_constants
 
 
 @functools.cache  # (read from the preprocessed source once)
-def decode_launch() -> tuple[int, int]:
-    """(DECODE_CHUNK, DECODE_THREADS) of cuda/decode.cuh (enum DecodeLaunch): the cached positions a block of
-    k_attention_decode takes, and its threads."""
-    c = int_constants()
-    return c["DECODE_CHUNK"], c["DECODE_THREADS"]
+def decode_chunk() -> int:
+    """DECODE_CHUNK of cuda/decode.cuh (enum DecodeLaunch): the cached positions a block of k_attention_decode."""
+    return int_constants()["DECODE_CHUNK"]
 
 
 def embed_decode(x, tokens, wte, wpe, pos, *, check_token_ids=True, stream=None):
@@ -62,9 +60,9 @@ def attention_decode(y, k_cache, v_cache, qkv, pos, *, stream=None):
     scratch); the head's last block to finish adds its chunks in order."""
     B, NH, T_max, d_k = head_dims("k_cache", k_cache)
     C = NH * d_k
-    (chunk, threads), d_pad = decode_launch(), -(-d_k // 4) * 4
+    chunk, d_pad = decode_chunk(), -(-d_k // 4) * 4
     # the chunk's keys and values (rows of decode_row(d_k) = d_pad + 4), its scores, the query, the partial sums
-    shared, limit = 4 * (2 * chunk * (d_pad + 4) + chunk + d_pad + threads), shared_limit("k_attention_decode", stream)
+    shared, limit = 4 * (2 * chunk * (d_pad + 4) + chunk + d_pad + BLOCK), shared_limit("k_attention_decode", stream)
     if shared > limit:
         raise ValueError(f"k_cache has d_k={d_k}: a block's chunk of keys and values, query and partial sums take "
                          f"{shared} bytes of shared memory, above this GPU's {limit}")
@@ -74,7 +72,7 @@ def attention_decode(y, k_cache, v_cache, qkv, pos, *, stream=None):
     vec4 = int(d_k % 4 == 0 and p_k % 16 == 0 and p_v % 16 == 0)
     args = [ptr("y", y, (B, 1, C)), int(partial.gpudata), int(done.gpudata), p_k, p_v,
             ptr("qkv", qkv, (B, 1, 3 * C)), ptr("pos", pos, (1,), np.int32), NH, d_k, T_max, vec4]
-    launch("k_attention_decode", args, (chunks, B * NH), stream, shared=shared, block=threads, dependent=True)
+    launch("k_attention_decode", args, (chunks, B * NH), stream, shared=shared, dependent=True)
 
 
 def _layernorm_matmul_args(out, x, w, b, weight, bias) -> tuple:

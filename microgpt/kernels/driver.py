@@ -1,6 +1,5 @@
 """The CUDA driver's calls that PyCUDA has no binding for, through ctypes, in the primary context PyCUDA made: stream
-capture and graphs (microgpt.kernels.graph), and launches by cuLaunchKernelEx (ExKernel: programmatic dependent and
-cooperative launches).
+capture and graphs (microgpt.kernels.graph), and launches by cuLaunchKernelEx (DependentKernel).
 """
 from __future__ import annotations
 
@@ -26,8 +25,7 @@ class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
                 ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
 
 
-COOPERATIVE = 2                         # CU_LAUNCH_ATTRIBUTE_COOPERATIVE
-PROGRAMMATIC = 6                        # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8      # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 _ARG_TYPES = {"P": ctypes.c_void_p, "i": ctypes.c_int, "I": ctypes.c_uint, "q": ctypes.c_longlong,
               "f": ctypes.c_float, "d": ctypes.c_double}
@@ -74,20 +72,19 @@ def load_module(cubin: bytes) -> ctypes.c_void_p:
     return module
 
 
-class ExKernel:
+class DependentKernel:
     """Kernel `name` of a module from load_module() (the engine's cubin loaded once more: PyCUDA launches no
-    other way than cuLaunchKernel), launched by cuLaunchKernelEx with one launch attribute: PROGRAMMATIC, a
-    programmatic dependent launch (it may start while the launch before it on the stream finishes, and waits for it
-    in pdl_wait(), cuda/common.cuh), or COOPERATIVE (every block resident at once, or the launch fails). Called as a
-    prepared PyCUDA function is, so that a Plan replays it, or a Graph captures it, as any other launch."""
+    other way than cuLaunchKernel), launched by cuLaunchKernelEx as a programmatic dependent launch: it may start
+    while the launch before it on the stream finishes, and waits for it in pdl_wait() (cuda/common.cuh). Called as
+    a prepared PyCUDA function is, so that a Plan replays it, or a Graph captures it, as any other launch."""
 
-    def __init__(self, module: ctypes.c_void_p, name: str, signature: str, static: int, attribute: int):
+    def __init__(self, module: ctypes.c_void_p, name: str, signature: str, static: int):
         """static: the kernel's static shared memory in bytes."""
         lib = driver()
         self._fn, self.name, self._types = ctypes.c_void_p(), name, [_ARG_TYPES[c] for c in signature]
         check(lib.cuModuleGetFunction(ctypes.byref(self._fn), module, name.encode()), f"finding {name}")
         self._shared = shared_without_opt_in(static)
-        self._attr = _LaunchAttribute(id=attribute, value=1)
+        self._attr = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
 
     def allow_shared(self, shared: int) -> None:
         """Lets a block take `shared` bytes of dynamic shared memory (the opt-in past 48 KB, once)."""

@@ -23,7 +23,7 @@ import weakref
 
 import numpy as np
 
-from .driver import COOPERATIVE, PROGRAMMATIC, ExKernel, KernelError, load_module, shared_without_opt_in
+from .driver import DependentKernel, KernelError, load_module, shared_without_opt_in
 from .source import NVCC_OPTIONS, TRANSLATION_UNIT, cuda_source_dir, kernel_signatures
 
 BLOCK = 256  # threads per block of every launch; the fast kernels are written for it
@@ -82,17 +82,15 @@ class _Engine:
         _pools.add(pool)
         return pool
 
-    def dependent_function(self, name, shared: int = 0, cooperative: bool = False):
-        """Kernel `name` launched as a programmatic dependent launch (launch(..., dependent=True)), or with
-        cooperative, as a cooperative one (every block resident at once), its dynamic shared memory allowed as
-        function() allows it."""
-        fn = self.dependents.get((name, cooperative))
+    def dependent_function(self, name, shared: int = 0):
+        """Kernel `name` launched as a programmatic dependent launch (launch(..., dependent=True)), its dynamic
+        shared memory allowed as function() allows it."""
+        fn = self.dependents.get(name)
         if fn is None:
-            if self.dependent_module is None:  # the cubin loaded once more, at the first such launch
+            if self.dependent_module is None:  # the cubin loaded once more, at the first dependent launch
                 self.dependent_module = load_module(self.cubin)
-            fn = self.dependents[name, cooperative] = ExKernel(
-                self.dependent_module, name, self.signatures[name], self.function(name).shared_size_bytes,
-                COOPERATIVE if cooperative else PROGRAMMATIC)
+            fn = self.dependents[name] = DependentKernel(self.dependent_module, name, self.signatures[name],
+                                                         self.function(name).shared_size_bytes)
         fn.allow_shared(shared)
         return fn
 
@@ -222,10 +220,8 @@ def memory_free() -> int:
 # -------------------------------------------------------------------------------------------- plans
 class Launch(tuple):
     """One recorded launch: (kernel name, function, grid, arguments, dynamic shared-memory bytes, threads a block),
-    and what explains it: `op`, the op of microgpt.ops that launched it, and `why`, the reason for this kernel;
-    `steps`, the launches it runs in their place where it is a persistent kernel (microgpt.kernels.persistent)."""
+    and what explains it: `op`, the op of microgpt.ops that launched it, and `why`, the reason for this kernel."""
     op = why = ""
-    steps = ()
 
 
 class Plan(list):
@@ -242,25 +238,18 @@ class Plan(list):
         super().__init__()
         self.device, self.keep, self.workspace, self.splits, self.op, self.notes = device, [], None, [], "", []
 
-    def record(self, name: str, fn, grid: tuple, args: list, shared: int, block: int, why: str, steps=()) -> None:
-        """Appends one launch, noting the op being recorded and why (the reasons noted around it, then its own);
-        steps: the launches it runs in their place."""
+    def record(self, name: str, fn, grid: tuple, args: list, shared: int, block: int, why: str) -> None:
+        """Appends one launch, noting the op being recorded and why (the reasons noted around it, then its own)."""
         entry = Launch((name, fn, grid, args, shared, block))
-        entry.op, entry.why, entry.steps = self.op, "; ".join(n for n in self.notes + [why] if n), tuple(steps)
+        entry.op, entry.why = self.op, "; ".join(n for n in self.notes + [why] if n)
         self.append(entry)
-
-    def flat(self) -> list:
-        """Every launch as the ops recorded it: a persistent launch's steps in its place."""
-        return [s for e in self for s in (e.steps or (e,))]
 
     def __str__(self) -> str:
         """A line a launch: op (and whose launcher, where not the reference's), kernel, grid, threads a block,
-        dynamic shared memory, and why this kernel; a persistent launch's steps below it, indented."""
+        dynamic shared memory, and why this kernel."""
         rows = [("op", "kernel", "grid", "block", "smem", "why")]
-        for e in self:
-            for at, x in [("", e)] + [("  ", s) for s in e.steps]:
-                rows.append((at + x.op, at + x[0], "x".join(map(str, x[2])), str(x[5]), str(x[4]),
-                             x.why or "the op's one kernel"))
+        rows += [(e.op, e[0], "x".join(map(str, e[2])), str(e[5]), str(e[4]), e.why or "the op's one kernel")
+                 for e in self]
         widths = [max(len(r[i]) for r in rows) for i in range(5)]
         return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:5], widths)) + "  " + r[5] for r in rows)
 
@@ -293,24 +282,20 @@ def blocks(n_threads: int) -> int:
 
 
 def launch(name: str, args: list, grid, stream=None, shared: int = 0, block: int = BLOCK, why: str = "",
-           dependent: bool = False, cooperative: bool = False, steps=()) -> None:
+           dependent: bool = False) -> None:
     """Launches kernel `name` on a grid (blocks in x, or a tuple (x, y[, z])) of `block`-thread blocks, with
     `shared` bytes of dynamic shared memory: now (stream None), queued on a stream, or recorded into a Plan (with
-    `why`, the reason for this kernel, which a printed plan shows, and `steps`, the launches it runs in their
-    place). dependent: the kernel calls pdl_wait() before it touches what the launch before it writes or reads, so a
-    plan may launch it as a programmatic dependent launch (cuda/common.cuh), to start while that launch finishes,
-    where the device has them. cooperative: its blocks wait for each other, so it is launched only where all are
-    resident at once (the launch fails otherwise)."""
+    `why`, the reason for this kernel, which a printed plan shows). dependent: the kernel calls pdl_wait() before
+    it touches what the launch before it writes or reads, so a plan may launch it as a programmatic dependent
+    launch (cuda/common.cuh), to start while that launch finishes, where the device has them."""
     e = device_of(stream)
     grid = tuple(grid) if isinstance(grid, tuple) else (grid, 1)
     fn = e.function(name, shared)
-    if cooperative:
-        fn = e.dependent_function(name, shared, cooperative=True)
     if isinstance(stream, Plan):
-        if dependent and not cooperative and sm_version(e) >= 90:
+        if dependent and sm_version(e) >= 90:
             fn = e.dependent_function(name, shared)
             why = "; ".join(filter(None, (why, "launched as a programmatic dependent of the launch before")))
-        stream.record(name, fn, grid, args, shared, block, why, steps)
+        stream.record(name, fn, grid, args, shared, block, why)
         return
     try:
         fn.prepared_async_call(grid, (block, 1, 1), stream, *args, shared_size=shared)

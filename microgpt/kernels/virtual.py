@@ -122,8 +122,7 @@ class Engine:
             raise KeyError(f"no kernel {name} in the translation unit")
         return Kernel(name)
 
-    def dependent_function(self, name, shared=0, cooperative=False):  # as the real engine's, a kernel by its name
-        return Engine.function(self, name, shared)
+    dependent_function = function  # the launch runtime.launch(..., dependent=True) records, as the real engine's
 
 
 class Kernel(str):
