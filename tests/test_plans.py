@@ -91,3 +91,22 @@ def test_info_explain_on_the_command_line(capsys):
         assert main(["info", "--explain", *argv]) == 2
         err = capsys.readouterr().err
         assert err.startswith("microgpt: error: ") and named in err and err.count("\n") == 1, err
+
+
+def test_a_few_row_product_gives_each_warp_one_unit_or_whole_groups():
+    """matvec.plan(): a block's units (groups of columns x parts of K) are one for each of its 4 warps, or whole
+    groups in one part of K; never 3 groups, which would be 12 units, 3 a warp one after the other."""
+    from microgpt.kernels import matvec
+    c = matvec.matvec_launch()
+    seen = set()
+    for M in range(1, c["ROWS"] + 1):
+        for K in (54, 384, 768, 1536, 3072):
+            for N in (1, 5, 6, 97, 384, 768, 1152, 1536, 2304, 3072, 8449):
+                R, cols, parts, shared = matvec.plan(M, K, N, layernorm=True)
+                group = c["GROUP_FEW"] if R <= 2 else c["GROUP"]
+                groups = -(-cols // group)
+                assert groups * parts == 4 or (parts == 1 and groups % 4 == 0), (M, K, N, cols, parts)
+                assert 1 <= cols <= N and cols * 4 * K <= max(c["CHUNK"], 4 * K)
+                seen.add(groups * parts)
+    assert seen >= {4, 8}
+    assert matvec.plan(1, 384, 1152, True)[1:3] == (4, 2)  # andrea-12m's qkv: 2 groups of 2 columns, K in 2 parts

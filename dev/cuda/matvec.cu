@@ -59,6 +59,7 @@ Plan matvec_plan(int M, int K, int N, bool ln, int chunk, int blocks = MATVEC_BL
     const int group = matvec_cols(p.R), fit = std::max(1, chunk / (4 * K));
     p.cols = std::min({fit, N, group * ceil_div(ceil_div(N, blocks), group)});
     if (p.cols >= 4 * group) p.cols -= p.cols % (4 * group);
+    else if (p.cols > 2 * group) p.cols = 2 * group;
     const int groups = ceil_div(p.cols, group);
     p.parts = 4 / std::gcd(groups, 4);
     p.shared = 4 * (p.cols * K + (ln ? M * K : 0) + groups * p.parts * group * p.R);

@@ -28,8 +28,9 @@ def matvec_launch() -> dict:
 
 def plan(M: int, K: int, N: int, layernorm: bool) -> tuple[int, int, int, int]:
     """(R, cols, parts, shared) of a product of M rows of K by N columns: k_matvec_<R>, cols columns a block,
-    parts of K a group of columns is split into (so that the block's units are a multiple of its 4 warps), and
-    the block's dynamic shared memory in bytes. From M, K and N alone, so that no bit depends on the GPU."""
+    parts of K a group of columns is split into (so that the block's units are a multiple of its 4 warps: one a
+    warp, or whole groups in one part), and the block's dynamic shared memory in bytes. From M, K and N alone, so
+    that no bit depends on the GPU."""
     c = matvec_launch()
     R = 1 << (M - 1).bit_length()  # k_matvec_1, _2, _4 or _8
     group = c["GROUP_FEW"] if R <= 2 else c["GROUP"]
@@ -37,6 +38,8 @@ def plan(M: int, K: int, N: int, layernorm: bool) -> tuple[int, int, int, int]:
     cols = min(fit, N, group * math.ceil(math.ceil(N / c["BLOCKS"]) / group))
     if cols >= 4 * group:  # whole groups for each of the 4 warps: K in one part
         cols -= cols % (4 * group)
+    elif cols > 2 * group:  # not 3 groups (12 units, 3 a warp, one after the other): 2, in 2 parts of K
+        cols = 2 * group
     groups = math.ceil(cols / group)
     parts = 4 // math.gcd(groups, 4)
     return R, cols, parts, 4 * (cols * K + (M * K if layernorm else 0) + groups * parts * group * R)
