@@ -9,7 +9,6 @@ only transfers are the batch in (from page-locked memory) and the per-position l
 """
 from __future__ import annotations
 
-import collections
 from types import SimpleNamespace
 
 import numpy as np
@@ -20,11 +19,6 @@ from .backend import FLAT_VECTORS, check_which
 from .config import GPTConfig
 from .ops import select
 from .params import decays, num_params, param_table
-
-
-# steps decode_steps queues beyond the one whose tokens it waits for: enough that the host's delays between steps
-# (waking from the wait, the caller's work with the tokens) fall while the GPU still has steps to run
-DECODE_AHEAD = 3
 
 
 def device_views(table, flat):
@@ -201,9 +195,9 @@ class CudaBackend:
                             u=new(B, dtype=np.float64), sampled={})
         d.a = model.decode_activations(cfg, d.cache, d.ids[:B].reshape(B, 1), d.ids[B:], new)
         d.logits = d.a.logits.reshape(B, cfg.vocab_size)
-        # per step in flight (decode_steps queues DECODE_AHEAD ahead): its position and draws in, its tokens out
+        # per step in flight (two: decode_steps queues one ahead): its position and draws in, its tokens out
         d.ring = [SimpleNamespace(pos=pinned(1, np.int32), u=pinned(B, np.float64), ids=pinned(B, np.int32),
-                                  done=self.cuda.Event()) for _ in range(DECODE_AHEAD + 1)]
+                                  done=self.cuda.Event()) for _ in range(2)]
         d.step = self._decode_pass(d, None)
         self._dec = d
         return d
@@ -287,13 +281,13 @@ class CudaBackend:
     def decode_steps(self, tokens, pos, choices):
         """Runs a decode step for each sampling.Choice of `choices` (an iterable, taken one at a time as the steps
         are queued), from tokens (B,) at position pos; yields each step's chosen tokens (B,). Each step reads the
-        tokens the step before chose where k_sample wrote them, so the host queues steps i + 1 .. i + DECODE_AHEAD
-        before it waits for step i's tokens: the GPU does not wait for Python, nor for its delays."""
+        tokens the step before chose where k_sample wrote them, so the host queues step i + 1 before it waits for
+        step i's tokens: the GPU never waits for Python."""
         d = self._dec
         self._check_step(d, tokens, pos)
-        waiting = collections.deque()  # the slots of the steps queued, whose tokens are still to come, oldest first
+        waiting = None  # the slot of the step queued before, whose tokens are still to come
         for i, choose in enumerate(choices):
-            slot = d.ring[i % len(d.ring)]  # the step that used it last has been waited for
+            slot = d.ring[i % 2]  # the step two before, which used it, has been waited for
             if i > 0:  # the position is ids[B]: copied in with the tokens for the first step
                 slot.pos[0] = pos + i
                 self.cuda.memcpy_htod_async(int(d.ids.gpudata) + 4 * d.B, slot.pos, self.stream)
@@ -302,11 +296,11 @@ class CudaBackend:
             d.length += 1
             self.cuda.memcpy_dtoh_async(slot.ids, d.ids.gpudata, self.stream)
             slot.done.record(self.stream)
-            waiting.append(slot)
-            if len(waiting) > DECODE_AHEAD:
-                yield self._wait(waiting.popleft())
-        while waiting:
-            yield self._wait(waiting.popleft())
+            if waiting is not None:
+                yield self._wait(waiting)
+            waiting = slot
+        if waiting is not None:
+            yield self._wait(waiting)
 
     def _put_draws(self, d, slot, choose) -> None:
         """Queues the copy of choose's draws u (none at temperature 0) to the device, from the slot's pinned copy."""
