@@ -128,13 +128,14 @@ def gemm(g: Gemm, c: int, a: int, b: int, bias: int = 0, stream=None, *, sums: i
 
 
 def _split_k(g: Gemm, kernel, c: int, a: int, b: int, bias: int, stream, sums: int, per_sm: int) -> None:
-    """gemm's product launches (kernel: g.tc's choice), split where it pays; sums: where the product adds op(A)'s row sums, or 0."""
+    """gemm's product launches (kernel: g.tc's choice), split where it pays; sums: where the product adds op(A)'s
+    row sums, or 0."""
     if max(g.grid[1:]) > 65535:  # CUDA's limit on a grid's y and z
         raise ValueError(f"M = {g.M} (at most {65535 * GEMM_TILE}) and batch = {g.batch} (at most 65535) must fit "
                          f"one grid")
-    plain = g.batch == 1 and not bias and g.causal == Causal.NONE and g.ldc == g.N and g.epilogue is None
-    if kernel is not None and kernel[0] == TN:  # cuts K itself, its parts added into C in order
-        plain = False
+    # (the wgmma kernel of A stored K x M cuts K itself, its parts added into C in order)
+    plain = (g.batch == 1 and not bias and g.causal == Causal.NONE and g.ldc == g.N and g.epilogue is None
+             and (kernel is None or kernel[0] != TN))
     sm_count = device_of(stream).sm_count
     splits = g.splits(sm_count, per_sm) if plain else 1
     if splits == 1:
