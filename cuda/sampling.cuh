@@ -201,14 +201,21 @@ __device__ unsigned threshold_search(const float* row, int V, SearchWeight weigh
 }
 
 // ------------------------------------------------------------------------------ the kernel
+__device__ __forceinline__ void sample_store(int* tokens, int* mirror, int token) {
+    tokens[blockIdx.x] = token;
+    if (mirror) mirror[blockIdx.x] = token;
+}
+
 // One block per row b (blockIdx.x), SAMPLE_THREADS threads: tokens[b] = choose(logits[b], temperature, top_k,
-// top_p, u[b]), logits (B, V). top_k >= V cuts nothing, nor does top_p >= 1; temperature 0 takes the first
-// largest logit and reads no u (which may then be null). The logits are expected free of NaN. staged: the first
-// pass copies the row into V floats of dynamic shared memory, where the searches and the draw read it (each
-// reads the whole row again); the launcher stages it where it fits and temperature > 0.
+// top_p, u[b]), logits (B, V), and mirror[b] the same where mirror is not null (page-locked host memory mapped
+// into the device, say, where the host reads the tokens with no copy after the kernel). top_k >= V cuts nothing,
+// nor does top_p >= 1; temperature 0 takes the first largest logit and reads no u (which may then be null). The
+// logits are expected free of NaN. staged: the first pass copies the row into V floats of dynamic shared memory,
+// where the searches and the draw read it (each reads the whole row again); the launcher stages it where it fits
+// and temperature > 0.
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
-k_sample(int* tokens, const float* logits, const double* u, int V, double temperature, int top_k, double top_p,
-         int staged) {
+k_sample(int* tokens, int* mirror, const float* logits, const double* u, int V, double temperature, int top_k,
+         double top_p, int staged) {
     __shared__ SampleShared sh;
     extern __shared__ float sample_row[];
     pdl_wait();
@@ -237,7 +244,7 @@ k_sample(int* tokens, const float* logits, const double* u, int V, double temper
     block_argmax(max_value, max_index, sh);  // (its barrier also makes the staged row whole)
     if (staged) row = sample_row;
     if (temperature == 0.0) {
-        if (threadIdx.x == 0) tokens[blockIdx.x] = max_index;
+        if (threadIdx.x == 0) sample_store(tokens, mirror, max_index);
         return;
     }
     const double m = max_value;
@@ -281,5 +288,5 @@ k_sample(int* tokens, const float* logits, const double* u, int V, double temper
         }
     }
     first = block_min_int(first, sh);
-    if (threadIdx.x == 0) tokens[blockIdx.x] = first == INT_MAX ? V - 1 : first;
+    if (threadIdx.x == 0) sample_store(tokens, mirror, first == INT_MAX ? V - 1 : first);
 }

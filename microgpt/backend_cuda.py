@@ -195,30 +195,33 @@ class CudaBackend:
                             u=new(B, dtype=np.float64), sampled={})
         d.a = model.decode_activations(cfg, d.cache, d.ids[:B].reshape(B, 1), d.ids[B:], new)
         d.logits = d.a.logits.reshape(B, cfg.vocab_size)
-        # per step in flight (two: decode_steps queues one ahead): its position and draws in, its tokens out
-        d.ring = [SimpleNamespace(pos=pinned(1, np.int32), u=pinned(B, np.float64), ids=pinned(B, np.int32),
-                                  done=self.cuda.Event()) for _ in range(2)]
+        # per step in flight (two: decode_steps queues one ahead): its position and draws in, and its tokens, which
+        # k_sample writes into mapped host memory as well as into ids (no copy back after the step)
+        d.ring = [SimpleNamespace(pos=pinned(1, np.int32), u=pinned(B, np.float64),
+                                  ids=self.device.mapped_empty(B, np.int32), done=self.cuda.Event()) for _ in range(2)]
         d.step = self._decode_pass(d, None)
         self._dec = d
         return d
 
-    def _decode_pass(self, d, rule):
+    def _decode_pass(self, d, rule, slot=None):
         """One decode step recorded (one CUDA graph, captured at its first launch): its logits, and with rule
-        (temperature, top_k, top_p) k_sample's choice by it, written into ids[:B] for the next step to read."""
+        (temperature, top_k, top_p) k_sample's choice by it, written into ids[:B] for the next step to read and
+        into the ring slot's mapped ids for the host."""
         plan = K.Plan(self.device)
         ops = self.ops.on(plan)
         model.decode(ops, self.P, self.config, d.a)
         if rule is not None:
             temperature, top_k, top_p = rule
-            ops.sample(d.ids[:d.B], d.logits, d.u if temperature > 0 else None, temperature, top_k, top_p)
+            ops.sample(d.ids[:d.B], d.logits, d.u if temperature > 0 else None, temperature, top_k, top_p,
+                       mirror=slot.ids)
         return K.Pass(plan, "decode")
 
-    def _sampled(self, d, choose):
-        """The decode pass that chooses by `choose`'s rule (made at its first use)."""
-        rule = (choose.temperature, choose.top_k, choose.top_p)
-        if rule not in d.sampled:
-            d.sampled[rule] = self._decode_pass(d, rule)
-        return d.sampled[rule]
+    def _sampled(self, d, choose, i=0):
+        """The decode pass that chooses by `choose`'s rule, its tokens for ring slot i (made at its first use)."""
+        key = (choose.temperature, choose.top_k, choose.top_p, i)
+        if key not in d.sampled:
+            d.sampled[key] = self._decode_pass(d, key[:3], d.ring[i])
+        return d.sampled[key]
 
     def prefill(self, idx, choose=None):
         """idx: checked int32 (B, T), T <= block_size. The forward over the prompt, its keys and values kept in
@@ -242,8 +245,8 @@ class CudaBackend:
         slot = d.ring[0]
         self._put_draws(d, slot, choose)
         self.ops.sample(d.ids[:B], d.logits, d.u if choose.u is not None else None, choose.temperature, choose.top_k,
-                        choose.top_p, stream=self.stream)
-        return self._tokens(d, slot, "prefill")
+                        choose.top_p, mirror=slot.ids, stream=self.stream)
+        return self._tokens(slot, "prefill")
 
     def _check_step(self, d, tokens, pos):
         """The tokens (B,) and position of a decode step, checked; they are copied to ids (in ids_host)."""
@@ -276,7 +279,7 @@ class CudaBackend:
         self._put_draws(d, slot, choose)
         self._sampled(d, choose).launch(self.stream)
         d.length += 1
-        return self._tokens(d, slot, "decode")
+        return self._tokens(slot, "decode")
 
     def decode_steps(self, tokens, pos, choices):
         """Runs a decode step for each sampling.Choice of `choices` (an iterable, taken one at a time as the steps
@@ -292,9 +295,8 @@ class CudaBackend:
                 slot.pos[0] = pos + i
                 self.cuda.memcpy_htod_async(int(d.ids.gpudata) + 4 * d.B, slot.pos, self.stream)
             self._put_draws(d, slot, choose)
-            self._sampled(d, choose).launch(self.stream)
+            self._sampled(d, choose, i % 2).launch(self.stream)
             d.length += 1
-            self.cuda.memcpy_dtoh_async(slot.ids, d.ids.gpudata, self.stream)
             slot.done.record(self.stream)
             if waiting is not None:
                 yield self._wait(waiting)
@@ -308,11 +310,10 @@ class CudaBackend:
             slot.u[:] = choose.u
             self.cuda.memcpy_htod_async(d.u.gpudata, slot.u, self.stream)
 
-    def _tokens(self, d, slot, phase):
-        """The chosen tokens (ids[:B]) copied back through the slot, waited for."""
-        self.cuda.memcpy_dtoh_async(slot.ids, d.ids.gpudata, self.stream)
+    def _tokens(self, slot, phase):
+        """The chosen tokens, which k_sample wrote into the slot's mapped ids, once the stream is done."""
         K.synchronize(self.stream, phase)
-        return slot.ids.copy()
+        return slot.ids.host.copy()
 
     def _wait(self, slot):
         """The tokens of the step that recorded slot.done, once they are back."""
@@ -320,7 +321,7 @@ class CudaBackend:
             slot.done.synchronize()
         except self.cuda.Error as err:
             raise K.KernelError(f"a kernel launched in the decode failed: {err} (MICROGPT_SYNC=1 names it)") from None
-        return slot.ids.copy()
+        return slot.ids.host.copy()
 
     # -- optimiser ----------------------------------------------------------------------------------
     def step(self, t, lr, beta1, beta2, eps, weight_decay, grad_clip):

@@ -196,7 +196,8 @@ OPS: dict[str, Op] = {op.name: op for op in (
     _op("kv_store", "decode.cuh", "cache+B,NH,M,D src:B,NH,T,D", decode.kv_store, 1e-6),
     _op("attention_decode", "decode.cuh", "y>B,1,C k_cache+B,NH,M,D v_cache+B,NH,M,D qkv:B,1,3*C pos:1:pos",
         decode.attention_decode),
-    _op("sample", "sampling.cuh", "tokens>B:i32 logits:B,V u:B:unit temperature=0.8 top_k=V//2 top_p=0.9",
+    _op("sample", "sampling.cuh", "tokens>B:i32 logits:B,V u:B:unit temperature=0.8 top_k=V//2 top_p=0.9 | "
+        "mirror>B:i32",
         sampling.sample, 0.0),
     _op("global_norm", "adamw.cuh", "sumsq>1:f64 g:B,T,C", global_norm),
     _op("adamw", "adamw.cuh", "params+B,T,C grads+B,T,C m+B,T,C v+B,T,C:positive | lr=1e-3 beta1=0.9 beta2=0.95 "

@@ -201,8 +201,10 @@ def attention_decode(y, k_cache, v_cache, qkv, pos, **_):
     y[...] = R.merge_heads_fwd(R.attn_values_fwd(probs, v_cache[:, :, :p + 1]))
 
 
-def sample(tokens, logits, u, temperature, top_k=None, top_p=None, **_):
+def sample(tokens, logits, u, temperature, top_k=None, top_p=None, *, mirror=None, **_):
     tokens[...] = choose(logits, temperature, top_k, top_p, u)
+    if mirror is not None:
+        mirror[...] = tokens
 
 
 def global_norm(sumsq, g, *, accumulate=False, **_):

@@ -71,6 +71,27 @@ def test_a_recorded_k_sample_with_its_row_near_48_kb_of_shared_memory(ga, rng, V
     np.testing.assert_array_equal(tokens.get(), choose(logits, 0.8, 50, 0.9, u))
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_k_sample_writes_its_tokens_into_mapped_host_memory_too(ga, rng, temperature):
+    """mirror in page-locked host memory mapped into the device: the host reads the tokens there, no copy, once
+    the stream is synchronized; on a replayed plan too, each replay's tokens."""
+    B, V = 3, 8449
+    mirror, stream = K.engine().mapped_empty(B, np.int32), K.engine().cuda.Stream()
+    tokens, logits_d, u_d = ga.to_gpu(np.full(B, -1, np.int32)), ga.empty((B, V), np.float32), ga.empty(B, np.float64)
+    plan = K.Plan()
+    K.sample(tokens, logits_d, u_d, temperature, 40, 0.9, mirror=mirror, stream=plan)
+    for _ in range(3):
+        logits, u = (rng.standard_normal((B, V)) * 2).astype(np.float32), rng.random(B)
+        logits_d.set(logits)
+        u_d.set(u)
+        mirror.host[:] = -1
+        K.replay(plan, stream, "test")
+        stream.synchronize()
+        want = choose(logits, temperature, 40, 0.9, u)
+        np.testing.assert_array_equal(mirror.host, want)
+        np.testing.assert_array_equal(tokens.get(), want)
+
+
 @pytest.mark.parametrize("V", [7, 97, 1000, 50257])
 @pytest.mark.parametrize("temperature", TEMPERATURES)
 def test_repeated_logits_tie_as_on_the_host(ga, rng, V, temperature):

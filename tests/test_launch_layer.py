@@ -384,10 +384,17 @@ def test_the_sampling_launcher_refuses_bad_arguments_by_name(fake):
     K.sample(tokens, logits, u, 0.5, stream=plan)
     # top_k and top_p left out become "no cut": V and 1.0; one block of SAMPLE_THREADS a row; the row staged in
     # shared memory where it is read more than once (temperature > 0)
-    assert [(p[0], p[2], p[3][3:], p[4], p[5]) for p in plan] == [
+    assert [(p[0], p[2], p[3][4:], p[4], p[5]) for p in plan] == [
         ("k_sample", (3, 1), [20, 0.0, 20, 1.0, 0], 0, K.int_constants()["SAMPLE_THREADS"]),
         ("k_sample", (3, 1), [20, 0.5, 20, 1.0, 1], 4 * 20, K.int_constants()["SAMPLE_THREADS"])]
-    assert plan[0][3][2] == 0  # a null pointer for u
+    assert plan[0][3][3] == 0 and plan[0][3][1] == 0  # null pointers for u and for the mirror left out
+    with pytest.raises(ValueError, match=r"mirror must have shape \(3,\)"):
+        K.sample(tokens, logits, u, 0.5, mirror=i32(4), stream=plan)
+    with pytest.raises(TypeError, match="mirror must be int32, got float32"):
+        K.sample(tokens, logits, u, 0.5, mirror=f32(3), stream=plan)
+    mirror = i32(3)
+    K.sample(tokens, logits, u, 0.5, mirror=mirror, stream=plan)
+    assert plan[-1][3][1] == K.ptr("mirror", mirror, (3,), np.int32) != plan[-1][3][0]
 
 
 def test_size_one_axes_may_have_any_stride():

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Where a decode step's time goes (sampling with the key-value cache on the cuda backend): the step as
-GPT.generate runs it (its CUDA graph, k_sample, the ids back), the graph's GPU time alone against the least time
-its reads allow, each op's share and each kernel's (its launches of one step, ten times over, as one graph: GPU
-time, no host in it), and k_sample's time for each way of choosing (recorded and timed the same way).
+GPT.generate runs it (its CUDA graph with k_sample, the position copied in), the graph's GPU time alone against the
+least time its reads allow, each op's share and each kernel's (its launches of one step, ten times over, as one
+graph: GPU time, no host in it), and k_sample's time for each way of choosing (recorded and timed the same way).
 
     python tools/profile_decode.py                        # andrea-120m, B 1 and 8, a prompt of 16 tokens
     python tools/profile_decode.py --preset andrea-12m -B 1 --prompt 512
@@ -143,7 +143,7 @@ def main(argv=None) -> int:
         how = "one CUDA graph" if r["graph"] else f"replayed ({r['graph_unavailable']})"
         print(f"{device}: {'quick' if args.quick else args.preset}, B={r['B']}, {r['prompt']} cached positions: "
               f"{r['launches']} launches a step, {how}")
-        print(f"  step (generate's: graph, k_sample, ids back) {r['step_ms']:.3f} ms, {r['tokens_per_s']:,.0f} "
+        print(f"  step (generate's: graph with k_sample, position in) {r['step_ms']:.3f} ms, {r['tokens_per_s']:,.0f} "
               f"tokens/s; the graph alone {r['graph_ms']:.3f} ms of GPU time")
         print(f"  the step reads {r['reads_bytes'] / 1e6:,.2f} MB: {r['limit_ms']:.3f} ms at the copy bandwidth "
               f"({copy_gbs:,.0f} GB/s), the graph at {r['pct_of_limit']:.1f}% of that limit")

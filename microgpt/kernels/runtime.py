@@ -82,6 +82,11 @@ class _Engine:
         _pools.add(pool)
         return pool
 
+    def mapped_empty(self, shape, dtype) -> "Mapped":
+        """Page-locked host memory mapped into the device (Mapped): what a kernel writes there, the host reads."""
+        host = self.cuda.pagelocked_empty(shape, dtype, mem_flags=self.cuda.host_alloc_flags.DEVICEMAP)
+        return Mapped(host, host.base.get_device_pointer())
+
     def dependent_function(self, name, shared: int = 0):
         """Kernel `name` launched as a programmatic dependent launch (launch(..., dependent=True)), its dynamic
         shared memory allowed as function() allows it."""
@@ -107,6 +112,17 @@ class _Engine:
             fn.set_attribute(self.cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, shared)
             self._shared_limit[name] = shared
         return fn
+
+
+class Mapped:
+    """An array in page-locked host memory that kernels reach too: `host` is its NumPy view, and the object passes
+    as a device array (__cuda_array_interface__) to any launcher. A kernel's writes are in `host` once the launch
+    is waited for (an event or the stream synchronized), with no copy queued after it."""
+
+    def __init__(self, host: np.ndarray, pointer: int):
+        self.host = host
+        self.__cuda_array_interface__ = {"shape": host.shape, "typestr": host.dtype.str, "data": (int(pointer), False),
+                                         "strides": None, "version": 3}
 
 
 class SmLimits:

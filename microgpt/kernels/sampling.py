@@ -26,10 +26,12 @@ def threads() -> int:
     return int_constants()["SAMPLE_THREADS"]
 
 
-def sample(tokens, logits, u, temperature, top_k=None, top_p=None, *, stream=None):
+def sample(tokens, logits, u, temperature, top_k=None, top_p=None, *, mirror=None, stream=None):
     """tokens (B,) int32 = the token chosen from each row of logits (B, V) float32 with the draws u (B,)
     float64 in [0, 1), as microgpt.sampling.choose() chooses it: temperature 0 takes each row's first largest
-    logit (u may then be None, and is not read); top_k None cuts nothing, nor does top_p None."""
+    logit (u may then be None, and is not read); top_k None cuts nothing, nor does top_p None. mirror (B,) int32,
+    if given, gets the tokens too: page-locked host memory mapped into the device (runtime.mapped_empty), where the
+    host reads them once the launch is done, with no copy."""
     B, V = shape_of("logits", logits, 2)
     temperature, top_k, top_p = check_sampling(temperature, top_k, top_p, V)
     if u is None and temperature > 0:
@@ -37,8 +39,8 @@ def sample(tokens, logits, u, temperature, top_k=None, top_p=None, *, stream=Non
                          f"temperature > 0; None only at temperature 0")
     # the searches and the draw read the row again: from shared memory, where it fits (greedy reads it once)
     staged = temperature > 0 and 4 * V <= shared_limit("k_sample", stream)
-    args = [ptr("tokens", tokens, (B,), np.int32), ptr("logits", logits, (B, V)),
-            opt_ptr("u", u, (B,), np.float64), V, temperature, V if top_k is None else top_k,
-            1.0 if top_p is None else top_p, int(staged)]
+    args = [ptr("tokens", tokens, (B,), np.int32), opt_ptr("mirror", mirror, (B,), np.int32),
+            ptr("logits", logits, (B, V)), opt_ptr("u", u, (B,), np.float64), V, temperature,
+            V if top_k is None else top_k, 1.0 if top_p is None else top_p, int(staged)]
     launch("k_sample", args, B, stream, block=threads(), shared=4 * V if staged else 0, dependent=True,
            why="the row staged in shared memory" if staged else "")

@@ -111,6 +111,9 @@ class Engine:
         self.next_address += 256 * (1 + nbytes // 256)
         return VirtualArray(shape, dtype, at)
 
+    def mapped_empty(self, shape, dtype):
+        return runtime.Mapped(np.zeros(shape, dtype), self._empty(shape, dtype).gpudata)
+
     def memory_pool(self):
         return SimpleNamespace(allocate=None, free_held=_nothing)
 
