@@ -70,8 +70,8 @@ class GPT:
     def __init__(self, config: GPTConfig, backend: str = "numpy", seed: int = 0, dtype=np.float32,
                  variant: str | None = None):
         """backend: "numpy" (the reference engine on the CPU; float32, or float64 for gradient checks) or
-        "cuda" (the kernels). variant: the cuda backend's kernels, a name of microgpt.ops.VARIANTS
-        ("fast", the default, or "reference", the readable kernels only); the numpy backend has one set."""
+        "cuda" (the kernels). variant: the cuda backend's kernels, a name of microgpt.ops.VARIANTS (None:
+        ops.DEFAULT_VARIANT, "tc"; "fast"; "reference", the readable kernels only); the numpy backend has one set."""
         if not isinstance(config, GPTConfig):
             raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
         if not isinstance(backend, str) or backend not in BACKENDS:
