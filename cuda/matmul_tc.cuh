@@ -974,12 +974,13 @@ __device__ __forceinline__ void wg_flag_set(int* flag, int value, int half) {
 // The SGEMM's product for A stored K x M and B stored K x N (a linear layer's dW = dout^T @ inp; attention's dK and
 // dV at d_k 128) with A from registers, on a block an SM: the producer copies both raw, WG_AREG_TN_STAGES deep, and
 // splits B into its K-major tiles; the consumers split A. The SGEMM's arguments and contract for `batch` products
-// (causal modes too), and K cut into `splits` parts added into C one after another (serial split-K). Job j = z * batch * tiles + b * tiles + t is part z of product b's tile t (128 x
-// 128, row-major), part z its slices [z S / splits, (z + 1) S / splits) of the tile's S slices of 32; block i takes
-// jobs i, i + gridDim.x, .. and its producer copies on into the next job while the consumers store. Part 0 stores
-// alpha * its product + bias + beta * C; part z > 0 waits until flags[2 (b tiles + t) + half] = z (part z - 1's rows
-// stored), then adds alpha * its product into C; the last part sets the flag back to 0 (flags: 2 batch tiles ints,
-// zero before the first launch; unread where splits = 1). Where a_sums is given (one product), a_sums[m] += op(A)'s row sums,
+// (causal modes too), and K cut into `splits` parts added into C one after another (serial split-K). Job
+// j = z * batch * tiles + b * tiles + t is part z of product b's tile t (128 x 128, row-major), part z its slices
+// [z S / splits, (z + 1) S / splits) of the tile's S slices of 32; block i takes jobs i, i + gridDim.x, .. and its
+// producer copies on into the next job while the consumers store. Part 0 stores alpha * its product + bias + beta *
+// C; part z > 0 waits until flags[2 (b tiles + t) + half] = z (part z - 1's rows stored), then adds alpha * its
+// product into C; the last part sets the flag back to 0 (flags: 2 batch tiles ints, zero before the first launch;
+// unread where splits = 1). Where a_sums is given (one product), a_sums[m] += op(A)'s row sums,
 // each part's from the first column tile's jobs in the same order: each row's 8 values of a slice by a pairwise
 // tree, the slices by a compensated running sum, the row's 4 threads in a fixed tree. Every output sees the parts in
 // order: the same bits every run for a given grid. Every block must be resident at once (gridDim.x at most the SMs,

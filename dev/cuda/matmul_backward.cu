@@ -249,7 +249,8 @@ int main(int argc, char** argv) {
                     cudaCheck(cudaMemcpy(p.dweight, dweight0.data(), dw_n * sizeof(float), cudaMemcpyHostToDevice));
                     cudaCheck(cudaMemcpy(p.dbias, dbias0.data(), p.C_out * sizeof(float), cudaMemcpyHostToDevice));
                     p.dw(v);
-                    const bool same = same_bits(dw, to_host(p.dweight, dw_n)) && same_bits(db, to_host(p.dbias, p.C_out));
+                    const bool same = same_bits(dw, to_host(p.dweight, dw_n)) &&
+                                      same_bits(db, to_host(p.dbias, p.C_out));
                     printf("  bits: %s on a second run\n", same ? "the same" : "DIFFERENT");
                     if (!same) exit(EXIT_FAILURE);
                 }

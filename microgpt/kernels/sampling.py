@@ -30,8 +30,8 @@ def sample(tokens, logits, u, temperature, top_k=None, top_p=None, *, mirror=Non
     """tokens (B,) int32 = the token chosen from each row of logits (B, V) float32 with the draws u (B,)
     float64 in [0, 1), as microgpt.sampling.choose() chooses it: temperature 0 takes each row's first largest
     logit (u may then be None, and is not read); top_k None cuts nothing, nor does top_p None. mirror (B,) int32,
-    if given, gets the tokens too: page-locked host memory mapped into the device (runtime.mapped_empty), where the
-    host reads them once the launch is done, with no copy."""
+    if given, gets the tokens too: page-locked host memory mapped into the device (an engine's mapped_empty, a
+    runtime.Mapped), where the host reads them once the launch is done, with no copy."""
     B, V = shape_of("logits", logits, 2)
     temperature, top_k, top_p = check_sampling(temperature, top_k, top_p, V)
     if u is None and temperature > 0:
