@@ -56,23 +56,34 @@ __device__ void matvec_block_sum(float (&s)[ROWS], float* red) {
 }
 
 // The M input rows layernormed into shared memory xs (M x K): (x - mean) * rstd * w + b, mean and biased variance
-// over K as k_layernorm_fwd takes them (two passes, LN_EPS), the block's threads over each row's K together.
+// over K as k_layernorm_fwd takes them (two passes, LN_EPS), the block's threads over each row's K together. Each
+// pass loads all it needs into registers before its first store into shared memory: the compiler cannot tell the
+// two apart, so a load after a store would wait for it, and the rows' loads from L2 would follow one another.
 template <int ROWS, typename Vec>
 __device__ void matvec_layernorm(float* xs, const float* inp, const float* ln_w, const float* ln_b, int M, int K,
                                  float* red) {
-    constexpr int WIDTH = sizeof(Vec) / sizeof(float);
+    constexpr int WIDTH = sizeof(Vec) / sizeof(float), IN_FLIGHT = 2;  // (K <= 1024 in one round at float4)
     const int KV = K / WIDTH;
     float s[ROWS] = {};
-    for (int kv = threadIdx.x; kv < KV; kv += MATVEC_THREADS)
+    for (int kv0 = threadIdx.x; kv0 < KV; kv0 += IN_FLIGHT * MATVEC_THREADS) {
+        Vec t[IN_FLIGHT][ROWS];
 #pragma unroll
-        for (int r = 0; r < ROWS; r++)
-            if (r < M) {
-                const Vec t = reinterpret_cast<const Vec*>(inp + (long long)r * K)[kv];
-                reinterpret_cast<Vec*>(xs + r * K)[kv] = t;
-                s[r] += sum_of(t);
-            }
+        for (int i = 0; i < IN_FLIGHT; i++)
+#pragma unroll
+            for (int r = 0; r < ROWS; r++)
+                if (r < M && kv0 + i * MATVEC_THREADS < KV)
+                    t[i][r] = reinterpret_cast<const Vec*>(inp + (long long)r * K)[kv0 + i * MATVEC_THREADS];
+#pragma unroll
+        for (int i = 0; i < IN_FLIGHT; i++)
+#pragma unroll
+            for (int r = 0; r < ROWS; r++)
+                if (r < M && kv0 + i * MATVEC_THREADS < KV) {
+                    reinterpret_cast<Vec*>(xs + r * K)[kv0 + i * MATVEC_THREADS] = t[i][r];
+                    s[r] += sum_of(t[i][r]);
+                }
+    }
     matvec_block_sum<ROWS>(s, red);
-    float mean[ROWS], var[ROWS] = {};
+    float mean[ROWS], var[ROWS] = {}, rstd[ROWS];
 #pragma unroll
     for (int r = 0; r < ROWS; r++) mean[r] = s[r] / K;
     for (int kv = threadIdx.x; kv < KV; kv += MATVEC_THREADS)  // the thread's own elements: no sync needed
@@ -84,18 +95,23 @@ __device__ void matvec_layernorm(float* xs, const float* inp, const float* ln_w,
                 for (int e = 0; e < WIDTH; e++) var[r] += (v[e] - mean[r]) * (v[e] - mean[r]);
             }
     matvec_block_sum<ROWS>(var, red);
-    for (int kv = threadIdx.x; kv < KV; kv += MATVEC_THREADS)
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) rstd[r] = 1.0f / sqrtf(var[r] / K + LN_EPS);
+    for (int kv = threadIdx.x; kv < KV; kv += MATVEC_THREADS) {
+        float w[WIDTH], b[WIDTH], v[ROWS][WIDTH];
+#pragma unroll
+        for (int e = 0; e < WIDTH; e++) w[e] = ln_w[kv * WIDTH + e], b[e] = ln_b[kv * WIDTH + e];
 #pragma unroll
         for (int r = 0; r < ROWS; r++)
-            if (r < M) {
-                const float rstd = 1.0f / sqrtf(var[r] / K + LN_EPS);
-                float* v = xs + r * K + kv * WIDTH;
 #pragma unroll
-                for (int e = 0; e < WIDTH; e++) {
-                    const int k = kv * WIDTH + e;
-                    v[e] = (v[e] - mean[r]) * rstd * ln_w[k] + ln_b[k];
-                }
-            }
+            for (int e = 0; e < WIDTH; e++) v[r][e] = r < M ? xs[r * K + kv * WIDTH + e] : 0.0f;
+#pragma unroll
+        for (int r = 0; r < ROWS; r++)
+            if (r < M)
+#pragma unroll
+                for (int e = 0; e < WIDTH; e++)
+                    xs[r * K + kv * WIDTH + e] = (v[r][e] - mean[r]) * rstd[r] * w[e] + b[e];
+    }
     __syncthreads();
 }
 
@@ -194,7 +210,10 @@ __device__ void matvec_block(float* out, const float* inp, const float* W, const
         if (vec4) matvec_block<R, float4>(out, inp, W, bias, ln_w, ln_b, resid, M, K, N, gelu, cols, parts);        \
         else matvec_block<R, float>(out, inp, W, bias, ln_w, ln_b, resid, M, K, N, gelu, cols, parts);              \
     }
-MATVEC_KERNEL(1, 8)  // MIN_BLOCKS: as many blocks an SM holds at once as the registers of R rows allow
-MATVEC_KERNEL(2, 8)
+// MIN_BLOCKS: the blocks an SM holds at once with the registers each R takes uncapped (77 for R = 1, 94 for R = 2,
+// 80 for R = 4, 128 for R = 8 on sm_90): a tighter cap spills, or keeps an unrolled loop's loads from issuing
+// together. Shared memory holds fewer blocks of a whole MATVEC_CHUNK anyway.
+MATVEC_KERNEL(1, 6)
+MATVEC_KERNEL(2, 5)
 MATVEC_KERNEL(4, 6)
 MATVEC_KERNEL(8, 4)
