@@ -31,6 +31,23 @@ void allow_shared(Kernel* kernel, int bytes) {
     cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
 }
 
+// A launch of kernel with args on stream s; dependent: as a programmatic dependent launch (the kernel waits for the
+// one before at its griddepcontrol.wait, as the engine's launches do), else an ordinary one.
+inline void launch_ex(const void* kernel, dim3 grid, dim3 block, int shared, cudaStream_t s, void** args,
+                      bool dependent = true) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = block;
+    config.dynamicSmemBytes = shared;
+    config.stream = s;
+    cudaLaunchAttribute attribute;
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &attribute;
+    config.numAttrs = dependent ? 1 : 0;
+    cudaCheck(cudaLaunchKernelExC(&config, kernel, args));
+}
+
 // ---------------------------------------------------------------------------------------------- the GPU on hand
 // What the code loaded for this GPU was built for: out[0] its __CUDA_ARCH__ (800, 900, ...), out[1] 1 where it
 // is the sm_90a build, the only one whose wgmma kernels run (the others trap).
@@ -170,4 +187,35 @@ float benchmark_kernel(int repeats, Launch launch) {
     cudaCheck(cudaEventDestroy(stop));
     cudaCheck(cudaFree(flush));
     return total / repeats;
+}
+
+// The mean time in us of one replay of the launches record(s) queues on a stream s, captured once as a graph: a
+// decode step as the engine replays it, launch gaps included, after one unmeasured replay.
+template <class Record>
+float graph_us(Record record) {
+    cudaStream_t s;
+    cudaCheck(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    cudaCheck(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    record(s);
+    cudaCheck(cudaStreamEndCapture(s, &graph));
+    cudaCheck(cudaGraphInstantiate(&exec, graph, 0));
+    cudaEvent_t start, stop;
+    cudaCheck(cudaEventCreate(&start));
+    cudaCheck(cudaEventCreate(&stop));
+    const int repeats = 50;
+    cudaCheck(cudaGraphLaunch(exec, s));
+    cudaCheck(cudaEventRecord(start, s));
+    for (int i = 0; i < repeats; i++) cudaCheck(cudaGraphLaunch(exec, s));
+    cudaCheck(cudaEventRecord(stop, s));
+    cudaCheck(cudaEventSynchronize(stop));
+    float ms;
+    cudaCheck(cudaEventElapsedTime(&ms, start, stop));
+    cudaCheck(cudaEventDestroy(start));
+    cudaCheck(cudaEventDestroy(stop));
+    cudaCheck(cudaGraphExecDestroy(exec));
+    cudaCheck(cudaGraphDestroy(graph));
+    cudaCheck(cudaStreamDestroy(s));
+    return 1000.0f * ms / repeats;
 }

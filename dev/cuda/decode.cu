@@ -64,47 +64,18 @@ void attention(const Layer& l, int threads, cudaStream_t s) {
     const int d_pad = ceil_div(l.d_k, 4) * 4, shared = 4 * (2 * DECODE_CHUNK * decode_row(l.d_k) + DECODE_CHUNK +
                                                                 d_pad + threads);
     allow_shared(k_attention_decode, shared);
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(ceil_div(l.T_max, (int)DECODE_CHUNK), l.B * l.NH);
-    config.blockDim = dim3(threads);
-    config.dynamicSmemBytes = shared;
-    config.stream = s;
-    cudaLaunchAttribute attribute;
-    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute.val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
     int vec4 = l.d_k % 4 == 0;
     void* args[] = {(void*)&l.y, (void*)&l.partial, (void*)&l.done, (void*)&l.kc, (void*)&l.vc, (void*)&l.qkv,
                     (void*)&l.pos, (void*)&l.NH, (void*)&l.d_k, (void*)&l.T_max, &vec4};
-    cudaCheck(cudaLaunchKernelExC(&config, (void*)k_attention_decode, args));
+    const dim3 grid(ceil_div(l.T_max, (int)DECODE_CHUNK), l.B * l.NH);
+    launch_ex((void*)k_attention_decode, grid, dim3(threads), shared, s, args);
 }
 
 // The mean time in us of one replay of the layers' launches, captured once as a graph.
 float time_layers(const std::vector<Layer>& layers, int threads) {
-    cudaStream_t s;
-    cudaCheck(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    cudaCheck(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    for (const Layer& l : layers) attention(l, threads, s);
-    cudaCheck(cudaStreamEndCapture(s, &graph));
-    cudaCheck(cudaGraphInstantiate(&exec, graph, 0));
-    cudaEvent_t start, stop;
-    cudaCheck(cudaEventCreate(&start));
-    cudaCheck(cudaEventCreate(&stop));
-    const int repeats = 50;
-    cudaCheck(cudaGraphLaunch(exec, s));
-    cudaCheck(cudaEventRecord(start, s));
-    for (int i = 0; i < repeats; i++) cudaCheck(cudaGraphLaunch(exec, s));
-    cudaCheck(cudaEventRecord(stop, s));
-    cudaCheck(cudaEventSynchronize(stop));
-    float ms;
-    cudaCheck(cudaEventElapsedTime(&ms, start, stop));
-    cudaCheck(cudaGraphExecDestroy(exec));
-    cudaCheck(cudaGraphDestroy(graph));
-    cudaCheck(cudaStreamDestroy(s));
-    return 1000.0f * ms / repeats;
+    return graph_us([&](cudaStream_t s) {
+        for (const Layer& l : layers) attention(l, threads, s);
+    });
 }
 
 int main(int argc, char** argv) {

@@ -87,20 +87,10 @@ void product2(const Product& p, cudaStream_t s, int chunk = MATVEC_CHUNK, bool d
     Plan plan = matvec_plan(p.M, p.K, p.N, p.ln_w, chunk, blocks);
     void* kernel = kernels[plan.R == 1 ? 0 : plan.R == 2 ? 1 : plan.R == 4 ? 2 : 3];
     cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.shared));
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(ceil_div(p.N, plan.cols));
-    config.blockDim = dim3(MATVEC_THREADS);
-    config.dynamicSmemBytes = plan.shared;
-    config.stream = s;
-    cudaLaunchAttribute attribute;
-    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute.val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = &attribute;
-    config.numAttrs = dependent ? 1 : 0;
     int gelu = p.gelu, vec4 = p.K % 4 == 0;
     void* args[] = {(void*)&p.out, (void*)&p.inp, (void*)&p.W, (void*)&p.bias, (void*)&p.ln_w, (void*)&p.ln_b,
                     (void*)&p.resid, (void*)&p.M, (void*)&p.K, (void*)&p.N, &gelu, &plan.cols, &plan.parts, &vec4};
-    cudaCheck(cudaLaunchKernelExC(&config, kernel, args));
+    launch_ex(kernel, dim3(ceil_div(p.N, plan.cols)), dim3(MATVEC_THREADS), plan.shared, s, args, dependent);
 }
 
 // ---------------------------------------------------------------------------------------------- main
@@ -151,29 +141,9 @@ std::vector<Product> decode_step(int M) {
 // The mean time in us of one replay of the step, captured once as a graph (its launches as launch() queues them).
 template <class Launch>
 float time_step(const std::vector<Product>& step, Launch launch) {
-    cudaStream_t s;
-    cudaCheck(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    cudaCheck(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    for (const Product& p : step) launch(p, s);
-    cudaCheck(cudaStreamEndCapture(s, &graph));
-    cudaCheck(cudaGraphInstantiate(&exec, graph, 0));
-    cudaEvent_t start, stop;
-    cudaCheck(cudaEventCreate(&start));
-    cudaCheck(cudaEventCreate(&stop));
-    const int repeats = 50;
-    cudaCheck(cudaGraphLaunch(exec, s));
-    cudaCheck(cudaEventRecord(start, s));
-    for (int i = 0; i < repeats; i++) cudaCheck(cudaGraphLaunch(exec, s));
-    cudaCheck(cudaEventRecord(stop, s));
-    cudaCheck(cudaEventSynchronize(stop));
-    float ms;
-    cudaCheck(cudaEventElapsedTime(&ms, start, stop));
-    cudaCheck(cudaGraphExecDestroy(exec));
-    cudaCheck(cudaGraphDestroy(graph));
-    cudaCheck(cudaStreamDestroy(s));
-    return 1000.0f * ms / repeats;
+    return graph_us([&](cudaStream_t s) {
+        for (const Product& p : step) launch(p, s);
+    });
 }
 
 int main(int argc, char** argv) {
