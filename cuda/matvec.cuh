@@ -55,13 +55,14 @@ __device__ void matvec_block_sum(float (&s)[ROWS], float* red) {
     __syncthreads();
 }
 
-// The M input rows layernormed into shared memory xs (M x K): (x - mean) * rstd * w + b, mean and biased variance
-// over K as k_layernorm_fwd takes them (two passes, LN_EPS), the block's threads over each row's K together. Each
-// pass loads all it needs into registers before its first store into shared memory: the compiler cannot tell the
-// two apart, so a load after a store would wait for it, and the rows' loads from L2 would follow one another.
+// Rows in registers for matvec_layernorm: HOLD elements (of Vec) of each row a thread, 32 or 64 floats.
+template <int ROWS>
+__host__ __device__ constexpr int matvec_ln_hold() { return ROWS <= 2 ? 8 / ROWS : 2; }
+
+// matvec_layernorm past matvec_ln_hold: rounds of loads into shared memory, then its passes over the copy.
 template <int ROWS, typename Vec>
-__device__ void matvec_layernorm(float* xs, const float* inp, const float* ln_w, const float* ln_b, int M, int K,
-                                 float* red) {
+__device__ void matvec_layernorm_rounds(float* xs, const float* inp, const float* ln_w, const float* ln_b, int M,
+                                        int K, float* red) {
     constexpr int WIDTH = sizeof(Vec) / sizeof(float), IN_FLIGHT = 2;  // (K <= 1024 in one round at float4)
     const int KV = K / WIDTH;
     float s[ROWS] = {};
@@ -111,6 +112,72 @@ __device__ void matvec_layernorm(float* xs, const float* inp, const float* ln_w,
 #pragma unroll
                 for (int e = 0; e < WIDTH; e++)
                     xs[r * K + kv * WIDTH + e] = (v[r][e] - mean[r]) * rstd[r] * w[e] + b[e];
+    }
+    __syncthreads();
+}
+
+// The M input rows layernormed into shared memory xs (M x K): (x - mean) * rstd * w + b, mean and biased variance
+// over K as k_layernorm_fwd takes them (two passes, LN_EPS), the block's threads over each row's K together.
+// Where a thread's elements fit in matvec_ln_hold registers (K <= 1024 at float4 for every R), they stay there from
+// their load to the store of their result, so that all of the block's loads from L2 are in flight at once: none is
+// guarded (rows past M and elements past K read the last ones again, never summed or stored), and nothing is
+// stored before the mean. Wider rows go through shared memory in rounds (matvec_layernorm_rounds). Both sum the
+// same terms in the same order: the same bits.
+template <int ROWS, typename Vec>
+__device__ void matvec_layernorm(float* xs, const float* inp, const float* ln_w, const float* ln_b, int M, int K,
+                                 float* red) {
+    constexpr int WIDTH = sizeof(Vec) / sizeof(float), HOLD = matvec_ln_hold<ROWS>();
+    const int KV = K / WIDTH;
+    if (KV > HOLD * MATVEC_THREADS) return matvec_layernorm_rounds<ROWS, Vec>(xs, inp, ln_w, ln_b, M, K, red);
+    Vec t[HOLD][ROWS];
+#pragma unroll
+    for (int j = 0; j < HOLD; j++)
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) {
+            const Vec* row = reinterpret_cast<const Vec*>(inp + (long long)min(r, M - 1) * K);
+            t[j][r] = row[min(threadIdx.x + j * MATVEC_THREADS, KV - 1)];
+        }
+    // The sums row by row, and a __syncwarp (no instruction) before them: with either left out, ptxas 13.0 issues
+    // some of k_matvec_8's loads only after the sums of the first (docs/kernels/decode.md: how to check the SASS)
+    __syncwarp();
+    float s[ROWS] = {}, mean[ROWS], var[ROWS] = {}, rstd[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; r++)
+#pragma unroll
+        for (int j = 0; j < HOLD; j++)
+            if (r < M && threadIdx.x + j * MATVEC_THREADS < KV) s[r] += sum_of(t[j][r]);
+    matvec_block_sum<ROWS>(s, red);
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) mean[r] = s[r] / K;
+#pragma unroll
+    for (int j = 0; j < HOLD; j++)
+#pragma unroll
+        for (int r = 0; r < ROWS; r++)
+            if (r < M && threadIdx.x + j * MATVEC_THREADS < KV) {
+                const float* v = reinterpret_cast<const float*>(&t[j][r]);
+#pragma unroll
+                for (int e = 0; e < WIDTH; e++) var[r] += (v[e] - mean[r]) * (v[e] - mean[r]);
+            }
+    matvec_block_sum<ROWS>(var, red);
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) rstd[r] = 1.0f / sqrtf(var[r] / K + LN_EPS);
+#pragma unroll
+    for (int j = 0; j < HOLD; j++) {
+        const int kv = threadIdx.x + j * MATVEC_THREADS;
+        if (kv >= KV) break;
+        float w[WIDTH], b[WIDTH];
+#pragma unroll
+        for (int e = 0; e < WIDTH; e++) w[e] = ln_w[kv * WIDTH + e], b[e] = ln_b[kv * WIDTH + e];
+#pragma unroll
+        for (int r = 0; r < ROWS; r++)
+            if (r < M) {
+                Vec y;
+                float* o = reinterpret_cast<float*>(&y);
+                const float* v = reinterpret_cast<const float*>(&t[j][r]);
+#pragma unroll
+                for (int e = 0; e < WIDTH; e++) o[e] = (v[e] - mean[r]) * rstd[r] * w[e] + b[e];
+                reinterpret_cast<Vec*>(xs + r * K)[kv] = y;
+            }
     }
     __syncthreads();
 }
