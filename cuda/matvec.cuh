@@ -63,7 +63,7 @@ __host__ __device__ constexpr int matvec_ln_hold() { return ROWS <= 2 ? 8 / ROWS
 template <int ROWS, typename Vec>
 __device__ void matvec_layernorm_rounds(float* xs, const float* inp, const float* ln_w, const float* ln_b, int M,
                                         int K, float* red) {
-    constexpr int WIDTH = sizeof(Vec) / sizeof(float), IN_FLIGHT = 2;  // (K <= 1024 in one round at float4)
+    constexpr int WIDTH = sizeof(Vec) / sizeof(float), IN_FLIGHT = 2;  // elements of each row a thread a round
     const int KV = K / WIDTH;
     float s[ROWS] = {};
     for (int kv0 = threadIdx.x; kv0 < KV; kv0 += IN_FLIGHT * MATVEC_THREADS) {
