@@ -164,7 +164,10 @@ def test_the_layernorm_and_gelu_fused_into_the_product(ga, rng, variant, M, C, N
         out = nan(ga, M, 1, N)
         O.select(variant).layernorm_matmul_fwd(out, ga.to_gpu(x_h), ga.to_gpu(w_h), ga.to_gpu(b_h), ga.to_gpu(W_h),
                                                ga.to_gpu(bias_h), gelu=gelu)
-        close(f"layernorm_matmul_fwd ({variant}{', gelu' * gelu})", out.get(), want, 2e-6)
+        # the reference variant's literal kernels sum each row and each dot product one term after the other: their
+        # error grows as the square root of C past the widths the bar was set at
+        tol = 2e-6 * max(1.0, np.sqrt(C / 1536)) if variant == "reference" else 2e-6
+        close(f"layernorm_matmul_fwd ({variant}{', gelu' * gelu})", out.get(), want, tol)
 
 
 # a block of about 48 KB of dynamic shared memory (4 staged columns of 1000 and 8 layernormed rows of it: 48,512
