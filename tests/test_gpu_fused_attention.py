@@ -18,9 +18,11 @@ BAR = 1.5  # flash attention's error at most this times the fast pipeline's on t
 REDUCTION = 1e-5  # the reference kernels' error against float64
 # (B, T, NH, d_k): T = 128 (the shortest flash attention takes: two key tiles, delta from P and dP), 130, 200,
 # 1000 (a partial last tile), 1024, 2048; d_k 32 and 64 (the presets), 128 (the widest), 20 (the narrowest), odd
-# widths (48 and 37 padded to 64, which on sm_90a the wgmma forward takes). T = 1, 7 and 33 below.
-CASES = [(2, 128, 3, 64), (1, 130, 2, 20), (1, 200, 1, 80), (1, 1000, 2, 64), (1, 1024, 2, 64), (1, 1024, 1, 128),
-         (1, 2048, 1, 64), (3, 192, 4, 96), (2, 129, 2, 20), (2, 256, 2, 32), (1, 160, 2, 21), (1, 131, 3, 32),
+# widths (48 and 37 padded to 64, which on sm_90a the wgmma forward takes). T = 1, 7 and 33 below. d_k 20 and 21
+# at B 4: there dQ's error is 1.2x the fast pipeline's on average, and over fewer elements the ratio of the two
+# errors scatters past BAR from one draw of inputs to the next.
+CASES = [(2, 128, 3, 64), (4, 130, 2, 20), (1, 200, 1, 80), (1, 1000, 2, 64), (1, 1024, 2, 64), (1, 1024, 1, 128),
+         (1, 2048, 1, 64), (3, 192, 4, 96), (4, 129, 2, 20), (2, 256, 2, 32), (4, 160, 2, 21), (1, 131, 3, 32),
          (2, 300, 2, 48), (1, 257, 2, 37)]
 
 
