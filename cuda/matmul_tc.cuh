@@ -769,6 +769,41 @@ __device__ __forceinline__ void copy_raw(float* tile, const float* p, int ld, in
     Raw::template load<WG_PRODUCERS>(tile, p, ld, r0, c0, row_end, col_end, vec, tid);
 }
 
+// True where a K x M operand's rows are not 16-byte aligned but shifted_a_copy can copy them by 16-byte chunks: p
+// (and each of a batch's products, stride floats apart) 16-byte aligned, ld not a multiple of 4
+__device__ __forceinline__ bool shifted_a(const float* p, int ld, long long stride) {
+    return ((reinterpret_cast<unsigned long long>(p) & 15) == 0) && (ld & 3) != 0 && (stride & 3) == 0;
+}
+
+// The floats by which shifted_a_copy moves row r of a slice (r0 a multiple of 4, c0 of 4): (r ld) mod 4
+__device__ __forceinline__ int a_shift(int r, int ld) { return (r * ld) & 3; }
+
+// copy_raw for a K x M tile of A (WgRawA<true>: 32 rows of 128, LD 136) whose rows are not 16-byte aligned
+// (shifted_a): row r's 128 floats from column c0 land at tile + r * LD + a_shift(r, ld) + 0 .., copied as the 33
+// aligned 16-byte chunks that hold them, zero past row_end; the chunks' floats past col_end are zero and those
+// before c0 (the shift) are the row's or the one before's, never read. Producer thread tid copies chunk tid % 32 of
+// rows tid / 32 + 4 i, so one shift for all its rows; lane 31 also the 33rd chunk where the shift is not 0.
+__device__ __forceinline__ void shifted_a_copy(float* tile, const float* p, int ld, int r0, int c0, int row_end,
+                                               int col_end, int tid) {
+    using Raw = WgRawA<true>;
+    static_assert(Raw::ROWS == 32 && Raw::COLS == 128 && Raw::LD >= 132 && WG_PRODUCERS == 128, "the tile above");
+    const int c = tid % 32, r = tid / 32, shift = a_shift(r, ld);
+    const int first = c0 - shift + 4 * c;  // chunk c's first column
+    const float* from = p + (long long)(r0 + r) * ld + first;
+    float* to = tile + r * Raw::LD + 4 * c;
+#pragma unroll
+    for (int i = 0; i < Raw::ROWS / 4; i++) {
+        const bool in_row = r0 + r + 4 * i < row_end;
+        const float* src = from + (long long)(4 * i) * ld;
+        const int n = in_row ? max(0, min(4, col_end - first)) : 0;
+        cp_async16(to + 4 * i * Raw::LD, n > 0 ? src : p, 4 * n);
+        if (c == 31 && shift != 0) {
+            const int n32 = in_row ? max(0, min(4, col_end - first - 4)) : 0;
+            cp_async16(to + 4 * i * Raw::LD + 4, n32 > 0 ? src + 4 : p, 4 * n32);
+        }
+    }
+}
+
 // wgmma's fragment of A for k8 step kk of the slice, split: for the warpgroup's rows 64 half .., thread (warp, g =
 // lane / 4, t = lane % 4) holds (row, k) = (r, t), (r + 8, t), (r, t + 4), (r + 8, t + 4), r = 16 warp + g, k past
 // 8 kk; rows[2] are rows r's and r + 8's 2 values of the step, for op(A)'s row sums
@@ -817,12 +852,13 @@ __device__ __forceinline__ void wg_areg_products(float (&part)[64], float (&row_
 }
 
 // The consumers of both kernels: the n_tiles slices of one tile, the producer's slices q0, q0 + 1, .. of the stages
-// (each B hi, B lo, then raw A at A_AT floats), into acc as wg_store lays it out. Where row_sums is given (TA), op(A)'s
+// (each B hi, B lo, then raw A at A_AT floats; this thread reads A a_at floats further on: shifted_a_copy's shift of
+// its rows), into acc as wg_store lays it out. Where row_sums is given (TA), op(A)'s
 // row sums of the warpgroup's 64 rows: each thread's slices by a compensated running sum, then the 4 threads of a row
 // (t) in a fixed tree; thread t = 0 of each row holds its sum in row_sums[0] (row r) and row_sums[1] (row r + 8).
 template <bool TA, int STAGES, int STAGE, int A_AT>
 __device__ __forceinline__ void wg_areg_consume(float (&acc)[64], float (&row_sums)[2], bool sum_rows, float* stages,
-                                                uint64_t* full, uint64_t* empty, int q0, int n_tiles) {
+                                                uint64_t* full, uint64_t* empty, int q0, int n_tiles, int a_at = 0) {
     const int half = threadIdx.x / 128 - 1;
     const uint64_t d = wg_desc(stages);
     float part[64], row_part[2];
@@ -833,7 +869,7 @@ __device__ __forceinline__ void wg_areg_consume(float (&acc)[64], float (&row_su
         const int q = q0 + kt, s = q % STAGES;
         mbar_wait(&full[s], (q / STAGES) & 1);
         const uint64_t b_hi = d + s * STAGE / 4;
-        const float* raw = stages + s * STAGE + A_AT;
+        const float* raw = stages + s * STAGE + A_AT + a_at;
         if (TA && sum_rows) wg_areg_products<TA, true>(part, row_part, raw, half, b_hi, b_hi + WG_SPLIT / 4);
         else wg_areg_products<TA, false>(part, row_part, raw, half, b_hi, b_hi + WG_SPLIT / 4);
         wg_add_slice(acc, part, &empty[s]);
@@ -1010,6 +1046,7 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
         o.lo = first + (int)((long long)o.z * n / splits), o.hi = first + (int)((long long)(o.z + 1) * n / splits);
         return o;
     };
+    const bool shift_a = shifted_a(A, lda, strideA);  // A's rows copied by 16-byte chunks all the same
     wg_init_barriers(full, empty, S);
     if (threadIdx.x < WG_PRODUCERS) {  // the producer: copy both, then split B, job after job (q: its slices in turn)
         wg_producer_registers();
@@ -1040,7 +1077,9 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
                 mbar_wait(&empty[s], ((q / S) & 1) ^ 1);  // the consumers are done with slice q - S
                 float* st = tn_smem + s * STAGE;
                 const float *a = A + job.b * strideA, *b = B + job.b * strideB;
-                copy_raw<WgTnRawA>(st + WG_TN_A_AT, a, lda, k * WG_BK, job.m0, job.k_end, M, aligned16(a, lda), tid);
+                float* raw_a = st + WG_TN_A_AT;
+                if (shift_a) shifted_a_copy(raw_a, a, lda, k * WG_BK, job.m0, job.k_end, M, tid);
+                else copy_raw<WgTnRawA>(raw_a, a, lda, k * WG_BK, job.m0, job.k_end, M, aligned16(a, lda), tid);
                 copy_raw<WgTnRawB>(st + WG_TN_B_AT, b, ldb, k * WG_BK, job.n0, job.k_end, N, aligned16(b, ldb), tid);
                 k++;
             }
@@ -1055,7 +1094,7 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
             const bool sum_rows = a_sums != nullptr && job.n0 == 0;
             float acc[64], row_sums[2];
             wg_areg_consume<true, S, STAGE, WG_TN_A_AT>(acc, row_sums, sum_rows, tn_smem, full, empty, q0,
-                                                        job.hi - job.lo);
+                                                        job.hi - job.lo, shift_a ? a_shift(lane % 4, lda) : 0);
             q0 += job.hi - job.lo;
             int* flag = flags + 2 * (job.b * tiles + job.t) + half;
             if (job.z > 0) wg_flag_wait(flag, job.z, half);
