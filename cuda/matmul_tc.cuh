@@ -852,10 +852,10 @@ __device__ __forceinline__ void wg_areg_products(float (&part)[64], float (&row_
 }
 
 // The consumers of both kernels: the n_tiles slices of one tile, the producer's slices q0, q0 + 1, .. of the stages
-// (each B hi, B lo, then raw A at A_AT floats; this thread reads A a_at floats further on: shifted_a_copy's shift of
-// its rows), into acc as wg_store lays it out. Where row_sums is given (TA), op(A)'s
-// row sums of the warpgroup's 64 rows: each thread's slices by a compensated running sum, then the 4 threads of a row
-// (t) in a fixed tree; thread t = 0 of each row holds its sum in row_sums[0] (row r) and row_sums[1] (row r + 8).
+// (each B hi, B lo, then raw A at A_AT floats, which this thread reads a_at floats further on: shifted_a_copy's shift
+// of its rows), into acc as wg_store lays it out. Where row_sums is given (TA), op(A)'s row sums of the warpgroup's
+// 64 rows: each thread's slices by a compensated running sum, then the 4 threads of a row (t) in a fixed tree;
+// thread t = 0 of each row holds its sum in row_sums[0] (row r) and row_sums[1] (row r + 8).
 template <bool TA, int STAGES, int STAGE, int A_AT>
 __device__ __forceinline__ void wg_areg_consume(float (&acc)[64], float (&row_sums)[2], bool sum_rows, float* stages,
                                                 uint64_t* full, uint64_t* empty, int q0, int n_tiles, int a_at = 0) {
@@ -1046,7 +1046,7 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
         o.lo = first + (int)((long long)o.z * n / splits), o.hi = first + (int)((long long)(o.z + 1) * n / splits);
         return o;
     };
-    const bool shift_a = shifted_a(A, lda, strideA);  // A's rows copied by 16-byte chunks all the same
+    const bool shift_a = shifted_a(A, lda, strideA);  // A's unaligned rows copied by 16-byte chunks even so
     wg_init_barriers(full, empty, S);
     if (threadIdx.x < WG_PRODUCERS) {  // the producer: copy both, then split B, job after job (q: its slices in turn)
         wg_producer_registers();
