@@ -287,21 +287,36 @@ int main(int argc, char** argv) {
         }
     }
     // dw 3 at other counts of parts, the one tn_parts picks marked: how well its cost (the busiest block's slices,
-    // TN_STORE_SLICES more a part) stands for the time
+    // TN_STORE_SLICES more a part) stands for the time. Then the least-squares fit of time = jobs x (slices x a
+    // slice's cost + a job's fixed cost), jobs and slices the busiest block's: what a job costs beyond its slices.
     if (gpu.wgmma && strcmp(dir, "dx") != 0 && (!only || only == 3)) {
         printf("\ndw 3 by parts of K, ms (TFLOP/s); * tn_parts's choice on %d SMs\n", sms);
         for (const Shape& s : shapes) {
             Problem p(s.name, 8192, s.C_out, s.C_in, sms);
             const double flops = 2.0 * p.rows * p.C_out * p.C_in;
+            const long long tiles = (long long)((p.C_out + 127) / 128) * ((p.C_in + 127) / 128);
+            const int slices = (p.rows + 31) / 32;
+            double sxx = 0, sxy = 0, syy = 0, sxt = 0, syt = 0;  // x: the busiest block's slices, y: its jobs
+            std::vector<double> xs, ys, ts;
             const int chosen = p.parts;
             printf("%-10s", s.name);
             for (int n : {1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 16}) {
                 p.parts = n;
                 const float ms = benchmark_kernel(20, [&] { p.dw(3); });
                 printf("   %d%s: %.4f (%.1f)", n, n == chosen ? "*" : "", ms, flops / ms / 1e9);
+                const double jobs = (double)((tiles * n + sms - 1) / sms), x = jobs * ((slices + n - 1) / n);
+                const double us = 1000.0 * ms;
+                sxx += x * x, sxy += x * jobs, syy += jobs * jobs, sxt += x * us, syt += jobs * us;
+                xs.push_back(x), ys.push_back(jobs), ts.push_back(us);
             }
             p.parts = chosen;
-            printf("\n");
+            const double det = sxx * syy - sxy * sxy;
+            const double slice_us = (sxt * syy - syt * sxy) / det, job_us = (sxx * syt - sxy * sxt) / det;
+            double misfit = 0;
+            for (size_t i = 0; i < ts.size(); i++)
+                misfit = std::max(misfit, std::fabs(xs[i] * slice_us + ys[i] * job_us - ts[i]) / ts[i]);
+            printf("\n%-10s fit: a slice %.3f us, a job %.2f us more (worst misfit %.1f%%)\n", "", slice_us, job_us,
+                   100.0 * misfit);
         }
     }
     printf("\nevery version run matches the CPU\n");
