@@ -79,9 +79,14 @@ constexpr int MAX_SPLITS = 8;  // splits_for's most
 // matmul_tc.tn_parts: of 1 .. ceil(K / 32) / 8 parts of each tile's K, the count whose busiest block (sm_count
 // blocks taking the parts in turn) ends soonest, a part costing its slices of 32 and TN_STORE_SLICES more
 constexpr int TN_STORE_SLICES = 2;
-long long tn_busiest(int M, int N, int K, int sm_count, int parts) {
+// the busiest block's jobs (parts of tiles), and a job's slices of 32
+long long tn_jobs(int M, int N, int sm_count, int parts) {
     const long long tiles = (long long)ceil_div(N, 128) * ceil_div(M, 128);
-    return ceil_div(tiles * parts, (long long)sm_count) * (ceil_div(ceil_div(K, 32), parts) + TN_STORE_SLICES);
+    return ceil_div(tiles * parts, (long long)sm_count);
+}
+int tn_job_slices(int K, int parts) { return ceil_div(ceil_div(K, 32), parts); }
+long long tn_busiest(int M, int N, int K, int sm_count, int parts) {
+    return tn_jobs(M, N, sm_count, parts) * (tn_job_slices(K, parts) + TN_STORE_SLICES);
 }
 int tn_parts(int M, int N, int K, int sm_count) {
     int best = 1;
@@ -294,22 +299,21 @@ int main(int argc, char** argv) {
         for (const Shape& s : shapes) {
             Problem p(s.name, 8192, s.C_out, s.C_in, sms);
             const double flops = 2.0 * p.rows * p.C_out * p.C_in;
-            const long long tiles = (long long)((p.C_out + 127) / 128) * ((p.C_in + 127) / 128);
-            const int slices = (p.rows + 31) / 32;
-            double sxx = 0, sxy = 0, syy = 0, sxt = 0, syt = 0;  // x: the busiest block's slices, y: its jobs
-            std::vector<double> xs, ys, ts;
+            std::vector<double> xs, ys, ts;  // the busiest block's slices and jobs, and the time (us)
             const int chosen = p.parts;
             printf("%-10s", s.name);
             for (int n : {1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 16}) {
                 p.parts = n;
                 const float ms = benchmark_kernel(20, [&] { p.dw(3); });
                 printf("   %d%s: %.4f (%.1f)", n, n == chosen ? "*" : "", ms, flops / ms / 1e9);
-                const double jobs = (double)((tiles * n + sms - 1) / sms), x = jobs * ((slices + n - 1) / n);
-                const double us = 1000.0 * ms;
-                sxx += x * x, sxy += x * jobs, syy += jobs * jobs, sxt += x * us, syt += jobs * us;
-                xs.push_back(x), ys.push_back(jobs), ts.push_back(us);
+                const double jobs = (double)tn_jobs(p.C_out, p.C_in, sms, n);
+                xs.push_back(jobs * tn_job_slices(p.rows, n)), ys.push_back(jobs), ts.push_back(1000.0 * ms);
             }
             p.parts = chosen;
+            double sxx = 0, sxy = 0, syy = 0, sxt = 0, syt = 0;
+            for (size_t i = 0; i < ts.size(); i++)
+                sxx += xs[i] * xs[i], sxy += xs[i] * ys[i], syy += ys[i] * ys[i], sxt += xs[i] * ts[i],
+                    syt += ys[i] * ts[i];
             const double det = sxx * syy - sxy * sxy;
             const double slice_us = (sxt * syy - syt * sxy) / det, job_us = (sxx * syt - sxy * sxt) / det;
             double misfit = 0;
