@@ -532,6 +532,37 @@ __device__ __forceinline__ void wg_store(float* C, const float (&acc)[FRAG], int
     }
 }
 
+// wg_store's C = gemm_value(acc, C, ..) for beta = 1 and no causal fill, as reductions the memory system applies:
+// C[m][n] += alpha * acc (+ bias[n]), one red.add a value, or one for each pair of columns where C's rows are 8-byte
+// aligned. Nothing of C comes back to the SM, so the threads go on as soon as the reductions are issued. The sums are
+// gemm_value's (one rounding of C + v), but a subnormal one is flushed to zero, as red.add.f32 does.
+template <int FRAG>
+__device__ __forceinline__ void wg_store_add(float* C, const float (&acc)[FRAG], int m0, int n0, int M, int N,
+                                             int ldc, const float* bias, float alpha) {
+#if WG_AVAILABLE
+    const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const bool pairs = (reinterpret_cast<unsigned long long>(C) & 7) == 0 && (ldc & 1) == 0;
+#pragma unroll
+    for (int i = 0; i < FRAG; i += 2) {
+        const int m = m0 + warp * 16 + g + 8 * ((i % 4) / 2);
+        const int n = n0 + (i / 4) * 8 + 2 * t;
+        if (m >= M || n >= N) continue;
+        float* c = C + (long long)m * ldc + n;
+        const float v0 = bias != nullptr ? __fmaf_rn(alpha, acc[i], bias[n]) : alpha * acc[i];
+        if (pairs && n + 1 < N) {
+            const float v1 = bias != nullptr ? __fmaf_rn(alpha, acc[i + 1], bias[n + 1]) : alpha * acc[i + 1];
+            asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};" ::"l"(c), "f"(v0), "f"(v1) : "memory");
+        } else {
+            asm volatile("red.relaxed.gpu.global.add.f32 [%0], %1;" ::"l"(c), "f"(v0) : "memory");
+            if (n + 1 < N) {
+                const float v1 = bias != nullptr ? __fmaf_rn(alpha, acc[i + 1], bias[n + 1]) : alpha * acc[i + 1];
+                asm volatile("red.relaxed.gpu.global.add.f32 [%0], %1;" ::"l"(c + 1), "f"(v1) : "memory");
+            }
+        }
+    }
+#endif
+}
+
 template <bool TA, bool TB, int BN>
 __device__ __forceinline__ void gemm_wg_tile(float* C, const float* A, const float* B, const float* bias,
                                              int M, int N, int K, int lda, int ldb, int ldc, long long strideA,
@@ -1099,8 +1130,11 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
             int* flag = flags + 2 * (job.b * tiles + job.t) + half;
             if (job.z > 0) wg_flag_wait(flag, job.z, half);
             const int row0 = job.m0 + half * 64, r = row0 + (threadIdx.x % 128) / 32 * 16 + lane / 4;
-            wg_store(C + job.b * strideC, acc, row0, job.n0, M, N, ldc, job.z == 0 ? bias : nullptr, alpha,
-                     job.z == 0 ? beta : 1.0f, causal, fill);  // a tile above the diagonal: all fill
+            if (causal == CAUSAL_NONE && (job.z > 0 || beta == 1.0f))  // C + the part: no read of C
+                wg_store_add(C + job.b * strideC, acc, row0, job.n0, M, N, ldc, job.z == 0 ? bias : nullptr, alpha);
+            else
+                wg_store(C + job.b * strideC, acc, row0, job.n0, M, N, ldc, job.z == 0 ? bias : nullptr, alpha,
+                         job.z == 0 ? beta : 1.0f, causal, fill);  // a tile above the diagonal: all fill
             if (sum_rows && lane % 4 == 0)  // the tile's rows of a_sums: only its jobs write them
 #pragma unroll
                 for (int i = 0; i < 2; i++)
