@@ -311,33 +311,36 @@ TN_PARTS = [(1000, 333, 1000, 4, 5), (700, 301, 1001, 7, 132), (130, 130, 8192, 
 
 
 @pytest.mark.parametrize("M,N,K_,parts,blocks", TN_PARTS)
-def test_the_dw_kernels_parts_of_k_add_up_in_order(ga, rng, M, N, K_, parts, blocks):
-    """k_gemm_wg_areg_tn with K in parts, launched directly: C = beta * C + alpha * A^T B and a_sums += the row sums of
-    A^T, against float64 (1.5x the SIMT kernel's error, sums within 1e-5 of sum |a|); the same bits on a second run
-    from the same start; the flags left zero for the next launch; one part gives the unsplit product's error too."""
+@pytest.mark.parametrize("beta,with_bias", [(-2.0, False), (1.0, True)], ids=["beta-2", "beta1-bias"])
+def test_the_dw_kernels_parts_of_k_add_up_in_order(ga, rng, M, N, K_, parts, blocks, beta, with_bias):
+    """k_gemm_wg_areg_tn with K in parts, launched directly: C = beta * C + alpha * A^T B (+ bias) and a_sums += the
+    row sums of A^T, against float64 (1.5x the SIMT kernel's error, sums within 1e-5 of sum |a|); the same bits on a
+    second run from the same start; the flags left zero for the next launch; one part gives the unsplit product's
+    error too. beta = 1 is the dW products' (every part added into C by reductions), N odd their one-float path."""
     if not K.warpgroup_mma(K.engine()):
         pytest.skip(f"{K.device_summary()}: k_gemm_wg_areg_tn is the wgmma path's (sm_90a)")
     a_h = rng.standard_normal((K_, M)).astype(np.float32)
     b_h = rng.standard_normal((K_, N)).astype(np.float32)
     c0, s0 = rng.standard_normal((M, N)).astype(np.float32), rng.standard_normal(M).astype(np.float32)
-    a, b = ga.to_gpu(a_h), ga.to_gpu(b_h)
+    bias_h = rng.standard_normal(N).astype(np.float32)
+    a, b, bias = ga.to_gpu(a_h), ga.to_gpu(b_h), ga.to_gpu(bias_h) if with_bias else None
     tiles = -(-M // 128) * -(-N // 128)
     flags = ga.zeros(2 * tiles, np.int32)
     sizes = K.int_constants()
 
     def run(n_parts):
         c, sums = ga.to_gpu(c0), ga.to_gpu(s0)
-        args = [c.gpudata, a.gpudata, b.gpudata, 0, M, N, K_, M, N, N, 0, 0, 0, 0.5, -2.0, int(K.Causal.NONE), 0.0,
-                sums.gpudata, 1, n_parts, flags.gpudata]
+        args = [c.gpudata, a.gpudata, b.gpudata, bias.gpudata if with_bias else 0, M, N, K_, M, N, N, 0, 0, 0, 0.5,
+                beta, int(K.Causal.NONE), 0.0, sums.gpudata, 1, n_parts, flags.gpudata]
         K.runtime.launch("k_gemm_wg_areg_tn", args, min(blocks, tiles * n_parts),
                          shared=sizes["TC_AREG_TN_SMEM_BYTES"], block=sizes["TC_WG_THREADS"])
         assert not flags.get().any(), "the last part sets its tile's flags back to zero"
         return c.get(), sums.get()
 
     A = a_h.astype(np.float64)
-    ref = 0.5 * (A.T @ b_h.astype(np.float64)) - 2.0 * c0
+    ref = 0.5 * (A.T @ b_h.astype(np.float64)) + beta * c0 + (bias_h if with_bias else 0.0)
     simt = ga.to_gpu(c0)
-    K.sgemm(simt, a, b, trans_a=True, alpha=0.5, beta=-2.0)
+    K.sgemm(simt, a, b, trans_a=True, alpha=0.5, beta=beta, bias=bias)
     first, sums = run(parts)
     within_bar(f"dW parts {parts}", first, simt.get(), ref)
     np.testing.assert_allclose(sums, s0 + A.sum(axis=0), rtol=0, atol=1e-5 * (np.abs(A).sum(axis=0) + 1).max())
