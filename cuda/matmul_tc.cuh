@@ -535,7 +535,7 @@ __device__ __forceinline__ void wg_store(float* C, const float (&acc)[FRAG], int
 // wg_store's C = gemm_value(acc, C, ..) for beta = 1 and no causal fill, as reductions the memory system applies:
 // C[m][n] += alpha * acc (+ bias[n]), one red.add a value, or one for each pair of columns where C's rows are 8-byte
 // aligned. Nothing of C comes back to the SM, so the threads go on as soon as the reductions are issued. The sums are
-// gemm_value's (one rounding of C + v), but a subnormal one is flushed to zero, as red.add.f32 does.
+// gemm_value's (one rounding of C + v), but red.add.f32 flushes a subnormal addend, value of C or sum to zero.
 template <int FRAG>
 __device__ __forceinline__ void wg_store_add(float* C, const float (&acc)[FRAG], int m0, int n0, int M, int N,
                                              int ldc, const float* bias, float alpha) {
