@@ -506,28 +506,45 @@ __device__ __forceinline__ void wg_add_slice(float (&acc)[FRAG], float (&part)[F
 }
 
 // the warpgroup's rows m0.. of C, gemm_store's values: acc[i] is column 8 (i / 4) + 2t (+1 for odd i), row 16 warp +
-// g (+8 for i % 4 >= 2) of its 64. Where beta != 0, the C of 32 values at a time is read before they are stored, so
-// that the reads overlap (a read after each store would wait for it: the compiler cannot tell C's elements apart).
+// g (+8 for i % 4 >= 2) of its 64. A thread's two columns go together (8 bytes) where C's rows are 8-byte aligned,
+// one by one otherwise. Where beta != 0, the C of 32 values at a time is read before they are stored, so that the
+// reads overlap (a read after each store would wait for it: the compiler cannot tell C's elements apart).
 template <int FRAG>
 __device__ __forceinline__ void wg_store(float* C, const float (&acc)[FRAG], int m0, int n0, int M, int N, int ldc,
                                          const float* bias, float alpha, float beta, Causal causal, float fill) {
     const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const bool pairs = (reinterpret_cast<unsigned long long>(C) & 7) == 0 && (ldc & 1) == 0;
     constexpr int AT_ONCE = FRAG < 32 ? FRAG : 32;
 #pragma unroll
     for (int i0 = 0; i0 < FRAG; i0 += AT_ONCE) {
-        float before[AT_ONCE];
+        float2 before[AT_ONCE / 2];
 #pragma unroll
-        for (int i = i0; i < i0 + AT_ONCE; i++) {
+        for (int i = i0; i < i0 + AT_ONCE; i += 2) {
             const int m = m0 + warp * 16 + g + 8 * ((i % 4) / 2);
-            const int n = n0 + (i / 4) * 8 + 2 * t + i % 2;
-            before[i - i0] = beta != 0.0f && m < M && n < N ? C[(long long)m * ldc + n] : 0.0f;
+            const int n = n0 + (i / 4) * 8 + 2 * t;
+            const float* c = C + (long long)m * ldc + n;
+            float2 b = make_float2(0.0f, 0.0f);
+            if (beta != 0.0f && m < M && n < N) {
+                if (pairs && n + 1 < N) b = *reinterpret_cast<const float2*>(c);
+                else b = make_float2(c[0], n + 1 < N ? c[1] : 0.0f);
+            }
+            before[(i - i0) / 2] = b;
         }
 #pragma unroll
-        for (int i = i0; i < i0 + AT_ONCE; i++) {
+        for (int i = i0; i < i0 + AT_ONCE; i += 2) {
             const int m = m0 + warp * 16 + g + 8 * ((i % 4) / 2);
-            const int n = n0 + (i / 4) * 8 + 2 * t + i % 2;
-            if (m < M && n < N)
-                C[(long long)m * ldc + n] = gemm_value(acc[i], before[i - i0], m, n, bias, alpha, beta, causal, fill);
+            const int n = n0 + (i / 4) * 8 + 2 * t;
+            if (m >= M || n >= N) continue;
+            float* c = C + (long long)m * ldc + n;
+            const float2 b = before[(i - i0) / 2];
+            const float v0 = gemm_value(acc[i], b.x, m, n, bias, alpha, beta, causal, fill);
+            if (n + 1 < N) {
+                const float v1 = gemm_value(acc[i + 1], b.y, m, n + 1, bias, alpha, beta, causal, fill);
+                if (pairs) *reinterpret_cast<float2*>(c) = make_float2(v0, v1);
+                else c[0] = v0, c[1] = v1;
+            } else {
+                c[0] = v0;
+            }
         }
     }
 }
