@@ -49,6 +49,14 @@
 #ifndef WG_AREG_TN_STAGES
 #define WG_AREG_TN_STAGES 3
 #endif
+// k_gemm_wg_areg's stages: one fewer, so that its two store buffers fit beside them (WG_STORE_LD: a buffer's row of
+// 128 floats padded, 16-byte aligned, and a warp's 8-byte writes of a fragment on 32 distinct banks)
+#ifndef WG_AREG_STORE_STAGES
+#define WG_AREG_STORE_STAGES 3
+#endif
+#define WG_STORE_LD 136
+#define WG_AREG_STAGE_BYTES ((2 * 128 * 32 + 128 * 36) * 4)
+#define WG_STORE_BYTES (2 * 64 * WG_STORE_LD * 4)
 // Launch sizes, mirrored in microgpt/kernels/matmul_tc.py through source.int_constants: each kernel's dynamic shared
 // memory (mma.sync: TC_STAGES stages of two tiles of up to 128 x (TC_BK + 8) floats; wgmma: buffers, raw stages and
 // an mbarrier pair per buffer; k_gemm_wg_areg, k_gemm_wg_areg_tn: their stages and an mbarrier pair per stage), the
@@ -60,6 +68,7 @@ enum TcLaunch : int {
     TC_WG_THREADS = 384,
     TC_AREG_SMEM_BYTES = WG_AREG_STAGES * (2 * 128 * 32 + 128 * 36) * 4 + 2 * WG_AREG_STAGES * 8,
     TC_AREG_TN_SMEM_BYTES = WG_AREG_TN_STAGES * (2 * 128 * 32 + 32 * 136 + 32 * 128) * 4 + 2 * WG_AREG_TN_STAGES * 8,
+    TC_AREG_STORE_SMEM_BYTES = WG_AREG_STORE_STAGES * (WG_AREG_STAGE_BYTES + 2 * 8) + WG_STORE_BYTES,
     TC_SPLIT_ROWS = 128,
     TC_SPLIT_K = 32,
 };
@@ -944,12 +953,12 @@ __device__ __forceinline__ void wg_areg_consume(float (&acc)[64], float (&row_su
 // as wg_store lays them out. An epilogue that reuses the stages (once the two have passed consumers_sync()) takes one
 // tile: the next tile's slices would be copied into them. The epilogue is called inside the consumers' branch, so
 // that ptxas gives it the consumers' registers (setmaxnreg).
-template <class Epilogue>
+template <int S = WG_AREG_STAGES, class Epilogue>
 __device__ __forceinline__ void wg_areg_tiles(float* stages, const float* A, int lda, int M, int K,
                                               const uint32_t* b_split, int n_cols, int K_pad, int first, int stride,
                                               int count, Epilogue epilogue) {
 #if WG_AVAILABLE
-    constexpr int S = WG_AREG_STAGES, STAGE = 2 * WG_SPLIT + WgRawA<false>::FLOATS;  // B hi, B lo, raw A
+    constexpr int STAGE = 2 * WG_SPLIT + WgRawA<false>::FLOATS;  // B hi, B lo, raw A
     static_assert(STAGE % 256 == 0, "every stage's B tiles 1024-byte aligned, as their swizzle needs");
     static_assert(S * STAGE * 4 + 2 * S * 8 <= TC_AREG_SMEM_BYTES, "TC_AREG_SMEM_BYTES holds the stages");
     uint64_t* full = reinterpret_cast<uint64_t*>(stages + S * STAGE);
@@ -993,23 +1002,78 @@ __device__ __forceinline__ void wg_areg_tiles(float* stages, const float* A, int
 #endif
 }
 
+// True where wg_store_bulk can write C: beta = 0 (C not read), and every row of a tile, 128 floats or N's last
+// ones, one bulk copy (16-byte aligned, a multiple of 16 bytes)
+__device__ __forceinline__ bool bulk_store_fits(const float* C, int N, int ldc, float beta) {
+    return beta == 0.0f && (reinterpret_cast<unsigned long long>(C) & 15) == 0 && (ldc & 3) == 0 && (N & 3) == 0;
+}
+
+// wg_store's C for beta = 0 (bulk_store_fits), by way of this warpgroup's buffer (64 rows of WG_STORE_LD floats):
+// its threads write their values there, then threads 0 .. 63 each hand one row to the bulk copy engine
+// (cp.async.bulk) and go on, the rows written into C while the next tile's products run. Before a buffer is written
+// again, the threads that handed its rows over wait until the engine has read them; the kernel waits for the last
+// ones before it exits (wg_store_bulk_done). The same gemm_value for every element: the same bits as wg_store.
+__device__ __forceinline__ void wg_store_bulk(float* buf, float* C, const float (&acc)[64], int m0, int n0, int M,
+                                              int N, int ldc, const float* bias, float alpha, int half) {
+#if WG_AVAILABLE
+    const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    if (tid < 64) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // the last tile's rows read
+    asm volatile("bar.sync %0, 128;" ::"r"(3 + half) : "memory");
+#pragma unroll
+    for (int i = 0; i < 64; i += 2) {
+        const int r = warp * 16 + g + 8 * ((i % 4) / 2), c = (i / 4) * 8 + 2 * t, n = n0 + c;
+        const float v0 = n < N ? gemm_value(acc[i], 0.0f, m0 + r, n, bias, alpha, 0.0f, CAUSAL_NONE, 0.0f) : 0.0f;
+        const float v1 = n + 1 < N ? gemm_value(acc[i + 1], 0.0f, m0 + r, n + 1, bias, alpha, 0.0f, CAUSAL_NONE, 0.0f)
+                                   : 0.0f;
+        *reinterpret_cast<float2*>(buf + r * WG_STORE_LD + c) = make_float2(v0, v1);
+    }
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the writes seen by the bulk copies
+    asm volatile("bar.sync %0, 128;" ::"r"(3 + half) : "memory");
+    if (tid < 64 && m0 + tid < M) {
+        const uint32_t from = static_cast<uint32_t>(__cvta_generic_to_shared(buf + tid * WG_STORE_LD));
+        const int bytes = 4 * min(128, N - n0);
+        asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(C + (long long)(m0 + tid) *
+                     ldc + n0), "r"(from), "r"(bytes) : "memory");
+        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    }
+#endif
+}
+// ... before the kernel exits: this thread's last rows read out of its buffer
+__device__ __forceinline__ void wg_store_bulk_done() {
+#if WG_AVAILABLE
+    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+#endif
+}
+
 // C (M x N, ldc) = alpha * A @ op(B) + bias[n] + beta * C, A stored M x K (lda) as it lies and B split beforehand
-// (wg_areg_tiles): the forward's and the dX products, with no pass splitting A. One block per SM
-// (TC_AREG_SMEM_BYTES), gridDim.x of them, each taking the tiles blockIdx.x, blockIdx.x + gridDim.x, .. of the
-// ceil(M / 128) x ceil(N / 128) in row-major order: a grid of one block a tile, or fewer, each block's next tile's
-// first slices then copied while it stores the last one's.
+// (wg_areg_tiles, WG_AREG_STORE_STAGES deep): the forward's and the dX products, with no pass splitting A. One block
+// per SM (TC_AREG_STORE_SMEM_BYTES), gridDim.x of them, each taking the tiles blockIdx.x, blockIdx.x + gridDim.x, ..
+// of the ceil(M / 128) x ceil(N / 128) in row-major order: a grid of one block a tile, or fewer, each block's next
+// tile's first slices then copied while it stores the last one's. Where bulk_store_fits, a tile's rows are written
+// by the bulk copy engine from the warpgroups' buffers (wg_store_bulk) while the block goes on to its next tile.
 extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
     k_gemm_wg_areg(float* C, const float* A, const uint32_t* b_split, const float* bias, int M, int N, int K,
                    int lda, int K_pad, int ldc, float alpha, float beta) {
 #if WG_AVAILABLE
-    extern __shared__ __align__(1024) float areg_smem[];  // [WG_AREG_STAGES][B hi, B lo, raw A], the barriers
+    constexpr int S = WG_AREG_STORE_STAGES, STAGES_BYTES = S * (2 * WG_SPLIT + WgRawA<false>::FLOATS) * 4 + 2 * S * 8;
+    static_assert(STAGES_BYTES % 16 == 0 && STAGES_BYTES + WG_STORE_BYTES <= TC_AREG_STORE_SMEM_BYTES,
+                  "TC_AREG_STORE_SMEM_BYTES holds the stages, their barriers and the two store buffers");
+    // [WG_AREG_STORE_STAGES][B hi, B lo, raw A], the barriers, the store buffers
+    extern __shared__ __align__(1024) float areg_smem[];
+    float* buffers = areg_smem + STAGES_BYTES / 4;
     const int n_cols = (N + 127) / 128, tiles = n_cols * ((M + 127) / 128);
     const int count = (int)blockIdx.x < tiles ? (tiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
-    wg_areg_tiles(areg_smem, A, lda, M, K, b_split, n_cols, K_pad, blockIdx.x, gridDim.x, count,
-                  [&](const float (&acc)[64], int m0, int n0) {
-                      wg_store(C, acc, m0 + (threadIdx.x / 128 - 1) * 64, n0, M, N, ldc, bias, alpha, beta,
-                               CAUSAL_NONE, 0.0f);
-                  });
+    const bool bulk = bulk_store_fits(C, N, ldc, beta);
+    wg_areg_tiles<S>(areg_smem, A, lda, M, K, b_split, n_cols, K_pad, blockIdx.x, gridDim.x, count,
+                     [&](const float (&acc)[64], int m0, int n0) {
+                         const int half = threadIdx.x / 128 - 1;
+                         if (bulk)
+                             wg_store_bulk(buffers + half * 64 * WG_STORE_LD, C, acc, m0 + half * 64, n0, M, N, ldc,
+                                           bias, alpha, half);
+                         else
+                             wg_store(C, acc, m0 + half * 64, n0, M, N, ldc, bias, alpha, beta, CAUSAL_NONE, 0.0f);
+                     });
+    if (bulk) wg_store_bulk_done();
 #else
     __trap();  // the launchers choose this kernel on sm_90a only
 #endif

@@ -511,7 +511,7 @@ def test_the_tensor_core_paths_follow_the_architecture(fake, arch, tc, wg):
     split = [p[0] for p in plan[3:]]
     assert split == (["k_tf32_split_t", "k_gemm_wg_areg"] if wg else [kernel]), split
     if wg:
-        assert plan[-1][4:] == (sizes["TC_AREG_SMEM_BYTES"], sizes["TC_WG_THREADS"]), plan[-1]
+        assert plan[-1][4:] == (sizes["TC_AREG_STORE_SMEM_BYTES"], sizes["TC_WG_THREADS"]), plan[-1]
 
 
 def test_split_operands_share_the_plans_workspace(fake):
@@ -537,7 +537,7 @@ def test_split_operands_share_the_plans_workspace(fake):
     ws = split_b[0]
     assert split_b == [ws, ws + 4 * b_n, b1.gpudata, 333, 300, 333, 320] and g_b[:2] == (10, 12)
     assert product == [c1.gpudata, a1.gpudata, ws, bias1.gpudata, 1000, 333, 300, 300, 320, 333, 0.5, 2.0]
-    assert g_c[:2] == (3 * 8, 1) and (shared, block) == (sizes["TC_AREG_SMEM_BYTES"], sizes["TC_WG_THREADS"])
+    assert g_c[:2] == (3 * 8, 1) and (shared, block) == (sizes["TC_AREG_STORE_SMEM_BYTES"], sizes["TC_WG_THREADS"])
     assert plan[2][3][0] == ws and plan[3][3][2] == ws  # the second product: the same workspace
     assert plan[4][3][0] != ws and plan[4][3][0] == plan.workspace.gpudata
     assert plan.workspace.size == 2 * 512 * 512

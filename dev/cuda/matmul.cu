@@ -84,7 +84,7 @@ void split_operand(uint32_t* split, const float* src, int rows, int K) {
 // k_gemm_wg_areg: a block a tile (version 5), or a block an SM (6)
 void matmul_product56(int version, float* out, const float* inp, const float* bias, int M, int N, int K, Splits s) {
     const int tiles = ceil_div(N, 128) * ceil_div(M, 128), blocks = version == 5 ? tiles : std::min(tiles, s.sms);
-    k_gemm_wg_areg<<<blocks, TC_WG_THREADS, TC_AREG_SMEM_BYTES>>>(out, inp, s.b, bias, M, N, K, K, k_pad(K), N, 1.0f,
+    k_gemm_wg_areg<<<blocks, TC_WG_THREADS, TC_AREG_STORE_SMEM_BYTES>>>(out, inp, s.b, bias, M, N, K, K, k_pad(K), N, 1.0f,
                                                                    0.0f);
 }
 
@@ -129,7 +129,7 @@ int main(int argc, char** argv) {
     if (gpu.arch >= 800) allow_shared(k_gemm_tc_nt, TC_SMEM_BYTES);
     if (gpu.wgmma) {
         allow_shared(k_gemm_wg_nt, TC_WG_SMEM_BYTES);
-        allow_shared(k_gemm_wg_areg, TC_AREG_SMEM_BYTES);
+        allow_shared(k_gemm_wg_areg, TC_AREG_STORE_SMEM_BYTES);
     }
 
     // checked at a shape of partial tiles (version 6 on 7 blocks: 6 or 7 tiles each), timed at mlp.fc's forward

@@ -137,7 +137,7 @@ struct Problem {
             k_gemm_wg_nn<<<grid, TC_WG_THREADS, TC_WG_SMEM_BYTES>>>(dinp, dout, weight, nullptr, M, N, K, K, N, N, 0, 0,
                                                                     0, 1.0f, 0.0f, CAUSAL_NONE, 0.0f, nullptr);
         else
-            k_gemm_wg_areg<<<std::min((int)(grid.x * grid.y), sms), TC_WG_THREADS, TC_AREG_SMEM_BYTES>>>(
+            k_gemm_wg_areg<<<std::min((int)(grid.x * grid.y), sms), TC_WG_THREADS, TC_AREG_STORE_SMEM_BYTES>>>(
                 dinp, dout, weight_split, nullptr, M, N, K, K, k_pad(K), N, 1.0f, 0.0f);  // a block an SM
         cudaCheck(cudaGetLastError());
     }
@@ -201,7 +201,7 @@ int main(int argc, char** argv) {
     if (gpu.wgmma) {
         allow_shared(k_gemm_wg_nn, TC_WG_SMEM_BYTES);
         allow_shared(k_gemm_wg_tn_n64, TC_WG_SMEM_BYTES);
-        allow_shared(k_gemm_wg_areg, TC_AREG_SMEM_BYTES);
+        allow_shared(k_gemm_wg_areg, TC_AREG_STORE_SMEM_BYTES);
         allow_shared(k_gemm_wg_areg_tn, TC_AREG_TN_SMEM_BYTES);
     }
     const int sms = gpu.prop.multiProcessorCount;

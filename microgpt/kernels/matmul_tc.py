@@ -92,7 +92,7 @@ def areg_launch(g, c: int, a: int, b_split: int, bias: int, K_pad: int, grid, st
     launch("k_gemm_wg_areg", [c, a, b_split, bias, g.M, g.N, g.K, g.lda, K_pad, g.ldc, float(g.alpha), float(g.beta)],
            blocks, stream, why=f"3xTF32 wgmma, A split in registers, B beforehand (one product of A stored M x K, "
                                f"sm_90a); {tiles} tiles over {blocks} blocks",
-           shared=int_constant("TC_AREG_SMEM_BYTES"), block=int_constant("TC_WG_THREADS"))
+           shared=int_constant("TC_AREG_STORE_SMEM_BYTES"), block=int_constant("TC_WG_THREADS"))
 
 
 def tc_launch(g, kernel: tuple[str, int, int], c: int, a: int, b: int, bias: int, sums: int, stream, device) -> None:
