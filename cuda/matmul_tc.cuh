@@ -59,7 +59,8 @@
 #define WG_STORE_BYTES (2 * 64 * WG_STORE_LD * 4)
 // Launch sizes, mirrored in microgpt/kernels/matmul_tc.py through source.int_constants: each kernel's dynamic shared
 // memory (mma.sync: TC_STAGES stages of two tiles of up to 128 x (TC_BK + 8) floats; wgmma: buffers, raw stages and
-// an mbarrier pair per buffer; k_gemm_wg_areg, k_gemm_wg_areg_tn: their stages and an mbarrier pair per stage), the
+// an mbarrier pair per buffer; k_gemm_wg_areg, k_gemm_wg_areg_tn, the fused kernels on wg_areg_tiles: their stages
+// and an mbarrier pair per stage, and k_gemm_wg_areg its two store buffers too), the
 // wgmma kernels' threads (three warpgroups), and the split operands' padding (rows to TC_SPLIT_ROWS, K to TC_SPLIT_K:
 // whole tiles, so the copies check no bounds).
 enum TcLaunch : int {
@@ -947,8 +948,8 @@ __device__ __forceinline__ void wg_areg_consume(float (&acc)[64], float (&row_su
 // Tiles first, first + stride, .. (count of them) of A @ op(B), tile t the 128 x 128 one at rows 128 (t / n_cols) and
 // columns 128 (t % n_cols), A stored M x K (lda) as it lies and B split beforehand (b_split: n_cols * 128 x K_pad, hi
 // then lo, as tf32_split.cuh makes it; K_pad = ceil(K / 32) * 32), each tile then epilogue(acc, m0, n0) in the
-// consumers; in the kernel's dynamic shared memory (TC_AREG_SMEM_BYTES). Warpgroup 0 copies B's split slices and A's
-// raw ones, WG_AREG_STAGES deep, on into the next tile's while the consumers finish this one; warpgroups 1 and 2
+// consumers; in the kernel's dynamic shared memory (S stages and their mbarriers first). Warpgroup 0 copies B's split
+// slices and A's raw ones, S deep, on into the next tile's while the consumers finish this one; warpgroups 1 and 2
 // split A as they read it and multiply, each ending a tile with its 64 rows (m0 + 64 * (warpgroup - 1) ..) in acc,
 // as wg_store lays them out. An epilogue that reuses the stages (once the two have passed consumers_sync()) takes one
 // tile: the next tile's slices would be copied into them. The epilogue is called inside the consumers' branch, so
@@ -1058,6 +1059,7 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
     constexpr int S = WG_AREG_STORE_STAGES, STAGES_BYTES = S * (2 * WG_SPLIT + WgRawA<false>::FLOATS) * 4 + 2 * S * 8;
     static_assert(STAGES_BYTES % 16 == 0 && STAGES_BYTES + WG_STORE_BYTES <= TC_AREG_STORE_SMEM_BYTES,
                   "TC_AREG_STORE_SMEM_BYTES holds the stages, their barriers and the two store buffers");
+    static_assert(TC_AREG_STORE_SMEM_BYTES <= 227 * 1024, "within sm_90's dynamic shared memory a block");
     // [WG_AREG_STORE_STAGES][B hi, B lo, raw A], the barriers, the store buffers
     extern __shared__ __align__(1024) float areg_smem[];
     float* buffers = areg_smem + STAGES_BYTES / 4;
