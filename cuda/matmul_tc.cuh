@@ -55,6 +55,7 @@
 #define WG_AREG_STORE_STAGES 3
 #endif
 #define WG_STORE_LD 136
+// k_gemm_wg_areg's and the fused kernels' stage: B hi and lo (128 x 32 each) and raw A (128 rows of 36)
 #define WG_AREG_STAGE_BYTES ((2 * 128 * 32 + 128 * 36) * 4)
 #define WG_STORE_BYTES (2 * 64 * WG_STORE_LD * 4)
 // Launch sizes, mirrored in microgpt/kernels/matmul_tc.py through source.int_constants: each kernel's dynamic shared
@@ -67,7 +68,7 @@ enum TcLaunch : int {
     TC_SMEM_BYTES = TC_STAGES * 2 * TC_BM * (TC_BK + 8) * 4,
     TC_WG_SMEM_BYTES = WG_BUFS * 4 * 128 * 32 * 4 + WG_RAW * 2 * 128 * 32 * 4 + 2 * WG_BUFS * 8,
     TC_WG_THREADS = 384,
-    TC_AREG_SMEM_BYTES = WG_AREG_STAGES * (2 * 128 * 32 + 128 * 36) * 4 + 2 * WG_AREG_STAGES * 8,
+    TC_AREG_SMEM_BYTES = WG_AREG_STAGES * (WG_AREG_STAGE_BYTES + 2 * 8),
     TC_AREG_TN_SMEM_BYTES = WG_AREG_TN_STAGES * (2 * 128 * 32 + 32 * 136 + 32 * 128) * 4 + 2 * WG_AREG_TN_STAGES * 8,
     TC_AREG_STORE_SMEM_BYTES = WG_AREG_STORE_STAGES * (WG_AREG_STAGE_BYTES + 2 * 8) + WG_STORE_BYTES,
     TC_SPLIT_ROWS = 128,
