@@ -881,62 +881,102 @@ __device__ __forceinline__ void wg_load_a(uint32_t (&hi)[4], uint32_t (&lo)[4], 
     }
 }
 
-// The consumers' slice: A's fragments loaded and split, then the same 12 wgmmas as wg_slice_products (lo*hi,
-// hi*lo, hi*hi of each k8 step, into part), committed as one group. row_part[2]: where summing (TA), the slice's
-// sums of rows r and r + 8 over the thread's 8 k, each a pairwise tree.
+// A consumer thread's share of one slice of A: its wgmma fragments of the 4 k8 steps, split (wg_load_a's), and where
+// summing (SUM), the slice's sums of rows r and r + 8 over the thread's 8 k, each a pairwise tree
+struct WgAregSlice {
+    uint32_t hi[4][4], lo[4][4];
+    float row_part[2];
+};
+
 template <bool TA, bool SUM>
-__device__ __forceinline__ void wg_areg_products(float (&part)[64], float (&row_part)[2], const float* raw, int half,
-                                                 uint64_t b_hi, uint64_t b_lo) {
-    uint32_t a_hi[4][4], a_lo[4][4];
+__device__ __forceinline__ void wg_areg_load(WgAregSlice& a, const float* raw, int half) {
     float rows[2][8];
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) {
         float step[2][2];
-        wg_load_a<TA>(a_hi[kk], a_lo[kk], step, raw, half, kk);
+        wg_load_a<TA>(a.hi[kk], a.lo[kk], step, raw, half, kk);
         rows[0][2 * kk] = step[0][0], rows[0][2 * kk + 1] = step[0][1];
         rows[1][2 * kk] = step[1][0], rows[1][2 * kk + 1] = step[1][1];
     }
+    if (SUM) {
+        a.row_part[0] = pairwise_sum(rows[0]);
+        a.row_part[1] = pairwise_sum(rows[1]);
+    }
+}
+
+// the same 12 wgmmas as wg_slice_products on a's fragments (lo*hi, hi*lo, hi*hi of each k8 step, into part),
+// committed as one group: they read a's registers until the group is waited for
+__device__ __forceinline__ void wg_areg_issue(float (&part)[64], const WgAregSlice& a, uint64_t b_hi, uint64_t b_lo) {
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) {
-        wgmma_tf32_rs(part, a_lo[kk], b_hi + 2 * kk, kk > 0);
-        wgmma_tf32_rs(part, a_hi[kk], b_lo + 2 * kk, 1);
-        wgmma_tf32_rs(part, a_hi[kk], b_hi + 2 * kk, 1);
+        wgmma_tf32_rs(part, a.lo[kk], b_hi + 2 * kk, kk > 0);
+        wgmma_tf32_rs(part, a.hi[kk], b_lo + 2 * kk, 1);
+        wgmma_tf32_rs(part, a.hi[kk], b_hi + 2 * kk, 1);
     }
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-    if (SUM) {
-        row_part[0] = pairwise_sum(rows[0]);
-        row_part[1] = pairwise_sum(rows[1]);
-    }
+}
+
+// a's registers held until here (after the wait for the wgmmas that read them): the compiler gives them to nothing
+// else before
+__device__ __forceinline__ void wg_areg_release(WgAregSlice& a) {
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+        for (int v = 0; v < 4; v++) asm volatile("" : "+r"(a.hi[kk][v]), "+r"(a.lo[kk][v])::"memory");
 }
 
 // The consumers of both kernels: the n_tiles slices of one tile, the producer's slices q0, q0 + 1, .. of the stages
 // (each B hi, B lo, then raw A at A_AT floats, which this thread reads a_at floats further on: shifted_a_copy's shift
-// of its rows), into acc as wg_store lays it out. Where row_sums is given (TA), op(A)'s row sums of the warpgroup's
-// 64 rows: each thread's slices by a compensated running sum, then the 4 threads of a row (t) in a fixed tree;
-// thread t = 0 of each row holds its sum in row_sums[0] (row r) and row_sums[1] (row r + 8).
+// of its rows), into acc as wg_store lays it out. With PREFETCH, a slice's A is loaded and split while the slice
+// before's wgmmas run (two WgAregSlices taking turns; the A-transposed kernel's consumers have not the registers for
+// it); each slice's products are then added into acc in order, the same adds either way. Where row_sums is given (TA),
+// op(A)'s row sums of the warpgroup's 64 rows: each thread's slices by a compensated running sum, then
+// the 4 threads of a row (t) in a fixed tree; thread t = 0 of each row holds its sum in row_sums[0] (row r) and
+// row_sums[1] (row r + 8).
+template <bool TA, bool SUM, bool PREFETCH, int STAGES, int STAGE, int A_AT>
+__device__ __forceinline__ void wg_areg_consume_slices(float (&acc)[64], CompensatedSum (&sums)[2], float* stages,
+                                                       uint64_t* full, uint64_t* empty, int q0, int n_tiles,
+                                                       int a_at) {
+    const int half = threadIdx.x / 128 - 1;
+    const uint64_t d = wg_desc(stages);
+    float part[64];
+    auto raw_of = [&](int kt) {  // slice kt's raw A, once its stage has landed
+        const int q = q0 + kt;
+        mbar_wait(&full[q % STAGES], (q / STAGES) & 1);
+        return stages + q % STAGES * STAGE + A_AT + a_at;
+    };
+    auto slice = [&](int kt, WgAregSlice& cur, WgAregSlice& next) {
+        const int s = (q0 + kt) % STAGES;
+        const uint64_t b_hi = d + s * STAGE / 4;
+        if (!PREFETCH) wg_areg_load<TA, SUM>(cur, raw_of(kt), half);
+        wg_areg_issue(part, cur, b_hi, b_hi + WG_SPLIT / 4);
+        if (PREFETCH && kt + 1 < n_tiles) wg_areg_load<TA, SUM>(next, raw_of(kt + 1), half);
+        wg_add_slice(acc, part, &empty[s]);
+        wg_areg_release(cur);
+        if (SUM) {
+            sums[0].add(cur.row_part[0]);
+            sums[1].add(cur.row_part[1]);
+        }
+    };
+    WgAregSlice x, y;
+    if (PREFETCH && n_tiles > 0) wg_areg_load<TA, SUM>(x, raw_of(0), half);
+    for (int kt = 0; kt < n_tiles; kt += 2) {
+        slice(kt, x, y);
+        if (kt + 1 < n_tiles) slice(kt + 1, y, x);
+    }
+}
+
 template <bool TA, int STAGES, int STAGE, int A_AT>
 __device__ __forceinline__ void wg_areg_consume(float (&acc)[64], float (&row_sums)[2], bool sum_rows, float* stages,
                                                 uint64_t* full, uint64_t* empty, int q0, int n_tiles, int a_at = 0) {
-    const int half = threadIdx.x / 128 - 1;
-    const uint64_t d = wg_desc(stages);
-    float part[64], row_part[2];
     CompensatedSum sums[2];
 #pragma unroll
     for (int i = 0; i < 64; i++) acc[i] = 0.0f;
-    for (int kt = 0; kt < n_tiles; kt++) {
-        const int q = q0 + kt, s = q % STAGES;
-        mbar_wait(&full[s], (q / STAGES) & 1);
-        const uint64_t b_hi = d + s * STAGE / 4;
-        const float* raw = stages + s * STAGE + A_AT + a_at;
-        if (TA && sum_rows) wg_areg_products<TA, true>(part, row_part, raw, half, b_hi, b_hi + WG_SPLIT / 4);
-        else wg_areg_products<TA, false>(part, row_part, raw, half, b_hi, b_hi + WG_SPLIT / 4);
-        wg_add_slice(acc, part, &empty[s]);
-        if (TA && sum_rows) {
-            sums[0].add(row_part[0]);
-            sums[1].add(row_part[1]);
-        }
-    }
+    if (TA && sum_rows)
+        wg_areg_consume_slices<TA, true, !TA, STAGES, STAGE, A_AT>(acc, sums, stages, full, empty, q0, n_tiles, a_at);
+    else
+        wg_areg_consume_slices<TA, false, !TA, STAGES, STAGE, A_AT>(acc, sums, stages, full, empty, q0, n_tiles, a_at);
 #pragma unroll
     for (int i = 0; i < 2; i++) {  // t = 0 .. 3 of the row: (t0 + t1) + (t2 + t3)
         float v = sums[i].value();
