@@ -905,7 +905,8 @@ __device__ __forceinline__ void wg_areg_load(WgAregSlice& a, const float* raw, i
 }
 
 // the same 12 wgmmas as wg_slice_products on a's fragments (lo*hi, hi*lo, hi*hi of each k8 step, into part),
-// committed as one group: they read a's registers until the group is waited for
+// committed as one group. They read a's registers until the group is waited for; ptxas keeps those registers from
+// other values until then (the next slice's loads go to the other WgAregSlice).
 __device__ __forceinline__ void wg_areg_issue(float (&part)[64], const WgAregSlice& a, uint64_t b_hi, uint64_t b_lo) {
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
@@ -915,15 +916,6 @@ __device__ __forceinline__ void wg_areg_issue(float (&part)[64], const WgAregSli
         wgmma_tf32_rs(part, a.hi[kk], b_hi + 2 * kk, 1);
     }
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-}
-
-// a's registers held until here (after the wait for the wgmmas that read them): the compiler gives them to nothing
-// else before
-__device__ __forceinline__ void wg_areg_release(WgAregSlice& a) {
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++)
-#pragma unroll
-        for (int v = 0; v < 4; v++) asm volatile("" : "+r"(a.hi[kk][v]), "+r"(a.lo[kk][v])::"memory");
 }
 
 // The consumers of both kernels: the n_tiles slices of one tile, the producer's slices q0, q0 + 1, .. of the stages
@@ -953,7 +945,6 @@ __device__ __forceinline__ void wg_areg_consume_slices(float (&acc)[64], Compens
         wg_areg_issue(part, cur, b_hi, b_hi + WG_SPLIT / 4);
         if (PREFETCH && kt + 1 < n_tiles) wg_areg_load<TA, SUM>(next, raw_of(kt + 1), half);
         wg_add_slice(acc, part, &empty[s]);
-        wg_areg_release(cur);
         if (SUM) {
             sums[0].add(cur.row_part[0]);
             sums[1].add(cur.row_part[1]);
