@@ -796,7 +796,8 @@ __device__ __forceinline__ void wgmma_tf32_rs(float (&d)[16], const uint32_t (&a
 }
 
 // The register file's share of the block: setmaxnreg gives the producer's registers to the consumers, whose
-// fragments of A (32 registers) come on top of the running sum and the slice's products (128)
+// fragments of A (32 registers, 64 where the next slice's are loaded ahead) come on top of the running sum and the
+// slice's products (128)
 __device__ __forceinline__ void wg_producer_registers() {
 #if WG_AVAILABLE
     asm volatile("setmaxnreg.dec.sync.aligned.u32 56;" ::: "memory");
