@@ -95,6 +95,7 @@ class CudaBackend:
         b = model.activations(cfg, B, T, new, attention.states(new, B, T, cfg.d_model, cfg.n_head, fused=fused))
         b.fused = fused
         b.batch_host = self.cuda.pagelocked_empty((3, B, T), np.int32)
+        b.batch_sent = self.cuda.Event()  # recorded after each copy of batch_host to the device
         b.losses_host = self.cuda.pagelocked_empty((B, T), np.float32)
         b.batch = new(3, B, T, dtype=np.int32)
         b.idx, b.tgt, b.order = b.batch[0], b.batch[1], b.batch[2]
@@ -155,11 +156,13 @@ class CudaBackend:
         B, T = idx.shape
         self.plan("forward", B, T, targets is not None)
         b, key = self._bufs, ("forward", targets is not None)
-        self.stream.synchronize()  # the page-locked batch may still be in flight from the last call
+        order = K.token_order(idx)  # on the host while the device may still run the last step
+        b.batch_sent.synchronize()  # the last copy from the page-locked batch, not the step after it
         b.batch_host[0] = idx
         b.batch_host[1] = 0 if targets is None else targets
-        b.batch_host[2] = K.token_order(idx)
+        b.batch_host[2] = order
         self.cuda.memcpy_htod_async(b.batch.gpudata, b.batch_host, self.stream)
+        b.batch_sent.record(self.stream)
         self._passes[key].launch(self.stream)
         losses = out = None
         if targets is not None:
