@@ -175,7 +175,7 @@ class CudaBackend:
             for i in range(B):
                 row = int(b.logits.gpudata) + ((i * T + T - 1) * V) * 4
                 self.cuda.memcpy_dtoh_async(out[i], row, self.stream)
-        K.synchronize(self.stream, "forward")
+        K.synchronize(self.stream, "forward (or the step queued before it)")
         if targets is not None:
             losses = b.losses_host.copy()
         return out, losses
