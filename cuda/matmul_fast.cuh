@@ -26,6 +26,10 @@ enum Causal : int {
 __device__ __forceinline__ bool aligned16(const float* p, int ld) {
     return ((reinterpret_cast<unsigned long long>(p) & 15) == 0) && ((ld & 3) == 0);
 }
+// ... and 8-byte accesses (a pair of floats at an even column) an 8-byte aligned base and an even one
+__device__ __forceinline__ bool aligned8(const float* p, int ld) {
+    return ((reinterpret_cast<unsigned long long>(p) & 7) == 0) && ((ld & 1) == 0);
+}
 
 // The 4 floats of src's row r from column c (a row of `cols`, ld apart), zero past rows and cols; 16 bytes at once
 // where vec (aligned16(src, ld): every quad of a row is)

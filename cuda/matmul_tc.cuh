@@ -8,7 +8,7 @@
 #include <cstdint>
 
 #include "common.cuh"
-#include "matmul_fast.cuh"  // enum Causal, aligned16
+#include "matmul_fast.cuh"  // enum Causal, aligned16, aligned8, gemm_value
 
 #define TC_BM 128
 #define TC_THREADS 256
@@ -524,7 +524,7 @@ template <int FRAG>
 __device__ __forceinline__ void wg_store(float* C, const float (&acc)[FRAG], int m0, int n0, int M, int N, int ldc,
                                          const float* bias, float alpha, float beta, Causal causal, float fill) {
     const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-    const bool pairs = (reinterpret_cast<unsigned long long>(C) & 7) == 0 && (ldc & 1) == 0;
+    const bool pairs = aligned8(C, ldc);
     constexpr int AT_ONCE = FRAG < 32 ? FRAG : 32;
 #pragma unroll
     for (int i0 = 0; i0 < FRAG; i0 += AT_ONCE) {
@@ -569,23 +569,22 @@ __device__ __forceinline__ void wg_store_add(float* C, const float (&acc)[FRAG],
                                              int ldc, const float* bias, float alpha) {
 #if WG_AVAILABLE
     const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-    const bool pairs = (reinterpret_cast<unsigned long long>(C) & 7) == 0 && (ldc & 1) == 0;
+    const bool pairs = aligned8(C, ldc);
 #pragma unroll
     for (int i = 0; i < FRAG; i += 2) {
         const int m = m0 + warp * 16 + g + 8 * ((i % 4) / 2);
         const int n = n0 + (i / 4) * 8 + 2 * t;
         if (m >= M || n >= N) continue;
         float* c = C + (long long)m * ldc + n;
-        const float v0 = bias != nullptr ? __fmaf_rn(alpha, acc[i], bias[n]) : alpha * acc[i];
+        // what is added: gemm_value at beta = 0 (alpha * acc + bias)
+        const float v0 = gemm_value(acc[i], 0.0f, m, n, bias, alpha, 0.0f, CAUSAL_NONE, 0.0f);
+        const float v1 = n + 1 < N ? gemm_value(acc[i + 1], 0.0f, m, n + 1, bias, alpha, 0.0f, CAUSAL_NONE, 0.0f)
+                                   : 0.0f;
         if (pairs && n + 1 < N) {
-            const float v1 = bias != nullptr ? __fmaf_rn(alpha, acc[i + 1], bias[n + 1]) : alpha * acc[i + 1];
             asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};" ::"l"(c), "f"(v0), "f"(v1) : "memory");
         } else {
             asm volatile("red.relaxed.gpu.global.add.f32 [%0], %1;" ::"l"(c), "f"(v0) : "memory");
-            if (n + 1 < N) {
-                const float v1 = bias != nullptr ? __fmaf_rn(alpha, acc[i + 1], bias[n + 1]) : alpha * acc[i + 1];
-                asm volatile("red.relaxed.gpu.global.add.f32 [%0], %1;" ::"l"(c + 1), "f"(v1) : "memory");
-            }
+            if (n + 1 < N) asm volatile("red.relaxed.gpu.global.add.f32 [%0], %1;" ::"l"(c + 1), "f"(v1) : "memory");
         }
     }
 #endif
@@ -1039,7 +1038,7 @@ __device__ __forceinline__ void wg_areg_tiles(float* stages, const float* A, int
 // True where wg_store_bulk can write C: beta = 0 (C not read), and every row of a tile, 128 floats or N's last
 // ones, one bulk copy (16-byte aligned, a multiple of 16 bytes)
 __device__ __forceinline__ bool bulk_store_fits(const float* C, int N, int ldc, float beta) {
-    return beta == 0.0f && (reinterpret_cast<unsigned long long>(C) & 15) == 0 && (ldc & 3) == 0 && (N & 3) == 0;
+    return beta == 0.0f && aligned16(C, ldc) && (N & 3) == 0;
 }
 
 // wg_store's C for beta = 0 (bulk_store_fits), by way of this warpgroup's buffer (64 rows of WG_STORE_LD floats):
