@@ -266,10 +266,31 @@ def test_bench_compare_matches_the_rows_of_two_trees_and_skips_what_cannot_run()
         train = [r for r in rows if r["bench"] == "train"]
         assert [r["row"] for r in train] == ["step numpy"] and train[0]["ratio"] > 0
         attention = [r for r in rows if r["bench"] == "attention"]
-        assert attention == [dict(bench="attention", row=None, skipped=attention[0]["skipped"])]
+        assert attention == [dict(bench="attention", base=root, row=None, skipped=attention[0]["skipped"])]
         assert "no CUDA GPU" in attention[0]["skipped"]
     bad = run("bench_compare.py", "--base", os.path.join(root, "nowhere"))
     assert bad.returncode == 2 and "--base" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_bench_compare_takes_several_bases_and_a_benchmarks_own_arguments():
+    """Two bases (this tree twice, named apart): each compared with this tree, row for row, in the order given;
+    --args reaches the benchmark (bench_generate's --preset, -B and --prompt make its one row); a --base among them
+    that is no tree, or --args a shell cannot split, refused in one line."""
+    root = os.path.dirname(TOOLS)
+    other = os.path.join(root, "tools", "..")
+    res = run("bench_compare.py", "--base", root, other, "--bench", "generate", "--json",
+              "--args=--backend numpy --preset andrea-12m -B 1 --prompt 4 --new 2")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["bases"] == [root, other] and out["base"] == root
+    by_base = {b: [r for r in out["rows"] if r["base"] == b] for b in out["bases"]}
+    assert [r["row"] for r in by_base[root]] == [r["row"] for r in by_base[out["bases"][1]]]
+    assert [r["row"] for r in by_base[root]] == ["andrea-12m B=1 prompt=4"]
+    assert all(r["before"] > 0 and r["after"] > 0 and r["ratio"] > 0 for r in out["rows"])
+    bad = run("bench_compare.py", "--base", root, os.path.join(root, "nowhere"))
+    assert bad.returncode == 2 and "nowhere" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    bad = run("bench_compare.py", "--base", root, "--args=--preset 'andrea-12m")
+    assert bad.returncode == 2 and "--args" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
 
 
 # ---------------------------------------------------------------------------------------------- MFU and ceilings

@@ -1,22 +1,25 @@
-"""Speed before and after a change, measured in one run: the benchmarks of another tree of this repository (the
-base) and of this one, one after the other on the same machine, matched row by row.
+"""Speed before and after a change, measured in one run: the benchmarks of other trees of this repository (the
+bases) and of this one, one after the other on the same machine, matched row by row.
 
     git archive <base-commit> | (mkdir -p ../base && tar -x -C ../base)
     (cd ../base && python setup.py -q build_ext --inplace)       # the base's own host module
     python tools/bench_compare.py --base ../base                 # bench_train, bench_attention, bench_generate
     python tools/bench_compare.py --base ../base --bench generate --quick --json
+    python tools/bench_compare.py --base ../main ../one --bench train --args="--preset andrea-120m" --repeat 2
 
 Each benchmark runs as a fresh process of the tree's own tools/<bench>.py, that tree first on the import path; the
-two trees take turns, --repeat times, and the fastest time of each is kept. The figure compared is microgpt's own
-time of each row (a training step, the attention forward and forward+backward, a generate call); "after / before"
-below 1 is faster, and a row within --tolerance of 1 is marked "same". A benchmark that cannot run (no GPU) is
-skipped with its reason.
+trees take turns (the bases in order, then this one), --repeat times, and the fastest time of each is kept. The
+figure compared is microgpt's own time of each row (a training step, the attention forward and forward+backward, a
+generate call); "after / before" below 1 is faster, and a row within --tolerance of 1 is marked "same". With
+several bases, each is compared with this tree in turn. A benchmark that cannot run (no GPU) is skipped with its
+reason.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -50,62 +53,78 @@ def run(tree: Path, bench: str, extra: list[str]) -> tuple[dict | None, str]:
     return figures(bench, json.loads(res.stdout)), ""
 
 
-def compare(base: Path, benches: list[str], extra: list[str], repeat: int) -> list[dict]:
+def compare(bases: list[Path], benches: list[str], extra: list[str], repeat: int) -> list[dict]:
+    """Each base's rows against this tree's: dict(bench, base, row, before, after, ratio), or a benchmark's
+    dict(bench, base, row=None, skipped=why) where a tree could not run it."""
     rows = []
+    trees = [*bases, HERE]
     for bench in benches:
-        best = {"before": {}, "after": {}}
+        best = [{} for _ in trees]
         why = ""
         for _ in range(repeat):
-            for side, tree in (("before", base), ("after", HERE)):
+            for i, tree in enumerate(trees):
                 got, why = run(tree, bench, extra)
                 if got is None:
                     break
                 for name, t in got.items():
-                    best[side][name] = min(t, best[side].get(name, t))
+                    best[i][name] = min(t, best[i].get(name, t))
             if why:
                 break
-        if why:
-            rows.append(dict(bench=bench, row=None, skipped=why))
-            continue
-        for name, before in best["before"].items():
-            after = best["after"].get(name)
-            rows.append(dict(bench=bench, row=name, before=before, after=after,
-                             ratio=after / before if after is not None and before else None))
+        for b, base in enumerate(bases):
+            if why:
+                rows.append(dict(bench=bench, base=str(base), row=None, skipped=why))
+                continue
+            for name, before in best[b].items():
+                after = best[-1].get(name)
+                rows.append(dict(bench=bench, base=str(base), row=name, before=before, after=after,
+                                 ratio=after / before if after is not None and before else None))
     return rows
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--base", required=True, help="the other tree: a checkout or an export of this repository")
+    ap.add_argument("--base", required=True, nargs="+",
+                    help="the other trees: checkouts or exports of this repository, each compared with this one")
     ap.add_argument("--bench", nargs="+", choices=["train", "attention", "generate"],
                     default=["train", "attention", "generate"])
     ap.add_argument("--repeat", type=int, default=1, help="turns each tree takes; the fastest time is kept")
     ap.add_argument("--tolerance", type=float, default=0.03, help="|after / before - 1| marked same (default 3%%)")
     ap.add_argument("--quick", action="store_true", help="each benchmark's --quick")
+    ap.add_argument("--args", default="", help="more arguments for every benchmark, as one string (a shell's words): --args=\"--preset gpt2-124m\"")
     ap.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     args = ap.parse_args(argv)
-    base = Path(args.base).resolve()
-    if not (base / "tools").is_dir():
-        print(f"bench_compare: --base {args.base}: no tools/ there (a tree of this repository?)", file=sys.stderr)
-        return 2
+    bases = [Path(b).absolute() for b in args.base]  # as given: two names of one tree stay two bases
+    for given, base in zip(args.base, bases):
+        if not (base / "tools").is_dir():
+            print(f"bench_compare: --base {given}: no tools/ there (a tree of this repository?)", file=sys.stderr)
+            return 2
     if args.repeat < 1:
         print(f"bench_compare: --repeat must be >= 1, got {args.repeat}", file=sys.stderr)
         return 2
-    rows = compare(base, args.bench, ["--quick"] if args.quick else [], args.repeat)
+    try:
+        extra = shlex.split(args.args)
+    except ValueError as e:
+        print(f"bench_compare: --args {args.args!r}: {e}", file=sys.stderr)
+        return 2
+    rows = compare(bases, args.bench, (["--quick"] if args.quick else []) + extra, args.repeat)
     if args.json:
-        print(json.dumps(dict(base=str(base), after=str(HERE), tolerance=args.tolerance, rows=rows)))
+        print(json.dumps(dict(base=str(bases[0]), bases=[str(b) for b in bases], after=str(HERE),
+                              tolerance=args.tolerance, rows=rows)))
         return 0
-    print(f"before: {base}\nafter:  {HERE}")
-    for r in rows:
-        if r["row"] is None:
-            print(f"{r['bench']:<10} skipped: {r['skipped']}")
-            continue
-        mark = "" if r["ratio"] is None else "same" if abs(r["ratio"] - 1) <= args.tolerance else \
-            "faster" if r["ratio"] < 1 else "SLOWER"
-        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
-        print(f"{r['bench']:<10} {r['row']:<44} {r['before']:>10.4g} {r['after'] or float('nan'):>10.4g} "
-              f"{ratio:>7}  {mark}")
+    for base in bases:
+        print(f"before: {base}\nafter:  {HERE}")
+        for r in rows:
+            if r["base"] != str(base):
+                continue
+            if r["row"] is None:
+                print(f"{r['bench']:<10} skipped: {r['skipped']}")
+                continue
+            mark = "" if r["ratio"] is None else "same" if abs(r["ratio"] - 1) <= args.tolerance else \
+                "faster" if r["ratio"] < 1 else "SLOWER"
+            ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
+            print(f"{r['bench']:<10} {r['row']:<44} {r['before']:>10.4g} {r['after'] or float('nan'):>10.4g} "
+                  f"{ratio:>7}  {mark}")
     print("after / before: microgpt's time after the change over before it (below 1: faster)")
     return 0
 
