@@ -275,7 +275,7 @@ def test_bench_compare_matches_the_rows_of_two_trees_and_skips_what_cannot_run()
 def test_bench_compare_takes_several_bases_and_a_benchmarks_own_arguments():
     """Two bases (this tree twice, named apart): each compared with this tree, row for row, in the order given;
     --args reaches the benchmark (bench_generate's --preset, -B and --prompt make its one row); a --base among them
-    that is no tree, or --args a shell cannot split, refused in one line."""
+    that is no tree or given twice, or --args a shell cannot split, refused in one line."""
     root = os.path.dirname(TOOLS)
     other = os.path.join(root, "tools", "..")
     res = run("bench_compare.py", "--base", root, other, "--bench", "generate", "--json",
@@ -291,6 +291,8 @@ def test_bench_compare_takes_several_bases_and_a_benchmarks_own_arguments():
     assert bad.returncode == 2 and "nowhere" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
     bad = run("bench_compare.py", "--base", root, "--args=--preset 'andrea-12m")
     assert bad.returncode == 2 and "--args" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    bad = run("bench_compare.py", "--base", root, root)
+    assert bad.returncode == 2 and "given twice" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
 
 
 # ---------------------------------------------------------------------------------------------- MFU and ceilings

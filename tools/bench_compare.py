@@ -91,13 +91,17 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="turns each tree takes; the fastest time is kept")
     ap.add_argument("--tolerance", type=float, default=0.03, help="|after / before - 1| marked same (default 3%%)")
     ap.add_argument("--quick", action="store_true", help="each benchmark's --quick")
-    ap.add_argument("--args", default="", help="more arguments for every benchmark, as one string (a shell's words): --args=\"--preset gpt2-124m\"")
+    ap.add_argument("--args", default="",
+                    help="more options for every benchmark, a shell's words in one string: --args=\"-B 4\"")
     ap.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     args = ap.parse_args(argv)
     bases = [Path(b).absolute() for b in args.base]  # as given: two names of one tree stay two bases
-    for given, base in zip(args.base, bases):
+    for i, (given, base) in enumerate(zip(args.base, bases)):
         if not (base / "tools").is_dir():
             print(f"bench_compare: --base {given}: no tools/ there (a tree of this repository?)", file=sys.stderr)
+            return 2
+        if base in bases[:i]:
+            print(f"bench_compare: --base {given}: given twice", file=sys.stderr)
             return 2
     if args.repeat < 1:
         print(f"bench_compare: --repeat must be >= 1, got {args.repeat}", file=sys.stderr)
