@@ -7,7 +7,10 @@ report.
 
 Shapes are small and odd on purpose (T=7, C=20, d_k=5, V=37): out-of-bounds accesses show up where
 sizes are not multiples of a block. Flash attention takes no sequence that short (T >= 128, d_k >= 20), so its
-kernels run again at FLASH_SHAPE (T=130: two key tiles and two rows of a third; d_k 20, and 32, 64, 128).
+kernels run again at FLASH_SHAPE (T=130: two key tiles and two rows of a third; d_k 20, and 32, 64, 128). The
+tensor-core products copy a slice by the bulk copy engine only where it lies wholly inside its operand, which
+no product at those shapes has; so they run again at PRODUCT_SHAPE (260 rows: two whole slices of 128 and an
+edge of 4; widths 128 and 512: whole slices of K and of N beside the edges of the narrow and lm_head ones).
 """
 from __future__ import annotations
 
@@ -25,6 +28,8 @@ from kernel_cases import Shape, build_cases  # noqa: E402
 
 SHAPE = dict(B=2, T=7, C=20, NH=4, V=37)
 FLASH_SHAPE = dict(B=2, T=130, C=60, NH=3, V=37)
+PRODUCT_SHAPE = dict(B=2, T=130, C=128, NH=2, V=37)
+PRODUCTS = ("matmul", "sgemm_tc", "k_tf32_split")  # the cases of the tensor-core products and their split passes
 
 
 def child() -> int:
@@ -33,6 +38,8 @@ def child() -> int:
     if K.flash_attention_supported(FLASH_SHAPE["C"] // FLASH_SHAPE["NH"], FLASH_SHAPE["T"], K.engine()):
         cases += [c for c in build_cases(Shape(**FLASH_SHAPE), seed=2, variants=("tc",))
                   if c.kernel.startswith("fused_attention")]
+    cases += build_cases(Shape(**PRODUCT_SHAPE), seed=3, variants=("tc",),
+                         wanted=lambda name: name.startswith(PRODUCTS))
     for case in cases:
         case.launch()
     print(f"launched {len(cases)} kernel cases: {', '.join(sorted({c.kernel.split()[0] for c in cases}))}")
