@@ -429,6 +429,13 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {  // release: what t
                  : "memory");
 #endif
 }
+// the phase of bar waits for `bytes` more, from copies that count them (complete_tx); no arrival
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+#if WG_AVAILABLE
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
+                 : "memory");
+#endif
+}
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {  // until the phase of this parity completes
 #if WG_AVAILABLE
     asm volatile(
@@ -443,11 +450,13 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {  // until
 // count pairs of the buffers' barriers, full[i] (the producer's arrivals complete a phase: filled) and empty[i] (the
 // consumers': multiplied), set up by thread 0 before any thread of the block uses them
 __device__ __forceinline__ void wg_init_barriers(uint64_t* full, uint64_t* empty, int count) {
-    if (threadIdx.x == 0)
+    if (threadIdx.x == 0) {
         for (int i = 0; i < count; i++) {
             mbar_init(&full[i], WG_PRODUCERS);
             mbar_init(&empty[i], TC_WG_THREADS - WG_PRODUCERS);
         }
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the barriers seen by the bulk copies too
+    }
     __syncthreads();
 }
 
@@ -713,20 +722,28 @@ GEMM_WG_KERNEL(k_gemm_wg_tt_n64, true, true, 64)
 
 // ---------------------------------------------------------------------------------------------- split operands
 // B split into hi and lo beforehand by tf32_split.cuh's passes, so that the producer only copies it: a split operand
-// is hi then lo, each rows_pad x K_pad K-major (rows_pad a multiple of TC_SPLIT_ROWS, K_pad of TC_SPLIT_K), zero past
-// the matrix: op(B)^T for B.
+// is hi then lo, each rows_pad x K_pad (rows_pad a multiple of TC_SPLIT_ROWS = 128, K_pad of TC_SPLIT_K = 32), zero
+// past the matrix: op(B)^T for B. Each is laid out as the wgmma kernels' shared memory takes it, 128 x 32 tile after
+// tile (the tiles of rows 0 .. 127 along K, then the next 128 rows'), each tile K-major and 128B-swizzled: a slice of
+// the product is one contiguous 16 KB copy.
 
-// A split 128 x 32 slice (rows row0.. of a split operand, K_pad floats per row) copied by producer thread tid into a
-// 128B-swizzled tile, as the wgmma kernel's producer stores it: chunk tid % 8 of rows tid / 8 + 16 i, whose swizzle
-// (r % 8) is the same for every i, so one address and constant offsets (an address per copy costs registers)
+// where element (r, k) of a split operand lies
+__device__ __forceinline__ long long split_at(long long r, int k, int K_pad) {
+    const long long tile = (r / 128) * (K_pad / WG_BK) + k / WG_BK;  // 128 x 32 tiles, along K, then down
+    return tile * WG_SPLIT + wg_swizzled((int)(r % 128), (k % WG_BK) & ~3) + (k & 3);
+}
+
+// The split slice of rows row0 .. row0 + 127 (a multiple of 128) and K from k0 (a multiple of 32) into tile, by the
+// bulk copy engine: its 16 KB counted on bar's phase (for which the caller expects them: mbar_expect_tx)
 __device__ __forceinline__ void copy_split_slice(float* tile, const uint32_t* src, long long row0, int K_pad, int k0,
-                                                 int tid) {
-    const int r = tid / 8, c4 = (tid % 8) * 4;
-    const float* from = reinterpret_cast<const float*>(src) + (row0 + r) * K_pad + k0 + c4;
-    float* to = tile + wg_swizzled(r, c4);
-    const long long rows16 = 16LL * K_pad;
-#pragma unroll
-    for (int i = 0; i < 128 * WG_BK / 4 / WG_PRODUCERS; i++) cp_async16(to + i * 16 * WG_BK, from + i * rows16, 16);
+                                                 uint64_t* bar) {
+#if WG_AVAILABLE
+    const uint32_t* from = src + split_at(row0, k0, K_pad);
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_u32(tile)),
+                 "l"(from), "n"(WG_SPLIT * 4), "r"(smem_u32(bar))
+                 : "memory");
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------- A from registers
@@ -977,15 +994,15 @@ __device__ __forceinline__ void wg_areg_consume(float (&acc)[64], float (&row_su
     }
 }
 
-// Tiles first, first + stride, .. (count of them) of A @ op(B), tile t the 128 x 128 one at rows 128 (t / n_cols) and
-// columns 128 (t % n_cols), A stored M x K (lda) as it lies and B split beforehand (b_split: n_cols * 128 x K_pad, hi
-// then lo, as tf32_split.cuh makes it; K_pad = ceil(K / 32) * 32), each tile then epilogue(acc, m0, n0) in the
-// consumers; in the kernel's dynamic shared memory (S stages and their mbarriers first). Warpgroup 0 copies B's split
-// slices and A's raw ones, S deep, on into the next tile's while the consumers finish this one; warpgroups 1 and 2
-// split A as they read it and multiply, each ending a tile with its 64 rows (m0 + 64 * (warpgroup - 1) ..) in acc,
-// as wg_store lays them out. An epilogue that reuses the stages (once the two have passed consumers_sync()) takes one
-// tile: the next tile's slices would be copied into them. The epilogue is called inside the consumers' branch, so
-// that ptxas gives it the consumers' registers (setmaxnreg).
+// Tiles first, first + stride, .. (count of them) of A @ op(B), tile t the 128 x 128 one at rows 128 (t / n_cols)
+// and columns 128 (t % n_cols), A stored M x K (lda) as it lies and B split beforehand (b_split: n_cols * 128 x
+// K_pad, hi then lo, as tf32_split.cuh makes it; K_pad = ceil(K / 32) * 32), each tile then epilogue(acc, m0, n0) in
+// the consumers; in the kernel's dynamic shared memory (S stages and their mbarriers first). Warpgroup 0 copies B's
+// split slices (thread 0, each a bulk copy) and A's raw ones, S deep, on into the next tile's while the consumers
+// finish this one; warpgroups 1 and 2 split A as they read it and multiply, each ending a tile with its 64 rows (m0
+// + 64 * (warpgroup - 1) ..) in acc, as wg_store lays them out. An epilogue that reuses the stages (once the two
+// have passed consumers_sync()) takes one tile: the next tile's slices would be copied into them. The epilogue is
+// called inside the consumers' branch, so that ptxas gives it the consumers' registers (setmaxnreg).
 template <int S = WG_AREG_STAGES, class Epilogue>
 __device__ __forceinline__ void wg_areg_tiles(float* stages, const float* A, int lda, int M, int K,
                                               const uint32_t* b_split, int n_cols, int K_pad, int first, int stride,
@@ -1015,8 +1032,11 @@ __device__ __forceinline__ void wg_areg_tiles(float* stages, const float* A, int
                 const int s = q % S, m0 = tile / n_cols * 128, n0 = tile % n_cols * 128;
                 mbar_wait(&empty[s], ((q / S) & 1) ^ 1);  // the consumers are done with slice q - S
                 float* t = stages + s * STAGE;
-                copy_split_slice(t, b_split, n0, K_pad, j * WG_BK, tid);
-                copy_split_slice(t + WG_SPLIT, b_split + b_lo, n0, K_pad, j * WG_BK, tid);
+                if (tid == 0) {  // B's hi and lo by the bulk copy engine: the phase waits for them, and for this
+                    mbar_expect_tx(&full[s], 2 * WG_SPLIT * 4);  // thread's arrival S - 1 slices on
+                    copy_split_slice(t, b_split, n0, K_pad, j * WG_BK, &full[s]);
+                    copy_split_slice(t + WG_SPLIT, b_split + b_lo, n0, K_pad, j * WG_BK, &full[s]);
+                }
                 copy_raw<WgRawA<false>>(t + 2 * WG_SPLIT, A, lda, m0, j * WG_BK, M, K, vec_a, tid);  // M x K
                 if (++j == slices) j = 0, tile += stride;
             }

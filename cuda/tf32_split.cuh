@@ -1,23 +1,24 @@
 // The split passes: FP32 operands into the TF32 hi and lo of B that k_gemm_wg_areg and its fused kernels
 // (k_gemm_wg_split_ln_bwd, k_gemm_wg_split_delta) only copy. A split operand is hi then lo, each rows_pad x K_pad
-// K-major (rows_pad a multiple of TC_SPLIT_ROWS, K_pad of TC_SPLIT_K), zero past the matrix: op(B)^T. Every pass
-// splits each float by the same tf32_split, so any of them gives the bits of any other, and the products the wgmma
-// kernel's. k_tf32_split and
-// k_tf32_split_t split one operand (transposed: a weight as a dX product reads it); k_tf32_split_batch splits many
-// in one launch (the model's weights at the start of the forward, and of the backward).
+// (rows_pad a multiple of TC_SPLIT_ROWS, K_pad of TC_SPLIT_K) in the tiles the wgmma kernels copy whole (split_at,
+// matmul_tc.cuh), zero past the matrix: op(B)^T. Every pass splits each float by the same tf32_split, so any of
+// them gives the bits of any other, and the products the wgmma kernel's. k_tf32_split and k_tf32_split_t split one
+// operand (transposed: a weight as a dX product reads it); k_tf32_split_batch splits many in one launch (the model's
+// weights at the start of the forward, and of the backward).
 #pragma once
 #include <cstdint>
 
 #include "matmul_tc.cuh"  // tf32_split, tf32_split_store; aligned16, load_quad (matmul_fast.cuh)
 
-// hi, lo (rows_pad x K_pad) from src (rows x K, ld): one thread per quad of K, zero past rows and K
+// hi, lo (rows_pad x K_pad, split_at) from src (rows x K, ld): one thread per quad of K, zero past rows and K
 extern "C" __global__ void k_tf32_split(uint32_t* hi, uint32_t* lo, const float* src, int rows, int K, int ld,
                                         int K_pad, long long quads) {
     const long long q = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (q >= quads) return;
     const long long r = q / (K_pad / 4);
     const int k = (int)(q % (K_pad / 4)) * 4;
-    tf32_split_store(hi + r * K_pad, lo + r * K_pad, k, load_quad(src, r, k, rows, K, ld, aligned16(src, ld)));
+    const long long at = split_at(r, k, K_pad);
+    tf32_split_store(hi + at, lo + at, 0, load_quad(src, r, k, rows, K, ld, aligned16(src, ld)));
 }
 
 // The same from src stored transposed (K x rows, ld), through a 32 x 32 tile of shared memory (8 warps, each
@@ -33,7 +34,7 @@ extern "C" __global__ void __launch_bounds__(256) k_tf32_split_t(uint32_t* hi, u
     }
     __syncthreads();
     for (int j = warp; j < 32; j += 8) {
-        const long long at = (long long)(r0 + j) * K_pad + k0 + lane;
+        const long long at = split_at(r0 + j, k0 + lane, K_pad);
         tf32_split(t[lane][j], hi[at], lo[at]);
     }
 }
@@ -74,7 +75,7 @@ extern "C" __global__ void __launch_bounds__(SPLIT_THREADS) k_tf32_split_batch(c
         for (int i = 0; i < SPLIT_TILE / 16; i++) {
             const int r = r0 + row + 16 * i, k = k0 + quad;
             if (k < K_pad)  // K_pad % 4 == 0: a quad is all in or all out
-                tf32_split_store(hi + (long long)r * K_pad, lo + (long long)r * K_pad, k,
+                tf32_split_store(hi + split_at(r, k, K_pad), lo + split_at(r, k, K_pad), 0,
                                  load_quad(src, r, k, rows, K, ld, vec));
         }
         return;
@@ -90,7 +91,7 @@ extern "C" __global__ void __launch_bounds__(SPLIT_THREADS) k_tf32_split_batch(c
     for (int i = 0; i < SPLIT_TILE / 16; i++) {  // the operand's rows r0 + rr, along K
         const int rr = row + 16 * i, k = k0 + quad;
         if (k < K_pad)
-            tf32_split_store(hi + (long long)(r0 + rr) * K_pad, lo + (long long)(r0 + rr) * K_pad, k,
+            tf32_split_store(hi + split_at(r0 + rr, k, K_pad), lo + split_at(r0 + rr, k, K_pad), 0,
                              make_float4(t[quad][rr], t[quad + 1][rr], t[quad + 2][rr], t[quad + 3][rr]));
     }
 }

@@ -36,8 +36,8 @@ void matmul_forward_cpu(double* out, const float* inp, const float* weight, cons
 }
 
 // ---------------------------------------------------------------------------------------------- the versions
-// Versions 5 and 6: the weight's hi then lo, each rows_pad x K_pad K-major (whole 128 x 32 tiles), zero past the
-// matrix; and the GPU's SMs, the most blocks version 6 launches.
+// Versions 5 and 6: the weight's hi then lo, each rows_pad x K_pad in the products' 128 x 32 tiles (split_at), zero
+// past the matrix; and the GPU's SMs, the most blocks version 6 launches.
 struct Splits {
     uint32_t* b;
     int sms;

@@ -36,9 +36,10 @@ def split_floats(candidates) -> int:
 
 def tf32_split(hi: int, lo: int, src: int, rows: int, K: int, ld: int, K_pad: int, stream, transposed=False,
                why: str = "") -> None:
-    """src's rows (rows x K, ld; transposed: stored K x rows) split into TF32 hi and lo, K-major and padded to
-    whole tiles: rows_pad x K_pad floats each at hi and lo (split_padding), zero past the matrix (k_tf32_split;
-    k_tf32_split_t through a 32 x 32 tile of shared memory where transposed)."""
+    """src's rows (rows x K, ld; transposed: stored K x rows) split into TF32 hi and lo, padded to whole tiles:
+    rows_pad x K_pad floats each at hi and lo (split_padding), in the 128 x 32 swizzled tiles the products copy whole
+    (split_at, cuda/matmul_tc.cuh), zero past the matrix (k_tf32_split; k_tf32_split_t through a 32 x 32 tile of
+    shared memory where transposed)."""
     rows_pad, _ = split_padding(rows, K)
     if transposed:
         launch("k_tf32_split_t", [hi, lo, src, rows, K, ld, K_pad], (K_pad // 32, rows_pad // 32), stream,
