@@ -47,14 +47,15 @@ __device__ __forceinline__ void wg_delta_epilogue(const float (&d)[64], const fl
     }
 }
 
-// d_o (M x N) = dY @ W_O (wg_areg_tiles: dY raw, M x K, ld; b_split: W_O^T's rows split, N_pad x K_pad), and for
-// the rows at t >= FA_DELTA_PASS_TILES * FA_KEYS of each batch row: delta (B, N / d_k, T) = the sums of d_o * o
-// (o: M x N) over each head's d_k columns, and sync's counters of those query tiles (B, N / d_k, ceil(T / 64)) set to
-// 0; the first query tiles' are k_flash_bwd_delta_d*'s. d_k: 32, 64 or 128 (traps otherwise). Grid and dynamic
-// shared memory as k_gemm_wg_areg: (ceil(N / 128), ceil(M / 128)) blocks of TC_WG_THREADS, TC_AREG_SMEM_BYTES.
+// d_o (M x N) = dY @ W_O (wg_areg_tiles: dY raw, M x K, ld, dY_map a tensor map over it or null; b_split: W_O^T's
+// rows split, N_pad x K_pad), and for the rows at t >= FA_DELTA_PASS_TILES * FA_KEYS of each batch row: delta (B,
+// N / d_k, T) = the sums of d_o * o (o: M x N) over each head's d_k columns, and sync's counters of those query tiles
+// (B, N / d_k, ceil(T / 64)) set to 0; the first query tiles' are k_flash_bwd_delta_d*'s. d_k: 32, 64 or 128 (traps
+// otherwise). Grid and dynamic shared memory as k_gemm_wg_areg: (ceil(N / 128), ceil(M / 128)) blocks of
+// TC_WG_THREADS, TC_AREG_SMEM_BYTES.
 extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
-    k_gemm_wg_split_delta(float* d_o, float* delta, int* sync, const float* dY, int ld, const uint32_t* b_split,
-                          const float* o, int M, int N, int K, int K_pad, int T, int d_k) {
+    k_gemm_wg_split_delta(float* d_o, float* delta, int* sync, const float* dY, int ld, const TensorMap* dY_map,
+                          const uint32_t* b_split, const float* o, int M, int N, int K, int K_pad, int T, int d_k) {
 #if WG_AVAILABLE
     extern __shared__ __align__(1024) float split_smem[];
     if (d_k != 32 && d_k != 64 && d_k != 128) __trap();
@@ -73,8 +74,8 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
         // stored after the sums: stored before them, its 64 addresses held registers and the sums spilled
         wg_store(d_o, acc, m0 + (threadIdx.x / 128 - 1) * 64, n0, M, N, N, nullptr, 1.0f, 0.0f, CAUSAL_NONE, 0.0f);
     };
-    wg_areg_tiles(split_smem, dY, ld, M, K, b_split, gridDim.x, K_pad, blockIdx.y * gridDim.x + blockIdx.x, 1, 1,
-                  epilogue);
+    wg_areg_tiles(split_smem, dY, ld, dY_map, M, K, b_split, gridDim.x, K_pad, blockIdx.y * gridDim.x + blockIdx.x, 1,
+                  1, epilogue);
 #else
     __trap();  // the launcher chooses this kernel on sm_90a only
 #endif

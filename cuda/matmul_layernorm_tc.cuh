@@ -229,14 +229,16 @@ __device__ __forceinline__ void wg_ln_bwd_epilogue(const float (&g)[64], float* 
     }
 }
 
-// dx (M x C) of the layernorm whose output's gradient is dY @ W (dY: M x K, ld; b_split: W^T's rows split, C_pad x
-// K_pad, K_pad = ceil(K / 32) * 32), x its input, w its weight, mean and rstd its rows' statistics; dx written, or
-// added into where accumulate; dw and db added into. partials: (2, gridDim.y, C); row_sums: (M, gridDim.x) float2;
-// counters: 2 * gridDim.y + gridDim.x + 1, zero. Grid (ceil(C / 128), ceil(M / 128)) of TC_WG_THREADS,
-// TC_AREG_SMEM_BYTES of dynamic shared memory; a block's tile is the ticket it draws as it starts, in row-major order.
+// dx (M x C) of the layernorm whose output's gradient is dY @ W (dY: M x K, ld; dY_map: a tensor map over it, or null;
+// b_split: W^T's rows split, C_pad x K_pad, K_pad = ceil(K / 32) * 32), x its input, w its weight, mean and rstd its
+// rows' statistics; dx written, or added into where accumulate; dw and db added into. partials: (2, gridDim.y, C);
+// row_sums: (M, gridDim.x) float2; counters: 2 * gridDim.y + gridDim.x + 1, zero. Grid (ceil(C / 128), ceil(M / 128))
+// of TC_WG_THREADS, TC_AREG_SMEM_BYTES of dynamic shared memory; a block's tile is the ticket it draws as it starts, in
+// row-major order.
 extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
     k_gemm_wg_split_ln_bwd(float* dx, float* dw, float* db, float* partials, float2* row_sums, unsigned int* counters,
-                           const float* dY, int ld, const uint32_t* b_split, const float* x, const float* w,
+                           const float* dY, int ld, const TensorMap* dY_map, const uint32_t* b_split,
+                           const float* x, const float* w,
                            const float* mean, const float* rstd, int M, int C, int K, int K_pad, int accumulate) {
 #if WG_AVAILABLE
     extern __shared__ __align__(1024) float split_smem[];
@@ -257,7 +259,7 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
             wg_ln_bwd_epilogue<false>(acc, dx, dw, db, partials, row_sums, counters, split_smem, x, w, mean, rstd, M,
                                       C, m0, n0);
     };
-    wg_areg_tiles(split_smem, dY, ld, M, K, b_split, gridDim.x, K_pad, ticket, 1, 1, epilogue);
+    wg_areg_tiles(split_smem, dY, ld, dY_map, M, K, b_split, gridDim.x, K_pad, ticket, 1, 1, epilogue);
 #else
     __trap();  // the launcher chooses this kernel on sm_90a only
 #endif

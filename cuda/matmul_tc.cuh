@@ -63,7 +63,7 @@
 // an mbarrier pair per buffer; k_gemm_wg_areg, k_gemm_wg_areg_tn, the fused kernels on wg_areg_tiles: their stages
 // and an mbarrier pair per stage, and k_gemm_wg_areg its two store buffers too), the
 // wgmma kernels' threads (three warpgroups), and the split operands' padding (rows to TC_SPLIT_ROWS, K to TC_SPLIT_K:
-// whole tiles, so the copies check no bounds).
+// whole tiles, so the copies check no bounds), and the box of the tensor maps over A that wg_areg_tiles copies by.
 enum TcLaunch : int {
     TC_SMEM_BYTES = TC_STAGES * 2 * TC_BM * (TC_BK + 8) * 4,
     TC_WG_SMEM_BYTES = WG_BUFS * 4 * 128 * 32 * 4 + WG_RAW * 2 * 128 * 32 * 4 + 2 * WG_BUFS * 8,
@@ -73,6 +73,8 @@ enum TcLaunch : int {
     TC_AREG_STORE_SMEM_BYTES = WG_AREG_STORE_STAGES * (WG_AREG_STAGE_BYTES + 2 * 8) + WG_STORE_BYTES,
     TC_SPLIT_ROWS = 128,
     TC_SPLIT_K = 32,
+    TC_A_BOX_COLS = 36,  // a tensor map's box over A for wg_areg_tiles: one raw slice, its padding included
+    TC_A_BOX_ROWS = 128,
 };
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
@@ -746,6 +748,28 @@ __device__ __forceinline__ void copy_split_slice(float* tile, const uint32_t* sr
 #endif
 }
 
+// A tensor map (CUtensorMap's 128 opaque bytes, made on the host by cuTensorMapEncodeTiled) in global memory
+struct alignas(64) TensorMap {
+    unsigned long long opaque[16];
+};
+// Before this thread's first copy through map: the map, copied in from the host, seen by the tensor copies
+__device__ __forceinline__ void tensormap_acquire(const TensorMap* map) {
+#if WG_AVAILABLE
+    asm volatile("fence.proxy.tensormap::generic.acquire.sys [%0], 128;" ::"l"(map) : "memory");
+#endif
+}
+// map's box at column c0, row r0 into dst (128-byte aligned) by the tensor memory accelerator: the whole box's bytes,
+// zeros where it passes the matrix's edges, counted on bar's phase (for which the caller expects them)
+__device__ __forceinline__ void tma_load_2d(float* dst, const TensorMap* map, int c0, int r0, uint64_t* bar) {
+#if WG_AVAILABLE
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+            smem_u32(dst)),
+        "l"(map), "r"(c0), "r"(r0), "r"(smem_u32(bar))
+        : "memory");
+#endif
+}
+
 // ---------------------------------------------------------------------------------------------- A from registers
 // The same product with op(A) copied raw (FP32, as it lies in global memory) and split by each consumer thread into
 // the register fragments that wgmma takes A from: only B is read from shared memory by the tensor cores. A's tiles
@@ -999,17 +1023,20 @@ __device__ __forceinline__ void wg_areg_consume(float (&acc)[64], float (&row_su
 // K_pad, hi then lo, as tf32_split.cuh makes it; K_pad = ceil(K / 32) * 32), each tile then epilogue(acc, m0, n0) in
 // the consumers; in the kernel's dynamic shared memory (S stages and their mbarriers first). Warpgroup 0 copies B's
 // split slices (thread 0, each a bulk copy) and A's raw ones, S deep, on into the next tile's while the consumers
-// finish this one; warpgroups 1 and 2 split A as they read it and multiply, each ending a tile with its 64 rows (m0
+// finish this one: A's by thread 0 too, a box of a_map a slice, where the host made one (a tensor map over A, M x K,
+// in boxes of TC_A_BOX_COLS x TC_A_BOX_ROWS; the box's last 4 columns land in the slice's padding), else by
+// cp.async; warpgroups 1 and 2 split A as they read it and multiply, each ending a tile with its 64 rows (m0
 // + 64 * (warpgroup - 1) ..) in acc, as wg_store lays them out. An epilogue that reuses the stages (once the two
 // have passed consumers_sync()) takes one tile: the next tile's slices would be copied into them. The epilogue is
 // called inside the consumers' branch, so that ptxas gives it the consumers' registers (setmaxnreg).
 template <int S = WG_AREG_STAGES, class Epilogue>
-__device__ __forceinline__ void wg_areg_tiles(float* stages, const float* A, int lda, int M, int K,
-                                              const uint32_t* b_split, int n_cols, int K_pad, int first, int stride,
-                                              int count, Epilogue epilogue) {
+__device__ __forceinline__ void wg_areg_tiles(float* stages, const float* A, int lda, const TensorMap* a_map, int M,
+                                              int K, const uint32_t* b_split, int n_cols, int K_pad, int first,
+                                              int stride, int count, Epilogue epilogue) {
 #if WG_AVAILABLE
     constexpr int STAGE = 2 * WG_SPLIT + WgRawA<false>::FLOATS;  // B hi, B lo, raw A
     static_assert(STAGE % 256 == 0, "every stage's B tiles 1024-byte aligned, as their swizzle needs");
+    static_assert(WgRawA<false>::LD == TC_A_BOX_COLS && WgRawA<false>::ROWS == TC_A_BOX_ROWS, "A's box: a slice");
     static_assert(S * STAGE * 4 + 2 * S * 8 <= TC_AREG_SMEM_BYTES, "TC_AREG_SMEM_BYTES holds the stages");
     uint64_t* full = reinterpret_cast<uint64_t*>(stages + S * STAGE);
     uint64_t* empty = full + S;
@@ -1020,6 +1047,8 @@ __device__ __forceinline__ void wg_areg_tiles(float* stages, const float* A, int
         const int tid = threadIdx.x;   // with slice q - S, want q - (S - 1) next
         const long long b_lo = (long long)n_cols * 128 * K_pad;
         const bool vec_a = aligned16(A, lda);
+        const uint32_t bytes = (2 * WG_SPLIT + (a_map ? WgRawA<false>::FLOATS : 0)) * 4;  // thread 0's copies a slice
+        if (a_map && tid == 0) tensormap_acquire(a_map);
         const int jobs = count * slices;
         int tile = first, j = 0;  // slice q's tile and its slice of it
         for (int q = 0; q < jobs + S - 1; q++) {
@@ -1032,12 +1061,13 @@ __device__ __forceinline__ void wg_areg_tiles(float* stages, const float* A, int
                 const int s = q % S, m0 = tile / n_cols * 128, n0 = tile % n_cols * 128;
                 mbar_wait(&empty[s], ((q / S) & 1) ^ 1);  // the consumers are done with slice q - S
                 float* t = stages + s * STAGE;
-                if (tid == 0) {  // B's hi and lo by the bulk copy engine: the phase waits for them, and for this
-                    mbar_expect_tx(&full[s], 2 * WG_SPLIT * 4);  // thread's arrival S - 1 slices on
+                if (tid == 0) {  // B's hi and lo by the bulk copy engine (A's by the TMA): the phase waits for
+                    mbar_expect_tx(&full[s], bytes);  // them, and for this thread's arrival S - 1 slices on
                     copy_split_slice(t, b_split, n0, K_pad, j * WG_BK, &full[s]);
                     copy_split_slice(t + WG_SPLIT, b_split + b_lo, n0, K_pad, j * WG_BK, &full[s]);
+                    if (a_map) tma_load_2d(t + 2 * WG_SPLIT, a_map, j * WG_BK, m0, &full[s]);
                 }
-                copy_raw<WgRawA<false>>(t + 2 * WG_SPLIT, A, lda, m0, j * WG_BK, M, K, vec_a, tid);  // M x K
+                if (!a_map) copy_raw<WgRawA<false>>(t + 2 * WG_SPLIT, A, lda, m0, j * WG_BK, M, K, vec_a, tid);
                 if (++j == slices) j = 0, tile += stride;
             }
             cp_async_commit();
@@ -1098,15 +1128,16 @@ __device__ __forceinline__ void wg_store_bulk_done() {
 #endif
 }
 
-// C (M x N, ldc) = alpha * A @ op(B) + bias[n] + beta * C, A stored M x K (lda) as it lies and B split beforehand
-// (wg_areg_tiles, WG_AREG_STORE_STAGES deep): the forward's and the dX products, with no pass splitting A. One block
-// per SM (TC_AREG_STORE_SMEM_BYTES), gridDim.x of them, each taking the tiles blockIdx.x, blockIdx.x + gridDim.x, ..
-// of the ceil(M / 128) x ceil(N / 128) in row-major order: a grid of one block a tile, or fewer, each block's next
-// tile's first slices then copied while it stores the last one's. Where bulk_store_fits, a tile's rows are written
-// by the bulk copy engine from the warpgroups' buffers (wg_store_bulk) while the block goes on to its next tile.
+// C (M x N, ldc) = alpha * A @ op(B) + bias[n] + beta * C, A stored M x K (lda) as it lies (a_map: a tensor map over
+// it, or null) and B split beforehand (wg_areg_tiles, WG_AREG_STORE_STAGES deep): the forward's and the dX products,
+// with no pass splitting A. One block per SM (TC_AREG_STORE_SMEM_BYTES), gridDim.x of them, each taking the tiles
+// blockIdx.x, blockIdx.x + gridDim.x, .. of the ceil(M / 128) x ceil(N / 128) in row-major order: a grid of one block a
+// tile, or fewer, each block's next tile's first slices then copied while it stores the last one's. Where
+// bulk_store_fits, a tile's rows are written by the bulk copy engine from the warpgroups' buffers (wg_store_bulk) while
+// the block goes on to its next tile.
 extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
-    k_gemm_wg_areg(float* C, const float* A, const uint32_t* b_split, const float* bias, int M, int N, int K,
-                   int lda, int K_pad, int ldc, float alpha, float beta) {
+    k_gemm_wg_areg(float* C, const float* A, const TensorMap* a_map, const uint32_t* b_split, const float* bias, int M,
+                   int N, int K, int lda, int K_pad, int ldc, float alpha, float beta) {
 #if WG_AVAILABLE
     constexpr int S = WG_AREG_STORE_STAGES, STAGES_BYTES = S * (2 * WG_SPLIT + WgRawA<false>::FLOATS) * 4 + 2 * S * 8;
     static_assert(STAGES_BYTES % 16 == 0 && STAGES_BYTES + WG_STORE_BYTES <= TC_AREG_STORE_SMEM_BYTES,
@@ -1118,7 +1149,7 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
     const int n_cols = (N + 127) / 128, tiles = n_cols * ((M + 127) / 128);
     const int count = (int)blockIdx.x < tiles ? (tiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
     const bool bulk = bulk_store_fits(C, N, ldc, beta);
-    wg_areg_tiles<S>(areg_smem, A, lda, M, K, b_split, n_cols, K_pad, blockIdx.x, gridDim.x, count,
+    wg_areg_tiles<S>(areg_smem, A, lda, a_map, M, K, b_split, n_cols, K_pad, blockIdx.x, gridDim.x, count,
                      [&](const float (&acc)[64], int m0, int n0) {
                          const int half = threadIdx.x / 128 - 1;
                          if (bulk)

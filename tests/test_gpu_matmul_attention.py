@@ -58,8 +58,10 @@ def test_the_kernel_writes_the_products_dy_and_the_float64_delta_of_its_rows(ga,
     sync = ga.to_gpu(np.full(B * NH * tiles + 1, -1, np.int32))
     g = K.Gemm.dense(N, C, C, units="tc")
     ws, b_split, K_pad, grid = K.products.split_b_into_workspace(g, int(w.gpudata), None)
+    a_map = K.matmul_tc.a_tensor_map(g, int(dout.gpudata), None)  # dout by the TMA, as the launcher copies it
+    assert a_map != 0
     launch("k_gemm_wg_split_delta", [int(dy.gpudata), int(delta.gpudata), int(sync.gpudata), int(dout.gpudata), C,
-                                     b_split, int(y.gpudata), N, C, C, K_pad, T, d_k], grid, None,
+                                     a_map, b_split, int(y.gpudata), N, C, C, K_pad, T, d_k], grid, None,
            shared=int_constant("TC_AREG_SMEM_BYTES"), block=int_constant("TC_WG_THREADS"))
     K.engine().cuda.Context.synchronize()
     del ws

@@ -514,6 +514,25 @@ def test_the_tensor_core_paths_follow_the_architecture(fake, arch, tc, wg):
         assert plan[-1][4:] == (sizes["TC_AREG_STORE_SMEM_BYTES"], sizes["TC_WG_THREADS"]), plan[-1]
 
 
+def test_a_tensor_map_is_made_once_for_a_matrix_and_only_where_the_tma_reads_it(fake):
+    """The kernels on wg_areg_tiles copy A by the TMA through a tensor map in device memory: one a matrix (its
+    address, shape, row stride and box), made at its first product and kept by the engine, so that a later plan, or
+    a product again, finds the same; where A or its rows are not 16-byte aligned, none (0), A copied by cp.async."""
+    a, b, c = f32(1000, 300), f32(300, 384), f32(1000, 384)
+    plan = K.Plan(fake)
+    K.sgemm(c, a, b, stream=plan, units="tc")
+    K.sgemm(c, a, b, stream=plan, units="tc")
+    maps = [p[3][2] for p in plan if p[0] == "k_gemm_wg_areg"]
+    assert len(maps) == 2 and maps[0] == maps[1] == int(fake.tensor_maps[(a.gpudata, 1000, 300, 300, 36, 128)])
+    assert "A by the TMA" in plan[1].why, plan[1]
+    odd = f32(1000, 301)  # rows of 301 floats: not 16-byte aligned
+    plan = K.Plan(fake)
+    K.sgemm(c, odd, f32(301, 384), stream=plan, units="tc")
+    (product,) = [p for p in plan if p[0] == "k_gemm_wg_areg"]
+    assert product[3][2] == 0 and "A by cp.async" in product.why, product
+    assert not any(key[0] == odd.gpudata for key in fake.tensor_maps)
+
+
 def test_split_operands_share_the_plans_workspace(fake):
     """On sm_90a one product of A stored M x K that takes the wgmma kernel reads A as it lies, split in its
     registers, and B split beforehand: B's hi then lo (N_pad x K_pad each, rows padded to 128 and K to 32,
@@ -536,9 +555,10 @@ def test_split_operands_share_the_plans_workspace(fake):
     b_n = 384 * 320  # floats of B's hi
     ws = split_b[0]
     assert split_b == [ws, ws + 4 * b_n, b1.gpudata, 333, 300, 333, 320] and g_b[:2] == (10, 12)
-    assert product == [c1.gpudata, a1.gpudata, ws, bias1.gpudata, 1000, 333, 300, 300, 320, 333, 0.5, 2.0]
+    a_map = int(fake.tensor_maps[(a1.gpudata, 1000, 300, 300, 36, 128)])  # A by the TMA, a box a raw slice
+    assert product == [c1.gpudata, a1.gpudata, a_map, ws, bias1.gpudata, 1000, 333, 300, 300, 320, 333, 0.5, 2.0]
     assert g_c[:2] == (3 * 8, 1) and (shared, block) == (sizes["TC_AREG_STORE_SMEM_BYTES"], sizes["TC_WG_THREADS"])
-    assert plan[2][3][0] == ws and plan[3][3][2] == ws  # the second product: the same workspace
+    assert plan[2][3][0] == ws and plan[3][3][3] == ws  # the second product: the same workspace
     assert plan[4][3][0] != ws and plan[4][3][0] == plan.workspace.gpudata
     assert plan.workspace.size == 2 * 512 * 512
     # a block an SM at most, each taking every sm_count-th of the grid's tiles (the third product: 4 x 16 of them)
@@ -610,8 +630,8 @@ def test_weights_split_once_go_first_in_the_plan_and_replace_the_products_own_sp
     (w1_hi, w1_buf), = [(int(b.gpudata), b) for b in fwd.found.values()]
     (w2_hi, w2_buf), = [(int(b.gpudata), b) for b in bwd.found.values()]
     assert w1_buf.size == 2 * 384 * 288 and w2_buf.size == 2 * 384 * 1024  # rows to 128, K to 32
-    assert plan[2][3][2] == w1_hi and plan[3][3][2] == w2_hi and plan[4][3][2] == w2_hi
-    assert plan[6][3][2] == plan[5][3][0] != w1_hi  # the last product's B split in the workspace, by its own pass
+    assert plan[2][3][3] == w1_hi and plan[3][3][3] == w2_hi and plan[4][3][3] == w2_hi
+    assert plan[6][3][3] == plan[5][3][0] != w1_hi  # the last product's B split in the workspace, by its own pass
     rows = {(f, tuple(t.shape)) for f, t in [(0, fwd.tables[-1][1]), (1, bwd.tables[-1][1])]}
     assert rows == {(0, (1, 10)), (1, (1, 10))}
     field = {name: sizes[name] for name in sizes if name.startswith("JOB_")}
@@ -674,8 +694,9 @@ def test_tc_fuses_the_layernorm_backward_into_the_dx_product_where_it_can(fake, 
     tiles, row_tiles = math.ceil(C / 128), math.ceil(N / 128)
     assert grid[:2] == (tiles, row_tiles) and kargs[:3] == [a.gpudata for a in args[:3]] and kargs[-5:] == [
         N, C, OUT, 32 * math.ceil(OUT / 32), 1], kargs  # dx, dw, db
-    assert kargs[6:8] == [args[5].gpudata, OUT] and kargs[8] == plan[-2][3][0], kargs  # dout as it lies, W split
-    assert kargs[9:13] == [a.gpudata for a in args[8:12]], kargs  # x, w, mean, rstd
+    assert kargs[6:8] == [args[5].gpudata, OUT] and kargs[9] == plan[-2][3][0], kargs  # dout as it lies, W split
+    assert kargs[8] == int(fake.tensor_maps[(args[5].gpudata, N, OUT, OUT, 36, 128)]), kargs  # dout by the TMA
+    assert kargs[10:14] == [a.gpudata for a in args[8:12]], kargs  # x, w, mean, rstd
     assert (shared, block) == (K.int_constants()["TC_AREG_SMEM_BYTES"], K.int_constants()["TC_WG_THREADS"])
 
 
@@ -742,8 +763,9 @@ def test_tc_sums_flash_attentions_delta_in_the_dx_product_where_it_can(fake, arc
     _, _, grid, kargs, shared, block = plan[at]
     delta, sync = plan[at + 1][3][:2]  # the pass kernel's, which the backward reads
     assert grid[:2] == (math.ceil(C / 128), math.ceil(B * T / 128)), grid
-    assert kargs[:3] == [dy.gpudata, delta, sync] and kargs[6] == args[4].gpudata, kargs  # y
-    assert kargs[3:6] == [args[3].gpudata, C, plan[at - 1][3][0]], kargs  # dout as it lies, W_O split
+    assert kargs[:3] == [dy.gpudata, delta, sync] and kargs[7] == args[4].gpudata, kargs  # y
+    assert kargs[3:7] == [args[3].gpudata, C, int(fake.tensor_maps[(args[3].gpudata, B * T, C, C, 36, 128)]),
+                          plan[at - 1][3][0]], kargs  # dout as it lies (and by the TMA), W_O split
     assert kargs[-6:] == [B * T, C, C, 32 * math.ceil(C / 32), T, D], kargs
     assert plan[at + 2][3][-5] == delta, plan[at + 2]  # the backward reads the delta the product wrote
 

@@ -84,8 +84,8 @@ void split_operand(uint32_t* split, const float* src, int rows, int K) {
 // k_gemm_wg_areg: a block a tile (version 5), or a block an SM (6)
 void matmul_product56(int version, float* out, const float* inp, const float* bias, int M, int N, int K, Splits s) {
     const int tiles = ceil_div(N, 128) * ceil_div(M, 128), blocks = version == 5 ? tiles : std::min(tiles, s.sms);
-    k_gemm_wg_areg<<<blocks, TC_WG_THREADS, TC_AREG_STORE_SMEM_BYTES>>>(out, inp, s.b, bias, M, N, K, K, k_pad(K), N,
-                                                                         1.0f, 0.0f);
+    k_gemm_wg_areg<<<blocks, TC_WG_THREADS, TC_AREG_STORE_SMEM_BYTES>>>(out, inp, nullptr, s.b, bias, M, N, K, K,
+                                                                         k_pad(K), N, 1.0f, 0.0f);
 }
 
 void matmul_forward56(int version, float* out, const float* inp, const float* weight, const float* bias, int M,

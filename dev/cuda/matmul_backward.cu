@@ -138,7 +138,7 @@ struct Problem {
                                                                     0, 1.0f, 0.0f, CAUSAL_NONE, 0.0f, nullptr);
         else
             k_gemm_wg_areg<<<std::min((int)(grid.x * grid.y), sms), TC_WG_THREADS, TC_AREG_STORE_SMEM_BYTES>>>(
-                dinp, dout, weight_split, nullptr, M, N, K, K, k_pad(K), N, 1.0f, 0.0f);  // a block an SM
+                dinp, dout, nullptr, weight_split, nullptr, M, N, K, K, k_pad(K), N, 1.0f, 0.0f);  // a block an SM
         cudaCheck(cudaGetLastError());
     }
 

@@ -1,5 +1,6 @@
 """The CUDA driver's calls that PyCUDA has no binding for, through ctypes, in the primary context PyCUDA made: stream
-capture and graphs (microgpt.kernels.graph), and launches by cuLaunchKernelEx (DependentKernel).
+capture and graphs (microgpt.kernels.graph), launches by cuLaunchKernelEx (DependentKernel), and tensor maps
+(encode_tensor_map).
 """
 from __future__ import annotations
 
@@ -46,7 +47,9 @@ def driver():
                      ("cuGetErrorName", [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]),
                      ("cuModuleLoadData", [P, ctypes.c_char_p]), ("cuModuleGetFunction", [P, p, ctypes.c_char_p]),
                      ("cuFuncSetAttribute", [p, ctypes.c_int, ctypes.c_int]),
-                     ("cuLaunchKernelEx", [ctypes.POINTER(_LaunchConfig), p, P, P])):
+                     ("cuLaunchKernelEx", [ctypes.POINTER(_LaunchConfig), p, P, P]),
+                     ("cuTensorMapEncodeTiled", [p, ctypes.c_int, ctypes.c_uint, p, p, p, p, p, ctypes.c_int,
+                                                 ctypes.c_int, ctypes.c_int, ctypes.c_int])):
         getattr(lib, fn).argtypes, getattr(lib, fn).restype = args, ctypes.c_int
     return lib
 
@@ -62,6 +65,23 @@ def shared_without_opt_in(static: int) -> int:
     """The dynamic shared memory a block of a kernel with `static` bytes of static shared memory may take before
     the opt-in (MAX_DYNAMIC_SHARED_SIZE_BYTES): 48 KB, the static part counted."""
     return 48 * 1024 - static
+
+
+_FLOAT32, _L2_PROMOTION_256B = 7, 3  # CU_TENSOR_MAP_DATA_TYPE_FLOAT32, CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+
+
+def encode_tensor_map(address: int, rows: int, cols: int, ld: int, box_cols: int, box_rows: int) -> bytes:
+    """The 128 bytes of a CUtensorMap over the row-major FP32 matrix at `address` (rows x cols, rows ld floats
+    apart) in boxes of box_cols x box_rows, by cuTensorMapEncodeTiled: no interleave, no swizzle, L2 promotion of
+    256 bytes, zeros past the matrix's edges."""
+    out = (ctypes.c_uint64 * 16)()
+    dims, strides = (ctypes.c_uint64 * 2)(cols, rows), (ctypes.c_uint64 * 1)(ld * 4)
+    box, element_strides = (ctypes.c_uint32 * 2)(box_cols, box_rows), (ctypes.c_uint32 * 2)(1, 1)
+    check(driver().cuTensorMapEncodeTiled(ctypes.byref(out), _FLOAT32, 2, ctypes.c_void_p(address), ctypes.byref(dims),
+                                          ctypes.byref(strides), ctypes.byref(box), ctypes.byref(element_strides), 0,
+                                          0, _L2_PROMOTION_256B, 0),
+          f"a tensor map over {rows} x {cols} floats (ld {ld}) in boxes of {box_cols} x {box_rows}")
+    return bytes(out)
 
 
 def load_module(cubin: bytes) -> ctypes.c_void_p:

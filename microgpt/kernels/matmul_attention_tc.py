@@ -12,7 +12,7 @@ from . import flash_attention
 from .attention import matmul_attention_bwd_args, matmul_then_attention_bwd
 from .flash_attention import fused_attention_bwd_tc
 from .products import Gemm, gemm, matmul_bwd_tc
-from .matmul_tc import split_operands, tc_kernel
+from .matmul_tc import a_tensor_map, split_operands, tc_kernel
 from .runtime import device_of, launch, noting
 from .source import int_constant
 
@@ -47,9 +47,9 @@ def matmul_attention_bwd_tc(dqkv, dweight, dbias, dout, y, weight, qkv, lse, n_h
 
     def product_and_delta(p_delta, p_sync):
         def delta_epilogue(a, b_split, K_pad, grid):
-            launch("k_gemm_wg_split_delta", [p["dy"], p_delta, p_sync, a, g.lda, b_split, p["y"], B * T, C, g.K, K_pad,
-                                             T, d_k], grid, stream, shared=int_constant("TC_AREG_SMEM_BYTES"),
-                   block=int_constant("TC_WG_THREADS"),
+            launch("k_gemm_wg_split_delta", [p["dy"], p_delta, p_sync, a, g.lda, a_tensor_map(g, a, stream), b_split,
+                                             p["y"], B * T, C, g.K, K_pad, T, d_k], grid, stream,
+                   shared=int_constant("TC_AREG_SMEM_BYTES"), block=int_constant("TC_WG_THREADS"),
                    why="fused: the dX product making dy sums flash attention's delta in its epilogue")
         gemm(dataclasses.replace(g, epilogue=delta_epilogue), 0, p["dout"], p["weight"], stream=stream)
 

@@ -10,7 +10,7 @@ import math
 from .products import Gemm, gemm, matmul_bwd_tc
 from .layernorm import matmul_layernorm_bwd_args, matmul_then_layernorm_bwd
 from .layernorm_fast import layernorm_bwd_fast
-from .matmul_tc import split_operands, tc_kernel
+from .matmul_tc import a_tensor_map, split_operands, tc_kernel
 from .runtime import counters, device_of, launch, noting, scratch
 from .source import int_constant
 
@@ -58,7 +58,7 @@ def matmul_layernorm_bwd_tc(dx, dw, db, dweight, dbias, dout, inp, weight, x, w,
         done = counters(2 * row_tiles + tiles + 1, stream)  # rows arrived and done, column tiles done, the ticket
         launch("k_gemm_wg_split_ln_bwd",
                [p["dx"], p["dw"], p["db"], int(partials.gpudata), int(row_sums.gpudata), int(done.gpudata), a, g.lda,
-                b_split, p["x"], p["w"], p["mean"], p["rstd"], N, C, g.K, K_pad, acc],
+                a_tensor_map(g, a, stream), b_split, p["x"], p["w"], p["mean"], p["rstd"], N, C, g.K, K_pad, acc],
                grid, stream, shared=int_constant("TC_AREG_SMEM_BYTES"), block=int_constant("TC_WG_THREADS"),
                why="fused: the dX product's tiles go straight into the layernorm backward (dinp never written)")
     gemm(dataclasses.replace(g, epilogue=layernorm_epilogue), 0, p["dout"], p["weight"], stream=stream)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 from .matmul_fast import Causal
-from .runtime import BLOCK, counters, device_of, launch, sm_version
+from .runtime import BLOCK, counters, device_of, launch, sm_version, tensor_map
 from .source import int_constant
 
 # Below this K the split's rounding and the tensor cores' truncating sums outweigh the FP32 sum's rounding, and
@@ -81,6 +81,12 @@ def split_operands(g, kernel: tuple[str, int, int] | None) -> bool:
             and g.causal == Causal.NONE and g.tile_n == 128 and math.ceil(g.N / 128) * 4 <= 65535)  # split_t's grid
 
 
+def a_tensor_map(g, a: int, stream) -> int:
+    """For a kernel on wg_areg_tiles: a tensor map over g's A at address a (M x K, lda) in boxes of one raw slice, by
+    which the TMA copies A's slices; 0 where it cannot read A so (the kernel's threads then copy them by cp.async)."""
+    return tensor_map(a, g.M, g.K, g.lda, int_constant("TC_A_BOX_COLS"), int_constant("TC_A_BOX_ROWS"), stream)
+
+
 def areg_launch(g, c: int, a: int, b_split: int, bias: int, K_pad: int, grid, stream) -> None:
     """g (a products.Gemm) from A as it lies and B split into TF32 hi and lo (products.split_b_into_workspace), by
     k_gemm_wg_areg, whose consumers split A in registers: the wgmma kernel's bits with no pass splitting A. Its
@@ -89,9 +95,12 @@ def areg_launch(g, c: int, a: int, b_split: int, bias: int, K_pad: int, grid, st
     takes a tile changes no bit."""
     tiles = grid[0] * grid[1]
     blocks = min(tiles, device_of(stream).sm_count)
-    launch("k_gemm_wg_areg", [c, a, b_split, bias, g.M, g.N, g.K, g.lda, K_pad, g.ldc, float(g.alpha), float(g.beta)],
+    a_map = a_tensor_map(g, a, stream)
+    launch("k_gemm_wg_areg", [c, a, a_map, b_split, bias, g.M, g.N, g.K, g.lda, K_pad, g.ldc, float(g.alpha),
+                              float(g.beta)],
            blocks, stream, why=f"3xTF32 wgmma, A split in registers, B beforehand (one product of A stored M x K, "
-                               f"sm_90a); {tiles} tiles over {blocks} blocks",
+                               f"sm_90a); A {'by the TMA' if a_map else 'by cp.async (not 16-byte aligned)'}; "
+                               f"{tiles} tiles over {blocks} blocks",
            shared=int_constant("TC_AREG_STORE_SMEM_BYTES"), block=int_constant("TC_WG_THREADS"))
 
 

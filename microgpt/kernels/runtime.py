@@ -23,7 +23,7 @@ import weakref
 
 import numpy as np
 
-from .driver import DependentKernel, KernelError, load_module, shared_without_opt_in
+from .driver import DependentKernel, KernelError, encode_tensor_map, load_module, shared_without_opt_in
 from .source import NVCC_OPTIONS, TRANSLATION_UNIT, cuda_source_dir, kernel_signatures
 
 BLOCK = 256  # threads per block of every launch; the fast kernels are written for it
@@ -65,6 +65,8 @@ class _Engine:
         self.functions, self.dependents, self.dependent_module = {}, {}, None
         self._shared_limit = {}  # name -> the dynamic shared memory the kernel may take now
         self._resident = {}  # (name, threads, shared) -> resident_blocks
+        self.tensor_maps = {}  # tensor_map's arguments -> the map in device memory
+        self.encode_tensor_map = encode_tensor_map
 
     def resident_blocks(self, name: str, threads: int, shared: int = 0) -> int:
         """Blocks of kernel `name` (threads a block, `shared` dynamic bytes) that fit on one SM at once; asked of
@@ -387,6 +389,24 @@ def counters(n: int, stream=None):
     else:
         e.cuda.memset_d32_async(buf.gpudata, 0, n, stream)
     return _kept(buf, stream)
+
+
+def tensor_map(a: int, rows: int, cols: int, ld: int, box_cols: int, box_rows: int, stream=None) -> int:
+    """The device address of a tensor map over the row-major FP32 matrix at address a (rows x cols, rows ld floats
+    apart) in boxes of box_cols x box_rows, zeros past its edges, for copies by the tensor memory accelerator (sm_90);
+    0 where it cannot read the matrix: a or a row (ld floats) not a multiple of 16 bytes. A map is a function of
+    these numbers alone, so the engine makes each once, at its first use, and keeps it as long as the process (freed
+    at exit): a plan or a graph may hold its address."""
+    if a % 16 or ld % 4:
+        return 0
+    e = device_of(stream)
+    key = (a, rows, cols, ld, box_cols, box_rows)
+    if key not in e.tensor_maps:
+        block = e.tensor_maps[key] = e.cuda.mem_alloc(128)
+        e.cuda.memcpy_htod(block, e.encode_tensor_map(*key))  # blocking: there before any launch that reads it
+        if isinstance(e, _Engine):
+            _persistent.append(block)
+    return int(e.tensor_maps[key])
 
 
 def _kept(buf, stream):

@@ -95,13 +95,14 @@ class Engine:
         self.sm_limits = runtime.SmLimits(device.sm_threads, device.sm_registers, device.sm_shared)
         self.device = SimpleNamespace(name=lambda: device.name)
         self.next_address = 1 << 20
+        self.tensor_maps = {}  # runtime.tensor_map's, allocated and never encoded
         self.ga = SimpleNamespace(empty=self._empty, zeros=self._empty, to_gpu=lambda a: self._empty(
             np.shape(a), np.asarray(a).dtype), zeros_like=lambda a: self._empty(a.shape, a.dtype))
         self.cuda = SimpleNamespace(
             mem_alloc=lambda n: self._empty((n,), np.uint8), Stream=lambda: SimpleNamespace(handle=0,
                                                                                              synchronize=_nothing),
             pagelocked_empty=lambda shape, dtype: np.zeros(shape, dtype), memset_d32=_nothing,
-            memset_d32_async=_nothing, memcpy_htod_async=_nothing, memcpy_dtoh_async=_nothing,
+            memset_d32_async=_nothing, memcpy_htod=_nothing, memcpy_htod_async=_nothing, memcpy_dtoh_async=_nothing,
             memcpy_dtod_async=_nothing, memcpy_dtoh=lambda host, p: host.fill(0),
             Context=SimpleNamespace(synchronize=_nothing), Error=RuntimeError,
             Event=lambda: SimpleNamespace(record=_nothing, synchronize=_nothing))
@@ -116,6 +117,10 @@ class Engine:
 
     def memory_pool(self):
         return SimpleNamespace(allocate=None, free_held=_nothing)
+
+    @staticmethod
+    def encode_tensor_map(*_):
+        return bytes(128)
 
     def resident_blocks(self, name, threads, shared=0):
         return self.sm_limits.blocks(self.regs, threads, shared)
