@@ -237,9 +237,9 @@ __device__ __forceinline__ void wg_ln_bwd_epilogue(const float (&g)[64], float* 
 // row-major order.
 extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
     k_gemm_wg_split_ln_bwd(float* dx, float* dw, float* db, float* partials, float2* row_sums, unsigned int* counters,
-                           const float* dY, int ld, const TensorMap* dY_map, const uint32_t* b_split,
-                           const float* x, const float* w,
-                           const float* mean, const float* rstd, int M, int C, int K, int K_pad, int accumulate) {
+                           const float* dY, int ld, const TensorMap* dY_map, const uint32_t* b_split, const float* x,
+                           const float* w, const float* mean, const float* rstd, int M, int C, int K, int K_pad,
+                           int accumulate) {
 #if WG_AVAILABLE
     extern __shared__ __align__(1024) float split_smem[];
     if (gridDim.x > LN_MAX_ROW_TILES) __trap();  // the row's shares are read LN_MAX_ROW_TILES at most

@@ -8,9 +8,9 @@ report.
 Shapes are small and odd on purpose (T=7, C=20, d_k=5, V=37): out-of-bounds accesses show up where
 sizes are not multiples of a block. Flash attention takes no sequence that short (T >= 128, d_k >= 20), so its
 kernels run again at FLASH_SHAPE (T=130: two key tiles and two rows of a third; d_k 20, and 32, 64, 128). The
-tensor-core products copy a slice by the bulk copy engine only where it lies wholly inside its operand, which
-no product at those shapes has; so they run again at PRODUCT_SHAPE (260 rows: two whole slices of 128 and an
-edge of 4; widths 128 and 512: whole slices of K and of N beside the edges of the narrow and lm_head ones).
+tensor-core products copy A by the TMA only where its rows are 16-byte aligned, which no product at those odd
+widths has; so they run again at PRODUCT_SHAPE (260 rows: two whole slices of 128 and an edge of 4; widths 128
+and 512, aligned), the TMA's boxes passing the matrices' edges there too.
 """
 from __future__ import annotations
 

@@ -66,7 +66,8 @@ class _Engine:
         self._shared_limit = {}  # name -> the dynamic shared memory the kernel may take now
         self._resident = {}  # (name, threads, shared) -> resident_blocks
         self.tensor_maps = {}  # tensor_map's arguments -> the map in device memory
-        self.encode_tensor_map = encode_tensor_map
+
+    encode_tensor_map = staticmethod(encode_tensor_map)
 
     def resident_blocks(self, name: str, threads: int, shared: int = 0) -> int:
         """Blocks of kernel `name` (threads a block, `shared` dynamic bytes) that fit on one SM at once; asked of
