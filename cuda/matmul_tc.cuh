@@ -571,6 +571,12 @@ __device__ __forceinline__ void wg_store(float* C, const float (&acc)[FRAG], int
     }
 }
 
+// gemm_value at beta = 0 (alpha * acc + bias[n]) of a thread's two columns n and n + 1 of row m, each 0 past N
+__device__ __forceinline__ float2 gemm_pair(float a0, float a1, int m, int n, int N, const float* bias, float alpha) {
+    return make_float2(n < N ? gemm_value(a0, 0.0f, m, n, bias, alpha, 0.0f, CAUSAL_NONE, 0.0f) : 0.0f,
+                       n + 1 < N ? gemm_value(a1, 0.0f, m, n + 1, bias, alpha, 0.0f, CAUSAL_NONE, 0.0f) : 0.0f);
+}
+
 // wg_store's C = gemm_value(acc, C, ..) for beta = 1 and no causal fill, as reductions the memory system applies:
 // C[m][n] += alpha * acc (+ bias[n]), one red.add a value, or one for each pair of columns where C's rows are 8-byte
 // aligned. Nothing of C comes back to the SM, so the threads go on as soon as the reductions are issued. The sums are
@@ -587,15 +593,12 @@ __device__ __forceinline__ void wg_store_add(float* C, const float (&acc)[FRAG],
         const int n = n0 + (i / 4) * 8 + 2 * t;
         if (m >= M || n >= N) continue;
         float* c = C + (long long)m * ldc + n;
-        // what is added: gemm_value at beta = 0 (alpha * acc + bias)
-        const float v0 = gemm_value(acc[i], 0.0f, m, n, bias, alpha, 0.0f, CAUSAL_NONE, 0.0f);
-        const float v1 = n + 1 < N ? gemm_value(acc[i + 1], 0.0f, m, n + 1, bias, alpha, 0.0f, CAUSAL_NONE, 0.0f)
-                                   : 0.0f;
+        const float2 v = gemm_pair(acc[i], acc[i + 1], m, n, N, bias, alpha);  // what is added
         if (pairs && n + 1 < N) {
-            asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};" ::"l"(c), "f"(v0), "f"(v1) : "memory");
+            asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};" ::"l"(c), "f"(v.x), "f"(v.y) : "memory");
         } else {
-            asm volatile("red.relaxed.gpu.global.add.f32 [%0], %1;" ::"l"(c), "f"(v0) : "memory");
-            if (n + 1 < N) asm volatile("red.relaxed.gpu.global.add.f32 [%0], %1;" ::"l"(c + 1), "f"(v1) : "memory");
+            asm volatile("red.relaxed.gpu.global.add.f32 [%0], %1;" ::"l"(c), "f"(v.x) : "memory");
+            if (n + 1 < N) asm volatile("red.relaxed.gpu.global.add.f32 [%0], %1;" ::"l"(c + 1), "f"(v.y) : "memory");
         }
     }
 #endif
@@ -1105,10 +1108,8 @@ __device__ __forceinline__ void wg_store_bulk(float* buf, float* C, const float 
 #pragma unroll
     for (int i = 0; i < 64; i += 2) {
         const int r = warp * 16 + g + 8 * ((i % 4) / 2), c = (i / 4) * 8 + 2 * t, n = n0 + c;
-        const float v0 = n < N ? gemm_value(acc[i], 0.0f, m0 + r, n, bias, alpha, 0.0f, CAUSAL_NONE, 0.0f) : 0.0f;
-        const float v1 = n + 1 < N ? gemm_value(acc[i + 1], 0.0f, m0 + r, n + 1, bias, alpha, 0.0f, CAUSAL_NONE, 0.0f)
-                                   : 0.0f;
-        *reinterpret_cast<float2*>(buf + r * WG_STORE_LD + c) = make_float2(v0, v1);
+        const float2 v = gemm_pair(acc[i], acc[i + 1], m0 + r, n, N, bias, alpha);
+        *reinterpret_cast<float2*>(buf + r * WG_STORE_LD + c) = v;
     }
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the writes seen by the bulk copies
     asm volatile("bar.sync %0, 128;" ::"r"(3 + half) : "memory");
