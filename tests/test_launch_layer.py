@@ -533,6 +533,32 @@ def test_a_tensor_map_is_made_once_for_a_matrix_and_only_where_the_tma_reads_it(
     assert not any(key[0] == odd.gpudata for key in fake.tensor_maps)
 
 
+def test_a_tensor_map_is_encoded_columns_first_and_its_failure_named(monkeypatch):
+    """driver.encode_tensor_map asks cuTensorMapEncodeTiled for a 2-D FP32 map, its dimensions and box innermost
+    (columns) first and its row stride in bytes, with no interleave or swizzle, 256-byte L2 promotion and zeros past
+    the edges, and returns the 128 bytes the driver wrote; a refusal raises KernelError naming the matrix."""
+    from microgpt.kernels import driver as D
+    calls = []
+
+    def encode(out, dtype, rank, address, dims, strides, box, element_strides, interleave, swizzle, l2, oob):
+        calls.append((dtype, rank, address.value, list(dims._obj), list(strides._obj), list(box._obj),
+                      list(element_strides._obj), interleave, swizzle, l2, oob))
+        out._obj[:] = list(range(100, 116))
+        return 0 if dims._obj[0] > 1 else 1  # CUDA_ERROR_INVALID_VALUE
+
+    def error_name(rc, name):
+        name._obj.value = b"CUDA_ERROR_INVALID_VALUE"
+        return 0
+
+    monkeypatch.setattr(D, "driver", lambda: SimpleNamespace(cuTensorMapEncodeTiled=encode,
+                                                             cuGetErrorName=error_name))
+    got = D.encode_tensor_map(1 << 20, 1000, 300, 304, 36, 128)
+    assert got == np.arange(100, 116, dtype=np.uint64).tobytes()
+    assert calls == [(7, 2, 1 << 20, [300, 1000], [304 * 4], [36, 128], [1, 1], 0, 0, 3, 0)]
+    with pytest.raises(K.KernelError, match=r"tensor map over 5 x 1 floats .*CUDA_ERROR_INVALID_VALUE"):
+        D.encode_tensor_map(1 << 20, 5, 1, 4, 36, 128)
+
+
 def test_split_operands_share_the_plans_workspace(fake):
     """On sm_90a one product of A stored M x K that takes the wgmma kernel reads A as it lies, split in its
     registers, and B split beforehand: B's hi then lo (N_pad x K_pad each, rows padded to 128 and K to 32,
