@@ -536,14 +536,17 @@ def test_a_tensor_map_is_made_once_for_a_matrix_and_only_where_the_tma_reads_it(
 def test_a_tensor_map_is_encoded_columns_first_and_its_failure_named(monkeypatch):
     """driver.encode_tensor_map asks cuTensorMapEncodeTiled for a 2-D FP32 map, its dimensions and box innermost
     (columns) first and its row stride in bytes, with no interleave or swizzle, 256-byte L2 promotion and zeros past
-    the edges, and returns the 128 bytes the driver wrote; a refusal raises KernelError naming the matrix."""
+    the edges, written at a 64-byte aligned address, and returns the 128 bytes the driver wrote; a refusal, or a
+    driver without the call, raises KernelError naming the matrix."""
+    import ctypes
     from microgpt.kernels import driver as D
     calls = []
+    written = np.arange(100, 116, dtype=np.uint64)
 
     def encode(out, dtype, rank, address, dims, strides, box, element_strides, interleave, swizzle, l2, oob):
-        calls.append((dtype, rank, address.value, list(dims._obj), list(strides._obj), list(box._obj),
+        calls.append((out % 64, dtype, rank, address, list(dims._obj), list(strides._obj), list(box._obj),
                       list(element_strides._obj), interleave, swizzle, l2, oob))
-        out._obj[:] = list(range(100, 116))
+        ctypes.memmove(out, written.ctypes.data, 128)
         return 0 if dims._obj[0] > 1 else 1  # CUDA_ERROR_INVALID_VALUE
 
     def error_name(rc, name):
@@ -552,11 +555,33 @@ def test_a_tensor_map_is_encoded_columns_first_and_its_failure_named(monkeypatch
 
     monkeypatch.setattr(D, "driver", lambda: SimpleNamespace(cuTensorMapEncodeTiled=encode,
                                                              cuGetErrorName=error_name))
-    got = D.encode_tensor_map(1 << 20, 1000, 300, 304, 36, 128)
-    assert got == np.arange(100, 116, dtype=np.uint64).tobytes()
-    assert calls == [(7, 2, 1 << 20, [300, 1000], [304 * 4], [36, 128], [1, 1], 0, 0, 3, 0)]
+    assert D.encode_tensor_map(1 << 20, 1000, 300, 304, 36, 128) == written.tobytes()
+    assert calls == [(0, 7, 2, 1 << 20, [300, 1000], [304 * 4], [36, 128], [1, 1], 0, 0, 3, 0)]
     with pytest.raises(K.KernelError, match=r"tensor map over 5 x 1 floats .*CUDA_ERROR_INVALID_VALUE"):
         D.encode_tensor_map(1 << 20, 5, 1, 4, 36, 128)
+    monkeypatch.setattr(D, "driver", lambda: SimpleNamespace(cuGetErrorName=error_name))  # a driver before 12.0
+    with pytest.raises(K.KernelError, match=r"tensor map over 1000 x 300 .*no cuTensorMapEncodeTiled"):
+        D.encode_tensor_map(1 << 20, 1000, 300, 304, 36, 128)
+
+
+def test_a_matrix_smaller_than_a_box_or_a_refused_map_leaves_no_map(fake, monkeypatch):
+    """No map where the matrix is smaller than a box (fewer rows than a tile: a short prefill's products), so that
+    A is copied by cp.async there; and a map the driver refuses raises and leaves nothing in the engine's maps, so
+    that a second try cannot find an unwritten one."""
+    assert K.runtime.tensor_map(1 << 20, 127, 768, 768, 36, 128, K.Plan(fake)) == 0
+    assert K.runtime.tensor_map(1 << 20, 1000, 35, 36, 36, 128, K.Plan(fake)) == 0
+    plan = K.Plan(fake)
+    K.matmul_fwd_tc(f32(1, 50, 2304), f32(1, 50, 768), f32(2304, 768), f32(2304), stream=plan)  # a prefill's
+    (product,) = [p for p in plan if p[0] == "k_gemm_wg_areg"]
+    assert product[3][2] == 0 and "A by cp.async" in product.why, product
+
+    def refuse(*_):
+        raise K.KernelError("refused")
+    monkeypatch.setattr(fake, "encode_tensor_map", refuse)
+    for _ in range(2):
+        with pytest.raises(K.KernelError, match="refused"):
+            K.runtime.tensor_map(1 << 20, 1000, 300, 300, 36, 128, K.Plan(fake))
+    assert (1 << 20, 1000, 300, 300, 36, 128) not in fake.tensor_maps
 
 
 def test_split_operands_share_the_plans_workspace(fake):

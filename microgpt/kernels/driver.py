@@ -47,9 +47,7 @@ def driver():
                      ("cuGetErrorName", [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]),
                      ("cuModuleLoadData", [P, ctypes.c_char_p]), ("cuModuleGetFunction", [P, p, ctypes.c_char_p]),
                      ("cuFuncSetAttribute", [p, ctypes.c_int, ctypes.c_int]),
-                     ("cuLaunchKernelEx", [ctypes.POINTER(_LaunchConfig), p, P, P]),
-                     ("cuTensorMapEncodeTiled", [p, ctypes.c_int, ctypes.c_uint, p, p, p, p, p, ctypes.c_int,
-                                                 ctypes.c_int, ctypes.c_int, ctypes.c_int])):
+                     ("cuLaunchKernelEx", [ctypes.POINTER(_LaunchConfig), p, P, P])):
         getattr(lib, fn).argtypes, getattr(lib, fn).restype = args, ctypes.c_int
     return lib
 
@@ -72,16 +70,22 @@ _FLOAT32, _L2_PROMOTION_256B = 7, 3  # CU_TENSOR_MAP_DATA_TYPE_FLOAT32, CU_TENSO
 
 def encode_tensor_map(address: int, rows: int, cols: int, ld: int, box_cols: int, box_rows: int) -> bytes:
     """The 128 bytes of a CUtensorMap over the row-major FP32 matrix at `address` (rows x cols, rows ld floats
-    apart) in boxes of box_cols x box_rows, by cuTensorMapEncodeTiled: no interleave, no swizzle, L2 promotion of
-    256 bytes, zeros past the matrix's edges."""
-    out = (ctypes.c_uint64 * 16)()
+    apart) in boxes of box_cols x box_rows, by cuTensorMapEncodeTiled (a driver of CUDA 12.0 on; looked up here, so
+    that older drivers run everything else): no interleave, no swizzle, L2 promotion of 256 bytes, zeros past the
+    matrix's edges. The map is written at a 64-byte aligned address, as the driver asks."""
+    what = f"a tensor map over {rows} x {cols} floats (ld {ld}) in boxes of {box_cols} x {box_rows}"
+    encode = getattr(driver(), "cuTensorMapEncodeTiled", None)
+    if encode is None:
+        raise KernelError(f"{what}: this CUDA driver has no cuTensorMapEncodeTiled (CUDA 12.0 on)")
+    p = ctypes.c_void_p
+    encode.argtypes, encode.restype = [p, ctypes.c_int, ctypes.c_uint, p, p, p, p, p] + [ctypes.c_int] * 4, ctypes.c_int
+    buf = ctypes.create_string_buffer(128 + 63)
+    out = (ctypes.addressof(buf) + 63) // 64 * 64
     dims, strides = (ctypes.c_uint64 * 2)(cols, rows), (ctypes.c_uint64 * 1)(ld * 4)
     box, element_strides = (ctypes.c_uint32 * 2)(box_cols, box_rows), (ctypes.c_uint32 * 2)(1, 1)
-    check(driver().cuTensorMapEncodeTiled(ctypes.byref(out), _FLOAT32, 2, ctypes.c_void_p(address), ctypes.byref(dims),
-                                          ctypes.byref(strides), ctypes.byref(box), ctypes.byref(element_strides), 0,
-                                          0, _L2_PROMOTION_256B, 0),
-          f"a tensor map over {rows} x {cols} floats (ld {ld}) in boxes of {box_cols} x {box_rows}")
-    return bytes(out)
+    check(encode(out, _FLOAT32, 2, address, ctypes.byref(dims), ctypes.byref(strides), ctypes.byref(box),
+                 ctypes.byref(element_strides), 0, 0, _L2_PROMOTION_256B, 0), what)
+    return ctypes.string_at(out, 128)
 
 
 def load_module(cubin: bytes) -> ctypes.c_void_p:

@@ -96,11 +96,11 @@ def areg_launch(g, c: int, a: int, b_split: int, bias: int, K_pad: int, grid, st
     tiles = grid[0] * grid[1]
     blocks = min(tiles, device_of(stream).sm_count)
     a_map = a_tensor_map(g, a, stream)
+    copies = "by the TMA" if a_map else "by cp.async (unaligned, or smaller than a box)"
     launch("k_gemm_wg_areg", [c, a, a_map, b_split, bias, g.M, g.N, g.K, g.lda, K_pad, g.ldc, float(g.alpha),
                               float(g.beta)],
            blocks, stream, why=f"3xTF32 wgmma, A split in registers, B beforehand (one product of A stored M x K, "
-                               f"sm_90a); A {'by the TMA' if a_map else 'by cp.async (not 16-byte aligned)'}; "
-                               f"{tiles} tiles over {blocks} blocks",
+                               f"sm_90a); A {copies}; {tiles} tiles over {blocks} blocks",
            shared=int_constant("TC_AREG_STORE_SMEM_BYTES"), block=int_constant("TC_WG_THREADS"))
 
 

@@ -395,18 +395,23 @@ def counters(n: int, stream=None):
 def tensor_map(a: int, rows: int, cols: int, ld: int, box_cols: int, box_rows: int, stream=None) -> int:
     """The device address of a tensor map over the row-major FP32 matrix at address a (rows x cols, rows ld floats
     apart) in boxes of box_cols x box_rows, zeros past its edges, for copies by the tensor memory accelerator (sm_90);
-    0 where it cannot read the matrix: a or a row (ld floats) not a multiple of 16 bytes. A map is a function of
-    these numbers alone, so the engine makes each once, at its first use, and keeps it as long as the process (freed
-    at exit): a plan or a graph may hold its address."""
-    if a % 16 or ld % 4:
+    0 where it cannot read the matrix: a or a row (ld floats) not a multiple of 16 bytes, or a matrix smaller than
+    a box (boxes that pass the matrix's edges are zero-filled there, but one larger than the whole matrix is not a
+    case the driver's documentation speaks of). A map is a function of these numbers alone, so the engine makes each
+    once, at its first use, and keeps it as long as the process (freed at exit): a plan or a graph may hold its
+    address."""
+    if a % 16 or ld % 4 or rows < box_rows or cols < box_cols:
         return 0
     e = device_of(stream)
     key = (a, rows, cols, ld, box_cols, box_rows)
     if key not in e.tensor_maps:
-        block = e.tensor_maps[key] = e.cuda.mem_alloc(128)
-        e.cuda.memcpy_htod(block, e.encode_tensor_map(*key))  # blocking: there before any launch that reads it
+        encoded = e.encode_tensor_map(*key)  # first: a map the driver refuses leaves nothing behind
+        block = e.cuda.mem_alloc(128)
         if isinstance(e, _Engine):
             _persistent.append(block)
+        e.cuda.memcpy_htod(block, encoded)
+        e.cuda.Context.synchronize()  # landed before any launch, on any stream, can read it
+        e.tensor_maps[key] = block
     return int(e.tensor_maps[key])
 
 
