@@ -74,9 +74,10 @@ extern "C" __global__ void __launch_bounds__(SPLIT_THREADS) k_tf32_split_batch(c
 #pragma unroll
         for (int i = 0; i < SPLIT_TILE / 16; i++) {
             const int r = r0 + row + 16 * i, k = k0 + quad;
-            if (k < K_pad)  // K_pad % 4 == 0: a quad is all in or all out
-                tf32_split_store(hi + split_at(r, k, K_pad), lo + split_at(r, k, K_pad), 0,
-                                 load_quad(src, r, k, rows, K, ld, vec));
+            if (k < K_pad) {  // K_pad % 4 == 0: a quad is all in or all out
+                const long long at = split_at(r, k, K_pad);
+                tf32_split_store(hi + at, lo + at, 0, load_quad(src, r, k, rows, K, ld, vec));
+            }
         }
         return;
     }
@@ -90,8 +91,10 @@ extern "C" __global__ void __launch_bounds__(SPLIT_THREADS) k_tf32_split_batch(c
 #pragma unroll
     for (int i = 0; i < SPLIT_TILE / 16; i++) {  // the operand's rows r0 + rr, along K
         const int rr = row + 16 * i, k = k0 + quad;
-        if (k < K_pad)
-            tf32_split_store(hi + split_at(r0 + rr, k, K_pad), lo + split_at(r0 + rr, k, K_pad), 0,
+        if (k < K_pad) {
+            const long long at = split_at(r0 + rr, k, K_pad);
+            tf32_split_store(hi + at, lo + at, 0,
                              make_float4(t[quad][rr], t[quad + 1][rr], t[quad + 2][rr], t[quad + 3][rr]));
+        }
     }
 }
