@@ -61,8 +61,8 @@ extern "C" __global__ void k_colsum_partial(float* partials, const float* x, int
 
 // Loads in flight at a time while adding a column's chunks.
 constexpr int COLSUM_BATCH = 16;
-// The sum of column c of the chunks' partial sums (chunks, C), in chunk order. Read from L2 (__ldcg): other
-// blocks of the same launch may have written them (k_gemm_wg_split_ln_bwd).
+// The sum of column c of the chunks' partial sums (chunks, C), in chunk order, read from L2 (__ldcg: each is read
+// once).
 __device__ __forceinline__ float colsum_chunks(const float* partials, int chunks, int C, long long c) {
     float s = 0.0f;
     int k = 0;

@@ -5,13 +5,60 @@
 // summed from the product's registers as it is stored, and only O is read. Each sum is FP64 over the head's d_k
 // products, rounded once to FP32, in a fixed order (a thread's columns, then the quad's shuffle tree).
 #pragma once
-#include "flash_attention.cuh"      // FA_KEYS, FA_DELTA_PASS_TILES
-#include "matmul_layernorm_tc.cuh"  // tile_copy, consumers_sync, LN_TILE_LD
-#include "matmul_tc.cuh"            // wg_areg_tiles, wg_store
+#include "flash_attention.cuh"  // FA_KEYS, FA_DELTA_PASS_TILES
+#include "matmul_tc.cuh"        // wg_areg_tiles, wg_store
+
+// the two consumer warpgroups (the producer has left: bar 0, __syncthreads, would wait for it)
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
+
+// O's 128 x 128 tile in the stages' shared memory, free once the products are done: rows of DELTA_TILE_LD floats
+// (16-byte aligned, and a warp's fragment reads spread over the banks).
+constexpr int DELTA_TILE_LD = 132;
+constexpr int DELTA_COPY_BATCH = 8;  // a thread's 16-byte loads in flight at a time
+static_assert(128 * DELTA_TILE_LD <= WG_AREG_STAGES * (2 * WG_SPLIT + WgRawA<false>::FLOATS),
+              "O's tile fits the stages");
+
+// The tile (m0, n0) of the M x N matrix a, zero outside it, copied by the 256 consumer threads into t (rows of
+// DELTA_TILE_LD floats): one warp per row's 128 floats, rows tid / 32 + 8q, 16 bytes per thread where a's rows allow
+// (VEC4: N % 4 == 0 and a 16-byte aligned), DELTA_COPY_BATCH loads in flight at a time.
+template <bool VEC4>
+__device__ __forceinline__ void tile_load(float* t, const float* a, int M, int N, int m0, int n0) {
+    const int tid = threadIdx.x - 128, r0 = tid / 32, c = (tid % 32) * 4, col = n0 + c;
+    const long long step = 8LL * N;  // 8 rows of a
+    const float* p = a + (long long)(m0 + r0) * N + col;
+    float* at = t + r0 * DELTA_TILE_LD + c;
+    const int rows = min(16, (M - m0 - r0 + 7) / 8);  // of this thread's 16: those inside M
+#pragma unroll
+    for (int q0 = 0; q0 < 16; q0 += DELTA_COPY_BATCH) {
+        float4 v[DELTA_COPY_BATCH];
+#pragma unroll
+        for (int q = 0; q < DELTA_COPY_BATCH; q++) {
+            const int k = q0 + q;
+            v[q] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (k < rows && col < N) {
+                if constexpr (VEC4)
+                    v[q] = *reinterpret_cast<const float4*>(p + k * step);
+                else
+                    v[q] = make_float4(p[k * step], col + 1 < N ? p[k * step + 1] : 0.0f,
+                                       col + 2 < N ? p[k * step + 2] : 0.0f, col + 3 < N ? p[k * step + 3] : 0.0f);
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < DELTA_COPY_BATCH; q++)
+            *reinterpret_cast<float4*>(at + (q0 + q) * 8 * DELTA_TILE_LD) = v[q];
+    }
+}
+
+__device__ __forceinline__ void tile_load(float* t, const float* a, int M, int N, int m0, int n0, bool vec4) {
+    if (vec4)
+        tile_load<true>(t, a, M, N, m0, n0);
+    else
+        tile_load<false>(t, a, M, N, m0, n0);
+}
 
 // The delta of a consumer's share of the tile (m0, n0) of dO (d, as wg_store lays it out: element i is row
 // r0 + 8 ((i % 4) / 2), column n0 + 8 (i / 4) + 2t + i % 2, r0 = m0 + 16 * wg_warp + lane / 4), O's tile in os
-// (rows of LN_TILE_LD floats), for heads of D = d_k columns: each of the tile's 128 / D heads is D / 8 of the
+// (rows of DELTA_TILE_LD floats), for heads of D = d_k columns: each of the tile's 128 / D heads is D / 8 of the
 // thread's column pairs.
 template <int D>
 __device__ __forceinline__ void wg_delta_epilogue(const float (&d)[64], const float* os, float* delta, int* sync,
@@ -22,7 +69,7 @@ __device__ __forceinline__ void wg_delta_epilogue(const float (&d)[64], const fl
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int m = m0 + lr0 + 8 * r;
-        const float* o = os + (lr0 + 8 * r) * LN_TILE_LD;
+        const float* o = os + (lr0 + 8 * r) * DELTA_TILE_LD;
         double sum[HEADS];
 #pragma unroll
         for (int hh = 0; hh < HEADS; hh++) {
@@ -63,7 +110,7 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
     auto epilogue = [&](const float (&acc)[64], int, int) {
         const bool vec4 = N % 4 == 0 && reinterpret_cast<uintptr_t>(o) % 16 == 0;
         consumers_sync();  // every consumer's last wgmma has read the stages, which O's tile now takes
-        tile_copy<false>(split_smem, o, M, N, m0, n0, vec4);
+        tile_load(split_smem, o, M, N, m0, n0, vec4);
         consumers_sync();
         if (d_k == 32)
             wg_delta_epilogue<32>(acc, split_smem, delta, sync, M, N, T, m0, n0);

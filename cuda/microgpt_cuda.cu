@@ -26,6 +26,5 @@
 // the tensor-core products (sm_80 and later)
 #include "matmul_tc.cuh"
 #include "tf32_split.cuh"
-#include "matmul_layernorm_tc.cuh"
 #include "flash_attention.cuh"
 #include "matmul_attention_tc.cuh"

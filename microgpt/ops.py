@@ -18,7 +18,7 @@ from typing import Callable
 
 from . import reference_ops as ref
 from .kernels import (attention, crossentropy, decode, embed, embed_fast, flash_attention, heads_fast,
-                      layernorm, layernorm_fast, matmul, matmul_attention_tc, matmul_layernorm_tc, pointwise,
+                      layernorm, layernorm_fast, matmul, matmul_attention_tc, pointwise,
                       pointwise_fast, rows_fast, sampling)
 from .kernels import products
 from .kernels.adamw import adamw, global_norm
@@ -146,7 +146,7 @@ OPS: dict[str, Op] = {op.name: op for op in (
     _op("matmul_layernorm_bwd", "layernorm.cuh", "dx+B,T,C dw+C db+C dweight+4*C,C dbias+4*C dout:B,T,4*C "
         "inp:B,T,C weight:4*C,C x:B,T,C w:C mean:B,T rstd:B,T:rstd | dinp~B,T,C accumulate=True",
         layernorm.matmul_layernorm_bwd, fast=layernorm_fast.matmul_layernorm_bwd_fast,
-        tc=matmul_layernorm_tc.matmul_layernorm_bwd_tc),
+        tc=layernorm_fast.matmul_layernorm_bwd_tc),
     _op("split_heads_fwd", "attention.cuh", f"q>{H} k>{H} v>{H} qkv:B,T,3*C n_head=NH", attention.split_heads_fwd,
         fast=heads_fast.split_heads_fwd_fast),
     _op("split_heads_bwd", "attention.cuh", f"dqkv>B,T,3*C dq:{H} dk:{H} dv:{H}", attention.split_heads_bwd,

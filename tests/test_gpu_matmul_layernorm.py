@@ -1,8 +1,8 @@
-"""A linear layer's backward into the layernorm that made its input (matmul_layernorm_bwd): on sm_90a the tc variant
-runs the layernorm's backward in the dX product's epilogue (cuda/matmul_layernorm_tc.cuh). Held, on fresh random
-inputs, to float64: every output's worst relative error at most 1.5 times the fast variant's (its SIMT product,
-then its layernorm backward), at andrea-120m's shapes and at shapes that fill no tile; its bits repeat, from one
-call to the next and from one replay of a recorded plan to the next (the row tiles' counters left at zero)."""
+"""A linear layer's backward into the layernorm that made its input (matmul_layernorm_bwd): the tc variant runs its
+dX product on the tensor cores into dinp, then the fast layernorm backward of dinp. Held, on fresh random inputs,
+to float64: every output's worst relative error at most 1.5 times the fast variant's (its SIMT product, then the
+same layernorm backward), at andrea-120m's shapes and at shapes that fill no tile; its bits repeat from one call to
+the next."""
 import numpy as np
 import pytest
 
@@ -66,22 +66,20 @@ def run(ops, ga, h, accumulate, dx0, offset):
 
 
 # (N, C, OUT): andrea-120m's qkv and mlp.fc at T = 1024 and B = 8; rows and columns that fill no tile (C = 700: a
-# partial last column tile; N = 1000, 130, 257); odd C (single floats, not pairs); the widest fused row (8 tiles);
-# K = OUT not a multiple of the split's 32 (1000)
+# partial last column tile; N = 1000, 130, 257); odd C (single floats, not pairs); C = 1024; K = OUT not a multiple
+# of the split's 32 (1000)
 SHAPES = [(1024, 768, 2304), (8192, 768, 3072), (1000, 700, 320), (130, 257, 256), (300, 1024, 512), (257, 384, 1000)]
 
 
 @pytest.mark.parametrize("N,C,OUT", SHAPES)
 @pytest.mark.parametrize("accumulate", [False, True])
-def test_the_fused_backward_is_as_accurate_as_the_ops_apart(ga, rng, N, C, OUT, accumulate):
-    if not K.warpgroup_mma(K.engine()):
-        pytest.skip(f"{K.device_summary()}: the fused kernel is the wgmma path's (sm_90a)")
+def test_the_tc_backward_is_as_accurate_as_the_fast_one(ga, rng, N, C, OUT, accumulate):
     h = draw(rng, N, C, OUT)
     ref = reference(h)
     dx0 = rng.standard_normal((N, C)).astype(np.float32)
     offset = (C % 2) | (N % 2)  # dx, dout and x a float off 16 bytes: rows of single floats, at even C too
     (fast, _), (tc, kernels) = (run(ops, ga, h, accumulate, dx0, offset) for ops in (FAST, TC))
-    assert "k_gemm_wg_split_ln_bwd" in kernels and "k_layernorm_bwd_fast" not in kernels, kernels
+    assert "k_layernorm_bwd_fast" in kernels and any(k.startswith("k_gemm_") for k in kernels), kernels
     terms = np.linalg.norm(np.asarray(h["rstd"], np.float64)[:, None] * ref[5] * h["w"])  # dx's terms' size
     for i, what in enumerate(("dx", "dw", "db", "dweight", "dbias")):
         errs = {}
@@ -92,7 +90,7 @@ def test_the_fused_backward_is_as_accurate_as_the_ops_apart(ga, rng, N, C, OUT, 
             else:
                 errs[name] = rel_err(got, ref[i])
         label = f"{what} N={N} C={C} OUT={OUT}{' accumulate' * accumulate}"
-        record("matmul_layernorm_bwd tc (fused) vs float64", label, errs["tc"])
+        record("matmul_layernorm_bwd tc vs float64", label, errs["tc"])
         record("matmul_layernorm_bwd fast vs float64", label, errs["fast"])
         assert errs["fast"] < 1e-5, (label, errs)
         assert errs["tc"] <= BAR * errs["fast"], f"{label}: tc {errs['tc']:.2e} > {BAR} x fast's {errs['fast']:.2e}"
@@ -100,26 +98,3 @@ def test_the_fused_backward_is_as_accurate_as_the_ops_apart(ga, rng, N, C, OUT, 
     for what, a, b in zip(("dx", "dw", "db", "dweight", "dbias"), again, tc):
         np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32), err_msg=f"{what}, run again")
 
-
-def test_a_replayed_plan_repeats_its_bits(ga, rng):
-    """The row tiles' counters are set back to zero by the last tile of each row: a recorded plan replayed (as the
-    model's backward is, every step) gives the same dx each time, and adds the same dw and db."""
-    if not K.warpgroup_mma(K.engine()):
-        pytest.skip(f"{K.device_summary()}: the fused kernel is the wgmma path's (sm_90a)")
-    N, C, OUT = 1000, 768, 2304
-    arrays, dinp = arguments(ga, draw(rng, N, C, OUT)), device(ga, np.zeros((N, C), np.float32))
-    plan = K.Plan()
-    TC.matmul_layernorm_bwd(*arrays, dinp=dinp, stream=plan)
-    assert "k_gemm_wg_split_ln_bwd" in {name for name, *_ in plan}
-    stream = K.engine().cuda.Stream()
-    got = []
-    for _ in range(3):
-        K.replay(plan, stream, "test")
-        stream.synchronize()
-        got.append([arrays[i].get() for i in range(3)])
-    for later in got[1:]:
-        np.testing.assert_array_equal(later[0].view(np.uint32), got[0][0].view(np.uint32))
-    # dw and db were zero: the first replay wrote its sums s, the next ones added s again (exact: s + s = 2s, ...)
-    for i in (1, 2):
-        np.testing.assert_array_equal(got[1][i], 2 * got[0][i])
-        assert np.isfinite(got[0][i]).all() and np.abs(got[0][i]).sum() > 0

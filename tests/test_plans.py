@@ -50,8 +50,7 @@ def test_every_launch_of_a_step_names_its_op_and_says_why(variant):
 def test_explain_says_why_on_hopper_and_on_ampere():
     hopper = explain(GPTConfig.preset("andrea-120m"), "tc", 8, 1024)
     assert "attention: flash attention" in hopper
-    for kernel, why in [("k_gemm_wg_split_ln_bwd", "fused: the dX product's tiles go straight into the layernorm"),
-                        ("k_gemm_wg_split_delta", "sums flash attention's delta"),
+    for kernel, why in [("k_gemm_wg_split_delta", "sums flash attention's delta"),
                         ("k_flash_fwd_wg_d64", "d_k 64 in [20, 128], T 1024 >= 128; on wgmma"),
                         ("k_flash_bwd_wg_d64", "the query tiles down to the diagonal; on wgmma"),
                         ("k_flash_bwd_delta_wg_d64", "on wgmma, as the backward recomputes them"),

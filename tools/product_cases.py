@@ -43,14 +43,12 @@ def add_product_cases(builder: Builder, shape: Shape) -> None:
                 douts)
 
     # a linear layer's backward into the layernorm that made its input, adding into the residual stream's gradient
-    # as training does: on Hopper tc's fused kernel, and the same ops unfused beside it (where the shape is a small
-    # one, the sanitizer's, at least 130 rows of 128 columns: enough for the wgmma kernel, which the fused one is)
+    # as training does (where the shape is a small one, the sanitizer's, at least 130 rows of 128 columns: enough
+    # for the wgmma kernel)
     W, R = max(C, 128), max(N, 130)
     for layer, OUT in (("qkv", 3 * W), ("mlp.fc", 4 * W)):
-        cases = own("matmul_layernorm_bwd", f" ({layer})", with_reference=False)
-        if "tc" in variants and K.warpgroup_mma(K.engine()):
-            cases.append((f"matmul_layernorm_bwd_tc unfused ({layer})", K.matmul_layernorm_tc.unfused))
-        cases = [(case, fn) for case, fn in cases if want(case)]
+        cases = [(case, fn) for case, fn in own("matmul_layernorm_bwd", f" ({layer})", with_reference=False)
+                 if want(case)]
         if not cases:
             continue
         r = draws_for(f"matmul_layernorm_bwd ({layer})")

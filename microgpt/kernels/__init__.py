@@ -11,8 +11,8 @@ matmul, attention, pointwise, crossentropy, adamw; decode for sampling with a ke
 choosing the next token by microgpt.sampling's rule; colsum,
 matmul_fast, rows_fast, layernorm_fast, pointwise_fast, heads_fast and embed_fast for the fast variant;
 matmul_tc for the tc variant's tensor-core products, tf32_split for the split passes that feed them,
-matmul_layernorm_tc for a product fused with the layernorm backward after it, flash_attention for its fused
-attention, matmul_attention_tc for the product before its backward, fused with its delta).
+flash_attention for its fused attention, matmul_attention_tc for the product before its backward, fused with its
+delta).
 Beside them: products (every matrix product described once, a Gemm, and planned and launched by one function, gemm(),
 for every variant), source (what nvcc compiles, and the argument formats read from it), runtime (compile once,
 the primary context, launch, record and replay, KernelError), graph (a recorded plan as one CUDA graph: a
@@ -45,10 +45,9 @@ from .runtime import (BLOCK, SYNC_EVERY_LAUNCH, KernelError, Launch, Plan, block
                      memory_free, NoDevice, release_at_exit, replay, synchronize)
 from .layernorm import layernorm_bwd, layernorm_fwd, matmul_layernorm_bwd, residual_layernorm_fwd
 from .layernorm_fast import (layernorm_bwd_fast, layernorm_fwd_fast, matmul_layernorm_bwd_fast,
-                             residual_layernorm_fwd_fast)
+                             matmul_layernorm_bwd_tc, residual_layernorm_fwd_fast)
 from .matmul import matmul_bwd, matmul_fwd
 from .matmul_attention_tc import matmul_attention_bwd_tc
-from .matmul_layernorm_tc import matmul_layernorm_bwd_tc
 from .products import (Gemm, MatrixProducts, attn_values_bwd_fast, attn_values_bwd_tc, attn_values_fwd_fast,
                    attn_values_fwd_tc, causal_scores_bwd_fast, causal_scores_bwd_tc, causal_scores_fwd_fast,
                    causal_scores_fwd_tc, gemm, gemm_tc, matmul_bwd_fast, matmul_bwd_tc, matmul_fwd_fast, matmul_fwd_tc,

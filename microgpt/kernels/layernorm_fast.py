@@ -10,7 +10,7 @@ import math
 
 from .checks import flag, ptr, rows, shape_of
 from .layernorm import layernorm_fwd_args, matmul_then_layernorm_bwd
-from .products import matmul_bwd_fast
+from .products import matmul_bwd_fast, matmul_bwd_tc
 from .rows_fast import WARP
 from .runtime import blocks, counters, device_of, launch, scratch, sm_version
 from .source import int_constants
@@ -124,3 +124,4 @@ def layernorm_bwd_fast(dx, dw, db, dout, x, w, mean, rstd, *, accumulate=False, 
 
 
 matmul_layernorm_bwd_fast = matmul_then_layernorm_bwd(matmul_bwd_fast, layernorm_bwd_fast, "matmul_layernorm_bwd_fast")
+matmul_layernorm_bwd_tc = matmul_then_layernorm_bwd(matmul_bwd_tc, layernorm_bwd_fast, "matmul_layernorm_bwd_tc")

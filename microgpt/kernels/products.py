@@ -11,7 +11,7 @@ tn_launch), runs each on the units' kernel (the SIMT SGEMM; on "tc" the
 kernel matmul_tc.tc_kernel chooses, from B split once into TF32 hi and lo where the wgmma kernel takes a product of
 A stored M x K, and the SIMT SGEMM where the tensor cores would not be as accurate), and adds a linear layer's bias
 gradient (the row sums of op(A)) in the wgmma kernel or by a column-sum pass. An epilogue is a fused kernel reading
-A and the split B in place of the product's own (matmul_layernorm_tc, matmul_attention_tc).
+A and the split B in place of the product's own (matmul_attention_tc).
 MatrixProducts writes the model's products once over gemm(); its launchers are the fast and tc variants'.
 """
 from __future__ import annotations
