@@ -118,7 +118,7 @@ def _run_every_launcher(fake):
                                 f32(B, 1, T), 1, stream=plan)
         # the attention's output projection into it at d_k 64 and K = C = 256: tc's product summing delta
         ops.matmul_attention_bwd(*_matmul_attention_bwd_args(B, T, 256, 4), dy=f32(B, T, 256), stream=plan)
-        # a layernorm of rows of 2 C under a product of K = 4 C: tc's dX product fused with the layernorm backward
+        # a layernorm of rows of 2 C under a product of K = 4 C: tc's dX product on wgmma, then the layernorm backward
         args, dinp = _matmul_layernorm_bwd_args(B * T, 2 * C, 4 * C)
         ops.matmul_layernorm_bwd(*args, dinp=dinp, accumulate=True, stream=plan)
         W = 4100  # rows wider than a block of the fast layernorm backward spans
