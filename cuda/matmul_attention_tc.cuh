@@ -49,6 +49,7 @@ __device__ __forceinline__ void tile_load(float* t, const float* a, int M, int N
     }
 }
 
+// ... with VEC4 as vec4 says
 __device__ __forceinline__ void tile_load(float* t, const float* a, int M, int N, int m0, int n0, bool vec4) {
     if (vec4)
         tile_load<true>(t, a, M, N, m0, n0);
