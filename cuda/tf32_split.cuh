@@ -1,10 +1,10 @@
 // The split passes: FP32 operands into the TF32 hi and lo of B that k_gemm_wg_areg and its fused kernel
-// (k_gemm_wg_split_delta) only copy. A split operand is hi then lo, each rows_pad x K_pad
-// (rows_pad a multiple of TC_SPLIT_ROWS, K_pad of TC_SPLIT_K) in the tiles the wgmma kernels copy whole (split_at,
-// matmul_tc.cuh), zero past the matrix: op(B)^T. Every pass splits each float by the same tf32_split, so any of
-// them gives the bits of any other, and the products the wgmma kernel's. k_tf32_split and k_tf32_split_t split one
-// operand (transposed: a weight as a dX product reads it); k_tf32_split_batch splits many in one launch (the model's
-// weights at the start of the forward, and of the backward).
+// (k_gemm_wg_split_delta) only copy. A split operand is hi then lo, each rows_pad x K_pad (rows_pad a multiple of
+// TC_SPLIT_ROWS, K_pad of TC_SPLIT_K) in the tiles the wgmma kernels copy whole (split_at, matmul_tc.cuh), zero past
+// the matrix: op(B)^T. Every pass splits each float by the same tf32_split, so any of them gives the bits of any
+// other, and the products the wgmma kernel's. k_tf32_split and k_tf32_split_t split one operand (transposed: a weight
+// as a dX product reads it); k_tf32_split_batch splits many in one launch (the model's weights at the start of the
+// forward, and of the backward).
 #pragma once
 #include <cstdint>
 
