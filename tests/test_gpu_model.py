@@ -11,6 +11,7 @@ from microgpt import GPT, GPTConfig, MultiHeadAttention, checkpoint
 from microgpt.attention import fused
 from microgpt.cli import main
 from microgpt.data import BatchSampler, load_tokens, split
+from microgpt.model import product_weights
 from microgpt import kernels as K
 from microgpt.ops import VARIANTS
 from microgpt import reference as R
@@ -184,7 +185,8 @@ def test_the_training_passes_as_cuda_graphs_give_the_bits_of_their_launches(rng,
 def test_the_tc_passes_split_each_weight_once_and_keep_the_bits(rng, monkeypatch):
     """On sm_90a the tc forward and backward split the weights their products read from split operands in one launch
     each, at the pass's start (K.weight_splits), in place of one split pass a product: two training steps give every
-    bit of the passes that split them product by product."""
+    bit of the passes that split them product by product. A dX product that cuts K into slices (few tiles: 260 rows
+    here) reads W as it lies, so the backward splits only the weights whose dX products keep K whole."""
     if not K.warpgroup_mma(K.engine()):
         pytest.skip(f"{K.device_summary()}: split operands are the wgmma path's (sm_90a)")
     cfg = GPTConfig(n_layer=2, n_head=4, d_model=256, block_size=130, vocab_size=300)  # K >= 256: the wgmma kernel
@@ -204,7 +206,11 @@ def test_the_tc_passes_split_each_weight_once_and_keep_the_bits(rng, monkeypatch
             splits_launched.append((phase, len(splits[phase]), sum(n.startswith("k_tf32_split_") or
                                                                    n == "k_tf32_split" for n in names) - batched))
     (_, n_fwd, with_fwd), (_, n_bwd, with_bwd), (_, _, own_fwd), (_, _, own_bwd) = splits_launched
-    assert n_fwd == n_bwd == 2 * 4 + 1, splits_launched  # each layer's four weights and wte, read once a pass
+    weights = product_weights(gpu.backend.P, cfg)  # OUT x IN: the forward's K is IN, the dX product's OUT
+    whole_k = [w for w in weights if K.Gemm.dense(2 * 130, w.shape[1], w.shape[0], units="tc").splits(
+        K.engine().sm_count, 1) == 1]
+    assert n_fwd == len(weights) == 2 * 4 + 1, splits_launched  # each layer's four weights and wte, read once a pass
+    assert 0 < n_bwd == len(whole_k) < n_fwd, (splits_launched, [w.shape for w in whole_k])
     assert (own_fwd - with_fwd, own_bwd - with_bwd) == (n_fwd, n_bwd), splits_launched  # a pass less for each
     for batched, own in zip(*runs):
         np.testing.assert_array_equal(batched, own)
