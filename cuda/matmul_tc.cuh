@@ -969,11 +969,12 @@ __device__ __forceinline__ void wg_areg_issue(float (&part)[64], const WgAregSli
 // it); each slice's products are then added into acc in order, the same adds either way. Where row_sums is given (TA),
 // op(A)'s row sums of the warpgroup's 64 rows: each thread's slices by a compensated running sum, then
 // the 4 threads of a row (t) in a fixed tree; thread t = 0 of each row holds its sum in row_sums[0] (row r) and
-// row_sums[1] (row r + 8).
-template <bool TA, bool SUM, bool PREFETCH, int STAGES, int STAGE, int A_AT>
+// row_sums[1] (row r + 8). ahead() runs once a tile, while its second slice's wgmmas run (its first's, where it has
+// one): work for the tile's epilogue that the products can hide.
+template <bool TA, bool SUM, bool PREFETCH, int STAGES, int STAGE, int A_AT, class Ahead>
 __device__ __forceinline__ void wg_areg_consume_slices(float (&acc)[64], CompensatedSum (&sums)[2], float* stages,
                                                        uint64_t* full, uint64_t* empty, int q0, int n_tiles,
-                                                       int a_at) {
+                                                       int a_at, Ahead ahead) {
     const int half = threadIdx.x / 128 - 1;
     const uint64_t d = wg_desc(stages);
     float part[64];
@@ -987,6 +988,7 @@ __device__ __forceinline__ void wg_areg_consume_slices(float (&acc)[64], Compens
         const uint64_t b_hi = d + s * STAGE / 4;
         if (!PREFETCH) wg_areg_load<TA, SUM>(cur, raw_of(kt), half);
         wg_areg_issue(part, cur, b_hi, b_hi + WG_SPLIT / 4);
+        if (kt == min(1, n_tiles - 1)) ahead();
         if (PREFETCH && kt + 1 < n_tiles) wg_areg_load<TA, SUM>(next, raw_of(kt + 1), half);
         wg_add_slice(acc, part, &empty[s]);
         if (SUM) {
@@ -1002,16 +1004,25 @@ __device__ __forceinline__ void wg_areg_consume_slices(float (&acc)[64], Compens
     }
 }
 
-template <bool TA, int STAGES, int STAGE, int A_AT>
+// nothing ahead of a tile's epilogue
+struct NoAhead {
+    template <class... Args>
+    __device__ void operator()(Args...) const {}
+};
+
+template <bool TA, int STAGES, int STAGE, int A_AT, class Ahead = NoAhead>
 __device__ __forceinline__ void wg_areg_consume(float (&acc)[64], float (&row_sums)[2], bool sum_rows, float* stages,
-                                                uint64_t* full, uint64_t* empty, int q0, int n_tiles, int a_at = 0) {
+                                                uint64_t* full, uint64_t* empty, int q0, int n_tiles, int a_at = 0,
+                                                Ahead ahead = {}) {
     CompensatedSum sums[2];
 #pragma unroll
     for (int i = 0; i < 64; i++) acc[i] = 0.0f;
     if (TA && sum_rows)
-        wg_areg_consume_slices<TA, true, !TA, STAGES, STAGE, A_AT>(acc, sums, stages, full, empty, q0, n_tiles, a_at);
+        wg_areg_consume_slices<TA, true, !TA, STAGES, STAGE, A_AT>(acc, sums, stages, full, empty, q0, n_tiles, a_at,
+                                                                   ahead);
     else
-        wg_areg_consume_slices<TA, false, !TA, STAGES, STAGE, A_AT>(acc, sums, stages, full, empty, q0, n_tiles, a_at);
+        wg_areg_consume_slices<TA, false, !TA, STAGES, STAGE, A_AT>(acc, sums, stages, full, empty, q0, n_tiles, a_at,
+                                                                    ahead);
 #pragma unroll
     for (int i = 0; i < 2; i++) {  // t = 0 .. 3 of the row: (t0 + t1) + (t2 + t3)
         float v = sums[i].value();
@@ -1031,11 +1042,12 @@ __device__ __forceinline__ void wg_areg_consume(float (&acc)[64], float (&row_su
 // cp.async; warpgroups 1 and 2 split A as they read it and multiply, each ending a tile with its 64 rows (m0
 // + 64 * (warpgroup - 1) ..) in acc, as wg_store lays them out. An epilogue that reuses the stages (once the two
 // have passed consumers_sync()) takes one tile: the next tile's slices would be copied into them. The epilogue is
-// called inside the consumers' branch, so that ptxas gives it the consumers' registers (setmaxnreg).
-template <int S = WG_AREG_STAGES, class Epilogue>
+// called inside the consumers' branch, so that ptxas gives it the consumers' registers (setmaxnreg). ahead(m0, n0,
+// i), where given, runs in each consumer thread early in the block's i-th tile (wg_areg_consume_slices).
+template <int S = WG_AREG_STAGES, class Epilogue, class Ahead = NoAhead>
 __device__ __forceinline__ void wg_areg_tiles(float* stages, const float* A, int lda, const TensorMap* a_map, int M,
                                               int K, const uint32_t* b_split, int n_cols, int K_pad, int first,
-                                              int stride, int count, Epilogue epilogue) {
+                                              int stride, int count, Epilogue epilogue, Ahead ahead = {}) {
 #if WG_AVAILABLE
     constexpr int STAGE = 2 * WG_SPLIT + WgRawA<false>::FLOATS;  // B hi, B lo, raw A
     static_assert(STAGE % 256 == 0, "every stage's B tiles 1024-byte aligned, as their swizzle needs");
@@ -1081,7 +1093,8 @@ __device__ __forceinline__ void wg_areg_tiles(float* stages, const float* A, int
             const int tile = first + i * stride;
             float acc[64], no_sums[2];
             wg_areg_consume<false, S, STAGE, 2 * WG_SPLIT>(acc, no_sums, false, stages, full, empty, i * slices,
-                                                           slices);
+                                                           slices, 0,
+                                                           [&] { ahead(tile / n_cols * 128, tile % n_cols * 128, i); });
             epilogue(acc, tile / n_cols * 128, tile % n_cols * 128);
         }
     }

@@ -28,3 +28,4 @@
 #include "tf32_split.cuh"
 #include "flash_attention.cuh"
 #include "matmul_attention_tc.cuh"
+#include "matmul_gelu_tc.cuh"

@@ -62,8 +62,7 @@ def gradients(cfg: GPTConfig, B: int, T: int, new, attention_grads) -> SimpleNam
     layernorm output's, the MLP's, the logits', and the attention's (attention_grads(): dy, dqkv, dx, ...)."""
     C = cfg.d_model
     d = attention_grads()
-    d.resid, d.ln, d.act, d.fc, d.logits = (new(B, T, C), new(B, T, C), new(B, T, 4 * C), new(B, T, 4 * C),
-                                            new(B, T, cfg.vocab_size))
+    d.resid, d.ln, d.fc, d.logits = new(B, T, C), new(B, T, C), new(B, T, 4 * C), new(B, T, cfg.vocab_size)
     return d
 
 
@@ -153,8 +152,7 @@ def backward(ops, P, G, cfg: GPTConfig, a, d) -> None:
     for l in reversed(range(L)):
         s, h, g = a.layers[l], _layer(P, l), _layer(G, l)
         # x = x1 + proj(gelu(fc(ln2(x1)))): d.resid is the gradient of x, then of x1
-        ops.matmul_bwd(d.act, g("mlp.proj.w"), g("mlp.proj.b"), d.resid, s.act, h("mlp.proj.w"))
-        ops.gelu_bwd(d.fc, d.act, s.fc)
+        ops.matmul_gelu_bwd(d.fc, g("mlp.proj.w"), g("mlp.proj.b"), d.resid, s.act, s.fc, h("mlp.proj.w"))
         ops.matmul_layernorm_bwd(d.resid, g("ln2.w"), g("ln2.b"), g("mlp.fc.w"), g("mlp.fc.b"), d.fc, s.ln2,
                                  h("mlp.fc.w"), s.x1, h("ln2.w"), s.mean2, s.rstd2, dinp=d.ln, accumulate=True)
         # x1 = x + proj(attention(qkv(ln1(x)))): then of x

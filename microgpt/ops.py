@@ -18,7 +18,7 @@ from typing import Callable
 
 from . import reference_ops as ref
 from .kernels import (attention, crossentropy, decode, embed, embed_fast, flash_attention, heads_fast,
-                      layernorm, layernorm_fast, matmul, matmul_attention_tc, pointwise,
+                      layernorm, layernorm_fast, matmul, matmul_attention_tc, matmul_gelu_tc, pointwise,
                       pointwise_fast, rows_fast, sampling)
 from .kernels import products
 from .kernels.adamw import adamw, global_norm
@@ -182,6 +182,9 @@ OPS: dict[str, Op] = {op.name: op for op in (
         fast=pointwise_fast.gelu_fwd_fast),
     _op("gelu_bwd", "pointwise.cuh", "dx>B,T,4*C dout:B,T,4*C x:B,T,4*C", pointwise.gelu_bwd, 1e-6, "64*B*T*C",
         fast=pointwise_fast.gelu_bwd_fast),
+    _op("matmul_gelu_bwd", "pointwise.cuh", "dpre>B,T,4*C dweight+C,4*C dbias+C dout:B,T,C act:B,T,4*C "
+        "pre:B,T,4*C weight:C,4*C", pointwise.matmul_gelu_bwd, fast=pointwise_fast.matmul_gelu_bwd_fast,
+        tc=matmul_gelu_tc.matmul_gelu_bwd_tc),
     _op("residual_fwd", "pointwise.cuh", "out>B,T,C a:B,T,C b:B,T,C", pointwise.residual_fwd, 1e-6, "B*T*C"),
     _op("residual_bwd", "pointwise.cuh", "da>B,T,C db>B,T,C dout:B,T,C", pointwise.residual_bwd, 1e-6),
     _op("crossentropy_fwd", "crossentropy.cuh", "losses>B,T probs>B,T,V logits:B,T,V targets:B,T:ids",

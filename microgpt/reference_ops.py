@@ -156,6 +156,12 @@ def gelu_bwd(dx, dout, x, **_):
     dx[...] = R.gelu_bwd(dout, x)
 
 
+def matmul_gelu_bwd(dpre, dweight, dbias, dout, act, pre, weight, **_):
+    """dpre written; dweight and dbias (None: none) added into."""
+    matmul_bwd(dpre, dweight, dbias, dout, act, weight)
+    gelu_bwd(dpre, dpre, pre)
+
+
 def residual_fwd(out, a, b, **_):
     out[...] = R.residual_fwd(a, b)
 

@@ -118,6 +118,10 @@ def _run_every_launcher(fake):
                                 f32(B, 1, T), 1, stream=plan)
         # the attention's output projection into it at d_k 64 and K = C = 256: tc's product summing delta
         ops.matmul_attention_bwd(*_matmul_attention_bwd_args(B, T, 256, 4), dy=f32(B, T, 256), stream=plan)
+        # mlp.proj's backward into GELU's at K = 4 C: tc's dX product times gelu'(pre), pre's tile copied in ahead
+        wide = (B, T, 4 * C)
+        ops.matmul_gelu_bwd(f32(*wide), f32(4 * C, 4 * C), f32(4 * C), f32(B, T, 4 * C), f32(*wide), f32(*wide),
+                            f32(4 * C, 4 * C), stream=plan)
         # a layernorm of rows of 2 C under a product of K = 4 C: tc's dX product on wgmma, then the layernorm backward
         args, dinp = _matmul_layernorm_bwd_args(B * T, 2 * C, 4 * C)
         ops.matmul_layernorm_bwd(*args, dinp=dinp, accumulate=True, stream=plan)

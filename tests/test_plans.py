@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is no
 SMALL = GPTConfig(n_layer=2, n_head=4, d_model=128, block_size=256, vocab_size=97)
 # every op microgpt.model's training step runs, and the optimizer's
 STEP_OPS = {"embed_fwd", "layernorm_fwd", "matmul_fwd", "residual_layernorm_fwd", "gelu_fwd", "crossentropy_fwd",
-            "crossentropy_bwd", "matmul_layernorm_bwd", "matmul_bwd", "gelu_bwd", "embed_bwd", "global_norm", "adamw"}
+            "crossentropy_bwd", "matmul_layernorm_bwd", "matmul_gelu_bwd", "embed_bwd", "global_norm", "adamw"}
 
 
 def ops_of(plan):
@@ -37,7 +37,7 @@ def test_every_launch_of_a_step_names_its_op_and_says_why(variant):
     launched = set().union(*(ops_of(p) for p in plans.values()))
     attention = {"fused_attention_fwd", "matmul_attention_bwd"} if variant == "tc" else \
         {"split_heads_fwd", "causal_scores_fwd", "softmax_fwd", "attn_values_fwd", "merge_heads_fwd",
-         "merge_heads_bwd", "attn_values_bwd", "softmax_bwd", "causal_scores_bwd", "split_heads_bwd"}
+         "merge_heads_bwd", "attn_values_bwd", "softmax_bwd", "causal_scores_bwd", "split_heads_bwd", "matmul_bwd"}
     assert launched - {"weight splits"} == STEP_OPS | attention
     assert launched <= set(OPS) | {"weight splits"}
     for plan in plans.values():

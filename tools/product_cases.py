@@ -1,6 +1,6 @@
 """The matrix products' cases of kernel_cases.build_cases: each linear layer's forward and backward, the backward
-fused with the layernorm before it, the attention's output projection's fused with flash attention's, and the
-generic products in every layout (the tensor cores' on each path)."""
+into the layernorm before it, mlp.proj's into GELU's, the attention's output projection's fused with flash
+attention's, and the generic products in every layout (the tensor cores' on each path)."""
 from __future__ import annotations
 
 import itertools
@@ -65,6 +65,22 @@ def add_product_cases(builder: Builder, shape: Shape) -> None:
                               stream=s),
                 F * (R * OUT + 2 * R * W + OUT * W + 2 * R + 2 * R * W + 2 * OUT * W + 2 * OUT + 5 * W),
                 4 * R * W * OUT + R * OUT + 15 * R * W, ins)
+
+    # mlp.proj's backward into GELU's: on Hopper tc's dX product times gelu'(pre), and the same ops unfused beside
+    # it (C of at least 256: K long enough for the wgmma kernel; R rows as above)
+    Wg = max(C, 256)
+    cases = own("matmul_gelu_bwd", " (mlp.proj)", with_reference=False)
+    if "tc" in variants and K.warpgroup_mma(K.engine()):
+        cases.append(("matmul_gelu_bwd_tc unfused (mlp.proj)", K.matmul_gelu_tc.unfused))
+    cases = [(case, fn) for case, fn in cases if want(case)]
+    if cases:
+        r = draws_for("matmul_gelu_bwd (mlp.proj)")
+        wt, dwt, dbias = r.randn(Wg, 4 * Wg, scale=0.02), r.randn(Wg, 4 * Wg), r.randn(Wg)
+        ins = [(r.randn(R, Wg), r.randn(R, 4 * Wg), r.randn(R, 4 * Wg), empty(R, 4 * Wg)) for _ in range(sets)]
+        for case, fn in cases:  # each set's dout, act, pre, and dpre written
+            add(case, lambda s, d, act, pre, dpre, fn=fn, wt=wt, dwt=dwt, dbias=dbias: fn(dpre, dwt, dbias, d, act, pre,
+                                                                                           wt, stream=s),
+                F * (R * Wg + 3 * R * 4 * Wg + 12 * Wg * Wg + 2 * Wg), 16 * R * Wg * Wg + R * Wg + 64 * R * Wg, ins)
 
     # the attention's output projection's backward into flash attention's: on Hopper tc's dX product summing delta,
     # and the same ops unfused beside it, at heads of d_k 64 where the shape's are not whole in 128 columns, C of at

@@ -66,6 +66,7 @@ PRODUCT_FLOPS = {
     "matmul_fwd": lambda a: 2 * _rows_in_out(a),
     "matmul_bwd": lambda a: 4 * _rows_in_out(a),
     "matmul_layernorm_bwd": lambda a: 4 * _rows_in_out(a),
+    "matmul_gelu_bwd": lambda a: 4 * _size(a["act"]) * a["weight"].shape[0],
     "matmul_attention_bwd": lambda a: 4 * _size(a["y"]) * a["weight"].shape[0] + 8 * _triangle_qkv(a),
     "attn_scores_fwd": lambda a: 2 * _triangle(a["q"]), "attn_scores_bwd": lambda a: 4 * _triangle(a["q"]),
     "causal_scores_fwd": lambda a: 2 * _triangle(a["q"]), "causal_scores_bwd": lambda a: 4 * _triangle(a["q"]),

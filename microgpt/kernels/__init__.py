@@ -12,7 +12,7 @@ choosing the next token by microgpt.sampling's rule; colsum,
 matmul_fast, rows_fast, layernorm_fast, pointwise_fast, heads_fast and embed_fast for the fast variant;
 matmul_tc for the tc variant's tensor-core products, tf32_split for the split passes that feed them,
 flash_attention for its fused attention, matmul_attention_tc for the product before its backward, fused with its
-delta).
+delta, matmul_gelu_tc for mlp.proj's dX product fused with the GELU backward after it).
 Beside them: products (every matrix product described once, a Gemm, and planned and launched by one function, gemm(),
 for every variant), source (what nvcc compiles, and the argument formats read from it), runtime (compile once,
 the primary context, launch, record and replay, KernelError), graph (a recorded plan as one CUDA graph: a
@@ -48,14 +48,15 @@ from .layernorm_fast import (layernorm_bwd_fast, layernorm_fwd_fast, matmul_laye
                              matmul_layernorm_bwd_tc, residual_layernorm_fwd_fast)
 from .matmul import matmul_bwd, matmul_fwd
 from .matmul_attention_tc import matmul_attention_bwd_tc
+from .matmul_gelu_tc import matmul_gelu_bwd_tc
 from .products import (Gemm, MatrixProducts, attn_values_bwd_fast, attn_values_bwd_tc, attn_values_fwd_fast,
                    attn_values_fwd_tc, causal_scores_bwd_fast, causal_scores_bwd_tc, causal_scores_fwd_fast,
                    causal_scores_fwd_tc, gemm, gemm_tc, matmul_bwd_fast, matmul_bwd_tc, matmul_fwd_fast, matmul_fwd_tc,
                    sgemm, sgemm_tc)
 from .matmul_fast import GEMM_TILE, Causal
 from .matmul_tc import tensor_cores, warpgroup_mma
-from .pointwise import gelu_bwd, gelu_fwd, residual_bwd, residual_fwd
-from .pointwise_fast import gelu_bwd_fast, gelu_fwd_fast
+from .pointwise import gelu_bwd, gelu_fwd, matmul_gelu_bwd, residual_bwd, residual_fwd
+from .pointwise_fast import gelu_bwd_fast, gelu_fwd_fast, matmul_gelu_bwd_fast
 from .rows_fast import (crossentropy_bwd_fast, crossentropy_fwd_fast, embed_fwd_fast, softmax_bwd_fast,
                         softmax_fwd_fast)
 from .sampling import sample
