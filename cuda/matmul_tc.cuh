@@ -970,7 +970,7 @@ __device__ __forceinline__ void wg_areg_issue(float (&part)[64], const WgAregSli
 // op(A)'s row sums of the warpgroup's 64 rows: each thread's slices by a compensated running sum, then
 // the 4 threads of a row (t) in a fixed tree; thread t = 0 of each row holds its sum in row_sums[0] (row r) and
 // row_sums[1] (row r + 8). ahead() runs once a tile, while its second slice's wgmmas run (its first's, where it has
-// one): work for the tile's epilogue that the products can hide.
+// only one; at once, where none): work for the tile's epilogue that the products can hide.
 template <bool TA, bool SUM, bool PREFETCH, int STAGES, int STAGE, int A_AT, class Ahead>
 __device__ __forceinline__ void wg_areg_consume_slices(float (&acc)[64], CompensatedSum (&sums)[2], float* stages,
                                                        uint64_t* full, uint64_t* empty, int q0, int n_tiles,
@@ -997,6 +997,7 @@ __device__ __forceinline__ void wg_areg_consume_slices(float (&acc)[64], Compens
         }
     };
     WgAregSlice x, y;
+    if (n_tiles == 0) ahead();
     if (PREFETCH && n_tiles > 0) wg_areg_load<TA, SUM>(x, raw_of(0), half);
     for (int kt = 0; kt < n_tiles; kt += 2) {
         slice(kt, x, y);
