@@ -306,7 +306,8 @@ def _tool(monkeypatch, name):
 def test_profile_step_counts_each_ops_flops_and_bytes(monkeypatch, variant):
     """Every op of the recorded plans has its work counted (microgpt.info.step_plans: the plans on a described
     H200): the products' FLOPs are 6 a weight that multiplies a token, and 12 a causal (query, key) pair a layer
-    times d_model, whichever kernels run them; the declared FLOPs of the rest (GELU's forward) at their arguments' sizes."""
+    times d_model, whichever kernels run them; the declared FLOPs of the rest (GELU's forward) at their arguments'
+    sizes."""
     from microgpt.info import step_plans
     P = _tool(monkeypatch, "profile_step")
     L, NH, C, B, T, V = 2, 4, 128, 2, 256, 97
