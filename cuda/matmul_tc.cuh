@@ -145,6 +145,17 @@ __device__ __forceinline__ void cp_async4(float* smem, const float* gmem, int by
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(gmem), "r"(bytes));
 #endif
 }
+// n (0..4) floats at gmem (16-byte aligned; `safe` any valid address, read where n = 0) to smem, the rest of the 4
+// zero-filled: one 16-byte copy where n is 0 or 4, else n copies of 4 bytes, so that no read passes gmem + n (where
+// a matrix's last row ends its allocation)
+__device__ __forceinline__ void cp_async_upto4(float* smem, const float* gmem, int n, const float* safe) {
+    if (n == 0 || n == 4) {
+        cp_async16(smem, n ? gmem : safe, 4 * n);
+        return;
+    }
+#pragma unroll
+    for (int q = 0; q < 4; q++) cp_async4(smem + q, q < n ? gmem + q : safe, q < n ? 4 : 0);
+}
 __device__ __forceinline__ void cp_async_commit() {
 #if TC_AVAILABLE
     asm volatile("cp.async.commit_group;");
@@ -900,10 +911,10 @@ __device__ __forceinline__ void shifted_a_copy(float* tile, const float* p, int 
         const bool in_row = r0 + r + 4 * i < row_end;
         const float* src = from + (long long)(4 * i) * ld;
         const int n = in_row ? max(0, min(4, col_end - first)) : 0;
-        cp_async16(to + 4 * i * Raw::LD, n > 0 ? src : p, 4 * n);
+        cp_async_upto4(to + 4 * i * Raw::LD, src, n, p);
         if (c == 31 && shift != 0) {
             const int n32 = in_row ? max(0, min(4, col_end - first - 4)) : 0;
-            cp_async16(to + 4 * i * Raw::LD + 4, n32 > 0 ? src + 4 : p, 4 * n32);
+            cp_async_upto4(to + 4 * i * Raw::LD + 4, src + 4, n32, p);
         }
     }
 }
@@ -920,7 +931,7 @@ __device__ __forceinline__ void shifted_rows_copy(float* tile, const float* p, i
     auto chunk = [&](int r, int c) {
         const int first = c0 - a_shift(r, ld) + 4 * c;  // chunk c's first column
         const int n = r0 + r < row_end ? max(0, min(4, col_end - first)) : 0;
-        cp_async16(tile + r * Raw::LD + 4 * c, n > 0 ? p + (long long)(r0 + r) * ld + first : p, 4 * n);
+        cp_async_upto4(tile + r * Raw::LD + 4 * c, p + (long long)(r0 + r) * ld + first, n, p);
     };
 #pragma unroll
     for (int i = 0; i < Raw::ROWS / 16; i++) chunk(tid / 8 + 16 * i, tid % 8);
