@@ -897,7 +897,8 @@ __device__ __forceinline__ int a_shift(int r, int ld) { return (r * ld) & 3; }
 // (shifted_a): row r's 128 floats from column c0 land at tile + r * LD + a_shift(r, ld) + 0 .., copied as the 33
 // aligned 16-byte chunks that hold them, zero past row_end; the chunks' floats past col_end are zero and those
 // before c0 (the shift) are the row's or the one before's, never read. Producer thread tid copies chunk tid % 32 of
-// rows tid / 32 + 4 i, so one shift for all its rows; lane 31 also the 33rd chunk where the shift is not 0.
+// rows tid / 32 + 4 i, so one shift for all its rows; lane 31 also the 33rd chunk where the shift is not 0. Bounds
+// are checked only for a tile at the matrix's edge (its rows past row_end, or col_end within 4 of its last column).
 __device__ __forceinline__ void shifted_a_copy(float* tile, const float* p, int ld, int r0, int c0, int row_end,
                                                int col_end, int tid) {
     using Raw = WgRawA<true>;
@@ -906,6 +907,14 @@ __device__ __forceinline__ void shifted_a_copy(float* tile, const float* p, int 
     const int first = c0 - shift + 4 * c;  // chunk c's first column
     const float* from = p + (long long)(r0 + r) * ld + first;
     float* to = tile + r * Raw::LD + 4 * c;
+    if (r0 + Raw::ROWS <= row_end && c0 + Raw::COLS + 4 <= col_end) {  // every chunk whole: no bounds to check
+#pragma unroll
+        for (int i = 0; i < Raw::ROWS / 4; i++) {
+            cp_async16(to + 4 * i * Raw::LD, from + (long long)(4 * i) * ld, 16);
+            if (c == 31 && shift != 0) cp_async16(to + 4 * i * Raw::LD + 4, from + (long long)(4 * i) * ld + 4, 16);
+        }
+        return;
+    }
 #pragma unroll
     for (int i = 0; i < Raw::ROWS / 4; i++) {
         const bool in_row = r0 + r + 4 * i < row_end;
@@ -923,15 +932,22 @@ __device__ __forceinline__ void shifted_a_copy(float* tile, const float* p, int 
 // (shifted_a): row r's 32 floats from column c0 land at tile + r * LD + a_shift(r, ld) + 0 .., copied as the aligned
 // 16-byte chunks that hold them (8, and a ninth in the row's padding where the shift is not 0), zero past row_end
 // and col_end; the floats before c0 (the shift) are the row's or the one before's, never read. Producer thread tid
-// copies chunk tid % 8 of rows tid / 8 + 16 i, and the ninth of row tid.
+// copies chunk tid % 8 of rows tid / 8 + 16 i, and the ninth of row tid. Bounds are checked only for a tile at the
+// matrix's edge (its rows past row_end, or col_end within 4 of its last column).
 __device__ __forceinline__ void shifted_rows_copy(float* tile, const float* p, int ld, int r0, int c0, int row_end,
                                                   int col_end, int tid) {
     using Raw = WgRawA<false>;
     static_assert(Raw::ROWS == 128 && Raw::COLS == 32 && Raw::LD >= 36 && WG_PRODUCERS == 128, "the tile above");
+    const bool whole = r0 + Raw::ROWS <= row_end && c0 + Raw::COLS + 4 <= col_end;  // every chunk: no bounds to check
     auto chunk = [&](int r, int c) {
         const int first = c0 - a_shift(r, ld) + 4 * c;  // chunk c's first column
-        const int n = r0 + r < row_end ? max(0, min(4, col_end - first)) : 0;
-        cp_async_upto4(tile + r * Raw::LD + 4 * c, p + (long long)(r0 + r) * ld + first, n, p);
+        const float* src = p + (long long)(r0 + r) * ld + first;
+        if (whole) {
+            cp_async16(tile + r * Raw::LD + 4 * c, src, 16);
+        } else {
+            const int n = r0 + r < row_end ? max(0, min(4, col_end - first)) : 0;
+            cp_async_upto4(tile + r * Raw::LD + 4 * c, src, n, p);
+        }
     };
 #pragma unroll
     for (int i = 0; i < Raw::ROWS / 16; i++) chunk(tid / 8 + 16 * i, tid % 8);
