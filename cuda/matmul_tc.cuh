@@ -145,6 +145,17 @@ __device__ __forceinline__ void cp_async4(float* smem, const float* gmem, int by
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(gmem), "r"(bytes));
 #endif
 }
+// n (0..4) floats at gmem (16-byte aligned; `safe` any valid address, read where n = 0) to smem, the rest of the 4
+// zero-filled: one 16-byte copy where n is 0 or 4, else n copies of 4 bytes, so that no read passes gmem + n (where
+// a matrix's last row ends its allocation)
+__device__ __forceinline__ void cp_async_upto4(float* smem, const float* gmem, int n, const float* safe) {
+    if (n == 0 || n == 4) {
+        cp_async16(smem, n ? gmem : safe, 4 * n);
+        return;
+    }
+#pragma unroll
+    for (int q = 0; q < 4; q++) cp_async4(smem + q, q < n ? gmem + q : safe, q < n ? 4 : 0);
+}
 __device__ __forceinline__ void cp_async_commit() {
 #if TC_AVAILABLE
     asm volatile("cp.async.commit_group;");
@@ -872,20 +883,22 @@ __device__ __forceinline__ void copy_raw(float* tile, const float* p, int ld, in
     Raw::template load<WG_PRODUCERS>(tile, p, ld, r0, c0, row_end, col_end, vec, tid);
 }
 
-// True where a K x M operand's rows are not 16-byte aligned but shifted_a_copy can copy them by 16-byte chunks: p
-// (and each of a batch's products, stride floats apart) 16-byte aligned, ld not a multiple of 4
+// True where A's rows are not 16-byte aligned but shifted_a_copy (K x M) or shifted_rows_copy (M x K) can copy them by
+// 16-byte chunks: p (and each of a batch's products, stride floats apart) 16-byte aligned, ld not a multiple of 4
 __device__ __forceinline__ bool shifted_a(const float* p, int ld, long long stride) {
     return ((reinterpret_cast<unsigned long long>(p) & 15) == 0) && (ld & 3) != 0 && (stride & 3) == 0;
 }
 
-// The floats by which shifted_a_copy moves row r of a slice (r0 a multiple of 4, c0 of 4): (r ld) mod 4
+// The floats by which shifted_a_copy and shifted_rows_copy move row r of a slice (r0 a multiple of 4, c0 of 4):
+// (r ld) mod 4
 __device__ __forceinline__ int a_shift(int r, int ld) { return (r * ld) & 3; }
 
 // copy_raw for a K x M tile of A (WgRawA<true>: 32 rows of 128, LD 136) whose rows are not 16-byte aligned
 // (shifted_a): row r's 128 floats from column c0 land at tile + r * LD + a_shift(r, ld) + 0 .., copied as the 33
 // aligned 16-byte chunks that hold them, zero past row_end; the chunks' floats past col_end are zero and those
 // before c0 (the shift) are the row's or the one before's, never read. Producer thread tid copies chunk tid % 32 of
-// rows tid / 32 + 4 i, so one shift for all its rows; lane 31 also the 33rd chunk where the shift is not 0.
+// rows tid / 32 + 4 i, so one shift for all its rows; lane 31 also the 33rd chunk where the shift is not 0. Bounds
+// are checked only for a tile at the matrix's edge (its rows past row_end, or col_end within 4 of its last column).
 __device__ __forceinline__ void shifted_a_copy(float* tile, const float* p, int ld, int r0, int c0, int row_end,
                                                int col_end, int tid) {
     using Raw = WgRawA<true>;
@@ -894,17 +907,51 @@ __device__ __forceinline__ void shifted_a_copy(float* tile, const float* p, int 
     const int first = c0 - shift + 4 * c;  // chunk c's first column
     const float* from = p + (long long)(r0 + r) * ld + first;
     float* to = tile + r * Raw::LD + 4 * c;
+    if (r0 + Raw::ROWS <= row_end && c0 + Raw::COLS + 4 <= col_end) {  // every chunk whole: no bounds to check
+#pragma unroll
+        for (int i = 0; i < Raw::ROWS / 4; i++) {
+            cp_async16(to + 4 * i * Raw::LD, from + (long long)(4 * i) * ld, 16);
+            if (c == 31 && shift != 0) cp_async16(to + 4 * i * Raw::LD + 4, from + (long long)(4 * i) * ld + 4, 16);
+        }
+        return;
+    }
 #pragma unroll
     for (int i = 0; i < Raw::ROWS / 4; i++) {
         const bool in_row = r0 + r + 4 * i < row_end;
         const float* src = from + (long long)(4 * i) * ld;
         const int n = in_row ? max(0, min(4, col_end - first)) : 0;
-        cp_async16(to + 4 * i * Raw::LD, n > 0 ? src : p, 4 * n);
+        cp_async_upto4(to + 4 * i * Raw::LD, src, n, p);
         if (c == 31 && shift != 0) {
             const int n32 = in_row ? max(0, min(4, col_end - first - 4)) : 0;
-            cp_async16(to + 4 * i * Raw::LD + 4, n32 > 0 ? src + 4 : p, 4 * n32);
+            cp_async_upto4(to + 4 * i * Raw::LD + 4, src + 4, n32, p);
         }
     }
+}
+
+// copy_raw for an M x K tile of A (WgRawA<false>: 128 rows of 32, LD 36) whose rows are not 16-byte aligned
+// (shifted_a): row r's 32 floats from column c0 land at tile + r * LD + a_shift(r, ld) + 0 .., copied as the aligned
+// 16-byte chunks that hold them (8, and a ninth in the row's padding where the shift is not 0), zero past row_end
+// and col_end; the floats before c0 (the shift) are the row's or the one before's, never read. Producer thread tid
+// copies chunk tid % 8 of rows tid / 8 + 16 i, and the ninth of row tid. Bounds are checked only for a tile at the
+// matrix's edge (its rows past row_end, or col_end within 4 of its last column).
+__device__ __forceinline__ void shifted_rows_copy(float* tile, const float* p, int ld, int r0, int c0, int row_end,
+                                                  int col_end, int tid) {
+    using Raw = WgRawA<false>;
+    static_assert(Raw::ROWS == 128 && Raw::COLS == 32 && Raw::LD >= 36 && WG_PRODUCERS == 128, "the tile above");
+    const bool whole = r0 + Raw::ROWS <= row_end && c0 + Raw::COLS + 4 <= col_end;  // every chunk: no bounds to check
+    auto chunk = [&](int r, int c) {
+        const int first = c0 - a_shift(r, ld) + 4 * c;  // chunk c's first column
+        const float* src = p + (long long)(r0 + r) * ld + first;
+        if (whole) {
+            cp_async16(tile + r * Raw::LD + 4 * c, src, 16);
+        } else {
+            const int n = r0 + r < row_end ? max(0, min(4, col_end - first)) : 0;
+            cp_async_upto4(tile + r * Raw::LD + 4 * c, src, n, p);
+        }
+    };
+#pragma unroll
+    for (int i = 0; i < Raw::ROWS / 16; i++) chunk(tid / 8 + 16 * i, tid % 8);
+    if (a_shift(tid, ld) != 0) chunk(tid, 8);
 }
 
 // wgmma's fragment of A for k8 step kk of the slice, split: for the warpgroup's rows 64 half .., thread (warp, g =
@@ -963,13 +1010,13 @@ __device__ __forceinline__ void wg_areg_issue(float (&part)[64], const WgAregSli
 }
 
 // The consumers of both kernels: the n_tiles slices of one tile, the producer's slices q0, q0 + 1, .. of the stages
-// (each B hi, B lo, then raw A at A_AT floats, which this thread reads a_at floats further on: shifted_a_copy's shift
-// of its rows), into acc as wg_store lays it out. With PREFETCH, a slice's A is loaded and split while the slice
-// before's wgmmas run (two WgAregSlices taking turns; the A-transposed kernel's consumers have not the registers for
-// it); each slice's products are then added into acc in order, the same adds either way. Where row_sums is given (TA),
-// op(A)'s row sums of the warpgroup's 64 rows: each thread's slices by a compensated running sum, then
-// the 4 threads of a row (t) in a fixed tree; thread t = 0 of each row holds its sum in row_sums[0] (row r) and
-// row_sums[1] (row r + 8). ahead() runs once a tile, while its second slice's wgmmas run (its first's, where it has
+// (each B hi, B lo, then raw A at A_AT floats, which this thread reads a_at floats further on: the shift of its rows by
+// shifted_a_copy or shifted_rows_copy), into acc as wg_store lays it out. With PREFETCH, a slice's A is loaded and
+// split while the slice before's wgmmas run (two WgAregSlices taking turns; the A-transposed kernel's consumers have
+// not the registers for it); each slice's products are then added into acc in order, the same adds either way. Where
+// row_sums is given (TA), op(A)'s row sums of the warpgroup's 64 rows: each thread's slices by a compensated running
+// sum, then the 4 threads of a row (t) in a fixed tree; thread t = 0 of each row holds its sum in row_sums[0] (row r)
+// and row_sums[1] (row r + 8). ahead() runs once a tile, while its second slice's wgmmas run (its first's, where it has
 // only one; at once, where none): work for the tile's epilogue that the products can hide.
 template <bool TA, bool SUM, bool PREFETCH, int STAGES, int STAGE, int A_AT, class Ahead>
 __device__ __forceinline__ void wg_areg_consume_slices(float (&acc)[64], CompensatedSum (&sums)[2], float* stages,
@@ -1040,11 +1087,12 @@ __device__ __forceinline__ void wg_areg_consume(float (&acc)[64], float (&row_su
 // split slices (thread 0, each a bulk copy) and A's raw ones, S deep, on into the next tile's while the consumers
 // finish this one: A's by thread 0 too, a box of a_map a slice, where the host made one (a tensor map over A, M x K,
 // in boxes of TC_A_BOX_COLS x TC_A_BOX_ROWS; the box's last 4 columns land in the slice's padding), else by
-// cp.async; warpgroups 1 and 2 split A as they read it and multiply, each ending a tile with its 64 rows (m0
-// + 64 * (warpgroup - 1) ..) in acc, as wg_store lays them out. An epilogue that reuses the stages (once the two
-// have passed consumers_sync()) takes one tile: the next tile's slices would be copied into them. The epilogue is
-// called inside the consumers' branch, so that ptxas gives it the consumers' registers (setmaxnreg). ahead(m0, n0,
-// i), where given, runs in each consumer thread early in the block's i-th tile (wg_areg_consume_slices).
+// cp.async (16-byte chunks, shifted where A's rows are not aligned: shifted_rows_copy); warpgroups 1 and 2 split A
+// as they read it and multiply, each ending a tile with its 64 rows (m0 + 64 * (warpgroup - 1) ..) in acc, as
+// wg_store lays them out. An epilogue that reuses the stages (once the two have passed consumers_sync()) takes one
+// tile: the next tile's slices would be copied into them. The epilogue is called inside the consumers' branch, so
+// that ptxas gives it the consumers' registers (setmaxnreg). ahead(m0, n0, i), where given, runs in each consumer
+// thread early in the block's i-th tile (wg_areg_consume_slices).
 template <int S = WG_AREG_STAGES, class Epilogue, class Ahead = NoAhead>
 __device__ __forceinline__ void wg_areg_tiles(float* stages, const float* A, int lda, const TensorMap* a_map, int M,
                                               int K, const uint32_t* b_split, int n_cols, int K_pad, int first,
@@ -1062,7 +1110,7 @@ __device__ __forceinline__ void wg_areg_tiles(float* stages, const float* A, int
         wg_producer_registers();       // 1) is handed over before slice q's stage is waited for: the consumers, done
         const int tid = threadIdx.x;   // with slice q - S, want q - (S - 1) next
         const long long b_lo = (long long)n_cols * 128 * K_pad;
-        const bool vec_a = aligned16(A, lda);
+        const bool vec_a = aligned16(A, lda), shift_a = shifted_a(A, lda, 0);
         const uint32_t bytes = (2 * WG_SPLIT + (a_map ? WgRawA<false>::FLOATS : 0)) * 4;  // thread 0's copies a slice
         if (a_map && tid == 0) tensormap_acquire(a_map);
         const int jobs = count * slices;
@@ -1083,18 +1131,21 @@ __device__ __forceinline__ void wg_areg_tiles(float* stages, const float* A, int
                     copy_split_slice(t + WG_SPLIT, b_split + b_lo, n0, K_pad, j * WG_BK, &full[s]);
                     if (a_map) tma_load_2d(t + 2 * WG_SPLIT, a_map, j * WG_BK, m0, &full[s]);
                 }
-                if (!a_map) copy_raw<WgRawA<false>>(t + 2 * WG_SPLIT, A, lda, m0, j * WG_BK, M, K, vec_a, tid);
+                if (!a_map && shift_a) shifted_rows_copy(t + 2 * WG_SPLIT, A, lda, m0, j * WG_BK, M, K, tid);
+                else if (!a_map) copy_raw<WgRawA<false>>(t + 2 * WG_SPLIT, A, lda, m0, j * WG_BK, M, K, vec_a, tid);
                 if (++j == slices) j = 0, tile += stride;
             }
             cp_async_commit();
         }
     } else {  // the consumers: split A, multiply and sum, then the epilogue, tile after tile
         wg_consumer_registers();
+        // where A's rows were copied shifted, this thread's rows' shift (its rows r and r + 8: 8 ld is a multiple of 4)
+        const int a_at = shifted_a(A, lda, 0) ? a_shift(threadIdx.x % 32 / 4, lda) : 0;
         for (int i = 0; i < count; i++) {
             const int tile = first + i * stride;
             float acc[64], no_sums[2];
             wg_areg_consume<false, S, STAGE, 2 * WG_SPLIT>(acc, no_sums, false, stages, full, empty, i * slices,
-                                                           slices, 0,
+                                                           slices, a_at,
                                                            [&] { ahead(tile / n_cols * 128, tile % n_cols * 128, i); });
             epilogue(acc, tile / n_cols * 128, tile % n_cols * 128);
         }

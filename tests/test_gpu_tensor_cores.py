@@ -111,11 +111,12 @@ def test_attention_products(ga, rng, nh, t, d_k):
         within_bar(f"attention d_k {d_k} {what}", outs["tc"][what], outs["fast"][what], ref[what])
 
 
-# M, N, K not multiples of a tile (128 x 128, 128 x 64, K by 32), unaligned rows (K odd), batches, split-K
+# M, N, K not multiples of a tile (128 x 128, 128 x 64, K by 32), unaligned rows (K odd), batches, split-K; K of
+# 258 and 771 whole (no split-K), so that the wgmma kernel copies A's unaligned rows by shifted chunks
 @pytest.mark.parametrize("M,N,K_,batch", [(1000, 333, 200, 1), (129, 65, 1023, 2), (77, 64, 3, 3), (70, 90, 129, 2),
                                           (300, 130, 4097, 1), (1, 1, 1, 1), (256, 200, 8192, 1), (5, 3, 128, 1),
                                           (40, 50, 127, 1), (129, 64, 300, 2), (1000, 37, 1000, 1),
-                                          (5, 3, 256, 1), (7, 130, 256, 1)])
+                                          (5, 3, 256, 1), (7, 130, 256, 1), (1000, 256, 258, 1), (1000, 256, 771, 1)])
 @pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
 @pytest.mark.parametrize("wgmma", [None, False], ids=["device's kernel", "mma.sync"])
 def test_odd_shapes(ga, rng, M, N, K_, batch, ta, tb, wgmma):

@@ -10,7 +10,8 @@ sizes are not multiples of a block. Flash attention takes no sequence that short
 kernels run again at FLASH_SHAPE (T=130: two key tiles and two rows of a third; d_k 20, and 32, 64, 128). The
 tensor-core products copy A by the TMA only where its rows are 16-byte aligned, which no product at those odd
 widths has; so they run again at PRODUCT_SHAPE (260 rows: two whole slices of 128 and an edge of 4; widths 128
-and 512, aligned), the TMA's boxes passing the matrices' edges there too.
+and 512, aligned), the TMA's boxes passing the matrices' edges there too, and V = 261: the lm_head's dX and dW
+products read rows that are not 16-byte aligned, copied by shifted 16-byte chunks.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from kernel_cases import Shape, build_cases  # noqa: E402
 
 SHAPE = dict(B=2, T=7, C=20, NH=4, V=37)
 FLASH_SHAPE = dict(B=2, T=130, C=60, NH=3, V=37)
-PRODUCT_SHAPE = dict(B=2, T=130, C=128, NH=2, V=37)
+PRODUCT_SHAPE = dict(B=2, T=130, C=128, NH=2, V=261)
 PRODUCTS = ("matmul", "sgemm_tc", "k_tf32_split")  # the cases of the tensor-core products and their split passes
 
 
