@@ -71,17 +71,7 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
                 const float2 x = *at, d = gemm_pair(acc[i], acc[i + 1], r0 + r, n, N, nullptr, 1.0f);
                 *at = make_float2(gelu_bwd_of(d.x, x.x), gelu_bwd_of(d.y, x.y));
             }
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the writes seen by the bulk copies
-            asm volatile("bar.sync %0, 128;" ::"r"(3 + half) : "memory");
-            if (tid < 64 && r0 + tid < M) {
-                const uint32_t from = smem_u32(buf + tid * WG_STORE_LD);
-                const int bytes = 4 * min(128, N - n0);
-                asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(
-                                 dpre + (long long)(r0 + tid) * ldc + n0),
-                             "r"(from), "r"(bytes)
-                             : "memory");
-                asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-            }
+            wg_store_bulk_send(buf, dpre, r0, n0, M, N, ldc, half);
         },
         [&](int m0, int n0, int) { gelu_pre_ahead(buf, &pre_in[half], pre, m0 + half * 64, n0, M, N, ldc); });
     wg_store_bulk_done();

@@ -1159,11 +1159,30 @@ __device__ __forceinline__ bool bulk_store_fits(const float* C, int N, int ldc, 
     return beta == 0.0f && aligned16(C, ldc) && (N & 3) == 0;
 }
 
-// wg_store's C for beta = 0 (bulk_store_fits), by way of this warpgroup's buffer (64 rows of WG_STORE_LD floats):
-// its threads write their values there, then threads 0 .. 63 each hand one row to the bulk copy engine
-// (cp.async.bulk) and go on, the rows written into C while the next tile's products run. Before a buffer is written
-// again, the threads that handed its rows over wait until the engine has read them; the kernel waits for the last
-// ones before it exits (wg_store_bulk_done). The same gemm_value for every element: the same bits as wg_store.
+// Once every thread of the warpgroup has written its values of the tile's rows m0 .. m0 + 63 into its buffer (64
+// rows of WG_STORE_LD floats): threads 0 .. 63 each hand one row (columns n0 .., as many as the tile has of N) to
+// the bulk copy engine (cp.async.bulk) into C and go on, the rows written while the next tile's products run. Before
+// the buffer is written again, the threads that handed its rows over wait until the engine has read them
+// (cp.async.bulk.wait_group.read); the kernel waits for the last ones before it exits (wg_store_bulk_done).
+__device__ __forceinline__ void wg_store_bulk_send(const float* buf, float* C, int m0, int n0, int M, int N, int ldc,
+                                                   int half) {
+#if WG_AVAILABLE
+    const int tid = threadIdx.x % 128;
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the writes seen by the bulk copies
+    asm volatile("bar.sync %0, 128;" ::"r"(3 + half) : "memory");
+    if (tid < 64 && m0 + tid < M) {
+        const uint32_t from = static_cast<uint32_t>(__cvta_generic_to_shared(buf + tid * WG_STORE_LD));
+        const int bytes = 4 * min(128, N - n0);
+        asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(C + (long long)(m0 + tid) *
+                     ldc + n0), "r"(from), "r"(bytes) : "memory");
+        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    }
+#endif
+}
+
+// wg_store's C for beta = 0 (bulk_store_fits), by way of this warpgroup's buffer: its threads write their values
+// there once the buffer's last rows are read out, then wg_store_bulk_send. The same gemm_value for every element:
+// the same bits as wg_store.
 __device__ __forceinline__ void wg_store_bulk(float* buf, float* C, const float (&acc)[64], int m0, int n0, int M,
                                               int N, int ldc, const float* bias, float alpha, int half) {
 #if WG_AVAILABLE
@@ -1176,15 +1195,7 @@ __device__ __forceinline__ void wg_store_bulk(float* buf, float* C, const float 
         const float2 v = gemm_pair(acc[i], acc[i + 1], m0 + r, n, N, bias, alpha);
         *reinterpret_cast<float2*>(buf + r * WG_STORE_LD + c) = v;
     }
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the writes seen by the bulk copies
-    asm volatile("bar.sync %0, 128;" ::"r"(3 + half) : "memory");
-    if (tid < 64 && m0 + tid < M) {
-        const uint32_t from = static_cast<uint32_t>(__cvta_generic_to_shared(buf + tid * WG_STORE_LD));
-        const int bytes = 4 * min(128, N - n0);
-        asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(C + (long long)(m0 + tid) *
-                     ldc + n0), "r"(from), "r"(bytes) : "memory");
-        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-    }
+    wg_store_bulk_send(buf, C, m0, n0, M, N, ldc, half);
 #endif
 }
 // ... before the kernel exits: this thread's last rows read out of its buffer
