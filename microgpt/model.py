@@ -7,13 +7,13 @@
 decode() runs the same layers for one new position a sequence, attending to the keys and values cached for the
 positions before it.
 
-A backend gives `ops`, one implementation of the op table (the numpy one, or one variant's launchers, recorded
-into a plan), and the buffers, made here by its `new(*shape)` (the logits' rows padded: padded_rows). Each op writes its outputs into the buffers it is
-handed (outputs first, as the kernels take them), so a pass is a fixed sequence of calls over fixed buffers: the
-cuda backend records it once per (B, T) and replays it as one CUDA graph. Each residual add runs with the
-layernorm that reads its sum, and each layernorm's backward with the product that makes its output's gradient,
-since a variant may fuse them (the numpy ops run them one after the other). Parameter names are spelled here
-and in microgpt.params only.
+A backend gives `ops`, one implementation of the op table (the numpy one, or one variant's launchers, recorded into
+a plan), and the buffers, made here by its `new(*shape)` (the logits' rows padded: padded_rows). Each op writes its
+outputs into the buffers it is handed (outputs first, as the kernels take them), so a pass is a fixed sequence of
+calls over fixed buffers: the cuda backend records it once per (B, T) and replays it as one CUDA graph. Each
+residual add runs with the layernorm that reads its sum, and each layernorm's backward with the product that makes
+its output's gradient, since a variant may fuse them (the numpy ops run them one after the other). Parameter names
+are spelled here and in microgpt.params only.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""The argument checks every launcher runs before a launch: a device array (a PyCUDA GPUArray, or anything
-with __cuda_array_interface__, such as PyTorch and CuPy tensors), its dtype, its shape against the other
-arguments, C-contiguity (or rows at a pitch: rows_ptr), token ids inside the vocabulary. Each failure is a TypeError or ValueError that
-names the argument; nothing has been launched when it is raised.
+"""The argument checks every launcher runs before a launch: a device array (a PyCUDA GPUArray, or anything with
+__cuda_array_interface__, such as PyTorch and CuPy tensors), its dtype, its shape against the other arguments,
+C-contiguity (or rows at a pitch: rows_ptr), token ids inside the vocabulary. Each failure is a TypeError or
+ValueError that names the argument; nothing has been launched when it is raised.
 """
 from __future__ import annotations
 
