@@ -81,20 +81,20 @@ def test_the_lm_head_on_padded_rows_gives_the_bits_of_contiguous_ones(ga, rng):
     forward, dX and dW products on them (rows copied whole, the forward's tiles but the last column's stored by the
     bulk copy engine) give the bits of the same products on contiguous rows of 8,449, and never write the padding."""
     from microgpt.model import padded_rows
-    x = ga.to_gpu(rng.standard_normal((1, T, C)).astype(np.float32))
+    x = ga.to_gpu(rng.standard_normal((8, T, C)).astype(np.float32))
     w = ga.to_gpu((rng.standard_normal((V, C)) * 0.02).astype(np.float32))
-    d_h = rng.standard_normal((1, T, V)).astype(np.float32)
+    d_h = rng.standard_normal((8, T, V)).astype(np.float32)
     wide = []  # the padded rows' whole buffers, NaN
 
     def new(*shape):
         wide.append(ga.to_gpu(np.full(shape, np.nan, np.float32)))
         return wide[-1]
-    layouts = {"contiguous": (poisoned(ga, 1, T, V), ga.to_gpu(d_h)),
-               "padded": (padded_rows(new, 1, T, V), padded_rows(new, 1, T, V))}
+    layouts = {"contiguous": (poisoned(ga, 8, T, V), ga.to_gpu(d_h)),
+               "padded": (padded_rows(new, 8, T, V), padded_rows(new, 8, T, V))}
     layouts["padded"][1].set(d_h)
     outs = {}
     for layout, (y, d) in layouts.items():
-        dx, dw = poisoned(ga, 1, T, C), ga.zeros((V, C), np.float32)
+        dx, dw = poisoned(ga, 8, T, C), ga.zeros((V, C), np.float32)
         TC.matmul_fwd(y, x, w, None)
         TC.matmul_bwd(dx, dw, None, d, x, w)
         outs[layout] = [a.get() for a in (y, dx, dw)]
