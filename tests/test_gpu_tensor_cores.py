@@ -79,7 +79,8 @@ def test_linear_layers_forward_and_backward(ga, rng, layer):
 def test_the_lm_head_on_padded_rows_gives_the_bits_of_contiguous_ones(ga, rng):
     """The model's logits and their gradient lie in rows padded to 16 bytes (model.padded_rows): the tied lm_head's
     forward, dX and dW products on them (rows copied whole, the forward's tiles but the last column's stored by the
-    bulk copy engine) give the bits of the same products on contiguous rows of 8,449, and never write the padding."""
+    bulk copy engine) give the bits of the same products on contiguous rows of 8,449, and never write the padding.
+    At B = 8 neither forward cuts K (a contiguous one of fewer rows may: gemm's split-K takes only ldc = N)."""
     from microgpt.model import padded_rows
     x = ga.to_gpu(rng.standard_normal((8, T, C)).astype(np.float32))
     w = ga.to_gpu((rng.standard_normal((V, C)) * 0.02).astype(np.float32))
