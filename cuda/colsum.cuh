@@ -6,11 +6,13 @@
 // Rows each warp has in flight at once: the sum over them stays in row order, only the loads run ahead of it.
 constexpr int COLSUM_UNROLL = 8;
 
-// Pass 1 of the column sums of x (N, C): block (column group, row chunk blockIdx.y) sums its rows into
-// partials[chunk][c], its 8 warps taking every 8th row, then warp 0 adding the 8 in order. A lane owns VEC
-// adjacent columns (VEC = 4: x 16-byte aligned and C % 4 == 0), each summed in the same order either way.
+// Pass 1 of the column sums of x (N, C; its rows ldx floats apart): block (column group, row chunk blockIdx.y) sums
+// its rows into partials[chunk][c], its 8 warps taking every 8th row, then warp 0 adding the 8 in order. A lane owns
+// VEC adjacent columns (VEC = 4: x 16-byte aligned, C % 4 == 0 and ldx % 4 == 0), each summed in the same order
+// either way.
 template <int VEC>
-__device__ __forceinline__ void colsum_partial(float* partials, const float* x, int N, int C, int rows_per_chunk) {
+__device__ __forceinline__ void colsum_partial(float* partials, const float* x, int N, int C, int ldx,
+                                               int rows_per_chunk) {
     __shared__ float part[8][32 * VEC];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int c = (blockIdx.x * 32 + lane) * VEC;
@@ -22,7 +24,7 @@ __device__ __forceinline__ void colsum_partial(float* partials, const float* x, 
             float t[COLSUM_UNROLL][VEC];
 #pragma unroll
             for (int u = 0; u < COLSUM_UNROLL; u++) {
-                const float* p = x + (long long)(r + 8 * u) * C + c;
+                const float* p = x + (long long)(r + 8 * u) * ldx + c;
                 if constexpr (VEC == 4) {
                     float4 q = *reinterpret_cast<const float4*>(p);
                     t[u][0] = q.x, t[u][1] = q.y, t[u][2] = q.z, t[u][3] = q.w;
@@ -37,7 +39,7 @@ __device__ __forceinline__ void colsum_partial(float* partials, const float* x, 
         }
         for (; r < r1; r += 8)
 #pragma unroll
-            for (int e = 0; e < VEC; e++) s[e] += x[(long long)r * C + c + e];
+            for (int e = 0; e < VEC; e++) s[e] += x[(long long)r * ldx + c + e];
     }
 #pragma unroll
     for (int e = 0; e < VEC; e++) part[warp][lane * VEC + e] = s[e];
@@ -51,12 +53,12 @@ __device__ __forceinline__ void colsum_partial(float* partials, const float* x, 
         }
 }
 
-extern "C" __global__ void k_colsum_partial(float* partials, const float* x, int N, int C, int rows_per_chunk,
-                                            int vec4) {
+extern "C" __global__ void k_colsum_partial(float* partials, const float* x, int N, int C, int ldx,
+                                            int rows_per_chunk, int vec4) {
     if (vec4)
-        colsum_partial<4>(partials, x, N, C, rows_per_chunk);
+        colsum_partial<4>(partials, x, N, C, ldx, rows_per_chunk);
     else
-        colsum_partial<1>(partials, x, N, C, rows_per_chunk);
+        colsum_partial<1>(partials, x, N, C, ldx, rows_per_chunk);
 }
 
 // Loads in flight at a time while adding a column's chunks.

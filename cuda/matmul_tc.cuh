@@ -1153,10 +1153,10 @@ __device__ __forceinline__ void wg_areg_tiles(float* stages, const float* A, int
 #endif
 }
 
-// True where wg_store_bulk can write C: beta = 0 (C not read), and every row of a tile, 128 floats or N's last
-// ones, one bulk copy (16-byte aligned, a multiple of 16 bytes)
-__device__ __forceinline__ bool bulk_store_fits(const float* C, int N, int ldc, float beta) {
-    return beta == 0.0f && aligned16(C, ldc) && (N & 3) == 0;
+// True where wg_store_bulk can write the tile of C at column n0: beta = 0 (C not read), and each of the tile's rows,
+// 128 floats or N's last ones, one bulk copy (16-byte aligned, a multiple of 16 bytes)
+__device__ __forceinline__ bool bulk_store_fits(const float* C, int N, int ldc, float beta, int n0) {
+    return beta == 0.0f && aligned16(C, ldc) && (n0 + 128 <= N || (N & 3) == 0);
 }
 
 // Once every thread of the warpgroup has written its values of the tile's rows m0 .. m0 + 63 into its buffer (64
@@ -1210,8 +1210,8 @@ __device__ __forceinline__ void wg_store_bulk_done() {
 // with no pass splitting A. One block per SM (TC_AREG_STORE_SMEM_BYTES), gridDim.x of them, each taking the tiles
 // blockIdx.x, blockIdx.x + gridDim.x, .. of the ceil(M / 128) x ceil(N / 128) in row-major order: a grid of one block a
 // tile, or fewer, each block's next tile's first slices then copied while it stores the last one's. Where
-// bulk_store_fits, a tile's rows are written by the bulk copy engine from the warpgroups' buffers (wg_store_bulk) while
-// the block goes on to its next tile.
+// bulk_store_fits (every tile but the last column's, where N is not a multiple of 4), a tile's rows are written by the
+// bulk copy engine from the warpgroups' buffers (wg_store_bulk) while the block goes on to its next tile.
 extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
     k_gemm_wg_areg(float* C, const float* A, const TensorMap* a_map, const uint32_t* b_split, const float* bias, int M,
                    int N, int K, int lda, int K_pad, int ldc, float alpha, float beta) {
@@ -1225,17 +1225,16 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
     float* buffers = areg_smem + STAGES_BYTES / 4;
     const int n_cols = (N + 127) / 128, tiles = n_cols * ((M + 127) / 128);
     const int count = (int)blockIdx.x < tiles ? (tiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
-    const bool bulk = bulk_store_fits(C, N, ldc, beta);
     wg_areg_tiles<S>(areg_smem, A, lda, a_map, M, K, b_split, n_cols, K_pad, blockIdx.x, gridDim.x, count,
                      [&](const float (&acc)[64], int m0, int n0) {
                          const int half = threadIdx.x / 128 - 1;
-                         if (bulk)
+                         if (bulk_store_fits(C, N, ldc, beta, n0))
                              wg_store_bulk(buffers + half * 64 * WG_STORE_LD, C, acc, m0 + half * 64, n0, M, N, ldc,
                                            bias, alpha, half);
                          else
                              wg_store(C, acc, m0 + half * 64, n0, M, N, ldc, bias, alpha, beta, CAUSAL_NONE, 0.0f);
                      });
-    if (bulk) wg_store_bulk_done();
+    wg_store_bulk_done();  // (none to wait for where no tile was stored so)
 #else
     __trap();  // the launchers choose this kernel on sm_90a only
 #endif

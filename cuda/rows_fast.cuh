@@ -364,17 +364,18 @@ __device__ __forceinline__ void crossentropy_fwd_row(bool keep, float* losses, f
     }
 }
 
-// One block per position (row of logits (N, V)): the row kept in shared memory where the launch was given
-// 4 * (V + 3) bytes of it, else read twice from global memory. Each pass computes one expf per logit, and the
-// second multiplies by 1 / sum: one division per row.
+// One block per position (row of logits (N, V); probs' rows ldp floats apart, logits' ldl): the row kept in shared
+// memory where the launch was given 4 * (V + 3) bytes of it, else read twice from global memory. Each pass computes
+// one expf per logit, and the second multiplies by 1 / sum: one division per row.
 extern "C" __global__ void __launch_bounds__(256)
-    k_crossentropy_fwd_fast(float* losses, float* probs, const float* logits, const int* targets, int N, int V) {
+    k_crossentropy_fwd_fast(float* losses, float* probs, const float* logits, const int* targets, int N, int V,
+                            int ldp, int ldl) {
     extern __shared__ __align__(16) float ce_row[];
     __shared__ float pair_m[32], pair_s[32];
     const long long n = blockIdx.x;
     if (n >= N) return;
-    const float* lr = logits + n * V;
-    float* pr = probs + n * V;
+    const float* lr = logits + n * ldl;
+    float* pr = probs + n * ldp;
     const bool keep = dynamic_smem_bytes() >= 4ull * ((unsigned long long)V + 3);
     crossentropy_fwd_row(keep, losses, pr, lr, ce_row, pair_m, pair_s, n, targets, V);
 }
@@ -407,17 +408,18 @@ __device__ __forceinline__ void crossentropy_bwd_span(float* d, const float* p, 
     }
 }
 
-// Grid: (1, min(N, 65535)): blockIdx.y the row, blockIdx.x a share of its columns, both looped over. Each row
-// finds its own 16-byte boundary (rows of an odd V start unaligned); the 16-byte path needs dlogits and probs
-// to differ by a multiple of 16 bytes (as any two allocations do). Gives k_crossentropy_bwd's bits.
+// Grid: (1, min(N, 65535)): blockIdx.y the row, blockIdx.x a share of its columns, both looped over (dlogits' rows
+// ldd floats apart, probs' ldp). Each row finds its own 16-byte boundary (rows of an odd pitch start unaligned);
+// a row takes the 16-byte path where its dlogits and probs differ by a multiple of 16 bytes (every row, where the
+// two pitches are equal, as two allocations' addresses do). Gives k_crossentropy_bwd's bits.
 extern "C" __global__ void __launch_bounds__(256)
     k_crossentropy_bwd_fast(float* dlogits, const float* probs, const int* targets, const float* dlosses, int N,
-                            int V) {
-    const bool vec = ((unsigned long long)dlogits - (unsigned long long)probs) % 16 == 0;
+                            int V, int ldd, int ldp) {
     const long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x, G = (long long)gridDim.x * blockDim.x;
     for (long long n = blockIdx.y; n < N; n += gridDim.y) {
-        const float* p = probs + n * V;
-        float* d = dlogits + n * V;
+        const float* p = probs + n * ldp;
+        float* d = dlogits + n * ldd;
+        const bool vec = ((unsigned long long)d - (unsigned long long)p) % 16 == 0;
         const int target = targets[n];
         const float dl = dlosses[n];
         if (vec) {

@@ -21,6 +21,14 @@ from .ops import select
 from .params import decays, num_params, param_table
 
 
+def _last_rows(logits) -> list[int]:
+    """The device address of each sequence's last row of logits (B, T, V), whose rows lie strides[1] bytes apart
+    (model.padded_rows)."""
+    B, T, _ = logits.shape
+    pitch = logits.strides[1]
+    return [int(logits.gpudata) + (i * T + T - 1) * pitch for i in range(B)]
+
+
 def device_views(table, flat):
     """Zero-copy named GPUArray views into a flat device vector."""
     return {s.name: flat[s.offset:s.offset + s.size].reshape(s.shape) for s in table}
@@ -168,12 +176,10 @@ class CudaBackend:
         if targets is not None:
             self.cuda.memcpy_dtoh_async(b.losses_host, b.losses.gpudata, self.stream)
         if logits == "all":
-            out = b.logits.get_async(stream=self.stream)
+            out = b.logits.get_async(stream=self.stream)  # its padded rows copied out as (B, T, V)
         elif logits == "last":  # one row per sequence, for sampling
-            V = self.config.vocab_size
-            out = self.cuda.pagelocked_empty((B, 1, V), np.float32)
-            for i in range(B):
-                row = int(b.logits.gpudata) + ((i * T + T - 1) * V) * 4
+            out = self.cuda.pagelocked_empty((B, 1, self.config.vocab_size), np.float32)
+            for i, row in enumerate(_last_rows(b.logits)):
                 self.cuda.memcpy_dtoh_async(out[i], row, self.stream)
         K.synchronize(self.stream, "forward (or the step queued before it)")
         if targets is not None:
@@ -240,11 +246,9 @@ class CudaBackend:
         if choose is None:
             K.synchronize(self.stream, "prefill")
             return last[:, -1]
-        V, row_bytes = cfg.vocab_size, cfg.vocab_size * 4
-        for i in range(B):  # each sequence's last row of logits, where the decode step leaves its own
-            self.cuda.memcpy_dtod_async(int(d.logits.gpudata) + i * row_bytes,
-                                        int(self._bufs.logits.gpudata) + ((i * T + T - 1) * V) * 4, row_bytes,
-                                        self.stream)
+        row_bytes = cfg.vocab_size * 4
+        for i, row in enumerate(_last_rows(self._bufs.logits)):  # where the decode step leaves its own logits
+            self.cuda.memcpy_dtod_async(int(d.logits.gpudata) + i * row_bytes, row, row_bytes, self.stream)
         slot = d.ring[0]
         self._put_draws(d, slot, choose)
         self.ops.sample(d.ids[:B], d.logits, d.u if choose.u is not None else None, choose.temperature, choose.top_k,

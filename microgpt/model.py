@@ -7,18 +7,20 @@
 decode() runs the same layers for one new position a sequence, attending to the keys and values cached for the
 positions before it.
 
-A backend gives `ops`, one implementation of the op table (the numpy one, or one variant's launchers, recorded
-into a plan), and the buffers, made here by its `new(*shape)`. Each op writes its outputs into the buffers it is
-handed (outputs first, as the kernels take them), so a pass is a fixed sequence of calls over fixed buffers: the
-cuda backend records it once per (B, T) and replays it as one CUDA graph. Each residual add runs with the
-layernorm that reads its sum, and each layernorm's backward with the product that makes its output's gradient,
-since a variant may fuse them (the numpy ops run them one after the other). Parameter names are spelled here
-and in microgpt.params only.
+A backend gives `ops`, one implementation of the op table (the numpy one, or one variant's launchers, recorded into
+a plan), and the buffers, made here by its `new(*shape)` (the logits' rows padded: padded_rows). Each op writes its
+outputs into the buffers it is handed (outputs first, as the kernels take them), so a pass is a fixed sequence of
+calls over fixed buffers: the cuda backend records it once per (B, T) and replays it as one CUDA graph. Each
+residual add runs with the layernorm that reads its sum, and each layernorm's backward with the product that makes
+its output's gradient, since a variant may fuse them (the numpy ops run them one after the other). Parameter names
+are spelled here and in microgpt.params only.
 """
 from __future__ import annotations
 
 import math
 from types import SimpleNamespace
+
+import numpy as np
 
 from . import attention
 from .config import GPTConfig
@@ -41,6 +43,14 @@ def product_weights(P, cfg: GPTConfig) -> list:
 
 
 # ---------------------------------------------------------------------------------------------- buffers
+def padded_rows(new, *shape):
+    """A (..., n) view of new(..., n rounded up to 4): rows 16 bytes apart, which the products need to copy a row of
+    the logits or their gradient whole (16-byte copies, the TMA). The ops that take them accept such rows
+    (microgpt.ops: a pitched argument)."""
+    n = shape[-1]
+    return new(*shape[:-1], -(-n // 4) * 4)[..., :n]
+
+
 def activations(cfg: GPTConfig, B: int, T: int, new, attention_state) -> SimpleNamespace:
     """What a forward writes and its backward reads at (B, T): the residual stream entering each layer (and out),
     each layer's layernorms, MLP and attention state (attention_state(out): its buffers, writing out), the final
@@ -53,7 +63,7 @@ def activations(cfg: GPTConfig, B: int, T: int, new, attention_state) -> SimpleN
                                 ln2=new(B, T, C), mean2=new(B, T), rstd2=new(B, T), fc=new(B, T, 4 * C),
                                 act=new(B, T, 4 * C), att=attention_state(a.out)) for _ in range(L)]
     a.lnf, a.meanf, a.rstdf = new(B, T, C), new(B, T), new(B, T)
-    a.logits, a.probs, a.losses = new(B, T, V), new(B, T, V), new(B, T)
+    a.logits, a.probs, a.losses = padded_rows(new, B, T, V), padded_rows(new, B, T, V), new(B, T)
     return a
 
 
@@ -62,7 +72,8 @@ def gradients(cfg: GPTConfig, B: int, T: int, new, attention_grads) -> SimpleNam
     layernorm output's, the MLP's, the logits', and the attention's (attention_grads(): dy, dqkv, dx, ...)."""
     C = cfg.d_model
     d = attention_grads()
-    d.resid, d.ln, d.fc, d.logits = new(B, T, C), new(B, T, C), new(B, T, 4 * C), new(B, T, cfg.vocab_size)
+    d.resid, d.ln, d.fc = new(B, T, C), new(B, T, C), new(B, T, 4 * C)
+    d.logits = padded_rows(new, B, T, cfg.vocab_size)
     return d
 
 
@@ -73,6 +84,7 @@ def footprint(cfg: GPTConfig, B: int, T: int, fused: bool, backward: bool = True
 
     def new(*shape):
         count[0] += math.prod(shape)
+        return np.broadcast_to(np.float32(0), shape)  # a stand-in of that shape, holding no memory
     activations(cfg, B, T, new, attention.states(new, B, T, cfg.d_model, cfg.n_head, fused=fused))
     if backward:
         gradients(cfg, B, T, new, lambda: attention.grad_buffers(new, B, T, cfg.d_model, cfg.n_head, fused=fused))

@@ -56,13 +56,15 @@ class Arg:
     """One argument of an op as its tests and plans make it: a device array (role "in", "out" written, "inout" added
     into or partly written, "scratch" passed but not compared) of `shape` (expressions of the case's sizes B, T, C,
     NH, D = d_k, V, M = a cache's length), dtype and `kind` (how a test draws it: normal, ids, order, pos, ...);
-    or a value (role "value": `shape` holds its expression)."""
+    or a value (role "value": `shape` holds its expression). pitched: every launcher also takes it as rows at a
+    pitch wider than its last dimension (kernels.checks.rows_ptr: the model's logits, padded to 16-byte rows)."""
     name: str
     role: str
     shape: tuple[str, ...]
     dtype: str = "float32"
     kind: str = "normal"
     keyword: bool = False
+    pitched: bool = False
 
     def size(self, sizes: dict) -> tuple[int, ...]:
         return tuple(int(_eval(e, sizes)) for e in self.shape)
@@ -83,8 +85,9 @@ _DTYPES = {"ids": "int32", "order": "int32", "pos": "int32", "i32": "int32", "f6
 
 
 def parse_args(spec: str) -> tuple[Arg, ...]:
-    """'out>B,T,C x:B,T,C n_head=NH | accumulate=True' -> Args: name, role mark (: > + ~ =), shape, and a kind after
-    a second ':' (its dtype follows from it); those after '|' are keywords."""
+    """'out>B,T,[C] x:B,T,C n_head=NH | accumulate=True' -> Args: name, role mark (: > + ~ =), shape (its last
+    dimension in brackets: pitched), and a kind after a second ':' (its dtype follows from it); those after '|' are
+    keywords."""
     out, keyword = [], False
     for token in spec.split():
         if token == "|":
@@ -96,7 +99,10 @@ def parse_args(spec: str) -> tuple[Arg, ...]:
             out.append(Arg(name, role, (rest,), keyword=keyword))
             continue
         dims, _, kind = rest.partition(":")
-        out.append(Arg(name, role, tuple(dims.split(",")), _DTYPES.get(kind, "float32"), kind or "normal", keyword))
+        *lead, last = dims.split(",")
+        pitched = last.startswith("[") and last.endswith("]")
+        out.append(Arg(name, role, (*lead, last[1:-1] if pitched else last), _DTYPES.get(kind, "float32"),
+                       kind or "normal", keyword, pitched))
     return tuple(out)
 
 
@@ -139,11 +145,11 @@ OPS: dict[str, Op] = {op.name: op for op in (
         "accumulate=True", layernorm.layernorm_bwd, fast=layernorm_fast.layernorm_bwd_fast),
     _op("residual_layernorm_fwd", "layernorm.cuh", "x>B,T,C out>B,T,C mean>B,T rstd>B,T resid:B,T,C branch:B,T,C "
         "w:C b:C", layernorm.residual_layernorm_fwd, fast=layernorm_fast.residual_layernorm_fwd_fast),
-    _op("matmul_fwd", "matmul.cuh", "out>B,T,4*C inp:B,T,C weight:4*C,C bias:4*C", matmul.matmul_fwd,
+    _op("matmul_fwd", "matmul.cuh", "out>B,T,[4*C] inp:B,T,C weight:4*C,C bias:4*C", matmul.matmul_fwd,
         fast=products.matmul_fwd_fast, tc=products.matmul_fwd_tc),
-    _op("matmul_bwd", "matmul.cuh", "dinp>B,T,C dweight+4*C,C dbias+4*C dout:B,T,4*C inp:B,T,C weight:4*C,C",
+    _op("matmul_bwd", "matmul.cuh", "dinp>B,T,C dweight+4*C,C dbias+4*C dout:B,T,[4*C] inp:B,T,C weight:4*C,C",
         matmul.matmul_bwd, fast=products.matmul_bwd_fast, tc=products.matmul_bwd_tc),
-    _op("matmul_layernorm_bwd", "layernorm.cuh", "dx+B,T,C dw+C db+C dweight+4*C,C dbias+4*C dout:B,T,4*C "
+    _op("matmul_layernorm_bwd", "layernorm.cuh", "dx+B,T,C dw+C db+C dweight+4*C,C dbias+4*C dout:B,T,[4*C] "
         "inp:B,T,C weight:4*C,C x:B,T,C w:C mean:B,T rstd:B,T:rstd | dinp~B,T,C accumulate=True",
         layernorm.matmul_layernorm_bwd, fast=layernorm_fast.matmul_layernorm_bwd_fast,
         tc=layernorm_fast.matmul_layernorm_bwd_tc),
@@ -187,10 +193,10 @@ OPS: dict[str, Op] = {op.name: op for op in (
         tc=matmul_gelu_tc.matmul_gelu_bwd_tc),
     _op("residual_fwd", "pointwise.cuh", "out>B,T,C a:B,T,C b:B,T,C", pointwise.residual_fwd, 1e-6, "B*T*C"),
     _op("residual_bwd", "pointwise.cuh", "da>B,T,C db>B,T,C dout:B,T,C", pointwise.residual_bwd, 1e-6),
-    _op("crossentropy_fwd", "crossentropy.cuh", "losses>B,T probs>B,T,V logits:B,T,V targets:B,T:ids",
+    _op("crossentropy_fwd", "crossentropy.cuh", "losses>B,T probs>B,T,[V] logits:B,T,[V] targets:B,T:ids",
         crossentropy.crossentropy_fwd, 1e-5, "4*B*T*V", fast=rows_fast.crossentropy_fwd_fast),
-    _op("crossentropy_bwd", "crossentropy.cuh", "dlogits>B,T,V probs:B,T,V:softmax targets:B,T:ids dlosses:B,T",
-        crossentropy.crossentropy_bwd, 1e-6, "2*B*T*V", fast=rows_fast.crossentropy_bwd_fast),
+    _op("crossentropy_bwd", "crossentropy.cuh", "dlogits>B,T,[V] probs:B,T,[V]:softmax targets:B,T:ids "
+        "dlosses:B,T", crossentropy.crossentropy_bwd, 1e-6, "2*B*T*V", fast=rows_fast.crossentropy_bwd_fast),
     _op("embed_decode", "decode.cuh", "x>B,1,C tokens:B,1:ids wte:V,C wpe:T,C pos:1:pos", decode.embed_decode, 1e-6),
     _op("layernorm_matmul_fwd", "matmul.cuh", "out>B,1,3*C x:B,1,C w:C b:C weight:3*C,C bias:3*C | gelu=False",
         decode.layernorm_matmul_fwd, fast=_FUSED["fast"][0], tc=_FUSED["tc"][0]),

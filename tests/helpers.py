@@ -89,6 +89,16 @@ class FakeArray:
         self.__cuda_array_interface__ = {"shape": self.shape, "typestr": self.dtype.str, "strides": strides,
                                          "data": (self.gpudata, False), "version": 3}
 
+    @classmethod
+    def padded(cls, shape, pad, dtype=np.float32):
+        """A (..., n) view of a (..., n + pad) array: rows n + pad elements apart (kernels.checks.rows_ptr)."""
+        a = cls(tuple(shape[:-1]) + (shape[-1] + pad,), dtype)
+        full, item = a.shape, a.dtype.itemsize
+        a.shape = tuple(shape)
+        a.__cuda_array_interface__.update(shape=a.shape, strides=tuple(item * int(np.prod(full[i + 1:]))
+                                                                       for i in range(len(full))))
+        return a
+
     @property
     def size(self):
         return int(np.prod(self.shape))

@@ -1000,7 +1000,7 @@ def test_a_failed_launch_names_the_kernel(K):
 
 # colsum, every bias gradient of the fast variants: against float64, added into a random start; a lane of 16-byte
 # loads (C % 4 == 0, x on a 16-byte boundary) adds each column's rows in the order a lane of single floats does, so
-# the same data one float off the boundary gives the same bits
+# the same data one float off the boundary, or in padded rows, gives the same bits
 @pytest.mark.parametrize("N,C", [(1, 4), (7, 20), (33, 36), (8192, 768), (1000, 3072), (37, 1030), (129, 5)])
 def test_colsum_against_float64_and_the_same_bits_off_a_16_byte_boundary(K, dev, N, C):
     x_h, x = dev.randn(N, C)
@@ -1013,3 +1013,9 @@ def test_colsum_against_float64_and_the_same_bits_off_a_16_byte_boundary(K, dev,
     again = dev.upload(start_h)
     K.colsum(again, x)
     same_bits("colsum, run again", again.get(), out.get())
+    for pad in (3, 4):  # rows padded (checks.rows_ptr), the padding NaN: the same sums, the padding never read
+        whole = np.full((N, C + pad), np.nan, np.float32)
+        whole[:, :C] = x_h
+        padded = dev.upload(start_h)
+        K.colsum(padded, dev.ga.to_gpu(whole)[:, :C])
+        same_bits(f"colsum, rows padded by {pad}", padded.get(), out.get())

@@ -2,7 +2,9 @@
 and each variant that has a launcher of its own, fresh random inputs drawn as the op declares them (tests/helpers
 .op_case), outputs poisoned before the launch (an element the kernel forgets fails), added-into outputs starting
 from random values; the reference (microgpt.reference_ops) runs in float64 on the same inputs, and every output
-must be within the op's tolerance (OPS[op].tolerance, relative; 0: equal). The test ids name the op."""
+must be within the op's tolerance (OPS[op].tolerance, relative; 0: equal). An op with pitched arguments (rows padded,
+as the model's logits are) runs again with them at two pitches, their padding NaN: a kernel that reads it fails, and
+one that writes it too. The test ids name the op."""
 import numpy as np
 import pytest
 
@@ -16,7 +18,11 @@ pytestmark = pytest.mark.gpu
 
 SIZES = {"B2-T7-odd": op_sizes(2, 7, 20, 4, 37),          # below every tile, T < 128: the fallbacks
          "B2-T256-C256": op_sizes(2, 256, 256, 4, 300)}   # d_k 64, K >= 256: flash attention, wgmma, the fusions
-LAUNCHERS = [(op, variant) for op, spec in O.OPS.items() for variant in spec.kernels]
+# floats of padding after each row of a pitched argument (microgpt.ops.Arg.pitched): where its last dimension is a
+# multiple of 4, pad4 keeps its rows 16-byte aligned (as model.padded_rows makes them) and pad3 does not
+PADS = {"dense": 0, "pad3": 3, "pad4": 4}
+LAUNCHERS = [(op, variant, rows) for op, spec in O.OPS.items() for variant in spec.kernels
+             for rows in (PADS if any(a.pitched for a in spec.args) else ["dense"])]
 
 
 @pytest.fixture(scope="module")
@@ -26,27 +32,44 @@ def ga():
     return ga
 
 
+def to_device(ga, host, pad):
+    """host (..., n) on the device: C-contiguous, or with pad a (..., n) view of a (..., n + pad) array (the whole
+    array, its padding NaN, also returned)."""
+    if not pad:
+        return ga.to_gpu(host), None
+    whole = np.full(host.shape[:-1] + (host.shape[-1] + pad,), np.nan, host.dtype)
+    whole[..., :host.shape[-1]] = host
+    whole = ga.to_gpu(whole)
+    return whole[..., :host.shape[-1]], whole
+
+
 @pytest.mark.parametrize("sizes", list(SIZES))
-@pytest.mark.parametrize("op,variant", LAUNCHERS, ids=[f"{op}-{v}" for op, v in LAUNCHERS])
-def test_the_launcher_computes_the_reference(ga, rng, op, variant, sizes):
+@pytest.mark.parametrize("op,variant,rows", LAUNCHERS,
+                         ids=[f"{op}-{v}" + (f"-{r}" if r != "dense" else "") for op, v, r in LAUNCHERS])
+def test_the_launcher_computes_the_reference(ga, rng, op, variant, rows, sizes):
     spec, sizes = O.OPS[op], SIZES[sizes]
     host = op_case(spec, sizes, rng)
-    dev, ref = {}, {}
+    dev, ref, whole = {}, {}, {}
     for a in spec.args:
-        v = host[a.name]
+        v, pad = host[a.name], PADS[rows] if a.pitched else 0
         if a.role == "value":
             dev[a.name] = ref[a.name] = v
         elif a.role in ("out", "scratch"):
-            dev[a.name] = ga.to_gpu(np.full(a.size(sizes), -1 if a.dtype == "int32" else np.nan, a.dtype))
+            dev[a.name], whole[a.name] = to_device(
+                ga, np.full(a.size(sizes), -1 if a.dtype == "int32" else np.nan, a.dtype), pad)
             ref[a.name] = np.zeros(a.size(sizes), np.int32 if a.dtype == "int32" else np.float64)
         else:
-            dev[a.name] = ga.to_gpu(v)
+            dev[a.name], whole[a.name] = to_device(ga, v, pad)
             ref[a.name] = v.astype(np.float64) if v.dtype == np.float32 else v.copy()
     args, kw = op_call(spec, dev)
     spec.kernels[variant](*args, **kw)
     kernels.engine().cuda.Context.synchronize()
     args, kw = op_call(spec, ref)
     spec.reference(*args, **kw)
+    for name, w in whole.items():
+        if w is not None:
+            padding = w.get()[..., ref[name].shape[-1]:]
+            assert np.isnan(padding).all(), f"{op}[{variant}].{name}: the padding after its rows was written"
     for a in spec.args:
         if a.role not in ("out", "inout"):
             continue

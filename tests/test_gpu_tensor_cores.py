@@ -76,6 +76,37 @@ def test_linear_layers_forward_and_backward(ga, rng, layer):
         within_bar(f"{layer} {what}", outs["tc"][i], outs["fast"][i], ref[i].reshape(outs["tc"][i].shape))
 
 
+def test_the_lm_head_on_padded_rows_gives_the_bits_of_contiguous_ones(ga, rng):
+    """The model's logits and their gradient lie in rows padded to 16 bytes (model.padded_rows): the tied lm_head's
+    forward, dX and dW products on them (rows copied whole, the forward's tiles but the last column's stored by the
+    bulk copy engine) give the bits of the same products on contiguous rows of 8,449, and never write the padding.
+    At B = 8 neither forward cuts K (a contiguous one of fewer rows may: gemm's split-K takes only ldc = N)."""
+    from microgpt.model import padded_rows
+    x = ga.to_gpu(rng.standard_normal((8, T, C)).astype(np.float32))
+    w = ga.to_gpu((rng.standard_normal((V, C)) * 0.02).astype(np.float32))
+    d_h = rng.standard_normal((8, T, V)).astype(np.float32)
+    wide = []  # the padded rows' whole buffers, NaN
+
+    def new(*shape):
+        wide.append(ga.to_gpu(np.full(shape, np.nan, np.float32)))
+        return wide[-1]
+    layouts = {"contiguous": (poisoned(ga, 8, T, V), ga.to_gpu(d_h)),
+               "padded": (padded_rows(new, 8, T, V), padded_rows(new, 8, T, V))}
+    layouts["padded"][1].set(d_h)
+    outs = {}
+    for layout, (y, d) in layouts.items():
+        dx, dw = poisoned(ga, 8, T, C), ga.zeros((V, C), np.float32)
+        TC.matmul_fwd(y, x, w, None)
+        TC.matmul_bwd(dx, dw, None, d, x, w)
+        outs[layout] = [a.get() for a in (y, dx, dw)]
+    assert all(whole.shape[-1] % 4 == 0 and whole.shape[-1] > V for whole in wide)
+    for whole in wide:
+        assert np.isnan(whole.get()[..., V:]).all(), "a product wrote the padding of the logits' rows"
+    for what, padded, contiguous in zip(("forward", "dX", "dW"), outs["padded"], outs["contiguous"]):
+        assert np.isfinite(contiguous).all(), what
+        np.testing.assert_array_equal(padded, contiguous, err_msg=what)
+
+
 # andrea-120m's heads; and heads of 128 at an odd T, where dK and dV (A stored K x M, causal) take the wgmma kernel
 # that splits A in registers on sm_90a
 @pytest.mark.parametrize("nh,t,d_k", [(NH, T, C // NH), (2, 300, 128)])

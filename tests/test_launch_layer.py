@@ -356,6 +356,37 @@ def test_bad_arguments_are_refused_naming_them(fake):
     assert plan == []  # nothing was launched
 
 
+PITCHED = [(op, variant) for op, spec in O.OPS.items() if any(a.pitched for a in spec.args) for variant in spec.kernels]
+
+
+@pytest.mark.parametrize("pad", [3, 4])
+@pytest.mark.parametrize("op,variant", PITCHED, ids=[f"{op}-{v}" for op, v in PITCHED])
+def test_a_pitched_argument_is_taken_with_padded_rows_and_its_pitch_passed_on(fake, op, variant, pad):
+    spec = O.OPS[op]
+    vals = {a.name: a.value(SIZES) if a.role == "value" else
+            (FakeArray.padded if a.pitched else FakeArray)(a.size(SIZES), *([pad] if a.pitched else []), a.dtype)
+            for a in spec.args}
+    args, kw = op_call(spec, vals)
+    plan = K.Plan(fake)
+    spec.kernels[variant](*args, **kw, stream=plan)
+    pitches = {a.size(SIZES)[-1] + pad for a in spec.args if a.pitched}
+    assert all(any(p in launch[3] for launch in plan) for p in pitches), [launch[0] for launch in plan]
+
+
+def test_rows_ptr_takes_rows_at_an_even_pitch_and_refuses_other_layouts_by_name():
+    from microgpt.kernels.checks import ptr, rows_ptr
+    padded = FakeArray.padded((2, 3, 5), 3)
+    assert rows_ptr("logits", padded, (2, 3, 5)) == (padded.gpudata, 8)
+    assert rows_ptr("logits", f32(2, 3, 5), (2, 3, 5))[1] == 5
+    assert rows_ptr("one", FakeArray.padded((1, 1, 5), 7), (1, 1, 5))[1] == 5  # a single row never steps
+    with pytest.raises(ValueError, match="logits must be C-contiguous"):
+        ptr("logits", padded, (2, 3, 5))  # where the launcher takes no pitch
+    for strides in ((60, 4, 20), (64, 24, 4), (96, 32, 8), (32, 8, 4)):  # transposed; rows of 6 then 8; a step of 2;
+        bad = FakeArray((2, 3, 5), strides=strides)                         # rows overlapping
+        with pytest.raises(ValueError, match=r"probs must be C-contiguous, or rows of 5 contiguous elements"):
+            rows_ptr("probs", bad, (2, 3, 5))
+
+
 def test_token_ids_outside_the_vocabulary_are_refused(fake, monkeypatch):
     monkeypatch.setattr(fake.cuda, "memcpy_dtoh", lambda host, p: host.fill(10))
     plan = K.Plan(fake)

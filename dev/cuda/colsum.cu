@@ -38,7 +38,7 @@ void colsum(int version, float* out, float* partials, const float* x, int N, int
         k_colsum_naive<<<ceil_div(C, 256), 256>>>(out, x, N, C);
     } else {
         const int vec = version == 3 ? 4 : 1, rows = rows_per_chunk(N), chunks = ceil_div(N, rows);
-        k_colsum_partial<<<dim3(ceil_div(C, 32 * vec), chunks), 256>>>(partials, x, N, C, rows, vec == 4);
+        k_colsum_partial<<<dim3(ceil_div(C, 32 * vec), chunks), 256>>>(partials, x, N, C, C, rows, vec == 4);
         k_colsum_reduce<<<ceil_div(C, REDUCE_BLOCK), REDUCE_BLOCK>>>(out, partials, chunks, C);
     }
     cudaCheck(cudaGetLastError());

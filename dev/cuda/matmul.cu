@@ -47,7 +47,7 @@ int k_pad(int K) { return ceil_div(K, (int)TC_SPLIT_K) * TC_SPLIT_K; }
 
 void matmul_forward1(float* out, const float* inp, const float* weight, const float* bias, int M, int N, int K,
                      Splits) {
-    k_matmul_fwd<<<(unsigned)ceil_div((long long)M * N, 256LL), 256>>>(out, inp, weight, bias, M, K, N);
+    k_matmul_fwd<<<(unsigned)ceil_div((long long)M * N, 256LL), 256>>>(out, inp, weight, bias, M, K, N, N);
 }
 
 // the GEMM kernels' common arguments (GEMM_KERNEL in matmul_fast.cuh): C = A @ B^T + bias, no batch, no causal

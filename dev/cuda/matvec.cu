@@ -76,7 +76,7 @@ void product1(const Product& p, cudaStream_t s) {
     }
     float* y = p.resid ? p.scratch + p.M * p.K + 2 * p.M : p.out;
     const long long n = (long long)p.M * p.N;
-    k_matmul_fwd<<<(unsigned)ceil_div(n, 256LL), 256, 0, s>>>(y, x, p.W, p.bias, p.M, p.K, p.N);
+    k_matmul_fwd<<<(unsigned)ceil_div(n, 256LL), 256, 0, s>>>(y, x, p.W, p.bias, p.M, p.K, p.N, p.N);
     if (p.gelu) k_gelu_fwd<<<(unsigned)ceil_div(n, 256LL), 256, 0, s>>>(y, y, n);
     if (p.resid) k_residual_fwd<<<(unsigned)ceil_div(n, 256LL), 256, 0, s>>>(p.out, p.resid, y, n);
 }

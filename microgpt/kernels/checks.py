@@ -1,7 +1,7 @@
-"""The argument checks every launcher runs before a launch: a device array (a PyCUDA GPUArray, or anything
-with __cuda_array_interface__, such as PyTorch and CuPy tensors), its dtype, its shape against the other
-arguments, C-contiguity, token ids inside the vocabulary. Each failure is a TypeError or ValueError that
-names the argument; nothing has been launched when it is raised.
+"""The argument checks every launcher runs before a launch: a device array (a PyCUDA GPUArray, or anything with
+__cuda_array_interface__, such as PyTorch and CuPy tensors), its dtype, its shape against the other arguments,
+C-contiguity (or rows at a pitch: rows_ptr), token ids inside the vocabulary. Each failure is a TypeError or
+ValueError that names the argument; nothing has been launched when it is raised.
 """
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from .runtime import device_of
 
 
 def _describe(name, a):
-    """(device pointer, dtype, shape, C-contiguous) of a device array; TypeError for anything else."""
+    """(device pointer, dtype, shape, strides in bytes or None for C order) of a device array; TypeError for anything
+    else."""
     cai = getattr(a, "__cuda_array_interface__", None)
     if cai is None:
         if isinstance(a, np.ndarray):
@@ -21,26 +22,35 @@ def _describe(name, a):
                             f"pycuda.gpuarray.to_gpu)")
         raise TypeError(f"{name} must be a device array (pycuda GPUArray or an object with "
                         f"__cuda_array_interface__), got {type(a).__name__}")
-    shape = tuple(cai["shape"])
-    dtype = np.dtype(cai["typestr"])
     strides = cai.get("strides")
-    contiguous = strides is None or _contiguous(shape, tuple(strides), dtype.itemsize)
-    return int(cai["data"][0]), dtype, shape, contiguous
+    return int(cai["data"][0]), np.dtype(cai["typestr"]), tuple(cai["shape"]), strides and tuple(strides)
 
 
-def _contiguous(shape, strides, itemsize):
-    """C order, ignoring the strides of axes of length 1 (which never step)."""
-    step = itemsize
-    for n, s in zip(reversed(shape), reversed(strides)):
-        if n != 1 and s != step:
-            return False
+def _pitch(shape, strides, itemsize):
+    """The elements from one row (the last axis) to the next where the array is rows at an even pitch in C order,
+    each row contiguous (C order itself: pitch = shape[-1]); None where it is not. Axes of length 1 never step, so
+    their strides do not count."""
+    if strides is None or not shape:
+        return shape[-1] if shape else 1
+    if shape[-1] != 1 and strides[-1] != itemsize:
+        return None
+    lead = [(n, s) for n, s in zip(shape[:-1], strides[:-1]) if n != 1]
+    if not lead:
+        return shape[-1]
+    step = lead[-1][1]
+    if step % itemsize or step // itemsize < shape[-1]:
+        return None
+    pitch = step // itemsize
+    for n, s in reversed(lead):
+        if s != step:
+            return None
         step *= n
-    return True
+    return pitch
 
 
 def shape_of(name, a, ndim=None) -> tuple:
     """The shape of device array `a`, which must not be empty (and must have ndim axes, if given)."""
-    _, _, shape, _ = _describe(name, a)
+    shape = _describe(name, a)[2]
     if ndim is not None and len(shape) != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {shape}")
     if any(n == 0 for n in shape):
@@ -50,14 +60,26 @@ def shape_of(name, a, ndim=None) -> tuple:
 
 def ptr(name, a, shape, dtype=np.float32) -> int:
     """The device pointer of `a` after checking its dtype, shape and contiguity."""
-    p, dt, sh, contiguous = _describe(name, a)
+    p, pitch = rows_ptr(name, a, shape, dtype)
+    if pitch != (shape[-1] if len(shape) else 1):
+        raise ValueError(f"{name} must be C-contiguous")
+    return p
+
+
+def rows_ptr(name, a, shape, dtype=np.float32) -> tuple[int, int]:
+    """(device pointer, pitch) of `a` after checking its dtype and shape: its rows (the last axis) may lie `pitch`
+    elements apart, pitch >= shape[-1] (the rows of a wider buffer, padded: a[..., :n] of a C-contiguous array),
+    each row contiguous, the rows in C order; pitch = shape[-1] where `a` is C-contiguous."""
+    p, dt, sh, strides = _describe(name, a)
     if dt != np.dtype(dtype):
         raise TypeError(f"{name} must be {np.dtype(dtype).name}, got {dt.name}")
     if sh != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {sh}")
-    if not contiguous:
-        raise ValueError(f"{name} must be C-contiguous")
-    return p
+    pitch = _pitch(sh, strides, dt.itemsize)
+    if pitch is None:
+        raise ValueError(f"{name} must be C-contiguous, or rows of {sh[-1]} contiguous elements each a fixed pitch "
+                         f"after the last (a[..., :{sh[-1]}] of a C-contiguous array), got strides {strides}")
+    return p, pitch
 
 
 def opt_ptr(name, a, shape, dtype=np.float32) -> int:

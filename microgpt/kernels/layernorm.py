@@ -1,7 +1,7 @@
 """Launchers of cuda/layernorm.cuh: LayerNorm over the last axis, forward and backward."""
 from __future__ import annotations
 
-from .checks import flag, opt_ptr, ptr, rows, shape_of
+from .checks import flag, opt_ptr, ptr, rows, rows_ptr, shape_of
 from .matmul import matmul_bwd
 from .pointwise import residual_fwd
 from .runtime import blocks, launch
@@ -52,8 +52,9 @@ def matmul_layernorm_bwd_args(dx, dw, db, dweight, dbias, dout, inp, weight, x, 
     OUT = shape_of("weight", weight, 2)[0]
     p = {name: ptr(name, a, a_shape) for name, a, a_shape in (
         ("x", x, shape), ("dx", dx, shape), ("dw", dw, (C,)), ("db", db, (C,)), ("dweight", dweight, (OUT, C)),
-        ("dout", dout, shape[:-1] + (OUT,)), ("inp", inp, shape), ("weight", weight, (OUT, C)), ("w", w, (C,)),
-        ("mean", mean, shape[:-1]), ("rstd", rstd, shape[:-1]), ("dinp", dinp, shape))}
+        ("inp", inp, shape), ("weight", weight, (OUT, C)), ("w", w, (C,)), ("mean", mean, shape[:-1]),
+        ("rstd", rstd, shape[:-1]), ("dinp", dinp, shape))}
+    p["dout"] = rows_ptr("dout", dout, shape[:-1] + (OUT,))[0]  # its rows may be padded, as matmul_bwd takes them
     p["dbias"] = opt_ptr("dbias", dbias, (OUT,))
     return N, C, OUT, flag("accumulate", accumulate), p
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..reference import MASK_VALUE, attn_scale
-from .checks import head_dims, opt_ptr, ptr, rows, shape_of
+from .checks import head_dims, opt_ptr, ptr, rows, rows_ptr, shape_of
 from .colsum import add_column_sums
 from .matmul_fast import GEMM_TILE, Causal, sgemm_launch, splitk_reduce
 from .matmul_tc import TN, areg_launch, split_operands, tc_kernel, tc_launch, tc_reason, tn_launch
@@ -113,9 +113,8 @@ def gemm(g: Gemm, c: int, a: int, b: int, bias: int = 0, stream=None, *, sums: i
     product of A stored K x M: a linear layer's bias gradient, the column sums of dout, beside its dW = dout^T @
     inp; the wgmma kernel takes them from the dout it reads (split, k_splitk_reduce adds the slices' sums too),
     otherwise a column-sum pass over A after the product does."""
-    if sums and not (g.trans_a and g.batch == 1 and g.lda == g.M and g.causal == Causal.NONE):
-        raise ValueError("sums: the row sums of op(A) are taken for one plain product of A stored K x M "
-                         f"(trans_a, lda = M), not {g}")
+    if sums and not (g.trans_a and g.batch == 1 and g.causal == Causal.NONE):
+        raise ValueError(f"sums: the row sums of op(A) are taken for one plain product of A stored K x M, not {g}")
     kernel = g.tc(device_of(stream))
     wg = kernel is not None and kernel[0].startswith("k_gemm_wg")
     if g.M == 0 or g.N == 0 or g.batch == 0:
@@ -124,7 +123,7 @@ def gemm(g: Gemm, c: int, a: int, b: int, bias: int = 0, stream=None, *, sums: i
         _split_k(g, kernel, c, a, b, bias, stream, sums if wg else 0, per_sm=1 if wg else 2)
     if sums and not wg and g.M > 0 and g.K > 0:
         with noting(stream, "the bias gradient: a column-sum pass over dout"):
-            add_column_sums(sums, a, g.K, g.M, stream)
+            add_column_sums(sums, a, g.K, g.M, stream, g.lda)
 
 
 def _split_k(g: Gemm, kernel, c: int, a: int, b: int, bias: int, stream, sums: int, per_sm: int) -> None:
@@ -261,28 +260,29 @@ class MatrixProducts:
         return tuple(out)
 
     def matmul_fwd(self, out, inp, weight, bias=None, *, stream=None):
-        """As matmul_fwd: out = inp @ weight^T + bias."""
+        """As matmul_fwd: out = inp @ weight^T + bias; out's rows may be padded (checks.rows_ptr)."""
         shape = shape_of("inp", inp)
         N, IN = rows(shape)
         OUT = shape_of("weight", weight, 2)[0]
-        p_out, p_inp = ptr("out", out, shape[:-1] + (OUT,)), ptr("inp", inp, shape)
+        (p_out, ldc), p_inp = rows_ptr("out", out, shape[:-1] + (OUT,)), ptr("inp", inp, shape)
         p_w, p_b = ptr("weight", weight, (OUT, IN)), opt_ptr("bias", bias, (OUT,))
-        if fits(N, IN, OUT, False, stream):  # a few positions (sampling's decode step): one pass over the weights
+        if ldc == OUT and fits(N, IN, OUT, False, stream):  # a few positions (a decode step): one pass over W
             matvec(p_out, p_inp, p_w, p_b, N, IN, OUT, stream)
         else:
-            gemm(self.dense(N, OUT, IN, trans_b=True), p_out, p_inp, p_w, p_b, stream)
+            gemm(dataclasses.replace(self.dense(N, OUT, IN, trans_b=True), ldc=ldc), p_out, p_inp, p_w, p_b, stream)
 
     def matmul_bwd(self, dinp, dweight, dbias, dout, inp, weight, *, stream=None):
         """As matmul_bwd: dinp = dout @ W (written), dW += dout^T @ inp, dbias += column sums of dout (summed
-        by the dW product from the dout it reads where its kernel can: the wgmma one)."""
+        by the dW product from the dout it reads where its kernel can: the wgmma one); dout's rows may be padded."""
         shape = shape_of("inp", inp)
         N, IN = rows(shape)
         OUT = shape_of("weight", weight, 2)[0]
         p_dinp, p_dw = ptr("dinp", dinp, shape), ptr("dweight", dweight, (OUT, IN))
-        p_db, p_dout = opt_ptr("dbias", dbias, (OUT,)), ptr("dout", dout, shape[:-1] + (OUT,))
+        p_db, (p_dout, lda) = opt_ptr("dbias", dbias, (OUT,)), rows_ptr("dout", dout, shape[:-1] + (OUT,))
         p_inp, p_w = ptr("inp", inp, shape), ptr("weight", weight, (OUT, IN))
-        gemm(self.dense(N, IN, OUT), p_dinp, p_dout, p_w, stream=stream)
-        gemm(self.dense(OUT, IN, N, trans_a=True, beta=1.0), p_dw, p_dout, p_inp, stream=stream, sums=p_db)
+        gemm(dataclasses.replace(self.dense(N, IN, OUT), lda=lda), p_dinp, p_dout, p_w, stream=stream)
+        gemm(dataclasses.replace(self.dense(OUT, IN, N, trans_a=True, beta=1.0), lda=lda), p_dw, p_dout, p_inp,
+             stream=stream, sums=p_db)
 
     def causal_scores_fwd(self, masked, q, k, *, scores=None, stream=None):
         """As causal_scores_fwd, in one pass: masked[i][j] = dot(Q[i], K[j]) * (1/sqrt(d_k)) for j <= i and

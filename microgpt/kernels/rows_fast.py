@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import functools
 
-from .checks import causal_flag, check_ids, ptr, rows, shape_of
-from .crossentropy import crossentropy_bwd_args
+from .checks import causal_flag, ptr, rows, shape_of
+from .crossentropy import crossentropy_bwd_args, crossentropy_fwd_args
 from .embed import embed_fwd_args
 from .runtime import BLOCK, blocks, device_of, launch
 from .source import int_constants
@@ -55,10 +55,8 @@ def crossentropy_fwd_fast(losses, probs, logits, targets, *, check_token_ids=Tru
     """As crossentropy_fwd, a block of BLOCK threads per position. A row that fits in kept_row_floats() and in what
     the device allows a block is kept in shared memory by the kernel's first pass for its second, instead of read
     again from global memory; the kernel takes the path the launch gives it memory for, with the same bits."""
-    shape = shape_of("logits", logits)
-    N, V = rows(shape)
-    args = [ptr("losses", losses, shape[:-1]), ptr("probs", probs, shape), ptr("logits", logits, shape),
-            check_ids("targets", targets, shape[:-1], V, check_token_ids, stream), N, V]
+    args = crossentropy_fwd_args(losses, probs, logits, targets, check_token_ids, stream)
+    N, V = args[4:6]
     kept = 4 * (V + 3)
     fits = V + 3 <= kept_row_floats() and kept + CE_STATIC_SHARED <= device_of(stream).max_shared
     launch("k_crossentropy_fwd_fast", args, blocks(N * BLOCK), stream, shared=kept if fits else 0,
@@ -68,7 +66,7 @@ def crossentropy_fwd_fast(losses, probs, logits, targets, *, check_token_ids=Tru
 def crossentropy_bwd_fast(dlogits, probs, targets, dlosses, *, check_token_ids=True, stream=None):
     """As crossentropy_bwd (the same bits), a block per position (up to GRID_Y of them, looping past it)."""
     args = crossentropy_bwd_args(dlogits, probs, targets, dlosses, check_token_ids, stream)
-    N = args[-2]
+    N = args[4]
     launch("k_crossentropy_bwd_fast", args, (1, min(N, GRID_Y)), stream)
 
 

@@ -42,12 +42,13 @@ DEVICES = {"h200": H200, "a100": A100}
 
 
 class VirtualArray:
-    """A C-contiguous device array by its address, shape and dtype; slices along the first axis and reshapes
-    give views, as a GPUArray's do."""
+    """A device array by its address, shape, dtype and strides (None: C order); slices along the first axis and
+    reshapes of a C-contiguous one, and a[..., :n] (rows at a pitch: kernels.checks.rows_ptr), give views, as a
+    GPUArray's do."""
 
-    def __init__(self, shape, dtype, gpudata: int):
+    def __init__(self, shape, dtype, gpudata: int, strides=None):
         self.shape, self.dtype = tuple(int(n) for n in np.atleast_1d(shape)), np.dtype(dtype)
-        self.gpudata = int(gpudata)
+        self.gpudata, self.strides = int(gpudata), strides
 
     size = property(lambda self: math.prod(self.shape))
     nbytes = property(lambda self: self.size * self.dtype.itemsize)
@@ -55,10 +56,23 @@ class VirtualArray:
 
     @property
     def __cuda_array_interface__(self):
-        return {"shape": self.shape, "typestr": self.dtype.str, "strides": None, "data": (self.gpudata, False),
-                "version": 3}
+        return {"shape": self.shape, "typestr": self.dtype.str, "strides": self.strides,
+                "data": (self.gpudata, False), "version": 3}
+
+    def _contiguous(self, what):
+        if self.strides is not None:
+            raise ValueError(f"a virtual array {what} only where it is C-contiguous")
 
     def __getitem__(self, key):
+        if isinstance(key, tuple) and len(key) == 2 and key[0] is Ellipsis:  # a[..., start:stop]
+            self._contiguous("takes a[..., :n]")
+            start, stop, step = key[1].indices(self.shape[-1])
+            if step != 1:
+                raise ValueError("a virtual array slices with step 1 only")
+            strides = tuple(self.dtype.itemsize * math.prod(self.shape[i + 1:]) for i in range(self.ndim))  # C order
+            return VirtualArray(self.shape[:-1] + (max(0, stop - start),), self.dtype,
+                                self.gpudata + start * self.dtype.itemsize, strides)
+        self._contiguous("slices")
         row = math.prod(self.shape[1:]) * self.dtype.itemsize
         if isinstance(key, (int, np.integer)):
             return VirtualArray(self.shape[1:] or (1,), self.dtype, self.gpudata + int(key) * row)
@@ -68,6 +82,7 @@ class VirtualArray:
         return VirtualArray((max(0, stop - start),) + self.shape[1:], self.dtype, self.gpudata + start * row)
 
     def reshape(self, *shape):
+        self._contiguous("reshapes")
         shape = shape[0] if len(shape) == 1 and isinstance(shape[0], tuple) else shape
         if math.prod(shape) != self.size:
             raise ValueError(f"cannot reshape {self.shape} to {shape}")
