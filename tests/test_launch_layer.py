@@ -44,10 +44,12 @@ def i32(*shape):
 SIZES = op_sizes(B, T, C, NH, V)
 
 
-def _fake_call(op):
-    """One call of op at SIZES, from its arguments in microgpt.ops: FakeArrays, ids zeros (in the vocabulary)."""
-    vals = {a.name: a.value(SIZES) if a.role == "value" else FakeArray(a.size(SIZES), a.dtype)
-            for a in op.args}
+def _fake_call(op, pad=0):
+    """One call of op at SIZES, from its arguments in microgpt.ops: FakeArrays (with pad, the pitched ones' rows
+    padded by it), ids zeros (in the vocabulary)."""
+    def array(a):
+        return FakeArray.padded(a.size(SIZES), pad, a.dtype) if a.pitched and pad else FakeArray(a.size(SIZES), a.dtype)
+    vals = {a.name: a.value(SIZES) if a.role == "value" else array(a) for a in op.args}
     args, kw = op_call(op, vals)
     return tuple(args), kw | ({"check_token_ids": False} if op.name == "embed_bwd" else {})
 
@@ -363,10 +365,7 @@ PITCHED = [(op, variant) for op, spec in O.OPS.items() if any(a.pitched for a in
 @pytest.mark.parametrize("op,variant", PITCHED, ids=[f"{op}-{v}" for op, v in PITCHED])
 def test_a_pitched_argument_is_taken_with_padded_rows_and_its_pitch_passed_on(fake, op, variant, pad):
     spec = O.OPS[op]
-    vals = {a.name: a.value(SIZES) if a.role == "value" else
-            (FakeArray.padded if a.pitched else FakeArray)(a.size(SIZES), *([pad] if a.pitched else []), a.dtype)
-            for a in spec.args}
-    args, kw = op_call(spec, vals)
+    args, kw = _fake_call(spec, pad)
     plan = K.Plan(fake)
     spec.kernels[variant](*args, **kw, stream=plan)
     pitches = {a.size(SIZES)[-1] + pad for a in spec.args if a.pitched}
