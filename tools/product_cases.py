@@ -7,8 +7,10 @@ import itertools
 
 from case_builder import Builder, Shape
 from microgpt import kernels as K
+from microgpt.model import padded_rows
 
 F = 4  # bytes per float32
+PADDED = "lm_head, padded rows"  # the lm_head's products on the model's logits (model.padded_rows)
 
 
 def add_product_cases(builder: Builder, shape: Shape) -> None:
@@ -16,25 +18,29 @@ def add_product_cases(builder: Builder, shape: Shape) -> None:
     variants, sets, want, own, add, buf, draws_for, empty = (builder.variants, builder.sets, builder.want, builder.own,
                                                              builder.add, builder.buf, builder.draws, builder.empty)
     B, T, C, V, N, d_k = shape.B, shape.T, shape.C, shape.V, shape.N, shape.d_k
-    # each linear layer's (IN, OUT), and the tied lm_head's (its weight wte)
-    layers = {"qkv": (C, 3 * C), "attn.proj": (C, C), "mlp.fc": (C, 4 * C), "mlp.proj": (4 * C, C), "lm_head": (C, V)}
-    block_layers = {layer: io for layer, io in layers.items() if layer != "lm_head"}  # the ones in every block
+    # each linear layer's (IN, OUT), and the tied lm_head's (its weight wte): with rows of V floats (V = 261 in the
+    # sanitizer: rows not 16-byte aligned), and as the model lays out the logits and their gradient (padded_rows)
+    layers = {"qkv": (C, 3 * C), "attn.proj": (C, C), "mlp.fc": (C, 4 * C), "mlp.proj": (4 * C, C), "lm_head": (C, V),
+              PADDED: (C, V)}
+    block_layers = {layer: io for layer, io in layers.items() if not layer.startswith("lm_head")}  # in every block
+    weights = {layer: io for layer, io in layers.items() if layer != PADDED}  # one of each
 
     for layer, (IN, OUT) in layers.items():
         fwds, bwds = own("matmul_fwd", f" ({layer})"), own("matmul_bwd", f" ({layer})")
         if not (fwds or bwds):
             continue
         r = draws_for(f"matmul ({layer})")  # the backward's draws come after these, whether the forward is wanted
-        bias = None if layer == "lm_head" else r.randn(OUT)
+        bias = None if layer.startswith("lm_head") else r.randn(OUT)
         wts = [(r.randn(OUT, IN, scale=0.02), r.randn(B, T, IN)) for _ in range(sets)]
+        rows_of = padded_rows if layer == PADDED else (lambda new, *s: new(*s))
         for case, fwd in fwds:
-            out = buf(f"out ({layer})", B, T, OUT)
+            out = rows_of(lambda *s: buf(f"out ({layer})", *s), B, T, OUT)
             add(case, lambda s, wt, inp, out=out, bias=bias, fwd=fwd: fwd(out, inp, wt, bias, stream=s),
                 F * (N * IN + OUT * IN + N * OUT + OUT), 2 * N * IN * OUT, wts)
         if bwds:
             dinp, dwt = buf(f"dinp ({layer})", B, T, IN), r.randn(OUT, IN)
             dbias = None if bias is None else r.randn(OUT)
-            douts = [(r.randn(B, T, OUT), wt, inp) for (wt, inp) in wts]
+            douts = [(rows_of(r.randn, B, T, OUT), wt, inp) for (wt, inp) in wts]
         for case, bwd in bwds:
             add(case,
                 lambda s, d, wt, inp, dinp=dinp, dwt=dwt, dbias=dbias, bwd=bwd: bwd(dinp, dwt, dbias, d, inp, wt,
@@ -136,14 +142,14 @@ def add_product_cases(builder: Builder, shape: Shape) -> None:
                 continue
             r, sets_of = draws_for(case), []
             for _ in range(sets):
-                weights = [r.randn(OUT, IN, scale=0.02) for IN, OUT in layers.values()]
-                splits = K.weight_splits(weights, transposed)
+                ws = [r.randn(OUT, IN, scale=0.02) for IN, OUT in weights.values()]
+                splits = K.weight_splits(ws, transposed)
                 for operand in sorted(splits.candidates):  # each found, as the products would find them
                     splits.find(*operand)
-                sets_of.append((splits, weights))
-            add(case, lambda s, splits, weights: splits.split(s),
+                sets_of.append((splits, ws))
+            add(case, lambda s, splits, ws: splits.split(s),
                 sum(F * (rows * K_ + buf.size) for (_, rows, K_, _, _), buf in splits.found.items()),
-                3 * sum(IN * OUT for IN, OUT in layers.values()), sets_of)
+                3 * sum(IN * OUT for IN, OUT in weights.values()), sets_of)
 
     # split-K's reduction after the dW products, adding the slices and their bias-gradient sums into the gradients
     # (beta = 1, as training), in the slices the wgmma kernel takes on Hopper

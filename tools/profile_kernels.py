@@ -33,6 +33,7 @@ from microgpt.ops import VARIANTS
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernel_cases import Shape, build_cases, model_params  # noqa: E402
+from product_cases import PADDED  # noqa: E402
 from timing import cuda_copy_gbs, cuda_median_ms, gpu_or_exit, torch_median_ms  # noqa: E402
 
 
@@ -141,6 +142,8 @@ def torch_peers(shape):
         peers[f"matmul_fwd ({layer})"] = lambda xi=xi, wi=wi, bi=bi: F.linear(xi, wi, bi)
         peers[f"matmul_bwd ({layer})"] = lambda yi=yi, params=params, gi=gi: torch.autograd.grad(
             yi, params, gi, retain_graph=True)
+    for kind in ("fwd", "bwd"):  # PyTorch's logits are contiguous: the same peer for the model's padded rows
+        peers[f"matmul_{kind} ({PADDED})"] = peers[f"matmul_{kind} (lm_head)"]
     q, k, v = rnd(B, NH, T, d_k, grad=True), rnd(B, NH, T, d_k, grad=True), rnd(B, NH, T, d_k, grad=True)
     qkv = rnd(B, T, 3 * C)
     peers["split_heads_fwd"] = lambda: [t.view(B, T, NH, d_k).transpose(1, 2).contiguous()

@@ -11,7 +11,8 @@ kernels run again at FLASH_SHAPE (T=130: two key tiles and two rows of a third; 
 tensor-core products copy A by the TMA only where its rows are 16-byte aligned, which no product at those odd
 widths has; so they run again at PRODUCT_SHAPE (260 rows: two whole slices of 128 and an edge of 4; widths 128
 and 512, aligned), the TMA's boxes passing the matrices' edges there too, and V = 261: the lm_head's dX and dW
-products read rows that are not 16-byte aligned, copied by shifted 16-byte chunks.
+products read rows that are not 16-byte aligned, copied by shifted 16-byte chunks, and again rows of 264 as the
+model pads them (the last column tile's 16-byte chunk partly past V).
 """
 from __future__ import annotations
 
