@@ -464,9 +464,9 @@ __device__ void flash_fwd(float* o, float* lse, const float* q, const float* k, 
 // of every k8 step first (lo*hi, hi*lo; TRANS: hi*lo, lo*hi, so that A B computed as (B^T A^T)^T sums the same
 // terms), then the hi*hi: the tensor cores' sums lose bits below the running sum's, which stays small until then.
 template <int K0, bool TRANS = false, int FRAG, int NA>
-__device__ __forceinline__ void fa_wg_slice(float (&d)[FRAG], const float (&a)[NA][4], uint64_t b_hi, uint64_t b_lo) {
+__device__ __forceinline__ void fa_wg_slice_issue(float (&d)[FRAG], uint32_t (&hi)[4][4], uint32_t (&lo)[4][4],
+                                                  const float (&a)[NA][4], uint64_t b_hi, uint64_t b_lo) {
 #if WG_AVAILABLE
-    uint32_t hi[4][4], lo[4][4];
 #pragma unroll
     for (int kk = 0; kk < 4; kk++)
 #pragma unroll
@@ -485,10 +485,22 @@ __device__ __forceinline__ void fa_wg_slice(float (&d)[FRAG], const float (&a)[N
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) wgmma_tf32_rs(d, hi[kk], b_hi + 2 * kk, 1);
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+#endif
+}
+// ... waited for (ptxas keeps the split fragments, which the tensor cores read, until then)
+template <int FRAG>
+__device__ __forceinline__ void fa_wg_slice_wait(float (&d)[FRAG]) {
+#if WG_AVAILABLE
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
     for (int i = 0; i < FRAG; i++) asm volatile("" : "+f"(d[i])::"memory");  // read only after the wait
 #endif
+}
+template <int K0, bool TRANS = false, int FRAG, int NA>
+__device__ __forceinline__ void fa_wg_slice(float (&d)[FRAG], const float (&a)[NA][4], uint64_t b_hi, uint64_t b_lo) {
+    uint32_t hi[4][4], lo[4][4];
+    fa_wg_slice_issue<K0, TRANS>(d, hi, lo, a, b_hi, b_lo);
+    fa_wg_slice_wait(d);
 }
 
 // rows r0 .. r0 + ROWS - 1 of a head (ld floats apart) into s (ROWS x 64, as they lie) by producer thread tid, zero
@@ -1087,7 +1099,8 @@ FLASH_KERNELS(128)
 // wgmma's A fragments unmoved. Each consumer (warpgroups 1, 2) owns 64 keys: K's A fragments read from the block's
 // resident K in shared memory, V's held raw in registers, dK and dV in registers. dS^T goes to shared memory, and
 // the consumers' 8 warps add dS K into dQ by mma.sync (3xTF32, fa_mma3) over the block's keys, key tile by key
-// tile. Every 32-long slice of a wgmma product into a zeroed fragment, added in FP32.
+// tile, while the step's dK product runs (waited for after it). Every 32-long slice of a wgmma product into a zeroed
+// fragment, added in FP32.
 static_assert(FA_BWD_TILES(64) == 2, "k_flash_bwd_d64's grid, which the launcher gives both: two key tiles a block");
 static_assert(FA_SMEM_BWD_WG <= 232448, "the opt-in limit of shared memory a block (227 KB)");
 static_assert(FB_WG_BUF % 256 == 0 && (FB_WG_BUFS * FB_WG_BUF + FB_WG_RAWS * FB_WG_RAW) % 4 == 0, "alignment");
@@ -1254,6 +1267,8 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
             publish = nullptr;
         }
         mbar_wait(&full[buf], (s / FB_WG_BUFS) & 1);
+        float part_k[32];  // dK's part of the step, and its split A fragments: in flight through the dQ product
+        uint32_t k_hi[4][4], k_lo[4][4];
         float st[16];  // S^T, P^T, then dS^T: (key_a, query q0 + 8 (i / 4) + 2t + i % 2) for i % 4 < 2, else key_b's
         const bool seen = kw0 <= q0 + FB_WG_Q - 1 && kw0 < T;  // a key of the warpgroup's sees a query of the step
         if (seen) {
@@ -1289,20 +1304,21 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
                 // _rn: s * scale rounded as the forward rounds it (no FMA with lse)
                 st[r] = key <= qi && qi < T ? expf(__fmul_rn(st[r], scale) - l[c]) : 0.0f;
             }
-            // acc += st's X^T (P^T, then dS^T) times the step's transposed tile at b_hi, b_lo: st read as A fragments
-            // (queries 8kb + 2t as logical t, 8kb + 2t + 1 as t + 4)
-            auto add_product = [&](float(&acc)[32], uint64_t b_hi, uint64_t b_lo) {
-                float af[4][4];
+            // st's X^T (P^T, then dS^T) as A fragments (queries 8kb + 2t as logical t, 8kb + 2t + 1 as t + 4)
+            auto st_fragments = [&](float(&af)[4][4]) {
 #pragma unroll
                 for (int kb = 0; kb < 4; kb++) {
                     af[kb][0] = st[4 * kb], af[kb][1] = st[4 * kb + 2];
                     af[kb][2] = st[4 * kb + 1], af[kb][3] = st[4 * kb + 3];
                 }
-                fa_wg_slice<0>(part, af, b_hi, b_lo);
-#pragma unroll
-                for (int r = 0; r < 32; r++) acc[r] += part[r];
             };
-            add_product(acc_v, dt_hi, dt_lo);  // dV += P^T dO
+            {  // dV += P^T dO
+                float af[4][4];
+                st_fragments(af);
+                fa_wg_slice<0>(part, af, dt_hi, dt_lo);
+#pragma unroll
+                for (int r = 0; r < 32; r++) acc_v[r] += part[r];
+            }
             // dP^T = V dO^T: d 0 .. 31, then 32 .. 63; dS^T = P^T (dP^T - delta). V's split is made a step's
             // work: hoisted out of the loop, its 64 registers of hi and lo spilled
 #pragma unroll
@@ -1322,9 +1338,12 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
 #pragma unroll
             for (int r = 0; r < 16; r++)
                 ds[(8 * (r / 4) + 2 * t + r % 2) * FB_WG_DS_LD + kw + 16 * warp + g + 8 * ((r % 4) / 2)] = st[r];
-            add_product(acc_k, qt_hi, qt_lo);  // dK += dS^T Q
+            {  // dK += dS^T Q, waited for after the dQ product
+                float af[4][4];
+                st_fragments(af);
+                fa_wg_slice_issue<0>(part_k, k_hi, k_lo, af, qt_hi, qt_lo);
+            }
         }
-        mbar_arrive(&empty[buf]);  // its tiles read (each slice waited for its wgmmas), and its lse and delta
         asm volatile("bar.sync 2, 256;" ::: "memory");  // dS is whole
 
         // dQ's rows q0 + rq + g (+ 8), columns c0 .. c0 + 15 (warp cw of the 8) += dS K over the block's key tiles
@@ -1369,6 +1388,11 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
                     if (row_b < T) __stcg(dq_h + (long long)row_b * ld_in + d, x_b);
                 }
         }
+        fa_wg_slice_wait(part_k);  // on every path: inside `if (seen)`, ptxas would serialize the wgmmas
+        if (seen)
+#pragma unroll
+            for (int r = 0; r < 32; r++) acc_k[r] += part_k[r];
+        mbar_arrive(&empty[buf]);  // its tiles read, and its lse and delta
         // the tile's last step (its lower 32 queries): published at the next step's first barrier, unless this
         // block's key tiles hold the diagonal (the last add: no one waits)
         if (ctid == 0 && h32 % 2 == 0 && i >= j0 + 2) publish = sync + bh * n + i;

@@ -326,14 +326,15 @@ def main() -> int:
         with open(args.json, "w") as f:
             f.write(text)
     print(title)
-    hdr = f"{'kernel':<34}{'ms':>9}{'GB/s':>9}{'TFLOP/s':>9}{'%copy':>7}{'%mm':>6}{'floor':>8}{'of floor':>9}" \
+    w = max([34] + [len(r["kernel"]) + 1 for r in rows])  # the name column, as wide as the longest name
+    hdr = f"{'kernel':<{w}}{'ms':>9}{'GB/s':>9}{'TFLOP/s':>9}{'%copy':>7}{'%mm':>6}{'floor':>8}{'of floor':>9}" \
           f"{'torch ms':>10}{'x torch':>8}{'tf32 ms':>9}{'x tf32':>7}"
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
         t = f"{r['torch_ms']:>10.3f}{r['vs_torch']:>8.2f}" if r["torch_ms"] else f"{'-':>10}{'-':>8}"
         t += f"{r['torch_tf32_ms']:>9.3f}{r['vs_torch_tf32']:>7.2f}" if r["torch_tf32_ms"] else f"{'-':>9}{'-':>7}"
-        print(f"{r['kernel']:<34}{r['ms']:>9.3f}{r['gbs']:>9.0f}{r['tflops']:>9.2f}{r['pct_bw']:>7.1f}"
+        print(f"{r['kernel']:<{w}}{r['ms']:>9.3f}{r['gbs']:>9.0f}{r['tflops']:>9.2f}{r['pct_bw']:>7.1f}"
               f"{r['pct_matmul']:>6.1f}{r['floor_ms']:>8.3f}{r['pct_of_floor']:>8.1f}%{t}")
     short = [r for r in rows if r["batch"] > 1]
     if short:
