@@ -5,6 +5,7 @@
 //
 //   make -C dev/cuda && dev/cuda/build/matvec     # every version
 //   dev/cuda/build/matvec 2                       # one of them
+//   ncu -k regex:k_matvec_1 -c 4 dev/cuda/build/matvec 2 once    # the step's products launched once, untimed
 //
 //   1  the readable kernels one after the other: k_layernorm_fwd, k_matmul_fwd (a thread an output), k_gelu_fwd,
 //      k_residual_fwd
@@ -149,6 +150,12 @@ float time_step(const std::vector<Product>& step, Launch launch) {
 int main(int argc, char** argv) {
     setup_main();
     const int only = version_arg(argc, argv, 1);
+    if (argc > 2 && !strcmp(argv[2], "once")) {  // for a profiler: the step's products at M 1, then 8, launched once
+        for (int M : {1, 8})
+            for (const Product& p : decode_step(M)) product2(p, 0);
+        cudaCheck(cudaDeviceSynchronize());
+        return 0;
+    }
     // (M, K, N, layernorm, GELU, residual, bias): every row count, K odd and short, a last block of fewer columns
     const int cases[][7] = {{1, 768, 2304, 1, 0, 0, 1}, {2, 771, 1001, 1, 1, 0, 1}, {3, 3072, 768, 0, 0, 1, 1},
                             {5, 384, 1537, 1, 1, 0, 0}, {8, 768, 8449, 1, 0, 0, 0}, {7, 1029, 333, 0, 0, 1, 1},
