@@ -151,7 +151,8 @@ float time_step(const std::vector<Product>& step, Launch launch) {
 int main(int argc, char** argv) {
     setup_main();
     const int only = version_arg(argc, argv, 1);
-    if (argc > 2 && !strcmp(argv[2], "once")) {  // for a profiler: the step's products at M 1, then 8, launched once
+    const char* mode = argc > 2 ? argv[2] : "";  // "once" or "check", below
+    if (strcmp(mode, "once") == 0) {  // for a profiler: the step's products at M 1, then 8, launched once
         for (int M : {1, 8})
             for (const Product& p : decode_step(M)) product2(p, 0);
         cudaCheck(cudaDeviceSynchronize());
@@ -179,7 +180,7 @@ int main(int argc, char** argv) {
             validate_result(p.out, ref.data(), "out", ref.size(), 1e-4);
         }
     }
-    if (argc > 2 && !strcmp(argv[2], "check")) return 0;  // the checks alone (for compute-sanitizer)
+    if (strcmp(mode, "check") == 0) return 0;  // the checks alone (for compute-sanitizer)
     printf("\nandrea-120m's decode step, its products alone (%.0f MB of weights), us a step:\n",
            4.0 * (12 * 12 * 768 * 768 + 12 * 9 * 768 + 8449 * 768) / 1e6);
     for (int M : {1, 8}) {
