@@ -6,6 +6,7 @@
 //   make -C dev/cuda && dev/cuda/build/matvec     # every version
 //   dev/cuda/build/matvec 2                       # one of them
 //   ncu -k regex:k_matvec_1 -c 4 dev/cuda/build/matvec 2 once    # the step's products launched once, untimed
+//   compute-sanitizer --tool racecheck dev/cuda/build/matvec 2 check  # version 2's checks alone
 //
 //   1  the readable kernels one after the other: k_layernorm_fwd, k_matmul_fwd (a thread an output), k_gelu_fwd,
 //      k_residual_fwd
@@ -178,6 +179,7 @@ int main(int argc, char** argv) {
             validate_result(p.out, ref.data(), "out", ref.size(), 1e-4);
         }
     }
+    if (argc > 2 && !strcmp(argv[2], "check")) return 0;  // the checks alone (for compute-sanitizer)
     printf("\nandrea-120m's decode step, its products alone (%.0f MB of weights), us a step:\n",
            4.0 * (12 * 12 * 768 * 768 + 12 * 9 * 768 + 8449 * 768) / 1e6);
     for (int M : {1, 8}) {
