@@ -127,8 +127,10 @@ __device__ void attention_decode_chunk(float* y, float* partial, unsigned* done,
         dot += __shfl_xor_sync(0xffffffffu, dot, 1);
         dot += __shfl_xor_sync(0xffffffffu, dot, 2);
         const float score = j < n ? dot * (1.0f / sqrtf(d_k)) : -INFINITY;
-        const float m_new = fmaxf(m, warp_max(score));  // finite: row0 < n
-        const float e = j < n ? expf(score - m_new) : 0.0f, scale = expf(m - m_new);  // 0 for the first rows
+        const float m_new = fmaxf(m, warp_max(score));
+        // m_new is -inf only where every score so far is (infinite inputs): then e and scale are 0, not NaN
+        const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+        const float e = j < n ? expf(score - m_use) : 0.0f, scale = expf(m - m_use);  // 0 for the first rows
         sum = sum * scale + warp_sum(sub == 0 ? e : 0.0f);
         float e_r[8];
 #pragma unroll
@@ -150,15 +152,14 @@ __device__ void attention_decode_chunk(float* y, float* partial, unsigned* done,
     // chunk is the head's only one, else into its partial
     float M = -INFINITY, S = 0.0f;
     for (int w = 0; w < warps; w++) M = fmaxf(M, wm[2 * w]);
-    for (int w = 0; w < warps; w++)
-        if (wm[2 * w] > -INFINITY) S += wm[2 * w + 1] * expf(wm[2 * w] - M);
+    for (int w = 0; w < warps && w * 8 < n; w++)  // the warps that had rows (whose max is -inf if they were NaN)
+        S += wm[2 * w + 1] * expf(wm[2 * w] - M);
     const int used = p / DECODE_CHUNK + 1;
     float* head = partial + (long long)bh * gridDim.x * DECODE_PARTIAL(d_k);
     float* out = used == 1 ? y + (long long)b * C + h * d_k : head + blockIdx.x * DECODE_PARTIAL(d_k);
     for (int d = threadIdx.x; d < d_k; d += blockDim.x) {
         float v = 0.0f;
-        for (int w = 0; w < warps; w++)
-            if (wm[2 * w] > -INFINITY) v += wv[w * DP + d] * expf(wm[2 * w] - M);
+        for (int w = 0; w < warps && w * 8 < n; w++) v += wv[w * DP + d] * expf(wm[2 * w] - M);
         out[d] = used == 1 ? v / S : v;
     }
     if (used == 1) return;
