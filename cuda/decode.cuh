@@ -54,10 +54,16 @@ __device__ void attention_decode_merge(float* out, const float* part, int used, 
     }
 }
 
-// A row of the staged keys and values in shared memory: d_k rounded up to 4, and 4 more, so that rows stay 16-byte
-// aligned and a thread a row reading float4s meets no bank conflict (each quarter-warp's 8 rows start on 8
-// different groups of 4 banks).
-__host__ __device__ constexpr int decode_row(int d_k) { return (d_k + 3) / 4 * 4 + 4; }
+// A row of the staged keys and values in shared memory: d_k rounded up to 4, then up to 16 past a multiple of 32
+// floats, so that rows stay 16-byte aligned and the 8 lanes of a quarter-warp (two rows, four lanes a row, a float4
+// each) read 32 different banks.
+__host__ __device__ constexpr int decode_row(int d_k) { return ((d_k + 3) / 4 * 4 + 15) / 32 * 32 + 16; }
+
+// k_attention_decode's dynamic shared memory in floats, for blocks of `threads`: the chunk's keys and values, the
+// query, and each warp's weighted values, max and sum.
+__host__ __device__ constexpr int decode_shared_floats(int d_k, int threads) {
+    return 2 * DECODE_CHUNK * decode_row(d_k) + (threads / 32 + 1) * ((d_k + 3) / 4 * 4) + 2 * (threads / 32);
+}
 
 // The block's query and its new row p (from qkv, after the wait) and its chunk's scores and products.
 template <typename Vec>
@@ -65,13 +71,13 @@ __device__ void attention_decode_chunk(float* y, float* partial, unsigned* done,
                                        const float* qkv, int p, int NH, int d_k, int T_max) {
     constexpr int WIDTH = sizeof(Vec) / sizeof(float);
     extern __shared__ float4 decode_smem[];
-    const int KS = decode_row(d_k), start = blockIdx.x * DECODE_CHUNK;
+    const int KS = decode_row(d_k), DP = (d_k + 3) / 4 * 4, start = blockIdx.x * DECODE_CHUNK;
+    const int warps = blockDim.x / 32, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     float* ks = reinterpret_cast<float*>(decode_smem);  // DECODE_CHUNK x KS: the chunk's keys
     float* vs = ks + DECODE_CHUNK * KS;                   // and values
-    float* e = vs + DECODE_CHUNK * KS;                    // DECODE_CHUNK: the chunk's scores, then exp(score - m)
-    float* q = e + DECODE_CHUNK;                          // d_k rounded up to 4
-    float* part = q + (d_k + 3) / 4 * 4;                  // blockDim.x: the groups' partial sums
-    __shared__ float m_sum[2];
+    float* q = vs + DECODE_CHUNK * KS;                    // DP
+    float* wv = q + DP;                                   // warps x DP: each warp's weighted values
+    float* wm = wv + warps * DP;                          // warps x 2: each warp's max and sum
     __shared__ bool last;
     const int n = min(DECODE_CHUNK, p + 1 - start);  // the chunk's positions, start .. start + n - 1
     const bool holds_p = p < start + DECODE_CHUNK;
@@ -101,62 +107,63 @@ __device__ void attention_decode_chunk(float* y, float* partial, unsigned* done,
     cp_async_wait<0>();
     __syncthreads();  // the query, the chunk's keys and values, row p among them, for every thread of the block
 
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {  // a thread a row, over d in order
-        const float* k_j = ks + i * KS;
-        float s = 0.0f;
-        for (int d = 0; d < d_k; d += WIDTH) {
+    // Each warp takes 8 rows at a time, 4 lanes a row: lane (row, sub) sums d in [sub WIDTH, (sub + 1) WIDTH),
+    // then 4 WIDTH on, in order, and two shuffles add the 4 lanes. The warp keeps its rows' running max m and
+    // sum of exp(score - m), and its weighted values, rescaled as m grows (online softmax), with no barrier.
+    const int sub = lane % 4;
+    float m = -INFINITY, sum = 0.0f;
+    float* acc = wv + warp * DP;
+    for (int row0 = warp * 8; row0 < n; row0 += warps * 8) {
+        const int j = row0 + lane / 4;
+        const float* k_j = ks + min(j, n - 1) * KS;  // every lane computes, so that the shuffles see all 32
+        float dot = 0.0f;
+        for (int d = sub * WIDTH; d < d_k; d += 4 * WIDTH) {
             const Vec kv = *reinterpret_cast<const Vec*>(k_j + d), qv = *reinterpret_cast<const Vec*>(q + d);
             const float* kf = reinterpret_cast<const float*>(&kv);
             const float* qf = reinterpret_cast<const float*>(&qv);
 #pragma unroll
-            for (int w = 0; w < WIDTH; w++) s += qf[w] * kf[w];
+            for (int w = 0; w < WIDTH; w++) dot += qf[w] * kf[w];
         }
-        e[i] = s * (1.0f / sqrtf(d_k));
-    }
-    __syncthreads();
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    if (warp == 0) {  // the chunk's max and sum of exp, in a fixed order
-        float m = -INFINITY;
-        for (int i = lane; i < n; i += 32) m = fmaxf(m, e[i]);
-        m = warp_max(m);
-        float sum = 0.0f;
-        for (int i = lane; i < n; i += 32) {
-            e[i] = expf(e[i] - m);
-            sum += e[i];
+        dot += __shfl_xor_sync(0xffffffffu, dot, 1);
+        dot += __shfl_xor_sync(0xffffffffu, dot, 2);
+        const float score = j < n ? dot * (1.0f / sqrtf(d_k)) : -INFINITY;
+        const float m_new = fmaxf(m, warp_max(score));
+        // m_new is -inf only where every score so far is (infinite inputs): then e and scale are 0, not NaN
+        const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+        const float e = j < n ? expf(score - m_use) : 0.0f, scale = expf(m - m_use);  // 0 for the first rows
+        sum = sum * scale + warp_sum(sub == 0 ? e : 0.0f);
+        float e_r[8];
+#pragma unroll
+        for (int r = 0; r < 8; r++) e_r[r] = __shfl_sync(0xffffffffu, e, 4 * r);
+        const int rows = min(8, n - row0);
+        for (int d = lane; d < d_k; d += 32) {
+            float a = row0 == warp * 8 ? 0.0f : acc[d] * scale;
+#pragma unroll
+            for (int r = 0; r < 8; r++)
+                if (r < rows) a += e_r[r] * vs[(row0 + r) * KS + d];
+            acc[d] = a;
         }
-        sum = warp_sum(sum);
-        if (lane == 0) m_sum[0] = m, m_sum[1] = sum;
+        m = m_new;
     }
+    if (lane == 0) wm[2 * warp] = m, wm[2 * warp + 1] = sum;
     __syncthreads();
 
-    // the chunk's weighted values: into y directly where it is the head's only chunk, else into its partial
+    // the warps' parts, each scaled by exp(its max - the largest), added in warp order: into y directly where the
+    // chunk is the head's only one, else into its partial
+    float M = -INFINITY, S = 0.0f;
+    for (int w = 0; w < warps; w++) M = fmaxf(M, wm[2 * w]);
+    for (int w = 0; w < warps && w * 8 < n; w++)  // the warps that had rows (whose max is -inf if they were NaN)
+        S += wm[2 * w + 1] * expf(wm[2 * w] - M);
     const int used = p / DECODE_CHUNK + 1;
     float* head = partial + (long long)bh * gridDim.x * DECODE_PARTIAL(d_k);
     float* out = used == 1 ? y + (long long)b * C + h * d_k : head + blockIdx.x * DECODE_PARTIAL(d_k);
-    const float scale = used == 1 ? 1.0f / m_sum[1] : 1.0f;
-    const int G = blockDim.x / d_k;  // groups of d_k threads, each summing every G-th row
-    if (G > 1) {
-        const int g = threadIdx.x / d_k, d = threadIdx.x % d_k;
-        if (g < G) {
-            float s = 0.0f;
-            for (int i = g; i < n; i += G) s += e[i] * vs[i * KS + d];
-            part[threadIdx.x] = s;
-        }
-        __syncthreads();
-        if (threadIdx.x < d_k) {
-            float s = 0.0f;
-            for (int k = 0; k < G; k++) s += part[k * d_k + threadIdx.x];
-            out[threadIdx.x] = used == 1 ? s * scale : s;
-        }
-    } else {  // a thread a d (looped where d_k > blockDim.x), every row
-        for (int d = threadIdx.x; d < d_k; d += blockDim.x) {
-            float s = 0.0f;
-            for (int i = 0; i < n; i++) s += e[i] * vs[i * KS + d];
-            out[d] = used == 1 ? s * scale : s;
-        }
+    for (int d = threadIdx.x; d < d_k; d += blockDim.x) {
+        float v = 0.0f;
+        for (int w = 0; w < warps && w * 8 < n; w++) v += wv[w * DP + d] * expf(wm[2 * w] - M);
+        out[d] = used == 1 ? v / S : v;
     }
     if (used == 1) return;
-    if (threadIdx.x == 0) out[d_k] = m_sum[0], out[d_k + 1] = m_sum[1];
+    if (threadIdx.x == 0) out[d_k] = M, out[d_k + 1] = S;
 
     __threadfence();  // this block's partial, visible to the block that merges
     __syncthreads();
@@ -171,14 +178,14 @@ __device__ void attention_decode_chunk(float* y, float* partial, unsigned* done,
 // Grid (chunks, B * NH), blockIdx.y = b * NH + h; a block whose chunk starts past p does nothing. Before its wait
 // the block copies its chunk's cached keys and values (rows before p) into shared memory; after it, the block
 // holding p writes the new key and value from qkv (B, 1, 3C) into the caches (B, NH, T_max, d_k) at row p (and
-// into its copy). Then, a thread per row j <= p of the chunk (no mask needed), scores[j] = dot(Q, K[j]) *
-// (1.0f / sqrtf(d_k)) summed over d in order, and the chunk's partial = (sum_j e_j V[j], m, sum_j e_j), e_j =
-// exp(scores[j] - m), m its largest score, into partial (B * NH, chunks, DECODE_PARTIAL(d_k)). The last of the
-// head's p / DECODE_CHUNK + 1 blocks to count itself in done[bh] writes y (B, 1, C), heads side by side, and sets
-// done[bh] back to zero for the next launch; where the head has one chunk (p < DECODE_CHUNK), its block writes y
-// itself, sum_j e_j V[j] / sum_j e_j. Dynamic shared memory: 2 DECODE_CHUNK decode_row(d_k) + DECODE_CHUNK + d_k
-// rounded up to 4 + blockDim.x floats. vec4: d_k % 4 == 0 and the caches 16-byte aligned (the launcher checks). A
-// p outside [0, T_max) writes nothing (the caller keeps it in range).
+// into its copy). Then, for the chunk's rows j <= p (no mask needed), scores[j] = dot(Q, K[j]) * (1.0f / sqrtf(d_k)),
+// and the chunk's partial = (sum_j e_j V[j], m, sum_j e_j), e_j = exp(scores[j] - m), m its largest score, into
+// partial (B * NH, chunks, DECODE_PARTIAL(d_k)), each warp's 8 rows at a time with the warps' parts added in warp
+// order. The last of the head's p / DECODE_CHUNK + 1 blocks to count itself in done[bh] writes y (B, 1, C), heads
+// side by side, and sets done[bh] back to zero for the next launch; where the head has one chunk (p <
+// DECODE_CHUNK), its block writes y itself, sum_j e_j V[j] / sum_j e_j. Blocks of a multiple of 32 threads; dynamic
+// shared memory: decode_shared_floats(d_k, blockDim.x) floats. vec4: d_k % 4 == 0 and the caches 16-byte aligned
+// (the launcher checks). A p outside [0, T_max) writes nothing (the caller keeps it in range).
 extern "C" __global__ void k_attention_decode(float* y, float* partial, unsigned* done, float* k_cache, float* v_cache,
                                               const float* qkv, const int* pos, int NH, int d_k, int T_max,
                                               int vec4) {

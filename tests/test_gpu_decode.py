@@ -40,9 +40,9 @@ def pos_array(ga, p):
     return ga.to_gpu(np.array([p], np.int32))
 
 
-# (B, NH, T_max, d_k, p): d_k of 8, 64 and 100 (groups of d_k threads share the rows), 5 (51 groups, every one
-# with rows at p = 63), 130 and 300 (one thread a d, looped over d past 256), p at the first row, the last and
-# between, at the first and last row of a chunk of 64 positions and in a last chunk of one row
+# (B, NH, T_max, d_k, p): d_k of 8, 64 and 100 (float4s), 5 (one float a lane, a row's 4 lanes uneven), 130 and
+# 300 (a lane's weighted values looped over d past 32 and 256), p at the first row, the last and between, at the
+# first and last row of a chunk of 64 positions (a warp's 8 rows all used, or one) and in a last chunk of one row
 @pytest.mark.parametrize("B,NH,T_max,d_k,p", [(2, 3, 16, 8, 0), (1, 2, 33, 5, 32), (1, 2, 64, 5, 63),
                                                (1, 2, 40, 100, 39), (2, 12, 1024, 64, 1023), (3, 4, 300, 130, 150),
                                                (1, 1, 50, 300, 49), (1, 12, 1024, 64, 517), (2, 2, 130, 8, 64),

@@ -4,6 +4,7 @@
 // heads of 64, caches of 1024 positions), one CUDA graph of dependent launches, at p 16, 200 and 1000.
 //
 //   make -C dev/cuda && dev/cuda/build/decode
+//   compute-sanitizer --tool racecheck dev/cuda/build/decode 1 check    # version 1's checks alone
 //
 // The versions are the block's size (the kernel takes any): 1 256 threads (BLOCK, the engine's), 2 128, 3 64.
 // With fewer threads a block's barriers wait for fewer warps, and each thread sums more rows of the chunk.
@@ -61,8 +62,7 @@ Layer make_layer(int B, int NH, int d_k, int T_max, const std::vector<float>& kc
 }
 
 void attention(const Layer& l, int threads, cudaStream_t s) {
-    const int d_pad = ceil_div(l.d_k, 4) * 4, shared = 4 * (2 * DECODE_CHUNK * decode_row(l.d_k) + DECODE_CHUNK +
-                                                                d_pad + threads);
+    const int shared = 4 * decode_shared_floats(l.d_k, threads);
     allow_shared(k_attention_decode, shared);
     int vec4 = l.d_k % 4 == 0;
     void* args[] = {(void*)&l.y, (void*)&l.partial, (void*)&l.done, (void*)&l.kc, (void*)&l.vc, (void*)&l.qkv,
@@ -104,6 +104,7 @@ int main(int argc, char** argv) {
             validate_result(l.kc + (((size_t)B * NH - 1) * T_max + p) * d_k, row_p.data(), "k row p", d_k, 0.0);
         }
     }
+    if (argc > 2 && !strcmp(argv[2], "check")) return 0;  // the checks alone (for compute-sanitizer)
     printf("\nandrea-120m's decode attention, 12 layers (B 1, 12 heads of 64, T_max 1024), us a step:\n");
     for (int p : {16, 200, 1000}) {
         std::vector<Layer> layers;

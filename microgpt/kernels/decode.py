@@ -60,9 +60,12 @@ def attention_decode(y, k_cache, v_cache, qkv, pos, *, stream=None):
     scratch); the head's last block to finish adds its chunks in order."""
     B, NH, T_max, d_k = head_dims("k_cache", k_cache)
     C = NH * d_k
-    chunk, d_pad = decode_chunk(), -(-d_k // 4) * 4
-    # the chunk's keys and values (rows of decode_row(d_k) = d_pad + 4), its scores, the query, the partial sums
-    shared, limit = 4 * (2 * chunk * (d_pad + 4) + chunk + d_pad + BLOCK), shared_limit("k_attention_decode", stream)
+    chunk, d_pad, warps = decode_chunk(), -(-d_k // 4) * 4, BLOCK // 32
+    # cuda/decode.cuh's decode_shared_floats: the chunk's keys and values (rows of decode_row(d_k) floats: d_pad,
+    # then up to 16 past a multiple of 32), the query, each warp's weighted values, max and sum
+    row = (d_pad + 15) // 32 * 32 + 16
+    shared = 4 * (2 * chunk * row + (warps + 1) * d_pad + 2 * warps)
+    limit = shared_limit("k_attention_decode", stream)
     if shared > limit:
         raise ValueError(f"k_cache has d_k={d_k}: a block's chunk of keys and values, query and partial sums take "
                          f"{shared} bytes of shared memory, above this GPU's {limit}")
