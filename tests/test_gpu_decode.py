@@ -74,12 +74,41 @@ def check_attention_decode(ga, rng, B, NH, T_max, d_k, p, offset=0):
     k_h[:, :, p], v_h[:, :, p] = k_new, v_new  # row p written, every other row as it was
     np.testing.assert_array_equal(k_cache.get(), k_h)
     np.testing.assert_array_equal(v_cache.get(), v_h)
-    scale = np.float64(np.float32(1.0) / np.sqrt(np.float32(d_k)))  # the literal line's float32 scale
-    s = np.einsum("bhd,bhtd->bht", q.astype(np.float64), k_h[:, :, :p + 1].astype(np.float64)) * scale
+    close("k_attention_decode", y.get(), attention64(q, k_h, v_h, p, d_k).reshape(B, 1, C), 1e-5)
+
+
+def attention64(q, k, v, p, d_k):
+    """float64 softmax(q . k[:p + 1] * the literal line's float32 scale) v[:p + 1], a row (B, NH, d_k) a head."""
+    scale = np.float64(np.float32(1.0) / np.sqrt(np.float32(d_k)))
+    s = np.einsum("bhd,bhtd->bht", q.astype(np.float64), k[:, :, :p + 1].astype(np.float64)) * scale
     probs = np.exp(s - s.max(-1, keepdims=True))
-    probs /= probs.sum(-1, keepdims=True)
-    want = np.einsum("bht,bhtd->bhd", probs, v_h[:, :, :p + 1].astype(np.float64)).reshape(B, 1, C)
-    close("k_attention_decode", y.get(), want, 1e-5)
+    return np.einsum("bht,bhtd->bhd", probs / probs.sum(-1, keepdims=True), v[:, :, :p + 1].astype(np.float64))
+
+
+# rows 8 .. 15 of a chunk are one warp's whole group of rows (at the launcher's 256 threads, a warp a group)
+@pytest.mark.parametrize("p,rows", [(40, slice(8, 16)), (100, slice(72, 80)), (40, slice(20, 21))])
+@pytest.mark.parametrize("poison", [np.nan, -np.inf])
+def test_attention_decode_of_non_finite_scores(ga, rng, p, rows, poison):
+    """Cached keys of one head that score NaN reach that head's output, as softmax's do; keys that score -inf
+    weigh nothing (the head's other rows finite); the other heads are untouched either way."""
+    B, NH, T_max, d_k = 1, 3, 128, 64
+    C = NH * d_k
+    k_h, v_h = (rng.standard_normal((B, NH, T_max, d_k)).astype(np.float32) for _ in range(2))
+    qkv_h = rng.standard_normal((B, 1, 3 * C)).astype(np.float32)
+    qkv_h[:, :, :C] = np.abs(qkv_h[:, :, :C])  # q > 0: keys of -inf score -inf, not NaN
+    k_h[0, 1, rows] = poison
+    y = nan(ga, B, 1, C)
+    K.attention_decode(y, ga.to_gpu(k_h), ga.to_gpu(v_h), ga.to_gpu(qkv_h), pos_array(ga, p))
+    q, k_new, v_new = (qkv_h[:, 0, i * C:(i + 1) * C].reshape(B, NH, d_k) for i in range(3))
+    k_h[:, :, p], v_h[:, :, p] = k_new, v_new
+    with np.errstate(invalid="ignore"):
+        want = attention64(q, k_h, v_h, p, d_k)
+    got = y.get().reshape(B, NH, d_k)
+    if np.isnan(poison):
+        assert np.isnan(got[0, 1]).all()
+    else:
+        close("k_attention_decode, keys of -inf", got[0, 1], want[0, 1], 1e-5)
+    close("k_attention_decode, the other heads", got[0, [0, 2]], want[0, [0, 2]], 1e-5)
 
 
 @pytest.mark.parametrize("p", [-1, 8, 100])
