@@ -70,15 +70,18 @@ def check_attention_decode(ga, rng, B, NH, T_max, d_k, p, offset=0):
     k_cache, v_cache = on_gpu_at(ga, k_h, offset), on_gpu_at(ga, v_h, offset)
     qkv, y = ga.to_gpu(qkv_h), nan(ga, B, 1, C)
     K.attention_decode(y, k_cache, v_cache, qkv, pos_array(ga, p))
-    q, k_new, v_new = (qkv_h[:, 0, i * C:(i + 1) * C].reshape(B, NH, d_k) for i in range(3))
-    k_h[:, :, p], v_h[:, :, p] = k_new, v_new  # row p written, every other row as it was
+    want = attention_decode64(qkv_h, k_h, v_h, p)  # row p written, every other row as it was
     np.testing.assert_array_equal(k_cache.get(), k_h)
     np.testing.assert_array_equal(v_cache.get(), v_h)
-    close("k_attention_decode", y.get(), attention64(q, k_h, v_h, p, d_k).reshape(B, 1, C), 1e-5)
+    close("k_attention_decode", y.get(), want.reshape(B, 1, C), 1e-5)
 
 
-def attention64(q, k, v, p, d_k):
-    """float64 softmax(q . k[:p + 1] * the literal line's float32 scale) v[:p + 1], a row (B, NH, d_k) a head."""
+def attention_decode64(qkv, k, v, p):
+    """k_attention_decode in float64: row p of the caches k, v (B, NH, T_max, d_k) set from qkv (B, 1, 3C) in place,
+    as the kernel writes it; returns softmax(q . k[:p + 1] * the literal line's float32 scale) v[:p + 1], (B, NH,
+    d_k)."""
+    B, NH, _, d_k = k.shape
+    q, k[:, :, p], v[:, :, p] = (qkv[:, 0, i * NH * d_k:(i + 1) * NH * d_k].reshape(B, NH, d_k) for i in range(3))
     scale = np.float64(np.float32(1.0) / np.sqrt(np.float32(d_k)))
     s = np.einsum("bhd,bhtd->bht", q.astype(np.float64), k[:, :, :p + 1].astype(np.float64)) * scale
     probs = np.exp(s - s.max(-1, keepdims=True))
@@ -99,10 +102,8 @@ def test_attention_decode_of_non_finite_scores(ga, rng, p, rows, poison):
     k_h[0, 1, rows] = poison
     y = nan(ga, B, 1, C)
     K.attention_decode(y, ga.to_gpu(k_h), ga.to_gpu(v_h), ga.to_gpu(qkv_h), pos_array(ga, p))
-    q, k_new, v_new = (qkv_h[:, 0, i * C:(i + 1) * C].reshape(B, NH, d_k) for i in range(3))
-    k_h[:, :, p], v_h[:, :, p] = k_new, v_new
     with np.errstate(invalid="ignore"):
-        want = attention64(q, k_h, v_h, p, d_k)
+        want = attention_decode64(qkv_h, k_h, v_h, p)
     got = y.get().reshape(B, NH, d_k)
     if np.isnan(poison):
         assert np.isnan(got[0, 1]).all()
