@@ -1,5 +1,6 @@
 """The tools in tools/ on a GPU: each runs its quick form and reports what it measured."""
 import json
+import math
 import shutil
 
 import pytest
@@ -101,6 +102,11 @@ def test_profile_decode_quick():
     assert any(o["op"].startswith(("layernorm_matmul_fwd", "matmul_residual_fwd")) and o["gbs"] > 0
                for o in r["ops"])
     assert r["pct_of_limit"] == pytest.approx(100 * r["limit_ms"] / r["graph_ms"]) and r["pct_of_limit"] > 0
+    # what each group adds: the step less the step without it, below the step (the other launches take time); the
+    # products, most of the step's launches, add to it
+    assert r["step_us"] > 0 and all(math.isfinite(g["adds_us"]) and g["adds_us"] < r["step_us"]
+                                    for g in r["ops"] + r["kernels"])
+    assert next(k["adds_us"] for k in r["kernels"] if k["kernel"] == "k_matvec_1") > 0
 
 
 def test_ncu_kernel_quick():

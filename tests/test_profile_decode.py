@@ -38,3 +38,18 @@ def test_each_op_that_reads_weights_or_the_cache_is_an_op_of_the_decode_step(too
     assert all(e.op.split(" (")[0] in ("layernorm_matmul_fwd", "matmul_residual_fwd") for e in matvec)
     if variant != "reference":  # one k_matvec a product, each layernorm, GELU and residual add inside one
         assert len(matvec) == 4 * cfg.n_layer + 1 and len(plan) == 5 * cfg.n_layer + 2
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_the_step_without_a_group_keeps_every_other_launch_in_order(tools, variant):
+    """What a group adds to the step is timed on the step less that group: every other launch, in the step's order,
+    and none of the group's."""
+    P, _ = tools
+    cfg = GPTConfig(n_layer=2, n_head=2, d_model=64, block_size=128, vocab_size=257)
+    plan = list(step_plans(cfg, variant, 1, 1, decode=True)["decode"])
+    for by in (lambda e: e.op, lambda e: e[0]):
+        for key, entries in P.grouped(plan, by).items():
+            rest = P.without(plan, by, key)
+            assert len(rest) + len(entries) == len(plan) and all(by(e) != key for e in rest)
+            it = iter(plan)  # a subsequence of the step: each launch found after the one before
+            assert all(any(e is f for f in it) for e in rest)

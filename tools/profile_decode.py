@@ -2,7 +2,9 @@
 """Where a decode step's time goes (sampling with the key-value cache on the cuda backend): the step as
 GPT.generate runs it (its CUDA graph with k_sample, the position copied in), the graph's GPU time alone against the
 least time its reads allow, each op's share and each kernel's (its launches of one step, ten times over, as one
-graph: GPU time, no host in it), and k_sample's time for each way of choosing (recorded and timed the same way).
+graph: GPU time, no host in it) with what it adds to the step (the step's launches as one graph, less the same
+without that op's or kernel's: with dependent launches, a launch's own time overlaps its neighbours'), and
+k_sample's time for each way of choosing (recorded and timed the same way).
 
     python tools/profile_decode.py                        # andrea-120m, B 1 and 8, a prompt of 16 tokens
     python tools/profile_decode.py --preset andrea-12m -B 1 --prompt 512
@@ -56,6 +58,11 @@ def grouped(plan, by) -> dict[str, list]:
     return groups
 
 
+def without(plan, by, key) -> list:
+    """The launches of `plan` but those with by(launch) == key, in order: the step less one op's or kernel's."""
+    return [entry for entry in plan if by(entry) != key]
+
+
 def launches_us(be, entries) -> float:
     """Microseconds of GPU time of `entries` (launches of a plan), ten times over as one graph (replayed where
     no graph can be captured), per time."""
@@ -90,15 +97,21 @@ def profile(cfg, B, prompt_len, steps, copy_gbs):
     step_ms = (time.perf_counter() - t0) / steps * 1e3
     d = be._dec  # the decode state: its step's plan and graph (the tool looks inside the backend on purpose)
     graph_ms = gpu_ms(cuda, be.stream, lambda: d.step.launch(be.stream), steps)
-    kernels = [dict(kernel=name, launches=len(entries), us=launches_us(be, entries))
-               for name, entries in grouped(d.step.plan, lambda e: e[0]).items()]
+    # what a group of launches adds to the step: the step's launches timed as one graph, less the same without them
+    # (with dependent launches a group's own time and what it adds to the chain differ)
+    step, by_kernel, by_op = d.step.plan, (lambda e: e[0]), (lambda e: e.op)
+    step_us = launches_us(be, step)
+    kernels = [dict(kernel=name, launches=len(entries), us=launches_us(be, entries),
+                    adds_us=step_us - launches_us(be, without(step, by_kernel, name)))
+               for name, entries in grouped(step, by_kernel).items()]
     kernels.sort(key=lambda k: -k["us"])
     reads = decode_reads(cfg, B, d.length - 1)  # the graph replays the last decode step: its position
     ops = []
-    for op, entries in grouped(d.step.plan, lambda e: e.op).items():
+    for op, entries in grouped(step, by_op).items():
         nbytes, us = reads.get(op.split(" (")[0]), launches_us(be, entries)
         gbs = nbytes / us / 1e3 if nbytes else None
-        ops.append(dict(op=op, launches=len(entries), us=us, bytes=nbytes, gbs=gbs,
+        adds_us = step_us - launches_us(be, without(step, by_op, op))
+        ops.append(dict(op=op, launches=len(entries), us=us, adds_us=adds_us, bytes=nbytes, gbs=gbs,
                         pct_copy=100 * gbs / copy_gbs if gbs else None))
     ops.sort(key=lambda o: -o["us"])
     u = rng.random(B)
@@ -112,9 +125,9 @@ def profile(cfg, B, prompt_len, steps, copy_gbs):
         choices.append(dict(temperature=c.temperature, top_k=c.top_k, top_p=c.top_p, us=launches_us(be, plan)))
     limit_ms = sum(reads.values()) / copy_gbs / 1e6
     return dict(B=B, prompt=prompt_len, launches=len(d.step.plan), step_ms=step_ms, tokens_per_s=B / step_ms * 1e3,
-                graph_ms=graph_ms, graph=d.step.graph is not None, graph_unavailable=d.step.unavailable,
-                reads_bytes=sum(reads.values()), limit_ms=limit_ms, pct_of_limit=100 * limit_ms / graph_ms,
-                ops=ops, kernels=kernels, sample=choices)
+                graph_ms=graph_ms, step_us=step_us, graph=d.step.graph is not None,
+                graph_unavailable=d.step.unavailable, reads_bytes=sum(reads.values()), limit_ms=limit_ms,
+                pct_of_limit=100 * limit_ms / graph_ms, ops=ops, kernels=kernels, sample=choices)
 
 
 def main(argv=None) -> int:
@@ -147,14 +160,16 @@ def main(argv=None) -> int:
               f"tokens/s; the graph alone {r['graph_ms']:.3f} ms of GPU time")
         print(f"  the step reads {r['reads_bytes'] / 1e6:,.2f} MB: {r['limit_ms']:.3f} ms at the copy bandwidth "
               f"({copy_gbs:,.0f} GB/s), the graph at {r['pct_of_limit']:.1f}% of that limit")
-        print(f"  {'op':<32}{'launches':>9}{'us':>10}{'MB':>10}{'GB/s':>9}{'%copy':>7}")
+        print(f"  its launches as one graph {r['step_us']:.1f} us; us: each group's launches alone, adds: the step's "
+              f"time less the step's without them")
+        print(f"  {'op':<32}{'launches':>9}{'us':>10}{'adds':>9}{'MB':>10}{'GB/s':>9}{'%copy':>7}")
         for o in r["ops"]:
             mb = (f"{o['bytes'] / 1e6:>10,.2f}{o['gbs']:>9,.0f}{o['pct_copy']:>6.0f}%" if o["bytes"]
                   else f"{'-':>10}{'-':>9}{'-':>7}")
-            print(f"  {o['op']:<32}{o['launches']:>9}{o['us']:>10.1f}{mb}")
-        print(f"  {'kernel':<32}{'launches':>9}{'us':>10}")
+            print(f"  {o['op']:<32}{o['launches']:>9}{o['us']:>10.1f}{o['adds_us']:>9.1f}{mb}")
+        print(f"  {'kernel':<32}{'launches':>9}{'us':>10}{'adds':>9}")
         for k in r["kernels"]:
-            print(f"  {k['kernel']:<32}{k['launches']:>9}{k['us']:>10.1f}")
+            print(f"  {k['kernel']:<32}{k['launches']:>9}{k['us']:>10.1f}{k['adds_us']:>9.1f}")
         for c in r["sample"]:
             print(f"  k_sample temperature {c['temperature']}, top_k {c['top_k']}, top_p {c['top_p']}: "
                   f"{c['us']:.1f} us")
