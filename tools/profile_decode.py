@@ -160,8 +160,8 @@ def main(argv=None) -> int:
               f"tokens/s; the graph alone {r['graph_ms']:.3f} ms of GPU time")
         print(f"  the step reads {r['reads_bytes'] / 1e6:,.2f} MB: {r['limit_ms']:.3f} ms at the copy bandwidth "
               f"({copy_gbs:,.0f} GB/s), the graph at {r['pct_of_limit']:.1f}% of that limit")
-        print(f"  its launches as one graph {r['step_us']:.1f} us; us: each group's launches alone, adds: the step's "
-              f"time less the step's without them")
+        print(f"  the step's launches as one graph {r['step_us']:.1f} us (us: a group's launches alone; adds: the "
+              f"step's time less its time without them)")
         print(f"  {'op':<32}{'launches':>9}{'us':>10}{'adds':>9}{'MB':>10}{'GB/s':>9}{'%copy':>7}")
         for o in r["ops"]:
             mb = (f"{o['bytes'] / 1e6:>10,.2f}{o['gbs']:>9,.0f}{o['pct_copy']:>6.0f}%" if o["bytes"]
