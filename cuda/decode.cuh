@@ -60,7 +60,8 @@ __device__ void attention_decode_merge(float* out, const float* part, int used, 
 __host__ __device__ constexpr int decode_row(int d_k) { return ((d_k + 3) / 4 * 4 + 15) / 32 * 32 + 16; }
 
 // k_attention_decode's dynamic shared memory in floats, for blocks of `threads`: the chunk's keys and values, the
-// query, and each warp's weighted values, max and sum.
+// query, and each warp's weighted values, max and sum. The launcher's copy is decode_shared_bytes (decode.py);
+// tests/test_cuda_source.py holds the two equal.
 __host__ __device__ constexpr int decode_shared_floats(int d_k, int threads) {
     return 2 * DECODE_CHUNK * decode_row(d_k) + (threads / 32 + 1) * ((d_k + 3) / 4 * 4) + 2 * (threads / 32);
 }

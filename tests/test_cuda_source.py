@@ -51,6 +51,21 @@ def test_the_causal_enum_is_mirrored_once_in_python():
 
 
 @needs_nvcc
+def test_the_decode_shared_memory_python_computes_is_the_headers(tmp_path):
+    # the header's constexpr decode_shared_floats, compiled into a host program (PTX only: no ptxas, no GPU)
+    from microgpt.kernels.decode import decode_shared_bytes
+    sizes = [(d_k, threads) for d_k in range(1, 257) for threads in (32, 128, 256, 1024)]
+    calls = "".join(f'std::printf("%d\\n", decode_shared_floats({d}, {t}));\n' for d, t in sizes)
+    (tmp_path / "p.cu").write_text(f'#include <cstdio>\n#include "decode.cuh"\nint main() {{\n{calls}}}\n')
+    res = subprocess.run(["nvcc", "-gencode", "arch=compute_90a,code=compute_90a", f"-I{SOURCE_DIR}", "-o",
+                          str(tmp_path / "p"), str(tmp_path / "p.cu")], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    floats = [int(x) for x in subprocess.run([str(tmp_path / "p")], capture_output=True, text=True,
+                                             check=True).stdout.split()]
+    assert [4 * f for f in floats] == [decode_shared_bytes(d, t) for d, t in sizes]
+
+
+@needs_nvcc
 def test_every_reference_op_has_a_forward_and_a_backward_kernel():
     names = set(kernels.kernel_names())
     ops = sorted({n[:-4] for n in dir(reference) if n.endswith("_fwd")} - {"linear"})

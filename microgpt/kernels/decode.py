@@ -31,6 +31,17 @@ def decode_chunk() -> int:
     return int_constants()["DECODE_CHUNK"]
 
 
+def decode_shared_bytes(d_k: int, threads: int = BLOCK) -> int:
+    """k_attention_decode's dynamic shared memory in bytes, for blocks of `threads`: cuda/decode.cuh's
+    decode_shared_floats(d_k, threads) floats (the chunk's keys and values in rows of decode_row(d_k): d_k rounded
+    up to 4, then up to 16 past a multiple of 32; the query; each warp's weighted values, max and sum). Python
+    cannot evaluate the header's constexpr functions, so this is their copy; tests/test_cuda_source.py compiles
+    the header's and holds the two equal."""
+    d_pad, warps = -(-d_k // 4) * 4, threads // 32
+    row = (d_pad + 15) // 32 * 32 + 16
+    return 4 * (2 * decode_chunk() * row + (warps + 1) * d_pad + 2 * warps)
+
+
 def embed_decode(x, tokens, wte, wpe, pos, *, check_token_ids=True, stream=None):
     """x (B, 1, C) = wte[tokens] + wpe[p]: tokens (B, 1) int32, the ids of the new position."""
     B = shape_of("tokens", tokens, 2)[0]
@@ -60,11 +71,7 @@ def attention_decode(y, k_cache, v_cache, qkv, pos, *, stream=None):
     scratch); the head's last block to finish adds its chunks in order."""
     B, NH, T_max, d_k = head_dims("k_cache", k_cache)
     C = NH * d_k
-    chunk, d_pad, warps = decode_chunk(), -(-d_k // 4) * 4, BLOCK // 32
-    # cuda/decode.cuh's decode_shared_floats: the chunk's keys and values (rows of decode_row(d_k) floats: d_pad,
-    # then up to 16 past a multiple of 32), the query, each warp's weighted values, max and sum
-    row = (d_pad + 15) // 32 * 32 + 16
-    shared = 4 * (2 * chunk * row + (warps + 1) * d_pad + 2 * warps)
+    chunk, shared = decode_chunk(), decode_shared_bytes(d_k)
     limit = shared_limit("k_attention_decode", stream)
     if shared > limit:
         raise ValueError(f"k_cache has d_k={d_k}: a block's chunk of keys and values, query and partial sums take "
