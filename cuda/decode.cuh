@@ -54,16 +54,19 @@ __device__ void attention_decode_merge(float* out, const float* part, int used, 
     }
 }
 
-// A row of the staged keys and values in shared memory: d_k rounded up to 4, then up to 16 past a multiple of 32
+// d_k rounded up to 4 floats: the query's and each warp's weighted values' length in shared memory.
+__host__ __device__ constexpr int decode_pad(int d_k) { return (d_k + 3) / 4 * 4; }
+
+// A row of the staged keys and values in shared memory: decode_pad(d_k), then up to 16 past a multiple of 32
 // floats, so that rows stay 16-byte aligned and the 8 lanes of a quarter-warp (two rows, four lanes a row, a float4
 // each) read 32 different banks.
-__host__ __device__ constexpr int decode_row(int d_k) { return ((d_k + 3) / 4 * 4 + 15) / 32 * 32 + 16; }
+__host__ __device__ constexpr int decode_row(int d_k) { return (decode_pad(d_k) + 15) / 32 * 32 + 16; }
 
 // k_attention_decode's dynamic shared memory in floats, for blocks of `threads`: the chunk's keys and values, the
 // query, and each warp's weighted values, max and sum. The launcher's copy is decode_shared_bytes (decode.py);
 // tests/test_cuda_source.py holds the two equal.
 __host__ __device__ constexpr int decode_shared_floats(int d_k, int threads) {
-    return 2 * DECODE_CHUNK * decode_row(d_k) + (threads / 32 + 1) * ((d_k + 3) / 4 * 4) + 2 * (threads / 32);
+    return 2 * DECODE_CHUNK * decode_row(d_k) + (threads / 32 + 1) * decode_pad(d_k) + 2 * (threads / 32);
 }
 
 // The block's query and its new row p (from qkv, after the wait) and its chunk's scores and products.
@@ -72,7 +75,7 @@ __device__ void attention_decode_chunk(float* y, float* partial, unsigned* done,
                                        const float* qkv, int p, int NH, int d_k, int T_max) {
     constexpr int WIDTH = sizeof(Vec) / sizeof(float);
     extern __shared__ float4 decode_smem[];
-    const int KS = decode_row(d_k), DP = (d_k + 3) / 4 * 4, start = blockIdx.x * DECODE_CHUNK;
+    const int KS = decode_row(d_k), DP = decode_pad(d_k), start = blockIdx.x * DECODE_CHUNK;
     const int warps = blockDim.x / 32, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     float* ks = reinterpret_cast<float*>(decode_smem);  // DECODE_CHUNK x KS: the chunk's keys
     float* vs = ks + DECODE_CHUNK * KS;                   // and values
