@@ -44,11 +44,8 @@ __device__ void matvec_stage(float* dst, const float* src, int n) {
 template <int ROWS>
 __device__ void matvec_block_sum(float (&s)[ROWS], float* red) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-#pragma unroll
-    for (int r = 0; r < ROWS; r++) s[r] = warp_sum(s[r]);
-    if (lane == 0)
-#pragma unroll
-        for (int r = 0; r < ROWS; r++) red[warp * ROWS + r] = s[r];
+    const float v = warp_sum_scatter<ROWS>(s);  // row lane / (32 / ROWS)'s
+    if (lane % (32 / ROWS) == 0) red[warp * ROWS + lane / (32 / ROWS)] = v;
     __syncthreads();
 #pragma unroll
     for (int r = 0; r < ROWS; r++) s[r] = ((red[r] + red[ROWS + r]) + red[2 * ROWS + r]) + red[3 * ROWS + r];
@@ -243,13 +240,13 @@ __device__ void matvec_block(float* out, const float* inp, const float* W, const
                 for (int r = 0; r < ROWS; r++) acc[c][r] = madd(acc[c][r], xv[r], w);
             }
         }
+        // (c, r)'s sum in the lanes l with l / (32 / (COLS ROWS)) = c ROWS + r
+        constexpr int N = COLS * ROWS, SPREAD = 32 / N;
+        float flat[N];
 #pragma unroll
-        for (int c = 0; c < COLS; c++)
-#pragma unroll
-            for (int r = 0; r < ROWS; r++) {
-                const float v = warp_sum(acc[c][r]);
-                if (lane == 0) sums[(u * COLS + c) * ROWS + r] = v;
-            }
+        for (int i = 0; i < N; i++) flat[i] = acc[i / ROWS][i % ROWS];
+        const float v = warp_sum_scatter<N>(flat);
+        if (lane % SPREAD == 0) sums[u * N + lane / SPREAD] = v;
     }
     __syncthreads();
     for (int t = t0; t < ncols * M; t += MATVEC_THREADS) {

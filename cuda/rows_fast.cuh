@@ -12,6 +12,28 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// The warp's sums of each of a lane's N values (N a power of two, at most 32), scattered over the lanes: lane l
+// returns the sum of value l / (32 / N), as warp_sum returns it, bit for bit (the same pairs of lanes added at each
+// offset, in the same order). While a lane holds more than one value, each offset halves them: the lane keeps the
+// half its offset bit selects and sends its partner the other, so N sums take N - 1 + 5 - log2(N) shuffles, not 5 N.
+template <int N, int OFF = 16>
+__device__ __forceinline__ float warp_sum_scatter(float (&v)[N]) {
+    static_assert(N >= 1 && N <= 32 && (N & (N - 1)) == 0, "a power of two, at most a value a lane");
+    constexpr int K = N * OFF / 16;  // the values a lane still holds
+    if constexpr (K >= 2) {
+        const bool up = threadIdx.x & OFF;
+#pragma unroll
+        for (int j = 0; j < K / 2; j++) {
+            const float send = up ? v[j] : v[j + K / 2], keep = up ? v[j + K / 2] : v[j];
+            v[j] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
+        }
+    } else {
+        v[0] += __shfl_xor_sync(0xffffffffu, v[0], OFF);
+    }
+    if constexpr (OFF > 1) return warp_sum_scatter<N, OFF / 2>(v);
+    else return v[0];
+}
+
 __device__ __forceinline__ double warp_sum(double v) {  // k_sample's sums, in double as the host's rule
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffff, v, off);
     return v;
