@@ -6,7 +6,7 @@
 #pragma once
 #include "common.cuh"
 #include "pointwise_fast.cuh"  // gelu_fwd_of
-#include "rows_fast.cuh"       // warp_sum
+#include "rows_fast.cuh"       // warp_sum_scatter
 #include "matmul_tc.cuh"       // copy_to_shared, cp_async_commit, cp_async_wait
 
 // Read by microgpt/kernels/matvec.py: which products come here, and the grid and block of their launch.
@@ -240,7 +240,7 @@ __device__ void matvec_block(float* out, const float* inp, const float* W, const
                 for (int r = 0; r < ROWS; r++) acc[c][r] = madd(acc[c][r], xv[r], w);
             }
         }
-        // (c, r)'s sum in the lanes l with l / (32 / (COLS ROWS)) = c ROWS + r
+        // (c, r)'s sum in the lanes l with l / SPREAD = c * ROWS + r
         constexpr int N = COLS * ROWS, SPREAD = 32 / N;
         float flat[N];
 #pragma unroll
