@@ -101,8 +101,8 @@ def profile(cfg, B, prompt_len, steps, copy_gbs):
     # (with dependent launches a group's own time and what it adds to the chain differ)
     step, by_kernel, by_op = d.step.plan, (lambda e: e[0]), (lambda e: e.op)
     step_us = launches_us(be, step)
-    kernels = [dict(kernel=name, launches=len(entries), us=launches_us(be, entries),
-                    adds_us=step_us - launches_us(be, without(step, by_kernel, name)))
+    adds = lambda by, key: step_us - launches_us(be, without(step, by, key))
+    kernels = [dict(kernel=name, launches=len(entries), us=launches_us(be, entries), adds_us=adds(by_kernel, name))
                for name, entries in grouped(step, by_kernel).items()]
     kernels.sort(key=lambda k: -k["us"])
     reads = decode_reads(cfg, B, d.length - 1)  # the graph replays the last decode step: its position
@@ -110,8 +110,7 @@ def profile(cfg, B, prompt_len, steps, copy_gbs):
     for op, entries in grouped(step, by_op).items():
         nbytes, us = reads.get(op.split(" (")[0]), launches_us(be, entries)
         gbs = nbytes / us / 1e3 if nbytes else None
-        adds_us = step_us - launches_us(be, without(step, by_op, op))
-        ops.append(dict(op=op, launches=len(entries), us=us, adds_us=adds_us, bytes=nbytes, gbs=gbs,
+        ops.append(dict(op=op, launches=len(entries), us=us, adds_us=adds(by_op, op), bytes=nbytes, gbs=gbs,
                         pct_copy=100 * gbs / copy_gbs if gbs else None))
     ops.sort(key=lambda o: -o["us"])
     u = rng.random(B)
