@@ -43,9 +43,10 @@ __device__ void matvec_stage(float* dst, const float* src, int n) {
 // them. red: 4 x ROWS floats of shared memory, free again on return.
 template <int ROWS>
 __device__ void matvec_block_sum(float (&s)[ROWS], float* red) {
+    constexpr int SPREAD = 32 / ROWS;  // the lanes holding each row's sum
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const float v = warp_sum_scatter<ROWS>(s);  // row lane / (32 / ROWS)'s
-    if (lane % (32 / ROWS) == 0) red[warp * ROWS + lane / (32 / ROWS)] = v;
+    const float v = warp_sum_scatter<ROWS>(s);  // row lane / SPREAD's
+    if (lane % SPREAD == 0) red[warp * ROWS + lane / SPREAD] = v;
     __syncthreads();
 #pragma unroll
     for (int r = 0; r < ROWS; r++) s[r] = ((red[r] + red[ROWS + r]) + red[2 * ROWS + r]) + red[3 * ROWS + r];
