@@ -88,7 +88,8 @@ extern "C" __global__ void __launch_bounds__(256)
 
 // One AdamW step on n parameters, one thread each; bias_correction1/2 are 1 - beta^t. Weight decay applies where
 // decay_mask[i] is nonzero (the 2-D tensors), or everywhere when it is NULL. When sumsq is not NULL the gradient
-// is first clipped as torch.nn.utils.clip_grad_norm_(max_norm) does, and the clipped value written back.
+// is first clipped as torch.nn.utils.clip_grad_norm_(max_norm) does, and the clipped value written back (where
+// the coefficient is 1 the gradient is left as it is, unwritten: the same values).
 extern "C" __global__ void k_adamw(float* params, float* grads, float* m, float* v, long long n,
                                    float lr, float beta1, float beta2, float eps, float weight_decay,
                                    const unsigned char* decay_mask, float bias_correction1, float bias_correction2,
@@ -98,8 +99,10 @@ extern "C" __global__ void k_adamw(float* params, float* grads, float* m, float*
     float g = grads[i];
     if (sumsq != nullptr) {
         float coef = (float)fmin(1.0, max_norm / (sqrt(*sumsq) + 1e-6));
-        g *= coef;
-        grads[i] = g;
+        if (coef != 1.0f) {
+            g *= coef;
+            grads[i] = g;
+        }
     }
     float wd = (decay_mask == nullptr || decay_mask[i]) ? weight_decay : 0.0f;
     float p = params[i] * (1.0f - lr * wd);  // decoupled weight decay
