@@ -368,17 +368,15 @@ __device__ __forceinline__ void ln_bwd_cols_acc(float (&g)[4], const float (&old
         if (ACC) g[e] = __fadd_rn(old[e], g[e]);
 }
 
-// v (K floats per thread) becomes the block's sums of it: each warp's by the shuffle tree, then the warps' in warp
-// order, through slot (K floats for each of up to 32 warps). One barrier: callers alternate between two slots,
-// and a warp that writes this slot again has passed the next call's barrier, after every warp's reads of it.
+// v (K floats per thread, K a power of two) becomes the block's sums of it: each warp's by warp_sum_scatter (each
+// of the warp's K sums ends in lanes k * 32 / K onwards, warp_sum's bits), then the warps' in warp order, through
+// slot (K floats for each of up to 32 warps). One barrier: callers alternate between two slots, and a warp that
+// writes this slot again has passed the next call's barrier, after every warp's reads of it.
 template <int K>
 __device__ __forceinline__ void block_sums(float (&v)[K], float (*slot)[K]) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-#pragma unroll
-    for (int k = 0; k < K; k++) v[k] = warp_sum(v[k]);
-    if (lane == 0)
-#pragma unroll
-        for (int k = 0; k < K; k++) slot[warp][k] = v[k];
+    const float mine = warp_sum_scatter(v);
+    if (lane % (32 / K) == 0) slot[warp][lane / (32 / K)] = mine;
     __syncthreads();
 #pragma unroll
     for (int k = 0; k < K; k++) v[k] = slot[0][k];
