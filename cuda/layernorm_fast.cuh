@@ -368,9 +368,9 @@ __device__ __forceinline__ void ln_bwd_cols_acc(float (&g)[4], const float (&old
         if (ACC) g[e] = __fadd_rn(old[e], g[e]);
 }
 
-// v (K floats per thread, K a power of two) becomes the block's sums of it: each warp's by warp_sum_scatter (each
-// of the warp's K sums ends in lanes k * 32 / K onwards, warp_sum's bits), then the warps' in warp order, through
-// slot (K floats for each of up to 32 warps). One barrier: callers alternate between two slots, and a warp that
+// v (K floats per thread, K a power of two) becomes the block's sums of it: each warp's by warp_sum_scatter (sum k
+// in lane k * 32 / K, which stores it; warp_sum's bits), then the warps' in warp order, through slot (K floats for
+// each of up to 32 warps). One barrier: callers alternate between two slots, and a warp that
 // writes this slot again has passed the next call's barrier, after every warp's reads of it.
 template <int K>
 __device__ __forceinline__ void block_sums(float (&v)[K], float (*slot)[K]) {
