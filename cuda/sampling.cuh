@@ -52,6 +52,8 @@ struct SampleShared {
     float max_value[SAMPLE_WARPS];
     int max_index[SAMPLE_WARPS];
     int first[SAMPLE_WARPS];
+    unsigned key_lo[SAMPLE_WARPS], key_hi[SAMPLE_WARPS];  // a search pass's range of keys: each warp's
+    unsigned key_range[2];                                 // ... the block's
 };
 
 // The block's largest logit and its first index; every thread gets them.
@@ -77,28 +79,41 @@ __device__ __forceinline__ void halve_buckets(double (&acc)[SAMPLE_BUCKETS], int
     }
 }
 
-// The block's sums of each thread's 16 buckets; every thread gets them. Each warp first reduces and scatters
-// them: four halvings (lane bits 16, 8, 4, 2) leave lanes 2b and 2b + 1 with bucket b over their 16 lanes, and one
-// shuffle with lane ^ 1 adds the two (16 shuffles of a double, those of a halving independent of one another, not a
-// tree of 5 for each bucket). Then the warps' sums in warp order. A fixed order every run.
-__device__ void block_sum_buckets(double (&acc)[SAMPLE_BUCKETS], SampleShared& sh) {
+// The block's sums of each thread's 16 buckets, and the smallest and largest of the threads' key_lo and key_hi;
+// every thread gets them. Each warp first reduces and scatters the buckets: four halvings (lane bits 16, 8, 4, 2)
+// leave lanes 2b and 2b + 1 with bucket b over their 16 lanes, and one shuffle with lane ^ 1 adds the two (16
+// shuffles of a double, those of a halving independent of one another, not a tree of 5 for each bucket). Then the
+// warps' sums in warp order. A fixed order every run.
+__device__ void block_sum_buckets(double (&acc)[SAMPLE_BUCKETS], unsigned& key_lo, unsigned& key_hi,
+                                  SampleShared& sh) {
     static_assert(SAMPLE_BUCKETS == 16, "four halvings leave a lane pair one bucket");
+    static_assert(SAMPLE_THREADS > 32, "warp 1 reduces the keys' range beside warp 0's buckets");
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     halve_buckets<8>(acc, lane);
     halve_buckets<4>(acc, lane);
     halve_buckets<2>(acc, lane);
     halve_buckets<1>(acc, lane);
     acc[0] += __shfl_xor_sync(0xffffffff, acc[0], 1);
+    for (int off = 16; off > 0; off >>= 1) {
+        key_lo = min(key_lo, __shfl_xor_sync(0xffffffff, key_lo, off));
+        key_hi = max(key_hi, __shfl_xor_sync(0xffffffff, key_hi, off));
+    }
     if (lane % 2 == 0) sh.part[warp][lane / 2] = acc[0];
+    if (lane == 0) sh.key_lo[warp] = key_lo, sh.key_hi[warp] = key_hi;
     __syncthreads();
     if (threadIdx.x < SAMPLE_BUCKETS) {
         double s = 0.0;
         for (int w = 0; w < SAMPLE_WARPS; w++) s += sh.part[w][threadIdx.x];
         sh.bucket[threadIdx.x] = s;
+    } else if (threadIdx.x == 32) {
+        unsigned lo = sh.key_lo[0], hi = sh.key_hi[0];
+        for (int w = 1; w < SAMPLE_WARPS; w++) lo = min(lo, sh.key_lo[w]), hi = max(hi, sh.key_hi[w]);
+        sh.key_range[0] = lo, sh.key_range[1] = hi;
     }
-    __syncthreads();  // (every thread reads bucket before the next pass's first barrier, after which it changes)
+    __syncthreads();  // (every thread reads bucket and key_range before the next pass's first barrier)
 #pragma unroll
     for (int b = 0; b < SAMPLE_BUCKETS; b++) acc[b] = sh.bucket[b];
+    key_lo = sh.key_range[0], key_hi = sh.key_range[1];
 }
 
 // The sum of the threads' values before this one, in thread order (a shuffle scan in each warp, then one over
@@ -156,7 +171,9 @@ struct SearchWeight {
 // are then those with key > t. With `relative`, target is a fraction of the whole weight, G(0). G only falls as t
 // rises, so the answer lies in an interval (lo, lo + 2^32] that each pass cuts 16-fold: of the candidates
 // lo + i * 2^s, the largest that reaches the target starts the next interval (s = 28, 24, ..., 0). The weight
-// above the interval is carried from pass to pass, so only the tokens inside it are weighed.
+// above the interval is carried from pass to pass, so only the tokens inside it are weighed. Where every token
+// inside the interval has one key k, the passes left would end at k - 1 or below it at a key no token has (G(t) is
+// the weight above the interval, below the target, for t >= k): the tokens kept are the same, and the search ends.
 __device__ unsigned threshold_search(const float* row, int V, SearchWeight weight, double target, bool relative,
                                      SampleShared& sh) {
     unsigned lo = 0;
@@ -166,17 +183,20 @@ __device__ unsigned threshold_search(const float* row, int V, SearchWeight weigh
         double acc[SAMPLE_BUCKETS];
 #pragma unroll
         for (int b = 0; b < SAMPLE_BUCKETS; b++) acc[b] = 0.0;
+        unsigned key_lo = UINT_MAX, key_hi = 0;  // the keys inside the interval: the smallest and largest
         for (int j = threadIdx.x; j < V; j += SAMPLE_THREADS) {
             const float l = row[j];
             const unsigned key = order_key(l);
             if (key <= lo || key - lo - 1ull >= span) continue;  // below or above the interval
+            key_lo = min(key_lo, key), key_hi = max(key_hi, key);
             const int b = (key - lo - 1u) >> s;
             const double w = weight(l, key);
             // a select for each bucket, not acc[b] += w: an array indexed at run time would live in local memory
 #pragma unroll
             for (int i = 0; i < SAMPLE_BUCKETS; i++) acc[i] += i == b ? w : 0.0;
         }
-        block_sum_buckets(acc, sh);
+        block_sum_buckets(acc, key_lo, key_hi, sh);
+        if (key_lo == key_hi) return key_lo - 1;  // one key inside (key_lo > lo >= 0)
         if (relative && s == 32 - SAMPLE_BITS) {  // the first pass weighs every token: its total is G(0)
             double total = above;
 #pragma unroll
