@@ -370,8 +370,8 @@ __device__ __forceinline__ void ln_bwd_cols_acc(float (&g)[4], const float (&old
 
 // v (K floats per thread, K a power of two) becomes the block's sums of it: each warp's by warp_sum_scatter (sum k
 // in lane k * 32 / K, which stores it; warp_sum's bits), then the warps' in warp order, through slot (K floats for
-// each of up to 32 warps). One barrier: callers alternate between two slots, and a warp that
-// writes this slot again has passed the next call's barrier, after every warp's reads of it.
+// each of up to 32 warps). One barrier: callers alternate between two slots, and a warp that writes this slot again
+// has passed the next call's barrier, after every warp's reads of it.
 template <int K>
 __device__ __forceinline__ void block_sums(float (&v)[K], float (*slot)[K]) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
