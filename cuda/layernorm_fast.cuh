@@ -368,32 +368,6 @@ __device__ __forceinline__ void ln_bwd_cols_acc(float (&g)[4], const float (&old
         if (ACC) g[e] = __fadd_rn(old[e], g[e]);
 }
 
-// v (K floats per thread, K a power of two) becomes the block's sums of it: each warp's by warp_sum_scatter (sum k
-// in lane k * 32 / K, which stores it; warp_sum's bits), then the warps' in warp order, through slot (K floats for
-// each of up to 32 warps). One barrier: callers alternate between two slots, and a warp that writes this slot again
-// has passed the next call's barrier, after every warp's reads of it.
-template <int K>
-__device__ __forceinline__ void block_sums(float (&v)[K], float (*slot)[K]) {
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-    const float mine = warp_sum_scatter(v);
-    if (lane % (32 / K) == 0) slot[warp][lane / (32 / K)] = mine;
-    __syncthreads();
-#pragma unroll
-    for (int k = 0; k < K; k++) v[k] = slot[0][k];
-    for (int j = 1; j < warps; j++) {
-        if constexpr (K % 4 == 0) {  // 16-byte reads: a warp's K sums in K / 4 loads (slot is 16-byte aligned)
-#pragma unroll
-            for (int q = 0; q < K / 4; q++) {
-                float4 t = reinterpret_cast<const float4*>(slot[j])[q];
-                v[4 * q] += t.x, v[4 * q + 1] += t.y, v[4 * q + 2] += t.z, v[4 * q + 3] += t.w;
-            }
-        } else {
-#pragma unroll
-            for (int k = 0; k < K; k++) v[k] += slot[j][k];
-        }
-    }
-}
-
 // A block's rows, LN_BWD_ROWS at a time, the next group's loads issued before this group's sums are reduced
 // across the block and its dx stored. The thread's shares of dw and db wait in shared memory between groups
 // (shares: its 16 bytes of each), so that no registers hold them through the barrier.

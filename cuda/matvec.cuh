@@ -6,7 +6,7 @@
 #pragma once
 #include "common.cuh"
 #include "pointwise_fast.cuh"  // gelu_fwd_of
-#include "rows_fast.cuh"       // warp_sum_scatter
+#include "rows_fast.cuh"       // block_sums
 #include "matmul_tc.cuh"       // copy_to_shared, cp_async_commit, cp_async_wait
 
 // Read by microgpt/kernels/matvec.py: which products come here, and the grid and block of their launch.
@@ -39,17 +39,11 @@ __device__ void matvec_stage(float* dst, const float* src, int n) {
     cp_async_commit();
 }
 
-// The sums over the block's 4 warps of each thread's s[r], r < ROWS, added in warp order; every thread gets
-// them. red: 4 x ROWS floats of shared memory, free again on return.
+// The sums over the block's 4 warps of each thread's s[r], r < ROWS (block_sums); every thread gets them, and red
+// (4 x ROWS floats of shared memory, 16-byte aligned) is free again on return.
 template <int ROWS>
-__device__ void matvec_block_sum(float (&s)[ROWS], float* red) {
-    constexpr int SPREAD = 32 / ROWS;  // the lanes holding each row's sum
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const float v = warp_sum_scatter<ROWS>(s);  // row lane / SPREAD's
-    if (lane % SPREAD == 0) red[warp * ROWS + lane / SPREAD] = v;
-    __syncthreads();
-#pragma unroll
-    for (int r = 0; r < ROWS; r++) s[r] = ((red[r] + red[ROWS + r]) + red[2 * ROWS + r]) + red[3 * ROWS + r];
+__device__ void matvec_block_sum(float (&s)[ROWS], float (*red)[ROWS]) {
+    block_sums<ROWS>(s, red, MATVEC_THREADS / 32);
     __syncthreads();
 }
 
@@ -60,7 +54,7 @@ __host__ __device__ constexpr int matvec_ln_hold() { return ROWS <= 2 ? 8 / ROWS
 // matvec_layernorm past matvec_ln_hold: rounds of loads into shared memory, then its passes over the copy.
 template <int ROWS, typename Vec>
 __device__ void matvec_layernorm_rounds(float* xs, const float* inp, const float* ln_w, const float* ln_b, int M,
-                                        int K, float* red) {
+                                        int K, float (*red)[ROWS]) {
     constexpr int WIDTH = sizeof(Vec) / sizeof(float), IN_FLIGHT = 2;  // elements of each row a thread a round
     const int KV = K / WIDTH;
     float s[ROWS] = {};
@@ -123,7 +117,7 @@ __device__ void matvec_layernorm_rounds(float* xs, const float* inp, const float
 // same terms in the same order: the same bits.
 template <int ROWS, typename Vec>
 __device__ void matvec_layernorm(float* xs, const float* inp, const float* ln_w, const float* ln_b, int M, int K,
-                                 float* red) {
+                                 float (*red)[ROWS]) {
     constexpr int WIDTH = sizeof(Vec) / sizeof(float), HOLD = matvec_ln_hold<ROWS>();
     const int KV = K / WIDTH;
     if (KV > HOLD * MATVEC_THREADS) return matvec_layernorm_rounds<ROWS, Vec>(xs, inp, ln_w, ln_b, M, K, red);
@@ -192,7 +186,7 @@ __device__ void matvec_block(float* out, const float* inp, const float* W, const
                              int parts) {
     constexpr int WIDTH = sizeof(Vec) / sizeof(float), COLS = matvec_cols(ROWS);
     extern __shared__ float4 matvec_smem[];
-    __shared__ float red[4 * ROWS];
+    __shared__ __align__(16) float red[4][ROWS];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, KV = K / WIDTH;
     const int n0 = blockIdx.x * cols, ncols = min(cols, N - n0);
     const int groups = (cols + COLS - 1) / COLS, units = groups * parts;

@@ -34,6 +34,33 @@ __device__ __forceinline__ float warp_sum_scatter(float (&v)[N]) {
     else return v[0];
 }
 
+// v (K floats per thread, K a power of two) becomes the block's sums of it: each warp's by warp_sum_scatter (sum k
+// in lane k * 32 / K, which stores it; warp_sum's bits), then the warps' in warp order, through slot (K floats for
+// each of the block's warps, 16-byte aligned). One barrier: a caller that writes slot again either alternates
+// between two slots (a warp that writes this one again has passed the next call's barrier, after every warp's reads
+// of it) or waits at a second barrier. warps: the block's, blockDim.x / 32 unless the caller knows it at compile time.
+template <int K>
+__device__ __forceinline__ void block_sums(float (&v)[K], float (*slot)[K], int warps = blockDim.x / 32) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const float mine = warp_sum_scatter(v);
+    if (lane % (32 / K) == 0) slot[warp][lane / (32 / K)] = mine;
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < K; k++) v[k] = slot[0][k];
+    for (int j = 1; j < warps; j++) {
+        if constexpr (K % 4 == 0) {  // 16-byte reads: a warp's K sums in K / 4 loads
+#pragma unroll
+            for (int q = 0; q < K / 4; q++) {
+                float4 t = reinterpret_cast<const float4*>(slot[j])[q];
+                v[4 * q] += t.x, v[4 * q + 1] += t.y, v[4 * q + 2] += t.z, v[4 * q + 3] += t.w;
+            }
+        } else {
+#pragma unroll
+            for (int k = 0; k < K; k++) v[k] += slot[j][k];
+        }
+    }
+}
+
 __device__ __forceinline__ double warp_sum(double v) {  // k_sample's sums, in double as the host's rule
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffff, v, off);
     return v;
