@@ -1361,27 +1361,61 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
     } else {  // the consumers: split A, multiply and sum, then store the job's part or add it into C
         wg_consumer_registers();
         const int half = threadIdx.x / 128 - 1, lane = threadIdx.x % 32;
-        int q0 = 0;
+        const int a_at = shift_a ? a_shift(lane % 4, lda) : 0;
+        const uint64_t d = wg_desc(tn_smem);
+        float part[64];
+        WgAregSlice a;
+        int q = 0;  // the block's next slice to multiply
+        auto issue = [&] {  // slice q's wgmmas into part, once its stage has landed
+            const int s = q % S;
+            const float* raw = tn_smem + s * STAGE + WG_TN_A_AT + a_at;
+            mbar_wait(&full[s], (q / S) & 1);
+            if (a_sums) wg_areg_load<true, true>(a, raw, half);  // the slice's row sums, for jobs that add them
+            else wg_areg_load<true, false>(a, raw, half);
+            wg_areg_issue(part, a, d + s * STAGE / 4, d + (s * STAGE + WG_SPLIT) / 4);
+            q++;
+        };
+        auto add = [&](float (&acc)[64], CompensatedSum (&sums)[2], bool sum_rows) {  // ... slice q - 1 into acc
+            wg_add_slice(acc, part, &empty[(q - 1) % S]);
+            if (sum_rows) sums[0].add(a.row_part[0]), sums[1].add(a.row_part[1]);
+        };
+        // Each job's first slice is issued before the epilogue of the job before, whose stores then overlap it.
+        Job job = job_at(blockIdx.x);
+        if ((int)blockIdx.x < jobs && job.hi > job.lo) issue();
         for (int j = blockIdx.x; j < jobs; j += gridDim.x) {
-            const Job job = job_at(j);
             const bool sum_rows = a_sums != nullptr && job.n0 == 0;
-            float acc[64], row_sums[2];
-            wg_areg_consume<true, S, STAGE, WG_TN_A_AT>(acc, row_sums, sum_rows, tn_smem, full, empty, q0,
-                                                        job.hi - job.lo, shift_a ? a_shift(lane % 4, lda) : 0);
-            q0 += job.hi - job.lo;
-            int* flag = flags + 2 * (job.b * tiles + job.t) + half;
-            if (job.z > 0) wg_flag_wait(flag, job.z, half);
-            const int row0 = job.m0 + half * 64, r = row0 + (threadIdx.x % 128) / 32 * 16 + lane / 4;
-            if (causal == CAUSAL_NONE && (job.z > 0 || beta == 1.0f))  // C + the part: no read of C
-                wg_store_add(C + job.b * strideC, acc, row0, job.n0, M, N, ldc, job.z == 0 ? bias : nullptr, alpha);
-            else
-                wg_store(C + job.b * strideC, acc, row0, job.n0, M, N, ldc, job.z == 0 ? bias : nullptr, alpha,
-                         job.z == 0 ? beta : 1.0f, causal, fill);  // a tile above the diagonal: all fill
-            if (sum_rows && lane % 4 == 0)  // the tile's rows of a_sums: only its jobs write them
+            float acc[64];
+            CompensatedSum sums[2];
 #pragma unroll
-                for (int i = 0; i < 2; i++)
-                    if (r + 8 * i < M) a_sums[r + 8 * i] += row_sums[i];
-            if (splits > 1) wg_flag_set(flag, job.z + 1 == splits ? 0 : job.z + 1, half);
+            for (int i = 0; i < 64; i++) acc[i] = 0.0f;
+            if (job.hi > job.lo) add(acc, sums, sum_rows);
+            for (int k = job.lo + 1; k < job.hi; k++) {
+                issue();
+                add(acc, sums, sum_rows);
+            }
+            const Job done = job;
+            if (j + (int)gridDim.x < jobs) {
+                job = job_at(j + gridDim.x);
+                if (job.hi > job.lo) issue();
+            }
+            int* flag = flags + 2 * (done.b * tiles + done.t) + half;
+            if (done.z > 0) wg_flag_wait(flag, done.z, half);
+            const int row0 = done.m0 + half * 64, r = row0 + (threadIdx.x % 128) / 32 * 16 + lane / 4;
+            if (causal == CAUSAL_NONE && (done.z > 0 || beta == 1.0f))  // C + the part: no read of C
+                wg_store_add(C + done.b * strideC, acc, row0, done.n0, M, N, ldc, done.z == 0 ? bias : nullptr, alpha);
+            else
+                wg_store(C + done.b * strideC, acc, row0, done.n0, M, N, ldc, done.z == 0 ? bias : nullptr, alpha,
+                         done.z == 0 ? beta : 1.0f, causal, fill);  // a tile above the diagonal: all fill
+            if (sum_rows) {  // the tile's rows of a_sums: only its jobs write them. t = 0 .. 3: (t0 + t1) + (t2 + t3)
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    float v = sums[i].value();
+                    v += __shfl_xor_sync(0xffffffffu, v, 1);
+                    v += __shfl_xor_sync(0xffffffffu, v, 2);
+                    if (lane % 4 == 0 && r + 8 * i < M) a_sums[r + 8 * i] += v;
+                }
+            }
+            if (splits > 1) wg_flag_set(flag, done.z + 1 == splits ? 0 : done.z + 1, half);
         }
     }
 #else
