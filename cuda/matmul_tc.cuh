@@ -1009,74 +1009,45 @@ __device__ __forceinline__ void wg_areg_issue(float (&part)[64], const WgAregSli
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
 }
 
-// The consumers of both kernels: the n_tiles slices of one tile, the producer's slices q0, q0 + 1, .. of the stages
-// (each B hi, B lo, then raw A at A_AT floats, which this thread reads a_at floats further on: the shift of its rows by
-// shifted_a_copy or shifted_rows_copy), into acc as wg_store lays it out. With PREFETCH, a slice's A is loaded and
-// split while the slice before's wgmmas run (two WgAregSlices taking turns; the A-transposed kernel's consumers have
-// not the registers for it); each slice's products are then added into acc in order, the same adds either way. Where
-// row_sums is given (TA), op(A)'s row sums of the warpgroup's 64 rows: each thread's slices by a compensated running
-// sum, then the 4 threads of a row (t) in a fixed tree; thread t = 0 of each row holds its sum in row_sums[0] (row r)
-// and row_sums[1] (row r + 8). ahead() runs once a tile, while its second slice's wgmmas run (its first's, where it has
-// only one; at once, where none): work for the tile's epilogue that the products can hide.
-template <bool TA, bool SUM, bool PREFETCH, int STAGES, int STAGE, int A_AT, class Ahead>
-__device__ __forceinline__ void wg_areg_consume_slices(float (&acc)[64], CompensatedSum (&sums)[2], float* stages,
-                                                       uint64_t* full, uint64_t* empty, int q0, int n_tiles,
-                                                       int a_at, Ahead ahead) {
-    const int half = threadIdx.x / 128 - 1;
-    const uint64_t d = wg_desc(stages);
-    float part[64];
-    auto raw_of = [&](int kt) {  // slice kt's raw A, once its stage has landed
-        const int q = q0 + kt;
-        mbar_wait(&full[q % STAGES], (q / STAGES) & 1);
-        return stages + q % STAGES * STAGE + A_AT + a_at;
-    };
-    auto slice = [&](int kt, WgAregSlice& cur, WgAregSlice& next) {
-        const int s = (q0 + kt) % STAGES;
-        const uint64_t b_hi = d + s * STAGE / 4;
-        if (!PREFETCH) wg_areg_load<TA, SUM>(cur, raw_of(kt), half);
-        wg_areg_issue(part, cur, b_hi, b_hi + WG_SPLIT / 4);
-        if (kt == min(1, n_tiles - 1)) ahead();
-        if (PREFETCH && kt + 1 < n_tiles) wg_areg_load<TA, SUM>(next, raw_of(kt + 1), half);
-        wg_add_slice(acc, part, &empty[s]);
-        if (SUM) {
-            sums[0].add(cur.row_part[0]);
-            sums[1].add(cur.row_part[1]);
-        }
-    };
-    WgAregSlice x, y;
-    if (n_tiles == 0) ahead();
-    if (PREFETCH && n_tiles > 0) wg_areg_load<TA, SUM>(x, raw_of(0), half);
-    for (int kt = 0; kt < n_tiles; kt += 2) {
-        slice(kt, x, y);
-        if (kt + 1 < n_tiles) slice(kt + 1, y, x);
-    }
-}
-
 // nothing ahead of a tile's epilogue
 struct NoAhead {
     template <class... Args>
     __device__ void operator()(Args...) const {}
 };
 
-template <bool TA, int STAGES, int STAGE, int A_AT, class Ahead = NoAhead>
-__device__ __forceinline__ void wg_areg_consume(float (&acc)[64], float (&row_sums)[2], bool sum_rows, float* stages,
-                                                uint64_t* full, uint64_t* empty, int q0, int n_tiles, int a_at = 0,
-                                                Ahead ahead = {}) {
-    CompensatedSum sums[2];
+// The consumers of k_gemm_wg_areg and the fused kernels: the n_tiles slices of one tile, the producer's slices q0,
+// q0 + 1, .. of the stages (each B hi, B lo, then raw A, M x K, at A_AT floats, which this thread reads a_at floats
+// further on: the shift of its rows by shifted_rows_copy), into acc as wg_store lays it out. A slice's A is loaded and
+// split while the slice before's wgmmas run (two WgAregSlices taking turns); each slice's products are then added into
+// acc in order. ahead() runs once a tile, while its second slice's wgmmas run (its first's, where it has only one; at
+// once, where none): work for the tile's epilogue that the products can hide.
+template <int STAGES, int STAGE, int A_AT, class Ahead = NoAhead>
+__device__ __forceinline__ void wg_areg_consume(float (&acc)[64], float* stages, uint64_t* full, uint64_t* empty,
+                                                int q0, int n_tiles, int a_at = 0, Ahead ahead = {}) {
+    const int half = threadIdx.x / 128 - 1;
+    const uint64_t d = wg_desc(stages);
+    float part[64];
 #pragma unroll
     for (int i = 0; i < 64; i++) acc[i] = 0.0f;
-    if (TA && sum_rows)
-        wg_areg_consume_slices<TA, true, !TA, STAGES, STAGE, A_AT>(acc, sums, stages, full, empty, q0, n_tiles, a_at,
-                                                                   ahead);
-    else
-        wg_areg_consume_slices<TA, false, !TA, STAGES, STAGE, A_AT>(acc, sums, stages, full, empty, q0, n_tiles, a_at,
-                                                                    ahead);
-#pragma unroll
-    for (int i = 0; i < 2; i++) {  // t = 0 .. 3 of the row: (t0 + t1) + (t2 + t3)
-        float v = sums[i].value();
-        v += __shfl_xor_sync(0xffffffffu, v, 1);
-        v += __shfl_xor_sync(0xffffffffu, v, 2);
-        row_sums[i] = v;
+    auto load = [&](int kt, WgAregSlice& a) {  // slice kt's A, once its stage has landed
+        const int q = q0 + kt;
+        mbar_wait(&full[q % STAGES], (q / STAGES) & 1);
+        wg_areg_load<false, false>(a, stages + q % STAGES * STAGE + A_AT + a_at, half);
+    };
+    auto slice = [&](int kt, WgAregSlice& cur, WgAregSlice& next) {
+        const int s = (q0 + kt) % STAGES;
+        const uint64_t b_hi = d + s * STAGE / 4;
+        wg_areg_issue(part, cur, b_hi, b_hi + WG_SPLIT / 4);
+        if (kt == min(1, n_tiles - 1)) ahead();
+        if (kt + 1 < n_tiles) load(kt + 1, next);
+        wg_add_slice(acc, part, &empty[s]);
+    };
+    WgAregSlice x, y;
+    if (n_tiles == 0) ahead();
+    if (n_tiles > 0) load(0, x);
+    for (int kt = 0; kt < n_tiles; kt += 2) {
+        slice(kt, x, y);
+        if (kt + 1 < n_tiles) slice(kt + 1, y, x);
     }
 }
 
@@ -1143,10 +1114,9 @@ __device__ __forceinline__ void wg_areg_tiles(float* stages, const float* A, int
         const int a_at = shifted_a(A, lda, 0) ? a_shift(threadIdx.x % 32 / 4, lda) : 0;
         for (int i = 0; i < count; i++) {
             const int tile = first + i * stride;
-            float acc[64], no_sums[2];
-            wg_areg_consume<false, S, STAGE, 2 * WG_SPLIT>(acc, no_sums, false, stages, full, empty, i * slices,
-                                                           slices, a_at,
-                                                           [&] { ahead(tile / n_cols * 128, tile % n_cols * 128, i); });
+            float acc[64];
+            wg_areg_consume<S, STAGE, 2 * WG_SPLIT>(acc, stages, full, empty, i * slices, slices, a_at,
+                                                    [&] { ahead(tile / n_cols * 128, tile % n_cols * 128, i); });
             epilogue(acc, tile / n_cols * 128, tile % n_cols * 128);
         }
     }
@@ -1286,7 +1256,8 @@ __device__ __forceinline__ void wg_flag_set(int* flag, int value, int half) {
 // (causal modes too), and K cut into `splits` parts added into C one after another (serial split-K). Job
 // j = z * batch * tiles + b * tiles + t is part z of product b's tile t (128 x 128, row-major), part z its slices
 // [z S / splits, (z + 1) S / splits) of the tile's S slices of 32; block i takes jobs i, i + gridDim.x, .. and its
-// producer copies on into the next job while the consumers store. Part 0 stores alpha * its product + bias + beta *
+// producer copies on into the next job while the consumers store, with the next job's first slice issued before the
+// store, so that its wgmmas run meanwhile. Part 0 stores alpha * its product + bias + beta *
 // C; part z > 0 waits until flags[2 (b tiles + t) + half] = z (part z - 1's rows stored), then adds alpha * its
 // product into C; the last part sets the flag back to 0 (flags: 2 batch tiles ints, zero before the first launch;
 // unread where splits = 1). Where a_sums is given (one product), a_sums[m] += op(A)'s row sums,
