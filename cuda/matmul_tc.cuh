@@ -1009,74 +1009,45 @@ __device__ __forceinline__ void wg_areg_issue(float (&part)[64], const WgAregSli
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
 }
 
-// The consumers of both kernels: the n_tiles slices of one tile, the producer's slices q0, q0 + 1, .. of the stages
-// (each B hi, B lo, then raw A at A_AT floats, which this thread reads a_at floats further on: the shift of its rows by
-// shifted_a_copy or shifted_rows_copy), into acc as wg_store lays it out. With PREFETCH, a slice's A is loaded and
-// split while the slice before's wgmmas run (two WgAregSlices taking turns; the A-transposed kernel's consumers have
-// not the registers for it); each slice's products are then added into acc in order, the same adds either way. Where
-// row_sums is given (TA), op(A)'s row sums of the warpgroup's 64 rows: each thread's slices by a compensated running
-// sum, then the 4 threads of a row (t) in a fixed tree; thread t = 0 of each row holds its sum in row_sums[0] (row r)
-// and row_sums[1] (row r + 8). ahead() runs once a tile, while its second slice's wgmmas run (its first's, where it has
-// only one; at once, where none): work for the tile's epilogue that the products can hide.
-template <bool TA, bool SUM, bool PREFETCH, int STAGES, int STAGE, int A_AT, class Ahead>
-__device__ __forceinline__ void wg_areg_consume_slices(float (&acc)[64], CompensatedSum (&sums)[2], float* stages,
-                                                       uint64_t* full, uint64_t* empty, int q0, int n_tiles,
-                                                       int a_at, Ahead ahead) {
-    const int half = threadIdx.x / 128 - 1;
-    const uint64_t d = wg_desc(stages);
-    float part[64];
-    auto raw_of = [&](int kt) {  // slice kt's raw A, once its stage has landed
-        const int q = q0 + kt;
-        mbar_wait(&full[q % STAGES], (q / STAGES) & 1);
-        return stages + q % STAGES * STAGE + A_AT + a_at;
-    };
-    auto slice = [&](int kt, WgAregSlice& cur, WgAregSlice& next) {
-        const int s = (q0 + kt) % STAGES;
-        const uint64_t b_hi = d + s * STAGE / 4;
-        if (!PREFETCH) wg_areg_load<TA, SUM>(cur, raw_of(kt), half);
-        wg_areg_issue(part, cur, b_hi, b_hi + WG_SPLIT / 4);
-        if (kt == min(1, n_tiles - 1)) ahead();
-        if (PREFETCH && kt + 1 < n_tiles) wg_areg_load<TA, SUM>(next, raw_of(kt + 1), half);
-        wg_add_slice(acc, part, &empty[s]);
-        if (SUM) {
-            sums[0].add(cur.row_part[0]);
-            sums[1].add(cur.row_part[1]);
-        }
-    };
-    WgAregSlice x, y;
-    if (n_tiles == 0) ahead();
-    if (PREFETCH && n_tiles > 0) wg_areg_load<TA, SUM>(x, raw_of(0), half);
-    for (int kt = 0; kt < n_tiles; kt += 2) {
-        slice(kt, x, y);
-        if (kt + 1 < n_tiles) slice(kt + 1, y, x);
-    }
-}
-
 // nothing ahead of a tile's epilogue
 struct NoAhead {
     template <class... Args>
     __device__ void operator()(Args...) const {}
 };
 
-template <bool TA, int STAGES, int STAGE, int A_AT, class Ahead = NoAhead>
-__device__ __forceinline__ void wg_areg_consume(float (&acc)[64], float (&row_sums)[2], bool sum_rows, float* stages,
-                                                uint64_t* full, uint64_t* empty, int q0, int n_tiles, int a_at = 0,
-                                                Ahead ahead = {}) {
-    CompensatedSum sums[2];
+// The consumers of k_gemm_wg_areg and the fused kernels: the n_tiles slices of one tile, the producer's slices q0,
+// q0 + 1, .. of the stages (each B hi, B lo, then raw A, M x K, at A_AT floats, which this thread reads a_at floats
+// further on: the shift of its rows by shifted_rows_copy), into acc as wg_store lays it out. A slice's A is loaded and
+// split while the slice before's wgmmas run (two WgAregSlices taking turns); each slice's products are then added into
+// acc in order. ahead() runs once a tile, while its second slice's wgmmas run (its first's, where it has only one; at
+// once, where none): work for the tile's epilogue that the products can hide.
+template <int STAGES, int STAGE, int A_AT, class Ahead = NoAhead>
+__device__ __forceinline__ void wg_areg_consume(float (&acc)[64], float* stages, uint64_t* full, uint64_t* empty,
+                                                int q0, int n_tiles, int a_at = 0, Ahead ahead = {}) {
+    const int half = threadIdx.x / 128 - 1;
+    const uint64_t d = wg_desc(stages);
+    float part[64];
 #pragma unroll
     for (int i = 0; i < 64; i++) acc[i] = 0.0f;
-    if (TA && sum_rows)
-        wg_areg_consume_slices<TA, true, !TA, STAGES, STAGE, A_AT>(acc, sums, stages, full, empty, q0, n_tiles, a_at,
-                                                                   ahead);
-    else
-        wg_areg_consume_slices<TA, false, !TA, STAGES, STAGE, A_AT>(acc, sums, stages, full, empty, q0, n_tiles, a_at,
-                                                                    ahead);
-#pragma unroll
-    for (int i = 0; i < 2; i++) {  // t = 0 .. 3 of the row: (t0 + t1) + (t2 + t3)
-        float v = sums[i].value();
-        v += __shfl_xor_sync(0xffffffffu, v, 1);
-        v += __shfl_xor_sync(0xffffffffu, v, 2);
-        row_sums[i] = v;
+    auto load = [&](int kt, WgAregSlice& a) {  // slice kt's A, once its stage has landed
+        const int q = q0 + kt;
+        mbar_wait(&full[q % STAGES], (q / STAGES) & 1);
+        wg_areg_load<false, false>(a, stages + q % STAGES * STAGE + A_AT + a_at, half);
+    };
+    auto slice = [&](int kt, WgAregSlice& cur, WgAregSlice& next) {
+        const int s = (q0 + kt) % STAGES;
+        const uint64_t b_hi = d + s * STAGE / 4;
+        wg_areg_issue(part, cur, b_hi, b_hi + WG_SPLIT / 4);
+        if (kt == min(1, n_tiles - 1)) ahead();
+        if (kt + 1 < n_tiles) load(kt + 1, next);
+        wg_add_slice(acc, part, &empty[s]);
+    };
+    WgAregSlice x, y;
+    if (n_tiles == 0) ahead();
+    if (n_tiles > 0) load(0, x);
+    for (int kt = 0; kt < n_tiles; kt += 2) {
+        slice(kt, x, y);
+        if (kt + 1 < n_tiles) slice(kt + 1, y, x);
     }
 }
 
@@ -1143,10 +1114,9 @@ __device__ __forceinline__ void wg_areg_tiles(float* stages, const float* A, int
         const int a_at = shifted_a(A, lda, 0) ? a_shift(threadIdx.x % 32 / 4, lda) : 0;
         for (int i = 0; i < count; i++) {
             const int tile = first + i * stride;
-            float acc[64], no_sums[2];
-            wg_areg_consume<false, S, STAGE, 2 * WG_SPLIT>(acc, no_sums, false, stages, full, empty, i * slices,
-                                                           slices, a_at,
-                                                           [&] { ahead(tile / n_cols * 128, tile % n_cols * 128, i); });
+            float acc[64];
+            wg_areg_consume<S, STAGE, 2 * WG_SPLIT>(acc, stages, full, empty, i * slices, slices, a_at,
+                                                    [&] { ahead(tile / n_cols * 128, tile % n_cols * 128, i); });
             epilogue(acc, tile / n_cols * 128, tile % n_cols * 128);
         }
     }
@@ -1286,7 +1256,8 @@ __device__ __forceinline__ void wg_flag_set(int* flag, int value, int half) {
 // (causal modes too), and K cut into `splits` parts added into C one after another (serial split-K). Job
 // j = z * batch * tiles + b * tiles + t is part z of product b's tile t (128 x 128, row-major), part z its slices
 // [z S / splits, (z + 1) S / splits) of the tile's S slices of 32; block i takes jobs i, i + gridDim.x, .. and its
-// producer copies on into the next job while the consumers store. Part 0 stores alpha * its product + bias + beta *
+// producer copies on into the next job while the consumers store, with the next job's first slice issued before the
+// store, so that its wgmmas run meanwhile. Part 0 stores alpha * its product + bias + beta *
 // C; part z > 0 waits until flags[2 (b tiles + t) + half] = z (part z - 1's rows stored), then adds alpha * its
 // product into C; the last part sets the flag back to 0 (flags: 2 batch tiles ints, zero before the first launch;
 // unread where splits = 1). Where a_sums is given (one product), a_sums[m] += op(A)'s row sums,
@@ -1361,27 +1332,61 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
     } else {  // the consumers: split A, multiply and sum, then store the job's part or add it into C
         wg_consumer_registers();
         const int half = threadIdx.x / 128 - 1, lane = threadIdx.x % 32;
-        int q0 = 0;
+        const int a_at = shift_a ? a_shift(lane % 4, lda) : 0;
+        const uint64_t d = wg_desc(tn_smem);
+        float part[64];
+        WgAregSlice a;
+        int q = 0;  // the block's next slice to multiply
+        auto issue = [&] {  // slice q's wgmmas into part, once its stage has landed
+            const int s = q % S;
+            const float* raw = tn_smem + s * STAGE + WG_TN_A_AT + a_at;
+            mbar_wait(&full[s], (q / S) & 1);
+            if (a_sums) wg_areg_load<true, true>(a, raw, half);  // the slice's row sums, for jobs that add them
+            else wg_areg_load<true, false>(a, raw, half);
+            wg_areg_issue(part, a, d + s * STAGE / 4, d + (s * STAGE + WG_SPLIT) / 4);
+            q++;
+        };
+        auto add = [&](float (&acc)[64], CompensatedSum (&sums)[2], bool sum_rows) {  // ... slice q - 1 into acc
+            wg_add_slice(acc, part, &empty[(q - 1) % S]);
+            if (sum_rows) sums[0].add(a.row_part[0]), sums[1].add(a.row_part[1]);
+        };
+        // Each job's first slice is issued before the epilogue of the job before, whose stores then overlap it.
+        Job job = job_at(blockIdx.x);
+        if ((int)blockIdx.x < jobs && job.hi > job.lo) issue();
         for (int j = blockIdx.x; j < jobs; j += gridDim.x) {
-            const Job job = job_at(j);
             const bool sum_rows = a_sums != nullptr && job.n0 == 0;
-            float acc[64], row_sums[2];
-            wg_areg_consume<true, S, STAGE, WG_TN_A_AT>(acc, row_sums, sum_rows, tn_smem, full, empty, q0,
-                                                        job.hi - job.lo, shift_a ? a_shift(lane % 4, lda) : 0);
-            q0 += job.hi - job.lo;
-            int* flag = flags + 2 * (job.b * tiles + job.t) + half;
-            if (job.z > 0) wg_flag_wait(flag, job.z, half);
-            const int row0 = job.m0 + half * 64, r = row0 + (threadIdx.x % 128) / 32 * 16 + lane / 4;
-            if (causal == CAUSAL_NONE && (job.z > 0 || beta == 1.0f))  // C + the part: no read of C
-                wg_store_add(C + job.b * strideC, acc, row0, job.n0, M, N, ldc, job.z == 0 ? bias : nullptr, alpha);
-            else
-                wg_store(C + job.b * strideC, acc, row0, job.n0, M, N, ldc, job.z == 0 ? bias : nullptr, alpha,
-                         job.z == 0 ? beta : 1.0f, causal, fill);  // a tile above the diagonal: all fill
-            if (sum_rows && lane % 4 == 0)  // the tile's rows of a_sums: only its jobs write them
+            float acc[64];
+            CompensatedSum sums[2];
 #pragma unroll
-                for (int i = 0; i < 2; i++)
-                    if (r + 8 * i < M) a_sums[r + 8 * i] += row_sums[i];
-            if (splits > 1) wg_flag_set(flag, job.z + 1 == splits ? 0 : job.z + 1, half);
+            for (int i = 0; i < 64; i++) acc[i] = 0.0f;
+            if (job.hi > job.lo) add(acc, sums, sum_rows);
+            for (int k = job.lo + 1; k < job.hi; k++) {
+                issue();
+                add(acc, sums, sum_rows);
+            }
+            const Job done = job;
+            if (j + (int)gridDim.x < jobs) {
+                job = job_at(j + gridDim.x);
+                if (job.hi > job.lo) issue();
+            }
+            int* flag = flags + 2 * (done.b * tiles + done.t) + half;
+            if (done.z > 0) wg_flag_wait(flag, done.z, half);
+            const int row0 = done.m0 + half * 64, r = row0 + (threadIdx.x % 128) / 32 * 16 + lane / 4;
+            if (causal == CAUSAL_NONE && (done.z > 0 || beta == 1.0f))  // C + the part: no read of C
+                wg_store_add(C + done.b * strideC, acc, row0, done.n0, M, N, ldc, done.z == 0 ? bias : nullptr, alpha);
+            else
+                wg_store(C + done.b * strideC, acc, row0, done.n0, M, N, ldc, done.z == 0 ? bias : nullptr, alpha,
+                         done.z == 0 ? beta : 1.0f, causal, fill);  // a tile above the diagonal: all fill
+            if (sum_rows) {  // the tile's rows of a_sums: only its jobs write them. t = 0 .. 3: (t0 + t1) + (t2 + t3)
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    float v = sums[i].value();
+                    v += __shfl_xor_sync(0xffffffffu, v, 1);
+                    v += __shfl_xor_sync(0xffffffffu, v, 2);
+                    if (lane % 4 == 0 && r + 8 * i < M) a_sums[r + 8 * i] += v;
+                }
+            }
+            if (splits > 1) wg_flag_set(flag, done.z + 1 == splits ? 0 : done.z + 1, half);
         }
     }
 #else
