@@ -527,6 +527,9 @@ __device__ __forceinline__ void wg_slice_products(float (&part)[FRAG], uint64_t 
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
 }
 
+// until every wgmma group this thread has issued is done
+__device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+
 // once the slice's group is done: its buffer back to the producer (empty), its products into the running sum
 template <int FRAG>
 __device__ __forceinline__ void wg_add_slice(float (&acc)[FRAG], float (&part)[FRAG], uint64_t* empty) {
@@ -1337,11 +1340,13 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
         float part[64];
         WgAregSlice a;
         int q = 0;  // the block's next slice to multiply
-        auto issue = [&] {  // slice q's wgmmas into part, once its stage has landed
+        // slice q's wgmmas into part, once its stage has landed; its row sums where a_sums is given, or sum_all (the
+        // block's first slice: no branch there between the loads and the wgmmas, across which ptxas adds fences)
+        auto issue = [&](bool sum_all) {
             const int s = q % S;
             const float* raw = tn_smem + s * STAGE + WG_TN_A_AT + a_at;
             mbar_wait(&full[s], (q / S) & 1);
-            if (a_sums) wg_areg_load<true, true>(a, raw, half);  // the slice's row sums, for jobs that add them
+            if (sum_all || a_sums) wg_areg_load<true, true>(a, raw, half);
             else wg_areg_load<true, false>(a, raw, half);
             wg_areg_issue(part, a, d + s * STAGE / 4, d + (s * STAGE + WG_SPLIT) / 4);
             q++;
@@ -1350,9 +1355,11 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
             wg_add_slice(acc, part, &empty[(q - 1) % S]);
             if (sum_rows) sums[0].add(a.row_part[0]), sums[1].add(a.row_part[1]);
         };
-        // Each job's first slice is issued before the epilogue of the job before, whose stores then overlap it.
+        // Each job's first slice is issued before the epilogue of the job before, whose stores then overlap it, and
+        // waited for after it on every path (wg_wait_all), so that ptxas finds no group in flight where paths join.
         Job job = job_at(blockIdx.x);
-        if ((int)blockIdx.x < jobs && job.hi > job.lo) issue();
+        if ((int)blockIdx.x < jobs && job.hi > job.lo) issue(true);
+        wg_wait_all();
         for (int j = blockIdx.x; j < jobs; j += gridDim.x) {
             const bool sum_rows = a_sums != nullptr && job.n0 == 0;
             float acc[64];
@@ -1361,13 +1368,13 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
             for (int i = 0; i < 64; i++) acc[i] = 0.0f;
             if (job.hi > job.lo) add(acc, sums, sum_rows);
             for (int k = job.lo + 1; k < job.hi; k++) {
-                issue();
+                issue(false);
                 add(acc, sums, sum_rows);
             }
             const Job done = job;
             if (j + (int)gridDim.x < jobs) {
                 job = job_at(j + gridDim.x);
-                if (job.hi > job.lo) issue();
+                if (job.hi > job.lo) issue(false);
             }
             int* flag = flags + 2 * (done.b * tiles + done.t) + half;
             if (done.z > 0) wg_flag_wait(flag, done.z, half);
@@ -1387,6 +1394,7 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
                 }
             }
             if (splits > 1) wg_flag_set(flag, done.z + 1 == splits ? 0 : done.z + 1, half);
+            wg_wait_all();
         }
     }
 #else
