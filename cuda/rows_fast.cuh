@@ -66,8 +66,16 @@ __device__ __forceinline__ double warp_sum(double v) {  // k_sample's sums, in d
     return v;
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, off));
+// The warp's largest and smallest value, on every lane (max and min are exact: any order, the same result).
+template <class T>
+__device__ __forceinline__ T warp_max(T v) {
+    for (int off = 16; off > 0; off >>= 1) v = max(v, __shfl_xor_sync(0xffffffff, v, off));
+    return v;
+}
+
+template <class T>
+__device__ __forceinline__ T warp_min(T v) {
+    for (int off = 16; off > 0; off >>= 1) v = min(v, __shfl_xor_sync(0xffffffff, v, off));
     return v;
 }
 

@@ -6,7 +6,7 @@
 // search over an order-preserving 32-bit key of each logit (order_key), four bits per pass.
 #pragma once
 #include "common.cuh"
-#include "rows_fast.cuh"  // warp_sum
+#include "rows_fast.cuh"  // warp_sum, warp_min, warp_max
 
 // One block per row, SAMPLE_THREADS threads: the rows are few (one new token per sequence), so a row's work is
 // spread wide. 512, not 1024: a thread needs more than the 64 registers a 1024-thread block allows (its 16
@@ -35,11 +35,6 @@ __device__ __forceinline__ double unnormalised(float l, double m, double tempera
 }
 
 // ------------------------------------------------------------------------------ fixed-order block reductions
-__device__ __forceinline__ int warp_min_int(int v) {
-    for (int off = 16; off > 0; off >>= 1) v = min(v, __shfl_xor_sync(0xffffffff, v, off));
-    return v;
-}
-
 // the larger of two (logit, index) pairs; of equal logits the smaller index (numpy's argmax takes the first)
 __device__ __forceinline__ void argmax_pair(float& v, int& i, float v2, int i2) {
     if (v2 > v || (v2 == v && i2 < i)) v = v2, i = i2;
@@ -94,10 +89,8 @@ __device__ void block_sum_buckets(double (&acc)[SAMPLE_BUCKETS], unsigned& key_l
     halve_buckets<2>(acc, lane);
     halve_buckets<1>(acc, lane);
     acc[0] += __shfl_xor_sync(0xffffffff, acc[0], 1);
-    for (int off = 16; off > 0; off >>= 1) {
-        key_lo = min(key_lo, __shfl_xor_sync(0xffffffff, key_lo, off));
-        key_hi = max(key_hi, __shfl_xor_sync(0xffffffff, key_hi, off));
-    }
+    key_lo = warp_min(key_lo);
+    key_hi = warp_max(key_hi);
     if (lane % 2 == 0) sh.part[warp][lane / 2] = acc[0];
     if (lane == 0) sh.key_lo[warp] = key_lo, sh.key_hi[warp] = key_hi;
     __syncthreads();
@@ -147,7 +140,7 @@ __device__ double block_exclusive_scan(double v, double& total, SampleShared& sh
 
 // The smallest of the threads' ints; every thread gets it.
 __device__ int block_min_int(int v, SampleShared& sh) {
-    v = warp_min_int(v);
+    v = warp_min(v);
     if (threadIdx.x % 32 == 0) sh.first[threadIdx.x / 32] = v;
     __syncthreads();
     for (int w = 0; w < SAMPLE_WARPS; w++) v = min(v, sh.first[w]);
