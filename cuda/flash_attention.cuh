@@ -6,7 +6,7 @@
 // them and written where W_O reads them: head h of batch row b is columns h * d_k .. + d_k of rows b * T .. + T of a
 // matrix whose rows are ld floats apart (qkv and dqkv: 3C; y and dy: C).
 #pragma once
-#include "matmul_tc.cuh"  // tf32_split(_store), mma_tf32, mma_tf32_first, cp_async16, cp_async4, TC_AVAILABLE
+#include "matmul_tc.cuh"  // tf32_split(_store), mma_tf32, mma_tf32_first, cp_async16, cp_async4, quad_sum, TC_AVAILABLE
 
 #define FA_KEYS 64  // rows of a streamed tile
 #define FA_DS_LD 72  // row stride of the backward's staged dS^T (64 queries x 64 keys), laid out as fa_at<64>
@@ -295,10 +295,6 @@ __device__ __forceinline__ float fa_quad_max(float v) {
     v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, 1));
     return fmaxf(v, __shfl_xor_sync(0xffffffff, v, 2));
 }
-__device__ __forceinline__ float fa_quad_sum(float v) {
-    v += __shfl_xor_sync(0xffffffff, v, 1);
-    return v + __shfl_xor_sync(0xffffffff, v, 2);
-}
 
 __device__ __forceinline__ bool fa_aligned(const void* a, const void* b, const void* c, const void* d = nullptr) {
     return ((unsigned long long)a | (unsigned long long)b | (unsigned long long)c | (unsigned long long)d) % 16 ==
@@ -416,8 +412,8 @@ __device__ void flash_fwd(float* o, float* lse, const float* q, const float* k, 
                 sum_a += s[j][e];
                 sum_b += s[j][2 + e];
             }
-        l_a = l_a * alpha_a + fa_quad_sum(sum_a);
-        l_b = l_b * alpha_b + fa_quad_sum(sum_b);
+        l_a = l_a * alpha_a + quad_sum(sum_a);
+        l_b = l_b * alpha_b + quad_sum(sum_b);
         m_a = new_a, m_b = new_b;
 #pragma unroll
         for (int n = 0; n < ND; n++) {
@@ -655,8 +651,8 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
             if (b) sum_b += s[i];
             else sum_a += s[i];
         }
-        l_a = l_a * alpha_a + fa_quad_sum(sum_a);
-        l_b = l_b * alpha_b + fa_quad_sum(sum_b);
+        l_a = l_a * alpha_a + quad_sum(sum_a);
+        l_b = l_b * alpha_b + quad_sum(sum_b);
         m_a = new_a, m_b = new_b;
 #pragma unroll
         for (int i = 0; i < 32; i++) acc[i] *= i % 4 < 2 ? alpha_a : alpha_b;
@@ -755,7 +751,7 @@ __device__ void flash_bwd_delta(float* delta, int* sync, const float* q, const f
             }
     }
     cp_async_wait<0>();  // no copy may outlive the block (the empty group after the last tile)
-    delta_a = fa_quad_sum(delta_a), delta_b = fa_quad_sum(delta_b);
+    delta_a = quad_sum(delta_a), delta_b = quad_sum(delta_b);
     if (t == 0) {
         if (row_a < T) delta[row_a] = delta_a;
         if (row_b < T) delta[row_b] = delta_b;
@@ -1499,7 +1495,7 @@ extern "C" __global__ void __launch_bounds__(FA_DELTA_WG_THREADS, 1)
             else delta_a += p * (dp[i] + part[i]);
         }
     }
-    delta_a = fa_quad_sum(delta_a), delta_b = fa_quad_sum(delta_b);
+    delta_a = quad_sum(delta_a), delta_b = quad_sum(delta_b);
     if (t == 0) {
         if (row_a < T) delta[row_a] = delta_a;
         if (row_b < T) delta[row_b] = delta_b;

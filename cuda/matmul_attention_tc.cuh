@@ -6,7 +6,7 @@
 // products, rounded once to FP32, in a fixed order (a thread's columns, then the quad's shuffle tree).
 #pragma once
 #include "flash_attention.cuh"  // FA_KEYS, FA_DELTA_PASS_TILES
-#include "matmul_tc.cuh"        // wg_areg_tiles, wg_store
+#include "matmul_tc.cuh"        // wg_areg_tiles, wg_store, quad_sum
 
 // the two consumer warpgroups (the producer has left: bar 0, __syncthreads, would wait for it)
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
@@ -79,8 +79,7 @@ __device__ __forceinline__ void wg_delta_epilogue(const float (&d)[64], const fl
             for (int j = hh * PAIRS; j < (hh + 1) * PAIRS; j++)
 #pragma unroll
                 for (int e = 0; e < 2; e++) sum[hh] += (double)d[4 * j + 2 * r + e] * o[8 * j + 2 * t + e];
-#pragma unroll
-            for (int s = 1; s < 4; s *= 2) sum[hh] += __shfl_xor_sync(0xffffffff, sum[hh], s);  // the quad's
+            sum[hh] = quad_sum(sum[hh]);
         }
         const int b = m / T, tp = m - b * T;
         if (t != 0 || m >= M || tp < T0) continue;

@@ -112,6 +112,14 @@ __device__ __forceinline__ void tf32_split_store(void* hi, void* lo, int at, flo
     reinterpret_cast<uint4*>(static_cast<uint32_t*>(lo) + at)[0] = make_uint4(l[0], l[1], l[2], l[3]);
 }
 
+// The sum of v over the 4 lanes of the thread's quad (lanes 4q .. 4q + 3; the threads of an mma fragment's row),
+// on each of them: every lane adds the same pairs, (t0 + t1) + (t2 + t3), so all four end with the same bits.
+template <class T>
+__device__ __forceinline__ T quad_sum(T v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
 // d += a @ b for one m16n8k8 TF32 tile. Not volatile: the compiler may interleave independent tiles' mmas
 // to hide their latency (volatile asm keeps program order, which serialises each tile's dependent chain).
 __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
@@ -1387,9 +1395,7 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
             if (sum_rows) {  // the tile's rows of a_sums: only its jobs write them. t = 0 .. 3: (t0 + t1) + (t2 + t3)
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
-                    float v = sums[i].value();
-                    v += __shfl_xor_sync(0xffffffffu, v, 1);
-                    v += __shfl_xor_sync(0xffffffffu, v, 2);
+                    const float v = quad_sum(sums[i].value());
                     if (lane % 4 == 0 && r + 8 * i < M) a_sums[r + 8 * i] += v;
                 }
             }

@@ -6,8 +6,9 @@
 #include "common.cuh"
 
 // The xor shuffle tree: every lane adds the same pairs (a + b and b + a are the same bits), so all lanes end
-// with the same sum, in the same order every run.
-__device__ __forceinline__ float warp_sum(float v) {
+// with the same sum, in the same order every run (float, or double where the host's rule sums in double).
+template <class T>
+__device__ __forceinline__ T warp_sum(T v) {
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffff, v, off);
     return v;
 }
@@ -59,11 +60,6 @@ __device__ __forceinline__ void block_sums(float (&v)[K], float (*slot)[K], int 
             for (int k = 0; k < K; k++) v[k] += slot[j][k];
         }
     }
-}
-
-__device__ __forceinline__ double warp_sum(double v) {  // k_sample's sums, in double as the host's rule
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffff, v, off);
-    return v;
 }
 
 // The warp's largest and smallest value, on every lane (max and min are exact: any order, the same result).

@@ -6,7 +6,7 @@
 // search over an order-preserving 32-bit key of each logit (order_key), four bits per pass.
 #pragma once
 #include "common.cuh"
-#include "rows_fast.cuh"  // warp_sum, warp_min, warp_max
+#include "rows_fast.cuh"  // warp_min, warp_max
 
 // One block per row, SAMPLE_THREADS threads: the rows are few (one new token per sequence), so a row's work is
 // spread wide. 512, not 1024: a thread needs more than the 64 registers a 1024-thread block allows (its 16
