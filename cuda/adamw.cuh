@@ -1,6 +1,7 @@
 // The optimiser: the global gradient norm (for clipping) and AdamW, as torch.optim.AdamW computes them.
 #pragma once
 #include "common.cuh"
+#include "rows_fast.cuh"
 
 // Blocks of k_global_norm that have finished; the last one resets it for the next launch.
 __device__ unsigned int norm_blocks_done = 0;
@@ -49,7 +50,7 @@ extern "C" __global__ void __launch_bounds__(256)
     if (tail + t < n) s += g[tail + t] * g[tail + t];
 
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = (blockDim.x + 31) / 32;
-    for (int off = 16; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffff, s, off);
+    s = warp_sum(s);  // lane 0, the one that stores, adds the pairs a down-shuffle tree adds, in its order
     if (lane == 0) warp_sums[warp] = s;
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -75,7 +76,7 @@ extern "C" __global__ void __launch_bounds__(256)
         for (int u = 0; u < NORM_UNROLL; u++)
             if (b0 + u * blockDim.x < gridDim.x) total += v[u];
     }
-    for (int off = 16; off > 0; off >>= 1) total += __shfl_down_sync(0xffffffff, total, off);
+    total = warp_sum(total);
     if (lane == 0) warp_sums[warp] = total;  // thread 0 read the block's warp sums before the last barrier
     __syncthreads();
     if (threadIdx.x == 0) {
