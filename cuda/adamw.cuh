@@ -87,29 +87,56 @@ extern "C" __global__ void __launch_bounds__(256)
     }
 }
 
-// One AdamW step on n parameters, one thread each; bias_correction1/2 are 1 - beta^t. Weight decay applies where
-// decay_mask[i] is nonzero (the 2-D tensors), or everywhere when it is NULL. When sumsq is not NULL the gradient
-// is first clipped as torch.nn.utils.clip_grad_norm_(max_norm) does, and the clipped value written back (where
-// the coefficient is 1 the gradient is left as it is, unwritten: the same values).
+// One parameter's AdamW step: p, m and v updated in place from its gradient g (clipped already), with decoupled
+// weight decay wd; bc1 and bc2 are 1 - beta^t.
+__device__ __forceinline__ void adamw_one(float& p, float& m, float& v, float g, float wd, float lr, float beta1,
+                                          float beta2, float eps, float bc1, float bc2) {
+    const float decayed = p * (1.0f - lr * wd);
+    m = beta1 * m + (1.0f - beta1) * g;
+    v = beta2 * v + (1.0f - beta2) * g * g;
+    p = decayed - lr * (m / bc1) / (sqrtf(v / bc2) + eps);
+}
+
+// One AdamW step on n parameters, four a thread (thread t: 4t .. 4t + 3), by 16-byte loads where the arrays allow
+// (params, grads, m and v 16-byte aligned, decay_mask 4-byte), one at a time otherwise; each parameter's arithmetic
+// is adamw_one's either way. bias_correction1/2 are 1 - beta^t. Weight decay applies where decay_mask[i] is nonzero
+// (the 2-D tensors), or everywhere when it is NULL. When sumsq is not NULL the gradient is first clipped as
+// torch.nn.utils.clip_grad_norm_(max_norm) does, and the clipped value written back (where the coefficient is 1
+// the gradient is left as it is, unwritten: the same values).
 extern "C" __global__ void k_adamw(float* params, float* grads, float* m, float* v, long long n,
                                    float lr, float beta1, float beta2, float eps, float weight_decay,
                                    const unsigned char* decay_mask, float bias_correction1, float bias_correction2,
                                    const double* sumsq, float max_norm) {
-    long long i = thread_index();
-    if (i >= n) return;
-    float g = grads[i];
-    if (sumsq != nullptr) {
-        float coef = (float)fmin(1.0, max_norm / (sqrt(*sumsq) + 1e-6));
+    const long long i0 = 4 * thread_index();
+    if (i0 >= n) return;
+    const float coef = sumsq == nullptr ? 1.0f : (float)fmin(1.0, max_norm / (sqrt(*sumsq) + 1e-6));
+    if (i0 + 4 <= n && all_aligned16(params, grads, m, v) && (unsigned long long)decay_mask % 4 == 0) {
+        float p4[4], g4[4], m4[4], v4[4];
+        load_vec<4>(p4, params + i0), load_vec<4>(g4, grads + i0), load_vec<4>(m4, m + i0), load_vec<4>(v4, v + i0);
+        const uchar4 mask = decay_mask == nullptr ? make_uchar4(1, 1, 1, 1)
+                                                  : *reinterpret_cast<const uchar4*>(decay_mask + i0);
+        const unsigned char decays[4] = {mask.x, mask.y, mask.z, mask.w};
+        if (coef != 1.0f) {
+#pragma unroll
+            for (int j = 0; j < 4; j++) g4[j] *= coef;
+            store_vec<4>(grads + i0, g4);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            adamw_one(p4[j], m4[j], v4[j], g4[j], decays[j] ? weight_decay : 0.0f, lr, beta1, beta2, eps,
+                      bias_correction1, bias_correction2);
+        store_vec<4>(params + i0, p4), store_vec<4>(m + i0, m4), store_vec<4>(v + i0, v4);
+        return;
+    }
+    for (long long i = i0; i < min(n, i0 + 4); i++) {
+        float g = grads[i];
         if (coef != 1.0f) {
             g *= coef;
             grads[i] = g;
         }
+        float p = params[i], mi = m[i], vi = v[i];
+        adamw_one(p, mi, vi, g, decay_mask == nullptr || decay_mask[i] ? weight_decay : 0.0f, lr, beta1, beta2,
+                  eps, bias_correction1, bias_correction2);
+        params[i] = p, m[i] = mi, v[i] = vi;
     }
-    float wd = (decay_mask == nullptr || decay_mask[i]) ? weight_decay : 0.0f;
-    float p = params[i] * (1.0f - lr * wd);  // decoupled weight decay
-    float mi = beta1 * m[i] + (1.0f - beta1) * g;
-    float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    params[i] = p - lr * (mi / bias_correction1) / (sqrtf(vi / bias_correction2) + eps);
 }

@@ -40,4 +40,4 @@ def adamw(params, grads, m, v, *, lr, beta1, beta2, eps, weight_decay, step, dec
             float(lr), float(beta1), float(beta2), float(eps), float(weight_decay),
             opt_ptr("decay_mask", decay_mask, shape, np.uint8), float(1.0 - beta1 ** step), float(1.0 - beta2 ** step),
             opt_ptr("sumsq", sumsq, (1,), np.float64), float(max_norm or 0.0)]
-    launch("k_adamw", args, blocks(n), stream)
+    launch("k_adamw", args, blocks(math.ceil(n / 4)), stream)  # four parameters a thread
