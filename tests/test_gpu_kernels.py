@@ -937,14 +937,21 @@ def test_global_norm(K, dev, ga, n, offset):
     close("k_global_norm", sumsq.get()[0], 2 * ref, REDUCTION)
 
 
+# n not a multiple of 4 (four parameters a thread by 16-byte loads, then a partial thread); every array off a
+# 16-byte boundary (one at a time); a decay mask, 4-byte aligned or not
 @pytest.mark.parametrize("clip", [None, 0.5, 1e9])
-def test_adamw(K, dev, ga, clip):
-    n = 100_003
-    p_h, p = dev.randn(n)
-    g_h, g = dev.randn(n, scale=0.01)
-    m_h, m = dev.randn(n, scale=0.001)
+@pytest.mark.parametrize("n,offset,mask_offset", [(100_003, 0, None), (1_003, 1, None), (4_099, 0, 0), (4_099, 0, 1),
+                                                  (7, 2, 3)])
+def test_adamw(K, dev, ga, clip, n, offset, mask_offset):
+    p_h, p = dev.randn(n, offset=offset)
+    g_h, g = dev.randn(n, scale=0.01, offset=offset)
+    m_h, m = dev.randn(n, scale=0.001, offset=offset)
     v_h = np.abs(dev.rng.standard_normal(n) * 1e-5).astype(np.float32)
-    v = ga.to_gpu(v_h)
+    v = dev.upload(v_h, offset)
+    mask_h = mask = None
+    if mask_offset is not None:
+        mask_h = (dev.rng.random(n) < 0.5).astype(np.uint8)
+        mask = dev.upload(mask_h, mask_offset)
     sumsq = None
     gg = g_h.astype(np.float64)
     if clip is not None:
@@ -952,9 +959,9 @@ def test_adamw(K, dev, ga, clip):
         K.global_norm(sumsq, g)
         gg = gg * R.clip_coef(np.sqrt(np.sum(gg ** 2)), clip)
     hp = dict(lr=3e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
-    K.adamw(p, g, m, v, step=3, sumsq=sumsq, max_norm=clip, **hp)
-    rp, rm, rv = R.adamw(*f64(p_h), gg, *f64(m_h, v_h), 3, hp["lr"], hp["beta1"], hp["beta2"], hp["eps"],
-                         hp["weight_decay"])
+    K.adamw(p, g, m, v, step=3, decay_mask=mask, sumsq=sumsq, max_norm=clip, **hp)
+    wd = hp["weight_decay"] if mask_h is None else np.where(mask_h != 0, hp["weight_decay"], 0.0)
+    rp, rm, rv = R.adamw(*f64(p_h), gg, *f64(m_h, v_h), 3, hp["lr"], hp["beta1"], hp["beta2"], hp["eps"], wd)
     close("k_adamw", p.get(), rp, ELEMENTWISE)
     close("k_adamw", m.get(), rm, ELEMENTWISE)
     close("k_adamw", v.get(), rv, ELEMENTWISE)
