@@ -28,8 +28,9 @@ class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
 
 _PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8      # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-_ARG_TYPES = {"P": ctypes.c_void_p, "i": ctypes.c_int, "I": ctypes.c_uint, "q": ctypes.c_longlong,
-              "f": ctypes.c_float, "d": ctypes.c_double}
+# a pointer may come as an int or as what has one (a PyCUDA DeviceAllocation), as PyCUDA's launches take it
+_ARG_TYPES = {"P": lambda a: ctypes.c_void_p(int(a or 0)), "i": ctypes.c_int, "I": ctypes.c_uint,
+              "q": ctypes.c_longlong, "f": ctypes.c_float, "d": ctypes.c_double}
 
 
 @functools.cache
