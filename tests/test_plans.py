@@ -1,11 +1,13 @@
 """Kernel choice made explicit, without a GPU: the cuda backend's plans recorded on a described device are values
 (equal when made alike, printable a line a launch), and `microgpt info --explain` prints every launch of a step
 with its op, kernel, grid, block and the reason for it."""
+import re
 import shutil
+import subprocess
 
 import pytest
 
-from microgpt import GPTConfig, model
+from microgpt import GPTConfig, kernels, model
 from microgpt.cli import main
 from microgpt.info import explain, step_plans
 from microgpt.ops import OPS
@@ -109,3 +111,30 @@ def test_a_few_row_product_gives_each_warp_one_unit_or_whole_groups():
                 seen.add(groups * parts)
     assert seen >= {4, 8}
     assert matvec.plan(1, 384, 1152, True)[1:3] == (4, 2)  # andrea-12m's qkv: 2 groups of 2 columns, K in 2 parts
+
+
+
+@pytest.fixture(scope="module")
+def hopper_ptx(tmp_path_factory):
+    """The engine's PTX for sm_90a, kernel by kernel (name -> its .entry's text; nvcc, no ptxas: about 30 s)."""
+    out = tmp_path_factory.mktemp("ptx") / "m.ptx"
+    subprocess.run(["nvcc", "-ptx", "-arch=sm_90a", *kernels.NVCC_OPTIONS, "-o", str(out),
+                    str(kernels.cuda_source_dir() / "microgpt_cuda.cu")], check=True, capture_output=True)
+    entries = re.split(r"^\.visible \.entry ", out.read_text(), flags=re.M)[1:]
+    return {e[:e.index("(")]: e for e in entries}
+
+
+@pytest.mark.parametrize("B", [1, 8, 16])
+def test_a_dependent_launch_is_a_kernel_that_waits(hopper_ptx, B):
+    """A launch recorded as a programmatic dependent may start while the launch before it runs, so its kernel must
+    wait for that launch (pdl_wait(), cuda/common.cuh: griddepcontrol.wait in its PTX). On Hopper a decode step of a
+    few rows launches every kernel after the embedding so; on Ampere none is."""
+    config = GPTConfig.preset("andrea-120m")
+    plan = step_plans(config, "tc", B, 1024, decode=True)["decode"]
+    dependent = ["programmatic dependent" in e.why for e in plan]
+    for e, d in zip(plan, dependent):
+        assert not d or "griddepcontrol.wait" in hopper_ptx[e[0]], e[0]
+    if B <= 8:
+        assert dependent == [False] + [True] * (len(plan) - 1)
+    ampere = step_plans(config, "tc", B, 1024, device="a100", decode=True)["decode"]
+    assert not any("programmatic dependent" in e.why for e in ampere)
