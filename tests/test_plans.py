@@ -113,7 +113,6 @@ def test_a_few_row_product_gives_each_warp_one_unit_or_whole_groups():
     assert matvec.plan(1, 384, 1152, True)[1:3] == (4, 2)  # andrea-12m's qkv: 2 groups of 2 columns, K in 2 parts
 
 
-
 @pytest.fixture(scope="module")
 def hopper_ptx(tmp_path_factory):
     """The engine's PTX for sm_90a, kernel by kernel (name -> its .entry's text; nvcc, no ptxas: about 30 s)."""
