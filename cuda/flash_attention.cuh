@@ -6,7 +6,7 @@
 // them and written where W_O reads them: head h of batch row b is columns h * d_k .. + d_k of rows b * T .. + T of a
 // matrix whose rows are ld floats apart (qkv and dqkv: 3C; y and dy: C).
 #pragma once
-#include "matmul_tc.cuh"  // tf32_split(_store), mma_tf32, mma_tf32_first, cp_async16, cp_async4, quad_sum, TC_AVAILABLE
+#include "matmul_tc.cuh"  // tf32_split(_store), mma_tf32(_first), cp_async16, cp_async4, quad_sum, quad_max, TC_AVAILABLE
 
 #define FA_KEYS 64  // rows of a streamed tile
 #define FA_DS_LD 72  // row stride of the backward's staged dS^T (64 queries x 64 keys), laid out as fa_at<64>
@@ -291,11 +291,6 @@ struct FaDqLayout {
     }
 };
 
-__device__ __forceinline__ float fa_quad_max(float v) {
-    v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, 1));
-    return fmaxf(v, __shfl_xor_sync(0xffffffff, v, 2));
-}
-
 __device__ __forceinline__ bool fa_aligned(const void* a, const void* b, const void* c, const void* d = nullptr) {
     return ((unsigned long long)a | (unsigned long long)b | (unsigned long long)c | (unsigned long long)d) % 16 ==
            0;
@@ -400,7 +395,7 @@ __device__ void flash_fwd(float* o, float* lse, const float* q, const float* k, 
                 mx_b = fmaxf(mx_b, s[j][2 + e]);
             }
         // finite: the tile's key k0 <= first <= row (for padding rows past T too)
-        const float new_a = fmaxf(m_a, fa_quad_max(mx_a)), new_b = fmaxf(m_b, fa_quad_max(mx_b));
+        const float new_a = fmaxf(m_a, quad_max(mx_a)), new_b = fmaxf(m_b, quad_max(mx_b));
         const float alpha_a = expf(m_a - new_a), alpha_b = expf(m_b - new_b);
         float sum_a = 0.0f, sum_b = 0.0f;
 #pragma unroll
@@ -641,7 +636,7 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
             else mx_a = fmaxf(mx_a, s[i]);
         }
         // finite: tile 0 came first, and its key 0 is every row's
-        const float new_a = fmaxf(m_a, fa_quad_max(mx_a)), new_b = fmaxf(m_b, fa_quad_max(mx_b));
+        const float new_a = fmaxf(m_a, quad_max(mx_a)), new_b = fmaxf(m_b, quad_max(mx_b));
         const float alpha_a = expf(m_a - new_a), alpha_b = expf(m_b - new_b);
         float sum_a = 0.0f, sum_b = 0.0f;
 #pragma unroll

@@ -119,6 +119,11 @@ __device__ __forceinline__ T quad_sum(T v) {
     v += __shfl_xor_sync(0xffffffffu, v, 1);
     return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
+// ... and the largest of v over the quad, on each of its lanes
+__device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
 
 // d += a @ b for one m16n8k8 TF32 tile. Not volatile: the compiler may interleave independent tiles' mmas
 // to hide their latency (volatile asm keeps program order, which serialises each tile's dependent chain).
