@@ -1,5 +1,8 @@
 import os
+import re
+import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -27,6 +30,20 @@ def rng(request):
     request.node.user_properties.append(("seed", seed))
     print(f"seed={seed}")
     return np.random.default_rng(seed)
+
+
+@pytest.fixture(scope="session")
+def hopper_build(tmp_path_factory):
+    """The engine built for sm_90a once a session (nvcc, about 45 s): `result`, nvcc's CompletedProcess with every
+    warning an error, and `ptx`, the PTX it kept, kernel by kernel (name -> its .entry's text)."""
+    from microgpt import kernels
+    keep = tmp_path_factory.mktemp("sm_90a")
+    result = subprocess.run(["nvcc", "--cubin", "-arch=sm_90a", "-Werror", "all-warnings", *kernels.NVCC_OPTIONS,
+                             "--keep", f"--keep-dir={keep}", "-o", str(keep / "m.cubin"),
+                             str(kernels.cuda_source_dir() / "microgpt_cuda.cu")], capture_output=True, text=True)
+    ptx = keep / "microgpt_cuda.ptx"
+    entries = re.split(r"^\.visible \.entry ", ptx.read_text(), flags=re.M)[1:] if ptx.exists() else []
+    return SimpleNamespace(result=result, ptx={e[:e.index("(")]: e for e in entries})
 
 
 @pytest.fixture

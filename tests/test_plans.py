@@ -1,13 +1,11 @@
 """Kernel choice made explicit, without a GPU: the cuda backend's plans recorded on a described device are values
 (equal when made alike, printable a line a launch), and `microgpt info --explain` prints every launch of a step
 with its op, kernel, grid, block and the reason for it."""
-import re
 import shutil
-import subprocess
 
 import pytest
 
-from microgpt import GPTConfig, kernels, model
+from microgpt import GPTConfig, model
 from microgpt.cli import main
 from microgpt.info import explain, step_plans
 from microgpt.ops import OPS
@@ -113,14 +111,11 @@ def test_a_few_row_product_gives_each_warp_one_unit_or_whole_groups():
     assert matvec.plan(1, 384, 1152, True)[1:3] == (4, 2)  # andrea-12m's qkv: 2 groups of 2 columns, K in 2 parts
 
 
-@pytest.fixture(scope="module")
-def hopper_ptx(tmp_path_factory):
-    """The engine's PTX for sm_90a, kernel by kernel (name -> its .entry's text; nvcc, no ptxas: about 30 s)."""
-    out = tmp_path_factory.mktemp("ptx") / "m.ptx"
-    subprocess.run(["nvcc", "-ptx", "-arch=sm_90a", *kernels.NVCC_OPTIONS, "-o", str(out),
-                    str(kernels.cuda_source_dir() / "microgpt_cuda.cu")], check=True, capture_output=True)
-    entries = re.split(r"^\.visible \.entry ", out.read_text(), flags=re.M)[1:]
-    return {e[:e.index("(")]: e for e in entries}
+@pytest.fixture
+def hopper_ptx(hopper_build):
+    """The engine's PTX for sm_90a, kernel by kernel (conftest.py's one build a session)."""
+    assert hopper_build.result.returncode == 0, hopper_build.result.stderr[-3000:]
+    return hopper_build.ptx
 
 
 @pytest.mark.parametrize("B", [1, 8, 16])
