@@ -6,7 +6,7 @@
 // them and written where W_O reads them: head h of batch row b is columns h * d_k .. + d_k of rows b * T .. + T of a
 // matrix whose rows are ld floats apart (qkv and dqkv: 3C; y and dy: C).
 #pragma once
-#include "matmul_tc.cuh"  // tf32_split(_store), mma_tf32(_first), cp_async16, cp_async4, quad_sum, quad_max, TC_AVAILABLE
+#include "matmul_tc.cuh"  // tf32_split(_store), mma_tf32(_first), cp_async16/4, quad_sum, quad_max, TC_AVAILABLE
 
 #define FA_KEYS 64  // rows of a streamed tile
 #define FA_DS_LD 72  // row stride of the backward's staged dS^T (64 queries x 64 keys), laid out as fa_at<64>
