@@ -7,6 +7,7 @@
 // matrix whose rows are ld floats apart (qkv and dqkv: 3C; y and dy: C).
 #pragma once
 #include "matmul_tc.cuh"  // tf32_split(_store), mma_tf32(_first), cp_async16/4, quad_sum, quad_max, TC_AVAILABLE
+#include "rows_fast.cuh"  // all_aligned16
 
 #define FA_KEYS 64  // rows of a streamed tile
 #define FA_DS_LD 72  // row stride of the backward's staged dS^T (64 queries x 64 keys), laid out as fa_at<64>
@@ -291,11 +292,6 @@ struct FaDqLayout {
     }
 };
 
-__device__ __forceinline__ bool fa_aligned(const void* a, const void* b, const void* c, const void* d = nullptr) {
-    return ((unsigned long long)a | (unsigned long long)b | (unsigned long long)c | (unsigned long long)d) % 16 ==
-           0;
-}
-
 // the counters' two sides: a release store that publishes a block's dQ stores (after a barrier that every
 // thread of the block crossed after its stores), an acquire load that orders the waiting thread's dQ loads
 // after it (each thread that loads dQ acquires for itself, so no barrier is needed on that side)
@@ -339,7 +335,7 @@ __device__ void flash_fwd(float* o, float* lse, const float* q, const float* k, 
     uint32_t* split_lo = split_hi + 2 * S::TILE;
     const long long in = fa_head(T, d_k, ld_in);
     q += in, k += in, v += in;  // o and lse offset where they are written: no registers held through the loop
-    const bool vec = d_k % 4 == 0 && ld_in % 4 == 0 && fa_aligned(q, k, v);
+    const bool vec = d_k % 4 == 0 && ld_in % 4 == 0 && all_aligned16(q, k, v);
     const int q0 = (gridDim.x - 1 - blockIdx.x) * S::ROWS;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int first = q0 + 16 * warp, row_a = first + g, row_b = row_a + 8;
@@ -565,7 +561,7 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
 
     if (wg == 0) {  // ------------------------------------------------ the producer: copy and split K and V
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;" ::: "memory");
-        const bool vec = d_k % 4 == 0 && ld_in % 4 == 0 && fa_aligned(k, v, k);
+        const bool vec = d_k % 4 == 0 && ld_in % 4 == 0 && all_aligned16(k, v, k);
         auto load = [&](int stage, int k0) {
             fa_wg_load<FA_KEYS>(raw + stage * RAW, k, k0, T, d_k, ld_in, vec, tid);
             fa_wg_load<FA_KEYS>(raw + stage * RAW + FA_KEYS * 64, v, k0, T, d_k, ld_in, vec, tid);
@@ -703,7 +699,7 @@ __device__ void flash_bwd_delta(float* delta, int* sync, const float* q, const f
     const long long in = fa_head(T, d_k, ld_in);
     q += in, k += in, v += in, d_o += fa_head(T, d_k, ld_out);
     lse += fa_row(T), delta += fa_row(T);
-    const bool vec = d_k % 4 == 0 && ld_in % 4 == 0 && ld_out % 4 == 0 && fa_aligned(q, k, v, d_o);
+    const bool vec = d_k % 4 == 0 && ld_in % 4 == 0 && ld_out % 4 == 0 && all_aligned16(q, k, v, d_o);
     const int q0 = blockIdx.x * S::ROWS;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int first = q0 + 16 * warp, row_a = first + g, row_b = row_a + 8;
@@ -773,7 +769,7 @@ extern "C" __global__ void __launch_bounds__(256, FA_DELTA_ROW_BLOCKS)
     if (d_k > 4 * 32) __trap();  // 4 of d per lane (flash_attention.MAX_D_K is 128)
     const int rows = T - T0, w = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (w >= B * rows) return;  // the whole warp leaves together
-    const bool vec = d_k % 4 == 0 && ld_out % 4 == 0 && fa_aligned(o, d_o, nullptr);
+    const bool vec = d_k % 4 == 0 && ld_out % 4 == 0 && all_aligned16(o, d_o, nullptr);
     const int V = vec ? 4 : 1;
     int P = 1;
     while (P < 32 && P * V < d_k) P *= 2;
@@ -867,7 +863,7 @@ __device__ void flash_bwd(float* dq, float* dk, float* dv, int* sync, const floa
     const int m = ticket / heads;                                    // block major: every head's longest first
     const long long in = head(ticket_head(), ld_in);
     const bool vec = d_k % 4 == 0 && ld_in % 4 == 0 && ld_out % 4 == 0 &&
-                     fa_aligned(q + in, k + in, v + in, d_o + head(ticket_head(), ld_out));
+                     all_aligned16(q + in, k + in, v + in, d_o + head(ticket_head(), ld_out));
     const int j0 = KT * m, k0 = j0 * FA_KEYS;  // the block's first key tile, and its first key
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int first = k0 + 16 * warp, key_a = first + g, key_b = key_a + 8;
@@ -1175,7 +1171,7 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
     if (wg == 0) {  // ------------------------------------------------ the producer: copy and split Q and dO
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;" ::: "memory");
         const float *qh = q + in, *doh = d_o + out, *lh = lse + (long long)bh * T, *dh = delta + (long long)bh * T;
-        const bool vec = d_k % 4 == 0 && ld_in % 4 == 0 && ld_out % 4 == 0 && fa_aligned(qh, doh, qh);
+        const bool vec = d_k % 4 == 0 && ld_in % 4 == 0 && ld_out % 4 == 0 && all_aligned16(qh, doh, qh);
         auto load = [&](int stage, int q0) {
             float* r = raw + stage * FB_WG_RAW;
             fa_wg_load<FB_WG_Q>(r, qh, q0, T, d_k, ld_in, vec, tid);
@@ -1215,7 +1211,7 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
     const float scale = 1.0f / sqrtf((float)d_k);
     {  // the block's K into ks (cp.async, the consumers' 256 threads), zero past T and d_k
         const float* kh = k + in;
-        if (d_k % 4 == 0 && ld_in % 4 == 0 && fa_aligned(kh, kh, kh)) {
+        if (d_k % 4 == 0 && ld_in % 4 == 0 && all_aligned16(kh, kh, kh)) {
 #pragma unroll
             for (int i = 0; i < FB_WG_KS / 4 / 256; i++) {
                 const int e = ctid + 256 * i, key = e / 16, d = e % 16 * 4;
@@ -1440,7 +1436,7 @@ extern "C" __global__ void __launch_bounds__(FA_DELTA_WG_THREADS, 1)
     lse += fa_row(T), delta += fa_row(T);
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
     {
-        const bool vec = d_k % 4 == 0 && ld_in % 4 == 0 && fa_aligned(k, v, k);
+        const bool vec = d_k % 4 == 0 && ld_in % 4 == 0 && all_aligned16(k, v, k);
         float* mine = raw + wg * FA_DELTA_PASS_TILES * RAW;
         for (int i = 0; i < tiles; i++) fa_wg_load<FA_KEYS>(mine + i * RAW, wg ? v : k, i * FA_KEYS, T, d_k, ld_in,
                                                             vec, tid);
