@@ -604,6 +604,13 @@ __device__ __forceinline__ float2 gemm_pair(float a0, float a1, int m, int n, in
                        n + 1 < N ? gemm_value(a1, 0.0f, m, n + 1, bias, alpha, 0.0f, CAUSAL_NONE, 0.0f) : 0.0f);
 }
 
+// c[0] += v.x, c[1] += v.y as one reduction (c 8-byte aligned; sm_90)
+__device__ __forceinline__ void red_add_pair(float* c, float2 v) {
+#if WG_AVAILABLE
+    asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};" ::"l"(c), "f"(v.x), "f"(v.y) : "memory");
+#endif
+}
+
 // wg_store's C = gemm_value(acc, C, ..) for beta = 1 and no causal fill, as reductions the memory system applies:
 // C[m][n] += alpha * acc (+ bias[n]), one red.add a value, or one for each pair of columns where C's rows are 8-byte
 // aligned. Nothing of C comes back to the SM, so the threads go on as soon as the reductions are issued. The sums are
@@ -614,6 +621,16 @@ __device__ __forceinline__ void wg_store_add(float* C, const float (&acc)[FRAG],
 #if WG_AVAILABLE
     const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const bool pairs = aligned8(C, ldc);
+    if (pairs && bias == nullptr && m0 + 64 <= M && n0 + FRAG * 2 <= N) {  // inside C: no checks, two row pointers
+        float* c = C + (long long)(m0 + warp * 16 + g) * ldc + n0 + 2 * t;  // rows g and g + 8, columns 8 apart
+        float* c8 = c + 8LL * ldc;
+#pragma unroll
+        for (int i = 0; i < FRAG; i += 4) {
+            red_add_pair(c + i * 2, make_float2(alpha * acc[i], alpha * acc[i + 1]));
+            red_add_pair(c8 + i * 2, make_float2(alpha * acc[i + 2], alpha * acc[i + 3]));
+        }
+        return;
+    }
 #pragma unroll
     for (int i = 0; i < FRAG; i += 2) {
         const int m = m0 + warp * 16 + g + 8 * ((i % 4) / 2);
@@ -622,7 +639,7 @@ __device__ __forceinline__ void wg_store_add(float* C, const float (&acc)[FRAG],
         float* c = C + (long long)m * ldc + n;
         const float2 v = gemm_pair(acc[i], acc[i + 1], m, n, N, bias, alpha);  // what is added
         if (pairs && n + 1 < N) {
-            asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};" ::"l"(c), "f"(v.x), "f"(v.y) : "memory");
+            red_add_pair(c, v);
         } else {
             asm volatile("red.relaxed.gpu.global.add.f32 [%0], %1;" ::"l"(c), "f"(v.x) : "memory");
             if (n + 1 < N) asm volatile("red.relaxed.gpu.global.add.f32 [%0], %1;" ::"l"(c + 1), "f"(v.y) : "memory");
