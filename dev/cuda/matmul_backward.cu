@@ -79,7 +79,7 @@ constexpr int MAX_SPLITS = 8;  // splits_for's most
 
 // matmul_tc.tn_parts: of 1 .. ceil(K / 32) / 8 parts of each tile's K, the count whose busiest block (sm_count
 // blocks taking the parts in turn) ends soonest, a part costing its slices of 32 and TN_STORE_SLICES more
-constexpr int TN_STORE_SLICES = 2;
+constexpr int TN_STORE_SLICES = 4;
 // the busiest block's jobs (parts of tiles), and a job's slices of 32
 long long tn_jobs(int M, int N, int sm_count, int parts) {
     const long long tiles = (long long)ceil_div(N, 128) * ceil_div(M, 128);

@@ -26,9 +26,9 @@ WG_MIN_K = 256
 WG_MIN_OUTPUTS = 128 * 128
 # Products of A stored K x M and B stored K x N run on a block an SM; one product's tiles have their K cut into parts
 # that the blocks take in turn and add into C in order (tn_parts), a part costing about this many slices of K (32)
-# more than its own, for its store.
+# more than its own, for its store and the next part's start (docs/kernels/matmul_tc.md fits it from the dev bench).
 TN = "k_gemm_wg_areg_tn"
-TN_STORE_SLICES = 2
+TN_STORE_SLICES = 4
 
 def tensor_cores(device) -> bool:
     """Whether `device` (an engine) runs mma.sync TF32 (compute capability 8.0 on: sm_80, sm_90a, sm_100, ...)."""
