@@ -24,6 +24,8 @@
 //      bit for bit as the backward recomputes them) and k_flash_bwd_wg_d64: a producer warpgroup splits each step's
 //      32 queries of Q and dO into wgmma's B layouts (as they lie, and transposed), two consumer warpgroups of 64
 //      keys each take K, V, P^T and dS^T as A; dQ by mma.sync over the block's 128 keys, behind the same counters
+// Each version's outputs are hashed (FNV-1a of their bits; the backward's at both shapes): two builds print the
+// same hashes where a change keeps the bits.
 #include "common.h"
 
 #include "../../cuda/attention.cuh"
@@ -186,12 +188,6 @@ void attention_backward(int version, Attention& a) {
 }
 
 // ---------------------------------------------------------------------------------------------- main
-std::vector<float> to_host(const float* d, size_t n) {
-    std::vector<float> h(n);
-    cudaCheck(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
-    return h;
-}
-
 int main(int argc, char** argv) {
     const Gpu gpu = setup_main();
     const char* dir = argc > 1 ? argv[1] : "all";
@@ -242,8 +238,11 @@ int main(int argc, char** argv) {
             attention_forward(v, check);
             validate_result(check.y, y_ref.data(), "y", y_ref.size(), 1e-4);
             if (v > 1) validate_result(check.lse, lse_ref.data(), "lse", lse_ref.size(), 1e-4);
+            const std::vector<float> y_out = to_host(check.y, y_ref.size());
+            const std::vector<float> lse_out = to_host(check.lse, lse_ref.size());
             const float ms = benchmark_kernel(v >= 3 ? 50 : 5, [&] { attention_forward(v, bench); });
             printf("  time %.4f ms, %.1f TFLOP/s\n", ms, bench.forward_flops() / ms / 1e9);
+            printf("  bits: hash %016llx (checked y and lse)\n", bits_hash({&y_out, &lse_out}));
         }
     if (strcmp(dir, "all") == 0 || strcmp(dir, "bwd") == 0)
         for (int v = 1; v <= 3; v++) {
@@ -257,9 +256,12 @@ int main(int argc, char** argv) {
             poison(check.dqkv, dqkv_ref.size());
             attention_backward(v, check);
             validate_result(check.dqkv, dqkv_ref.data(), "dqkv", dqkv_ref.size(), 1e-4);
+            const std::vector<float> dqkv = to_host(check.dqkv, dqkv_ref.size());
             const float ms = benchmark_kernel(v >= 2 ? 50 : 5, [&] { attention_backward(v, bench); });
             printf("  time %.4f ms, %.1f TFLOP/s (5 products to the forward's 2)\n", ms,
                    2.5 * bench.forward_flops() / ms / 1e9);
+            const std::vector<float> timed = to_host(bench.dqkv, (size_t)bench.B * bench.T * 3 * bench.C);
+            printf("  bits: hash %016llx (checked), %016llx (timed)\n", bits_hash({&dqkv}), bits_hash({&timed}));
         }
     printf("\nevery version run matches the CPU\n");
     return 0;

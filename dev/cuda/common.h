@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -120,6 +121,12 @@ inline float* to_device(const std::vector<float>& h) {
     return d;
 }
 
+inline std::vector<float> to_host(const float* d, size_t n) {
+    std::vector<float> h(n);
+    cudaCheck(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    return h;
+}
+
 // n floats set to NaN: an output a kernel leaves unwritten fails the check
 inline void poison(float* d, size_t n) { cudaCheck(cudaMemset(d, 0xff, n * sizeof(float))); }
 
@@ -133,6 +140,22 @@ inline float* device_nan(size_t n) {
 inline std::vector<float> to_float(const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); }
 
 // ---------------------------------------------------------------------------------------------- checks, times
+inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// FNV-1a of the floats' bits, printed so that two builds' outputs can be compared bit for bit
+inline unsigned long long bits_hash(std::initializer_list<const std::vector<float>*> outputs) {
+    unsigned long long h = 1469598103934665603ULL;
+    for (const std::vector<float>* v : outputs)
+        for (const float f : *v) {
+            uint32_t u;
+            memcpy(&u, &f, sizeof(u));
+            h = (h ^ u) * 1099511628211ULL;
+        }
+    return h;
+}
+
 // The n floats at d_out against the CPU's reference: every element within tol * (1 + |ref|), none NaN. Prints the
 // norm-wise error ||out - ref|| / ||ref||, the project's measure of accuracy; exits at the first output that fails.
 inline void validate_result(const float* d_out, const double* ref, const char* name, size_t n, double tol) {

@@ -176,28 +176,6 @@ struct Problem {
     }
 };
 
-std::vector<float> to_host(const float* d, size_t n) {
-    std::vector<float> h(n);
-    cudaCheck(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
-    return h;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-// FNV-1a of the floats' bits, printed so that two builds' outputs can be compared bit for bit
-unsigned long long bits_hash(std::initializer_list<const std::vector<float>*> outputs) {
-    unsigned long long h = 1469598103934665603ULL;
-    for (const std::vector<float>* v : outputs)
-        for (const float f : *v) {
-            uint32_t u;
-            memcpy(&u, &f, sizeof(u));
-            h = (h ^ u) * 1099511628211ULL;
-        }
-    return h;
-}
-
 // ---------------------------------------------------------------------------------------------- main
 int main(int argc, char** argv) {
     const Gpu gpu = setup_main();
