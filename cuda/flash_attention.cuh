@@ -561,7 +561,7 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
 
     if (wg == 0) {  // ------------------------------------------------ the producer: copy and split K and V
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;" ::: "memory");
-        const bool vec = d_k % 4 == 0 && ld_in % 4 == 0 && all_aligned16(k, v, k);
+        const bool vec = d_k % 4 == 0 && ld_in % 4 == 0 && all_aligned16(k, v);
         auto load = [&](int stage, int k0) {
             fa_wg_load<FA_KEYS>(raw + stage * RAW, k, k0, T, d_k, ld_in, vec, tid);
             fa_wg_load<FA_KEYS>(raw + stage * RAW + FA_KEYS * 64, v, k0, T, d_k, ld_in, vec, tid);
@@ -769,7 +769,7 @@ extern "C" __global__ void __launch_bounds__(256, FA_DELTA_ROW_BLOCKS)
     if (d_k > 4 * 32) __trap();  // 4 of d per lane (flash_attention.MAX_D_K is 128)
     const int rows = T - T0, w = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (w >= B * rows) return;  // the whole warp leaves together
-    const bool vec = d_k % 4 == 0 && ld_out % 4 == 0 && all_aligned16(o, d_o, nullptr);
+    const bool vec = d_k % 4 == 0 && ld_out % 4 == 0 && all_aligned16(o, d_o);
     const int V = vec ? 4 : 1;
     int P = 1;
     while (P < 32 && P * V < d_k) P *= 2;
@@ -1171,7 +1171,7 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
     if (wg == 0) {  // ------------------------------------------------ the producer: copy and split Q and dO
         asm volatile("setmaxnreg.dec.sync.aligned.u32 72;" ::: "memory");
         const float *qh = q + in, *doh = d_o + out, *lh = lse + (long long)bh * T, *dh = delta + (long long)bh * T;
-        const bool vec = d_k % 4 == 0 && ld_in % 4 == 0 && ld_out % 4 == 0 && all_aligned16(qh, doh, qh);
+        const bool vec = d_k % 4 == 0 && ld_in % 4 == 0 && ld_out % 4 == 0 && all_aligned16(qh, doh);
         auto load = [&](int stage, int q0) {
             float* r = raw + stage * FB_WG_RAW;
             fa_wg_load<FB_WG_Q>(r, qh, q0, T, d_k, ld_in, vec, tid);
@@ -1211,7 +1211,7 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
     const float scale = 1.0f / sqrtf((float)d_k);
     {  // the block's K into ks (cp.async, the consumers' 256 threads), zero past T and d_k
         const float* kh = k + in;
-        if (d_k % 4 == 0 && ld_in % 4 == 0 && all_aligned16(kh, kh, kh)) {
+        if (d_k % 4 == 0 && ld_in % 4 == 0 && all_aligned16(kh, kh)) {
 #pragma unroll
             for (int i = 0; i < FB_WG_KS / 4 / 256; i++) {
                 const int e = ctid + 256 * i, key = e / 16, d = e % 16 * 4;
@@ -1436,7 +1436,7 @@ extern "C" __global__ void __launch_bounds__(FA_DELTA_WG_THREADS, 1)
     lse += fa_row(T), delta += fa_row(T);
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
     {
-        const bool vec = d_k % 4 == 0 && ld_in % 4 == 0 && all_aligned16(k, v, k);
+        const bool vec = d_k % 4 == 0 && ld_in % 4 == 0 && all_aligned16(k, v);
         float* mine = raw + wg * FA_DELTA_PASS_TILES * RAW;
         for (int i = 0; i < tiles; i++) fa_wg_load<FA_KEYS>(mine + i * RAW, wg ? v : k, i * FA_KEYS, T, d_k, ld_in,
                                                             vec, tid);

@@ -604,7 +604,13 @@ __device__ __forceinline__ float2 gemm_pair(float a0, float a1, int m, int n, in
                        n + 1 < N ? gemm_value(a1, 0.0f, m, n + 1, bias, alpha, 0.0f, CAUSAL_NONE, 0.0f) : 0.0f);
 }
 
-// c[0] += v.x, c[1] += v.y as one reduction (c 8-byte aligned; sm_90)
+// *c += v as a reduction the memory system applies (sm_90)
+__device__ __forceinline__ void red_add(float* c, float v) {
+#if WG_AVAILABLE
+    asm volatile("red.relaxed.gpu.global.add.f32 [%0], %1;" ::"l"(c), "f"(v) : "memory");
+#endif
+}
+// ... c[0] += v.x, c[1] += v.y as one (c 8-byte aligned)
 __device__ __forceinline__ void red_add_pair(float* c, float2 v) {
 #if WG_AVAILABLE
     asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};" ::"l"(c), "f"(v.x), "f"(v.y) : "memory");
@@ -641,8 +647,8 @@ __device__ __forceinline__ void wg_store_add(float* C, const float (&acc)[FRAG],
         if (pairs && n + 1 < N) {
             red_add_pair(c, v);
         } else {
-            asm volatile("red.relaxed.gpu.global.add.f32 [%0], %1;" ::"l"(c), "f"(v.x) : "memory");
-            if (n + 1 < N) asm volatile("red.relaxed.gpu.global.add.f32 [%0], %1;" ::"l"(c + 1), "f"(v.y) : "memory");
+            red_add(c, v.x);
+            if (n + 1 < N) red_add(c + 1, v.y);
         }
     }
 #endif
