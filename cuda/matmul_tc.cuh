@@ -1376,13 +1376,14 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
         float part[64];
         WgAregSlice a;
         int q = 0;  // the block's next slice to multiply
-        // slice q's wgmmas into part, once its stage has landed; its row sums where a_sums is given, or sum_all (the
-        // block's first slice: no branch there between the loads and the wgmmas, across which ptxas adds fences)
-        auto issue = [&](bool sum_all) {
+        // slice q's wgmmas into part, once its stage has landed; its row sums where `sums` (those of a job that sums
+        // rows, and the block's first slice's: no branch there between the loads and the wgmmas, across which ptxas
+        // adds fences)
+        auto issue = [&](bool sums) {
             const int s = q % S;
             const float* raw = tn_smem + s * STAGE + WG_TN_A_AT + a_at;
             mbar_wait(&full[s], (q / S) & 1);
-            if (sum_all || a_sums) wg_areg_load<true, true>(a, raw, half);
+            if (sums) wg_areg_load<true, true>(a, raw, half);
             else wg_areg_load<true, false>(a, raw, half);
             wg_areg_issue(part, a, d + s * STAGE / 4, d + (s * STAGE + WG_SPLIT) / 4);
             q++;
@@ -1404,13 +1405,13 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
             for (int i = 0; i < 64; i++) acc[i] = 0.0f;
             if (job.hi > job.lo) add(acc, sums, sum_rows);
             for (int k = job.lo + 1; k < job.hi; k++) {
-                issue(false);
+                issue(sum_rows);
                 add(acc, sums, sum_rows);
             }
             const Job done = job;
             if (j + (int)gridDim.x < jobs) {
                 job = job_at(j + gridDim.x);
-                if (job.hi > job.lo) issue(false);
+                if (job.hi > job.lo) issue(a_sums != nullptr && job.n0 == 0);
             }
             int* flag = flags + 2 * (done.b * tiles + done.t) + half;
             if (done.z > 0) wg_flag_wait(flag, done.z, half);
