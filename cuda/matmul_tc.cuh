@@ -41,13 +41,13 @@
 #ifndef WG_RAW
 #define WG_RAW 3
 #endif
-// The A-from-registers kernels' stages: k_gemm_wg_areg's each B hi, B lo and raw A; k_gemm_wg_areg_tn's each also
-// raw B, which its producer splits
+// The A-from-registers kernels' stages: k_gemm_wg_areg's and k_gemm_wg_areg_tn's each B hi, B lo and raw A (the TN
+// kernel's B copied raw into B lo's place, where its producer splits it)
 #ifndef WG_AREG_STAGES
 #define WG_AREG_STAGES 4
 #endif
 #ifndef WG_AREG_TN_STAGES
-#define WG_AREG_TN_STAGES 3
+#define WG_AREG_TN_STAGES 4
 #endif
 // k_gemm_wg_areg's stages: one fewer, so that its two store buffers fit beside them (WG_STORE_LD: a buffer's row of
 // 128 floats padded, 16-byte aligned, and a warp's 8-byte writes of a fragment on 32 distinct banks)
@@ -69,7 +69,7 @@ enum TcLaunch : int {
     TC_WG_SMEM_BYTES = WG_BUFS * 4 * 128 * 32 * 4 + WG_RAW * 2 * 128 * 32 * 4 + 2 * WG_BUFS * 8,
     TC_WG_THREADS = 384,
     TC_AREG_SMEM_BYTES = WG_AREG_STAGES * (WG_AREG_STAGE_BYTES + 2 * 8),
-    TC_AREG_TN_SMEM_BYTES = WG_AREG_TN_STAGES * (2 * 128 * 32 + 32 * 136 + 32 * 128) * 4 + 2 * WG_AREG_TN_STAGES * 8,
+    TC_AREG_TN_SMEM_BYTES = WG_AREG_TN_STAGES * (2 * 128 * 32 + 32 * 136) * 4 + 2 * WG_AREG_TN_STAGES * 8,
     TC_AREG_STORE_SMEM_BYTES = WG_AREG_STORE_STAGES * (WG_AREG_STAGE_BYTES + 2 * 8) + WG_STORE_BYTES,
     TC_SPLIT_ROWS = 128,
     TC_SPLIT_K = 32,
@@ -1249,22 +1249,27 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
 #endif
 }
 
-// The TN kernels' stage: B hi, B lo (split, swizzled), raw A (K x M, padded), raw B (K x N as it lies)
+// The TN kernel's stage: B hi, B lo (split, swizzled; raw B, K x N as it lies, copied into B lo's place first), raw A
+// (K x M, padded)
 using WgTnRawA = WgRawA<true>;
 using WgTnRawB = TcTile<false, 128, WG_BK, 0>;  // the producer reads a k's 128 floats across a warp
-constexpr int WG_TN_A_AT = 2 * WG_SPLIT, WG_TN_B_AT = WG_TN_A_AT + WgTnRawA::FLOATS;
-constexpr int WG_TN_STAGE = WG_TN_B_AT + WgTnRawB::FLOATS;
+static_assert(WgTnRawB::FLOATS == WG_SPLIT, "raw B fills B lo's place");
+constexpr int WG_TN_A_AT = 2 * WG_SPLIT, WG_TN_B_AT = WG_SPLIT;
+constexpr int WG_TN_STAGE = WG_TN_A_AT + WgTnRawA::FLOATS;
 static_assert(WG_TN_STAGE % 256 == 0, "every stage's B tiles 1024-byte aligned, as their swizzle needs");
 static_assert(WG_AREG_TN_STAGES * WG_TN_STAGE * 4 + 2 * WG_AREG_TN_STAGES * 8 <= TC_AREG_TN_SMEM_BYTES,
               "TC_AREG_TN_SMEM_BYTES holds the stages");
 
-// producer thread tid's share of a stage's B: row tid of B's 128, split into the K-major hi and lo tiles the wgmmas
-// read; then the stores made visible to the tensor cores (async proxy)
+// producer thread tid's share of a stage's B: row tid of B's 128, read whole from raw B (every producer's read before
+// any writes over it: barrier 2), split into the K-major hi and lo tiles the wgmmas read; then the stores made visible
+// to the tensor cores (async proxy)
 __device__ __forceinline__ void wg_tn_split_b(float* stage, int tid) {
+    float4 raw[WG_BK / 4];
 #pragma unroll
-    for (int q = 0; q < WG_BK / 4; q++)  // k 4q ..: a k's floats across the warp
-        tf32_split_store(stage, stage + WG_SPLIT, wg_swizzled(tid, 4 * q),
-                         WgTnRawB::k_quad(stage + WG_TN_B_AT, tid, 4 * q));
+    for (int q = 0; q < WG_BK / 4; q++) raw[q] = WgTnRawB::k_quad(stage + WG_TN_B_AT, tid, 4 * q);  // across the warp
+    asm volatile("bar.sync 2, %0;" ::"n"(WG_PRODUCERS) : "memory");
+#pragma unroll
+    for (int q = 0; q < WG_BK / 4; q++) tf32_split_store(stage, stage + WG_SPLIT, wg_swizzled(tid, 4 * q), raw[q]);
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
@@ -1310,7 +1315,7 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
                       float beta, Causal causal, float fill, float* a_sums, int batch, int splits, int* flags) {
 #if WG_AVAILABLE
     constexpr int S = WG_AREG_TN_STAGES, STAGE = WG_TN_STAGE;
-    extern __shared__ __align__(1024) float tn_smem[];  // [WG_AREG_TN_STAGES][B hi, B lo, raw A, raw B], the barriers
+    extern __shared__ __align__(1024) float tn_smem[];  // [WG_AREG_TN_STAGES][B hi, B lo, raw A], the barriers
     uint64_t* full = reinterpret_cast<uint64_t*>(tn_smem + S * STAGE);
     uint64_t* empty = full + S;
     const int n_cols = (N + 127) / 128, tiles = n_cols * ((M + 127) / 128), jobs = splits * batch * tiles;
