@@ -1396,13 +1396,19 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
             for (int i = j0; i < min(j0 + 2, n); i++) sync[bh * n + i] = 0;
     }
     dk += in, dv += in;
+    const bool pairs = d_k % 2 == 0 && aligned8(dk, ld_in) && aligned8(dv, ld_in);  // columns d, d + 1 as one store
 #pragma unroll
-    for (int r = 0; r < 32; r++) {
-        const int d = 8 * (r / 4) + 2 * t + r % 2, key = r % 4 < 2 ? key_a : key_b;
-        if (d < d_k && key < T) {
-            dk[(long long)key * ld_in + d] = acc_k[r] * scale;
-            dv[(long long)key * ld_in + d] = acc_v[r];
+    for (int r = 0; r < 32; r += 2) {  // columns d and d + 1 of row key
+        const int d = 8 * (r / 4) + 2 * t, key = r % 4 < 2 ? key_a : key_b;
+        if (d >= d_k || key >= T) continue;
+        float *dk_at = dk + (long long)key * ld_in + d, *dv_at = dv + (long long)key * ld_in + d;
+        if (pairs) {
+            *reinterpret_cast<float2*>(dk_at) = make_float2(acc_k[r] * scale, acc_k[r + 1] * scale);
+            *reinterpret_cast<float2*>(dv_at) = make_float2(acc_v[r], acc_v[r + 1]);
+            continue;
         }
+        dk_at[0] = acc_k[r] * scale, dv_at[0] = acc_v[r];
+        if (d + 1 < d_k) dk_at[1] = acc_k[r + 1] * scale, dv_at[1] = acc_v[r + 1];
     }
 #else
     __trap();  // the launcher chooses this kernel on sm_90a only
