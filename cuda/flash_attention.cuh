@@ -1340,18 +1340,26 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
         const int tiles = min(2, i - j0 + 1);  // the block's key tiles that see query tile i
         if (q0 + rq < T) {
             float* dq_h = dq + in;
+            const bool pairs = d_k % 2 == 0 && aligned8(dq_h, ld_in);  // columns d, d + 1 as one access
             if (m > 0)
                 while (fa_load_acquire(sync + bh * n + i) != m) __nanosleep(100);
             float x[2][4];  // the sum so far, loaded before the product, to land while it runs
-            if (m > 0)
+            if (m > 0)  // rows a and b, columns d and d + 1; past the end, dq_h read in their place (not stored)
 #pragma unroll
-                for (int c = 0; c < 2; c++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const int d = c0 + 8 * c + 2 * t + e;
-                        x[c][e] = __ldcg(row_a < T && d < d_k ? dq_h + (long long)row_a * ld_in + d : dq_h);
-                        x[c][2 + e] = __ldcg(row_b < T && d < d_k ? dq_h + (long long)row_b * ld_in + d : dq_h);
+                for (int c = 0; c < 2; c++) {
+                    const int d = c0 + 8 * c + 2 * t;
+                    const float* at_a = row_a < T && d < d_k ? dq_h + (long long)row_a * ld_in + d : dq_h;
+                    const float* at_b = row_b < T && d < d_k ? dq_h + (long long)row_b * ld_in + d : dq_h;
+                    if (pairs) {
+                        const float2 a = __ldcg(reinterpret_cast<const float2*>(at_a));
+                        const float2 b = __ldcg(reinterpret_cast<const float2*>(at_b));
+                        x[c][0] = a.x, x[c][1] = a.y, x[c][2] = b.x, x[c][3] = b.y;
+                    } else {
+                        const bool d1 = d + 1 < d_k;
+                        x[c][0] = __ldcg(at_a), x[c][1] = __ldcg(row_a < T && d1 ? at_a + 1 : dq_h);
+                        x[c][2] = __ldcg(at_b), x[c][3] = __ldcg(row_b < T && d1 ? at_b + 1 : dq_h);
                     }
+                }
 #pragma unroll
             for (int kt = 0; kt < 2; kt++) {
                 if (kt >= tiles) break;
@@ -1364,16 +1372,22 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
                     for (int r = 0; r < 4; r++) x[c][r] = m > 0 || kt > 0 ? x[c][r] + part[c][r] : part[c][r];
             }
 #pragma unroll
-            for (int c = 0; c < 2; c++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int d = c0 + 8 * c + 2 * t + e;
-                    if (d >= d_k) continue;
-                    float x_a = x[c][e], x_b = x[c][2 + e];
-                    if (i < j0 + 2) x_a *= scale, x_b *= scale;  // key tile i is the block's
-                    if (row_a < T) __stcg(dq_h + (long long)row_a * ld_in + d, x_a);
-                    if (row_b < T) __stcg(dq_h + (long long)row_b * ld_in + d, x_b);
+            for (int c = 0; c < 2; c++) {
+                const int d = c0 + 8 * c + 2 * t;
+                if (d >= d_k) continue;
+                float2 x_a = make_float2(x[c][0], x[c][1]), x_b = make_float2(x[c][2], x[c][3]);
+                if (i < j0 + 2) x_a.x *= scale, x_a.y *= scale, x_b.x *= scale, x_b.y *= scale;  // the block's tile i
+                float *at_a = dq_h + (long long)row_a * ld_in + d, *at_b = dq_h + (long long)row_b * ld_in + d;
+                if (pairs) {
+                    if (row_a < T) __stcg(reinterpret_cast<float2*>(at_a), x_a);
+                    if (row_b < T) __stcg(reinterpret_cast<float2*>(at_b), x_b);
+                    continue;
                 }
+                if (row_a < T) __stcg(at_a, x_a.x);
+                if (row_b < T) __stcg(at_b, x_b.x);
+                if (d + 1 < d_k && row_a < T) __stcg(at_a + 1, x_a.y);
+                if (d + 1 < d_k && row_b < T) __stcg(at_b + 1, x_b.y);
+            }
         }
         fa_wg_slice_wait(part_k);  // on every path: inside `if (seen)`, ptxas would serialize the wgmmas
         if (seen)
