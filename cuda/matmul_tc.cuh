@@ -1397,13 +1397,15 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
             wg_add_slice(acc, part, &empty[(q - 1) % S]);
             if (sum_rows) sums[0].add(a.row_part[0]), sums[1].add(a.row_part[1]);
         };
+        // a job sums its slices' A rows where a_sums is given and it is of the first column tile
+        auto sums_rows = [&](const Job& jb) { return a_sums != nullptr && jb.n0 == 0; };
         // Each job's first slice is issued before the epilogue of the job before, whose stores then overlap it, and
         // waited for after it on every path (wg_wait_all), so that ptxas finds no group in flight where paths join.
         Job job = job_at(blockIdx.x);
         if ((int)blockIdx.x < jobs && job.hi > job.lo) issue(true);
         wg_wait_all();
         for (int j = blockIdx.x; j < jobs; j += gridDim.x) {
-            const bool sum_rows = a_sums != nullptr && job.n0 == 0;
+            const bool sum_rows = sums_rows(job);
             float acc[64];
             CompensatedSum sums[2];
 #pragma unroll
@@ -1416,7 +1418,7 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
             const Job done = job;
             if (j + (int)gridDim.x < jobs) {
                 job = job_at(j + gridDim.x);
-                if (job.hi > job.lo) issue(a_sums != nullptr && job.n0 == 0);
+                if (job.hi > job.lo) issue(sums_rows(job));
             }
             int* flag = flags + 2 * (done.b * tiles + done.t) + half;
             if (done.z > 0) wg_flag_wait(flag, done.z, half);
