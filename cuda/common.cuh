@@ -39,8 +39,10 @@ __device__ __forceinline__ float dot(Row a, Row b) {
 // Programmatic dependent launch (sm_90 on; no-ops elsewhere, and where the kernel was launched without it). A kernel
 // launched with it may start while the kernel before it on the stream still runs: pdl_wait() returns once that
 // kernel has finished and its writes are visible, so a kernel reads nothing the one before writes, and writes
-// nothing it reads, before pdl_wait(). pdl_launch_dependents() lets the next such kernel start its own blocks:
-// called after pdl_wait(), so that only the next kernel waits beside a running one, not every kernel after it.
+// nothing it reads, before pdl_wait(). pdl_launch_dependents() lets the next such kernel start its own blocks. Most
+// kernels call it after pdl_wait(), so that only the next kernel waits beside a running one; a kernel that calls
+// it before (the decode attention, the residual products) lets the next one start while it waits itself, so what
+// that one reads before its own wait must be written by no launch that may still run.
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -99,7 +99,6 @@ __device__ void attention_decode_chunk(float* y, float* partial, unsigned* done,
     }
     cp_async_commit();
     pdl_wait();
-    pdl_launch_dependents();
     for (int d = threadIdx.x; d < d_k; d += blockDim.x) {
         q[d] = row[d];
         if (holds_p) {
@@ -193,11 +192,11 @@ __device__ void attention_decode_chunk(float* y, float* partial, unsigned* done,
 extern "C" __global__ void k_attention_decode(float* y, float* partial, unsigned* done, float* k_cache, float* v_cache,
                                               const float* qkv, const int* pos, int NH, int d_k, int T_max,
                                               int vec4) {
+    // W_O's product may start now: it reads only its weights and bias before its wait, so it stages them while this
+    // launch waits for the qkv product, not only under the attention's own chain
+    pdl_launch_dependents();
     const int p = pos[0];  // copied in before the step: no launch of it writes pos
-    if (p < 0 || p >= T_max || (int)blockIdx.x * DECODE_CHUNK > p) {
-        pdl_launch_dependents();
-        return;
-    }
+    if (p < 0 || p >= T_max || (int)blockIdx.x * DECODE_CHUNK > p) return;
     if (vec4) attention_decode_chunk<float4>(y, partial, done, k_cache, v_cache, qkv, p, NH, d_k, T_max);
     else attention_decode_chunk<float>(y, partial, done, k_cache, v_cache, qkv, p, NH, d_k, T_max);
 }

@@ -193,6 +193,9 @@ __device__ void matvec_block(float* out, const float* inp, const float* W, const
     float* ws = reinterpret_cast<float*>(matvec_smem);  // cols x K
     float* xs = ws + cols * K;                           // M x K, the layernormed rows (with ln_w)
     float* sums = xs + (ln_w ? M * K : 0);               // units x COLS x ROWS
+    // A residual product lets the next launch (a layernormed product, whose reads before its wait are weights and
+    // gains) start now, so that it stages its weights under this one's wait; the others once past their wait
+    if (resid) pdl_launch_dependents();
     matvec_stage<Vec>(ws, W + (long long)n0 * K, ncols * K);
     const int t0 = threadIdx.x;  // the first output of the epilogue this thread writes, if any: row t0 / ncols
     const float b0 = bias && t0 < ncols * M ? __ldg(bias + n0 + t0 % ncols) : 0.0f;
@@ -202,7 +205,7 @@ __device__ void matvec_block(float* out, const float* inp, const float* W, const
             asm volatile("prefetch.global.L1 [%0];" ::"l"(ln_b + k));
         }
     pdl_wait();
-    pdl_launch_dependents();
+    if (!resid) pdl_launch_dependents();
     // the residual of that first output, read now: its latency under the product's
     const float r0 = resid && t0 < ncols * M ? resid[(long long)(t0 / ncols) * N + n0 + t0 % ncols] : 0.0f;
     const float* x = inp;
