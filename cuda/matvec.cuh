@@ -193,8 +193,8 @@ __device__ void matvec_block(float* out, const float* inp, const float* W, const
     float* ws = reinterpret_cast<float*>(matvec_smem);  // cols x K
     float* xs = ws + cols * K;                           // M x K, the layernormed rows (with ln_w)
     float* sums = xs + (ln_w ? M * K : 0);               // units x COLS x ROWS
-    // A residual product lets the next launch (a layernormed product, whose reads before its wait are weights and
-    // gains) start now, so that it stages its weights under this one's wait; the others once past their wait
+    // A residual product lets the next launch (a layernormed product, which reads only its weights, bias and gains
+    // before its wait) start now, so that it stages its weights under this one's wait; the others once past theirs
     if (resid) pdl_launch_dependents();
     matvec_stage<Vec>(ws, W + (long long)n0 * K, ncols * K);
     const int t0 = threadIdx.x;  // the first output of the epilogue this thread writes, if any: row t0 / ncols
