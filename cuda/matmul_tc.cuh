@@ -1381,14 +1381,14 @@ extern "C" __global__ void __launch_bounds__(TC_WG_THREADS, 1)
         float part[64];
         WgAregSlice a;
         int q = 0;  // the block's next slice to multiply
-        // slice q's wgmmas into part, once its stage has landed; its row sums where `sums` (those of a job that sums
-        // rows, and the block's first slice's: no branch there between the loads and the wgmmas, across which ptxas
-        // adds fences)
-        auto issue = [&](bool sums) {
+        // slice q's wgmmas into part, once its stage has landed; A's row sums loaded too where `with_sums` (for a job
+        // that sums rows, and for the block's first slice: no branch there between the loads and the wgmmas, across
+        // which ptxas adds fences)
+        auto issue = [&](bool with_sums) {
             const int s = q % S;
             const float* raw = tn_smem + s * STAGE + WG_TN_A_AT + a_at;
             mbar_wait(&full[s], (q / S) & 1);
-            if (sums) wg_areg_load<true, true>(a, raw, half);
+            if (with_sums) wg_areg_load<true, true>(a, raw, half);
             else wg_areg_load<true, false>(a, raw, half);
             wg_areg_issue(part, a, d + s * STAGE / 4, d + (s * STAGE + WG_SPLIT) / 4);
             q++;
