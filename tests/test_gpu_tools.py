@@ -1,11 +1,12 @@
 """The tools in tools/ on a GPU: each runs its quick form and reports what it measured."""
+import importlib
 import json
 import math
 import shutil
 
 import pytest
 
-from helpers import run_tool as run
+from helpers import TOOLS, run_tool as run
 
 pytestmark = pytest.mark.gpu
 
@@ -85,9 +86,11 @@ def test_profile_step_quick():
     assert "of ceiling" in run("profile_step.py", "--quick").stdout  # the table
 
 
-def test_profile_decode_quick():
+def test_profile_decode_quick(monkeypatch):
     """A decode step's ops and kernels each timed, the graph's GPU time against its reads' limit, and k_sample
     for each way of choosing."""
+    monkeypatch.syspath_prepend(TOOLS)
+    profile_decode, timing = importlib.import_module("profile_decode"), importlib.import_module("timing")
     res = run("profile_decode.py", "--quick", "--json")
     assert res.returncode == 0, res.stdout + res.stderr
     (r,) = json.loads(res.stdout)["rows"]
@@ -99,6 +102,9 @@ def test_profile_decode_quick():
     # by op: every launch once; the reads of the ops that read weights or the cache add up to the step's
     assert sum(o["launches"] for o in r["ops"]) == r["launches"] and all(o["us"] > 0 for o in r["ops"])
     assert sum(o["bytes"] for o in r["ops"] if o["bytes"]) == r["reads_bytes"]
+    # every time is of the step at the position the graph replays, past the prompt, and so are the reads
+    assert r["position"] >= r["prompt"]
+    assert r["reads_bytes"] == sum(timing.decode_reads(profile_decode.QUICK, 1, r["position"]).values())
     assert any(o["op"].startswith(("layernorm_matmul_fwd", "matmul_residual_fwd")) and o["gbs"] > 0
                for o in r["ops"])
     assert r["pct_of_limit"] == pytest.approx(100 * r["limit_ms"] / r["graph_ms"]) and r["pct_of_limit"] > 0

@@ -10,7 +10,8 @@ k_sample's time for each way of choosing (recorded and timed the same way).
     python tools/profile_decode.py --preset andrea-12m -B 1 --prompt 512
     python tools/profile_decode.py --quick --json         # a small model, one JSON object
 
-Weights are random (seeded): the time does not depend on them.
+Weights are random (seeded): the time does not depend on them. Every time is of one step: the last decoded, at
+position prompt + 4 + steps - 1 (printed), whose attention reads p + 1 cached positions, not the prompt's.
 
 An op's MB are the weights and cached keys and values it reads at the step's position (tools/timing.py
 decode_reads: the fused products every linear weight and wte, attention_decode the cache 0..pos; activations not
@@ -105,7 +106,8 @@ def profile(cfg, B, prompt_len, steps, copy_gbs):
     kernels = [dict(kernel=name, launches=len(entries), us=launches_us(be, entries), adds_us=adds(by_kernel, name))
                for name, entries in grouped(step, by_kernel).items()]
     kernels.sort(key=lambda k: -k["us"])
-    reads = decode_reads(cfg, B, d.length - 1)  # the graph replays the last decode step: its position
+    position = d.length - 1  # the graph replays the last decode step: every time below is at this position
+    reads = decode_reads(cfg, B, position)
     ops = []
     for op, entries in grouped(step, by_op).items():
         nbytes, us = reads.get(op.split(" (")[0]), launches_us(be, entries)
@@ -123,7 +125,7 @@ def profile(cfg, B, prompt_len, steps, copy_gbs):
         be.ops.on(plan).sample(d.ids[:B], logits, d.u if c.u is not None else None, c.temperature, c.top_k, c.top_p)
         choices.append(dict(temperature=c.temperature, top_k=c.top_k, top_p=c.top_p, us=launches_us(be, plan)))
     limit_ms = sum(reads.values()) / copy_gbs / 1e6
-    return dict(B=B, prompt=prompt_len, launches=len(d.step.plan), step_ms=step_ms, tokens_per_s=B / step_ms * 1e3,
+    return dict(B=B, prompt=prompt_len, position=position, launches=len(d.step.plan), step_ms=step_ms, tokens_per_s=B / step_ms * 1e3,
                 graph_ms=graph_ms, step_us=step_us, graph=d.step.graph is not None,
                 graph_unavailable=d.step.unavailable, reads_bytes=sum(reads.values()), limit_ms=limit_ms,
                 pct_of_limit=100 * limit_ms / graph_ms, ops=ops, kernels=kernels, sample=choices)
@@ -134,7 +136,8 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", choices=sorted(PRESETS), default="andrea-120m")
     ap.add_argument("-B", type=int, nargs="+", default=[1, 8])
-    ap.add_argument("--prompt", type=int, default=16, help="prompt length: the cache holds this many positions")
+    ap.add_argument("--prompt", type=int, default=16,
+                    help="prompt length: 4 steps and then --steps timed follow it; the last is the one profiled")
     ap.add_argument("--steps", type=int, default=100, help="decode steps timed")
     ap.add_argument("--quick", action="store_true", help="a small model, B=1, 20 steps")
     ap.add_argument("--json", action="store_true", help="one JSON object instead of the tables")
@@ -153,8 +156,8 @@ def main(argv=None) -> int:
         return 0
     for r in rows:
         how = "one CUDA graph" if r["graph"] else f"replayed ({r['graph_unavailable']})"
-        print(f"{device}: {'quick' if args.quick else args.preset}, B={r['B']}, {r['prompt']} cached positions: "
-              f"{r['launches']} launches a step, {how}")
+        print(f"{device}: {'quick' if args.quick else args.preset}, B={r['B']}, prompt {r['prompt']}, the step at "
+              f"position {r['position']}: {r['launches']} launches a step, {how}")
         print(f"  step (generate's: graph with k_sample, position in) {r['step_ms']:.3f} ms, {r['tokens_per_s']:,.0f} "
               f"tokens/s; the graph alone {r['graph_ms']:.3f} ms of GPU time")
         print(f"  the step reads {r['reads_bytes'] / 1e6:,.2f} MB: {r['limit_ms']:.3f} ms at the copy bandwidth "
