@@ -11,7 +11,7 @@ k_sample's time for each way of choosing (recorded and timed the same way).
     python tools/profile_decode.py --quick --json         # a small model, one JSON object
 
 Weights are random (seeded): the time does not depend on them. Every time is of one step: the last decoded, at
-position prompt + 4 + steps - 1 (printed), whose attention reads p + 1 cached positions, not the prompt's.
+position p = prompt + 4 + steps - 1 (printed), whose attention reads p + 1 cached positions, not the prompt's.
 
 An op's MB are the weights and cached keys and values it reads at the step's position (tools/timing.py
 decode_reads: the fused products every linear weight and wte, attention_decode the cache 0..pos; activations not
@@ -125,8 +125,8 @@ def profile(cfg, B, prompt_len, steps, copy_gbs):
         be.ops.on(plan).sample(d.ids[:B], logits, d.u if c.u is not None else None, c.temperature, c.top_k, c.top_p)
         choices.append(dict(temperature=c.temperature, top_k=c.top_k, top_p=c.top_p, us=launches_us(be, plan)))
     limit_ms = sum(reads.values()) / copy_gbs / 1e6
-    return dict(B=B, prompt=prompt_len, position=position, launches=len(d.step.plan), step_ms=step_ms, tokens_per_s=B / step_ms * 1e3,
-                graph_ms=graph_ms, step_us=step_us, graph=d.step.graph is not None,
+    return dict(B=B, prompt=prompt_len, position=position, launches=len(d.step.plan), step_ms=step_ms,
+                tokens_per_s=B / step_ms * 1e3, graph_ms=graph_ms, step_us=step_us, graph=d.step.graph is not None,
                 graph_unavailable=d.step.unavailable, reads_bytes=sum(reads.values()), limit_ms=limit_ms,
                 pct_of_limit=100 * limit_ms / graph_ms, ops=ops, kernels=kernels, sample=choices)
 
