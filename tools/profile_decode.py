@@ -11,7 +11,7 @@ k_sample's time for each way of choosing (recorded and timed the same way).
     python tools/profile_decode.py --quick --json         # a small model, one JSON object
 
 Weights are random (seeded): the time does not depend on them. Every time is of one step: the last decoded, at
-position p = prompt + 4 + steps - 1 (printed), whose attention reads p + 1 cached positions, not the prompt's.
+position p = prompt + UNTIMED (4) + steps - 1 (printed), whose attention reads p + 1 cached positions, not the prompt's.
 
 An op's MB are the weights and cached keys and values it reads at the step's position (tools/timing.py
 decode_reads: the fused products every linear weight and wte, attention_decode the cache 0..pos; activations not
@@ -36,6 +36,7 @@ from microgpt.sampling import Choice
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import cuda_copy_gbs, decode_reads, gpu_or_exit  # noqa: E402
 
+UNTIMED = 4  # decode steps before the timed ones (the step's graph is captured at the first)
 QUICK = GPTConfig(n_layer=2, n_head=2, d_model=64, block_size=128, vocab_size=257)
 
 
@@ -86,14 +87,14 @@ def profile(cfg, B, prompt_len, steps, copy_gbs):
     be, cuda = model.backend, model.backend.cuda
     rng = np.random.default_rng(0)
     idx = rng.integers(0, cfg.vocab_size, size=(B, prompt_len)).astype(np.int32)
-    if prompt_len + 4 + steps > cfg.block_size:
+    if prompt_len + UNTIMED + steps > cfg.block_size:
         raise SystemExit(f"profile_decode: --prompt {prompt_len} and {steps} steps pass block_size {cfg.block_size}")
     greedy = Choice(0.0, None, None, None)
     tokens = be.prefill(idx, greedy)
-    for pos in range(prompt_len, prompt_len + 4):  # the graph is captured at the first decode
+    for pos in range(prompt_len, prompt_len + UNTIMED):
         tokens = be.decode(tokens, pos, greedy)
     t0 = time.perf_counter()
-    for tokens in be.decode_steps(tokens, prompt_len + 4, [greedy] * steps):  # as generate runs them
+    for tokens in be.decode_steps(tokens, prompt_len + UNTIMED, [greedy] * steps):  # as generate runs them
         pass
     step_ms = (time.perf_counter() - t0) / steps * 1e3
     d = be._dec  # the decode state: its step's plan and graph (the tool looks inside the backend on purpose)
@@ -137,7 +138,7 @@ def main(argv=None) -> int:
     ap.add_argument("--preset", choices=sorted(PRESETS), default="andrea-120m")
     ap.add_argument("-B", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--prompt", type=int, default=16,
-                    help="prompt length: 4 steps and then --steps timed follow it; the last is the one profiled")
+                    help=f"prompt length: {UNTIMED} steps, then --steps timed, follow it; the last is the one profiled")
     ap.add_argument("--steps", type=int, default=100, help="decode steps timed")
     ap.add_argument("--quick", action="store_true", help="a small model, B=1, 20 steps")
     ap.add_argument("--json", action="store_true", help="one JSON object instead of the tables")
