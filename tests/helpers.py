@@ -3,6 +3,7 @@ and a stand-in for the GPU that lets the launch layer check and record launches 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 import subprocess
 import sys
@@ -51,6 +52,13 @@ SMALL_RUN = ["--backend", "numpy", "--n-layer", "1", "--n-head", "2", "--d-model
              "--batch-size", "4", "--eval-batches", "2", "--no-progress", "--sample-tokens", "10"]
 
 TOOLS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools")
+
+
+def import_tools(monkeypatch, *names):
+    """tools/<name>.py imported, tools/ on sys.path for the test's length: the module, or a tuple of them."""
+    monkeypatch.syspath_prepend(TOOLS)
+    modules = tuple(importlib.import_module(name) for name in names)
+    return modules[0] if len(modules) == 1 else modules
 
 
 def run_tool(script, *args, timeout=300):

@@ -7,14 +7,12 @@ import pytest
 
 from microgpt import GPT, GPTConfig
 
-from helpers import TOOLS, run_tool as run
+from helpers import import_tools, run_tool as run
 
 
 @pytest.fixture
 def bench(monkeypatch):
-    import importlib
-    monkeypatch.syspath_prepend(TOOLS)
-    return importlib.import_module("bench_generate")
+    return import_tools(monkeypatch, "bench_generate")
 
 
 def test_quick_json_holds_each_row_to_the_bandwidth_limit():

@@ -1,12 +1,11 @@
 """The tools in tools/ on a GPU: each runs its quick form and reports what it measured."""
-import importlib
 import json
 import math
 import shutil
 
 import pytest
 
-from helpers import TOOLS, run_tool as run
+from helpers import import_tools, run_tool as run
 
 pytestmark = pytest.mark.gpu
 
@@ -89,8 +88,7 @@ def test_profile_step_quick():
 def test_profile_decode_quick(monkeypatch):
     """A decode step's ops and kernels each timed, the graph's GPU time against its reads' limit, and k_sample
     for each way of choosing."""
-    monkeypatch.syspath_prepend(TOOLS)
-    profile_decode, timing = importlib.import_module("profile_decode"), importlib.import_module("timing")
+    profile_decode, timing = import_tools(monkeypatch, "profile_decode", "timing")
     res = run("profile_decode.py", "--quick", "--json")
     assert res.returncode == 0, res.stdout + res.stderr
     (r,) = json.loads(res.stdout)["rows"]

@@ -1,6 +1,5 @@
 """tools/profile_decode.py's breakdown by op, on a described GPU (microgpt.info's plans; nothing runs): the ops
 it groups a decode step's launches by, and the bytes of tools/timing.py decode_reads it gives them."""
-import importlib
 import shutil
 
 import pytest
@@ -9,15 +8,14 @@ from microgpt import GPTConfig
 from microgpt.info import step_plans
 from microgpt.ops import VARIANTS
 
-from helpers import TOOLS
+from helpers import import_tools
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH (the formats come from it)")
 
 
 @pytest.fixture
 def tools(monkeypatch):
-    monkeypatch.syspath_prepend(TOOLS)
-    return importlib.import_module("profile_decode"), importlib.import_module("timing")
+    return import_tools(monkeypatch, "profile_decode", "timing")
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))

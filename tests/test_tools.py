@@ -1,7 +1,6 @@
 """The tools in tools/: each answers --help anywhere, and without a GPU stops with a one-line reason; the
 kernel cases they time are built on a stand-in engine."""
 import hashlib
-import importlib
 import json
 import os
 import re
@@ -17,7 +16,7 @@ from microgpt.kernels import runtime
 from microgpt import ops as O
 from microgpt import reference_ops
 
-from helpers import GPU_REASON, TOOLS, FakeEngine, run_tool as run, stand_in
+from helpers import GPU_REASON, TOOLS, FakeEngine, import_tools, run_tool as run, stand_in
 
 GPU_TOOLS = ["profile_kernels.py", "bench_attention.py", "bench_train.py", "ncu_kernel.py", "sanitize_kernels.py",
              "bench_generate.py", "profile_step.py", "profile_decode.py", "bench_compare.py"]
@@ -77,10 +76,7 @@ def test_the_roofline_draws_the_tensor_core_ceilings(tmp_path):
 def _bench_train(monkeypatch, ceiling=100.0):
     """tools/bench_train as on a GPU: each variant's step 0.2 s (fast) or 0.1 s (tc), PyTorch's 0.125 s, the
     3xTF32 ceiling `ceiling` TFLOP/s; (the module, what was timed, PyTorch's calls, the ceiling's models)."""
-    import sys
-    from helpers import TOOLS
-    monkeypatch.syspath_prepend(TOOLS)
-    bench = importlib.import_module("bench_train")
+    bench = import_tools(monkeypatch, "bench_train")
     timed, torch_calls, ceilings = [], [], []
     monkeypatch.setattr(bench, "gpu_or_exit", lambda tool: "a GPU")
     monkeypatch.setattr(bench, "time_microgpt", lambda cfg, B, T, steps, warmup, variant, backend: (
@@ -88,7 +84,7 @@ def _bench_train(monkeypatch, ceiling=100.0):
     monkeypatch.setattr(bench, "time_torch", lambda *a: (torch_calls.append(a) or 0.125, "PyTorch x"))
     monkeypatch.setattr(bench, "ceiling_of", lambda models: ceilings.append(models) or dict(
         tflops=ceiling, source="measured: a stand-in", measured=True, shapes=[]))
-    monkeypatch.setattr(sys, "argv", ["bench_train.py"])
+    monkeypatch.setattr("sys.argv", ["bench_train.py"])
     return bench, timed, torch_calls, ceilings
 
 
@@ -191,8 +187,7 @@ def build(monkeypatch):
     monkeypatch.setattr(engine.ga, "empty", counted_empty)
     stand_in(monkeypatch, engine)
     monkeypatch.setattr(runtime, "_persistent", [])
-    monkeypatch.syspath_prepend(TOOLS)
-    kc = importlib.import_module("kernel_cases")
+    kc = import_tools(monkeypatch, "kernel_cases")
 
     def build(wanted=None):
         made.arrays, made.elements, made.drawn = 0, 0, []
@@ -296,11 +291,6 @@ def test_bench_compare_takes_several_bases_and_a_benchmarks_own_arguments():
 
 
 # ---------------------------------------------------------------------------------------------- MFU and ceilings
-def _tool(monkeypatch, name):
-    monkeypatch.syspath_prepend(TOOLS)
-    return importlib.import_module(name)
-
-
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH (the plans' formats come from it)")
 @pytest.mark.parametrize("variant", ["reference", "fast", "tc"])
 def test_profile_step_counts_each_ops_flops_and_bytes(monkeypatch, variant):
@@ -309,7 +299,7 @@ def test_profile_step_counts_each_ops_flops_and_bytes(monkeypatch, variant):
     times d_model, whichever kernels run them; the declared FLOPs of the rest (GELU's forward) at their arguments'
     sizes."""
     from microgpt.info import step_plans
-    P = _tool(monkeypatch, "profile_step")
+    P = import_tools(monkeypatch, "profile_step")
     L, NH, C, B, T, V = 2, 4, 128, 2, 256, 97
     with P.counting_work() as work:
         plans = step_plans(GPTConfig(n_layer=L, n_head=NH, d_model=C, block_size=T, vocab_size=V), variant, B, T)
@@ -330,7 +320,7 @@ def test_profile_step_counts_each_ops_flops_and_bytes(monkeypatch, variant):
 
 
 def test_profile_step_rows_are_slowest_first_against_their_ceiling(monkeypatch):
-    P = _tool(monkeypatch, "profile_step")
+    P = import_tools(monkeypatch, "profile_step")
     rows = P.op_rows({("backward", "matmul_bwd (tc)"): [3, 2.0, 100e9, 1e8],  # 50 TFLOP/s
                       ("forward", "gelu_fwd (fast)"): [1, 0.5, 1e6, 2e9],    # 4,000 GB/s
                       ("forward", "weight splits"): [1, 0.0, 0, 0]}, step_ms=10.0, tflops=100.0, gbs=5000.0)
@@ -351,7 +341,7 @@ def fake_engine(monkeypatch):
 
 
 def test_the_ceiling_is_the_best_measured_product_rate(monkeypatch, fake_engine):
-    timing = _tool(monkeypatch, "timing")
+    timing = import_tools(monkeypatch, "timing")
     gpt2, measured = GPTConfig.preset("gpt2-124m"), []
 
     def measure(M, N, K_, trans_a, trans_b, stream):
@@ -366,7 +356,7 @@ def test_the_ceiling_is_the_best_measured_product_rate(monkeypatch, fake_engine)
 
 
 def test_the_described_peak_stands_in_only_where_the_measurement_fails(monkeypatch, fake_engine):
-    timing = _tool(monkeypatch, "timing")
+    timing = import_tools(monkeypatch, "timing")
 
     def measure(*shape):
         raise MemoryError("out of memory")
@@ -378,7 +368,7 @@ def test_the_described_peak_stands_in_only_where_the_measurement_fails(monkeypat
 def test_bench_compare_matches_bench_trains_rows_with_an_older_trees(monkeypatch):
     """A tree from before bench_train timed several presets reported the first one's variants alone: its rows are
     named as the first preset's rows are now, and the other presets' rows are named after their preset."""
-    compare = _tool(monkeypatch, "bench_compare")
+    compare = import_tools(monkeypatch, "bench_compare")
     older = {"preset": "andrea-120m", "variants": {"tc": {"step_ms": 80.0}}}
     newer = {"preset": "andrea-120m", "variants": {"tc": {"step_ms": 79.0}},
              "rows": [{"preset": "andrea-120m", "variant": "tc", "step_ms": 79.0},
